@@ -1,0 +1,73 @@
+"""attnzoo's zoo: multi-head attention variants as einops modules, by name.
+
+    import zoo
+    zoo.names("mha-*")
+    m = zoo.create("mha-combined-bias", d_model=256, heads=4)
+    y = m(x)                                   # x (b t c) -> y (b t c)
+"""
+
+from .accounting import (
+    FLOP_CONVENTION,
+    bytes_moved,
+    count_parameters,
+    flops,
+    parameter_breakdown,
+    score_entries,
+    stage_shapes,
+)
+from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
+from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
+from .registry import (
+    DuplicateNameError,
+    Entry,
+    PresetFileError,
+    UnknownNameError,
+    create,
+    entry,
+    load_presets,
+    names,
+    read_preset,
+    register,
+    spec,
+    unregister,
+)
+from .spec import AttentionSpec, SpecError
+from .torch_peer import from_torch_mha, to_torch_mha
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FLOP_CONVENTION",
+    "AttentionSpec",
+    "DuplicateNameError",
+    "Entry",
+    "InputError",
+    "MultiHeadAttention",
+    "PresetFileError",
+    "SpecError",
+    "UnknownNameError",
+    "__version__",
+    "bytes_moved",
+    "count_parameters",
+    "create",
+    "entry",
+    "explicit_attention",
+    "flops",
+    "from_torch_mha",
+    "fused_attention",
+    "get_projections",
+    "load_presets",
+    "names",
+    "parameter_breakdown",
+    "permute_heads",
+    "prune_heads",
+    "read_preset",
+    "register",
+    "score_entries",
+    "spec",
+    "stage_shapes",
+    "to_combined",
+    "to_separate",
+    "to_torch_mha",
+    "unregister",
+]

@@ -1,0 +1,274 @@
+"""One module family for every spec: multi-head attention written with named einops patterns.
+
+    X (b t c) --W_Q--> Q (b h t dk)
+    C (b s c) --W_K--> K (b g s dk)     C is x itself for self-attention
+    C (b s c) --W_V--> V (b g s dv)
+    A = softmax_s(Q K^T * scale + M)    (b h t s)
+    Z = A V                             (b h t dv) -> (b t (h dv))
+    Y = Z W_O                           (b t c)
+
+Query head r reads kv head r // (h // g) (blocked GQA, as torch SDPA's enable_gqa).
+A query row with no allowed key gets zero weights and Z = 0, never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from torch import Tensor, nn
+
+from .spec import AttentionSpec
+
+SPLIT_HEADS = "b t (h d) -> b h t d"
+MERGE_HEADS = "b h t d -> b t (h d)"
+
+
+class InputError(ValueError):
+    """A tensor given to an attention module has the wrong rank, width or shape."""
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for one `AttentionSpec`.
+
+    Parameters (nn.Linear stores weight as (out, in), i.e. the math's W^T):
+      separate: q_proj c->(h dk), k_proj c_kv->(g dk), v_proj c_kv->(g dv)
+      combined, self:  qkv_proj c->[(h dk) | (g dk) | (g dv)]
+      combined, cross: q_proj c->(h dk), kv_proj c_kv->[(g dk) | (g dv)]
+      always: out_proj (h dv)->c
+
+    `fused=True` uses F.scaled_dot_product_attention when weights are not asked for;
+    `fused=False` always takes the explicit path (scores, mask, softmax, A @ V).
+    """
+
+    def __init__(self, spec: AttentionSpec, *, fused: bool = True) -> None:
+        super().__init__()
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.fused = fused
+        s = spec
+        q_width, k_width, v_width = s.heads * s.d_k_, s.kv_heads_ * s.d_k_, s.kv_heads_ * s.d_v_
+        if s.layout == "separate":
+            self.q_proj = nn.Linear(s.d_model, q_width, bias=s.bias)
+            self.k_proj = nn.Linear(s.d_kv_in, k_width, bias=s.bias)
+            self.v_proj = nn.Linear(s.d_kv_in, v_width, bias=s.bias)
+        elif s.is_cross:
+            self.q_proj = nn.Linear(s.d_model, q_width, bias=s.bias)
+            self.kv_proj = nn.Linear(s.d_kv_in, k_width + v_width, bias=s.bias)
+        else:
+            self.qkv_proj = nn.Linear(s.d_model, q_width + k_width + v_width, bias=s.bias)
+        self.out_proj = nn.Linear(s.heads * s.d_v_, s.d_model, bias=s.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.spec.describe()}, fused={self.fused}"
+
+    # -- projections -------------------------------------------------------------------
+
+    def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q (b t (h dk)), K (b s (g dk)), V (b s (g dv)), still head-merged."""
+        s = self.spec
+        src = x if context is None else context
+        k_width = s.kv_heads_ * s.d_k_
+        if s.layout == "separate":
+            return self.q_proj(x), self.k_proj(src), self.v_proj(src)
+        if s.is_cross:
+            kv = self.kv_proj(src)
+            return self.q_proj(x), kv[..., :k_width], kv[..., k_width:]
+        qkv = self.qkv_proj(x)
+        q_width = s.heads * s.d_k_
+        return qkv[..., :q_width], qkv[..., q_width : q_width + k_width], qkv[..., q_width + k_width :]
+
+    # -- forward -------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        head_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """x (b t c) -> y (b t c); with need_weights also A (b h t s).
+
+        context (b s c_ctx) for cross-attention. mask: bool (True = may attend) or float
+        (added to the scores), broadcastable to (b h t s). head_mask (h) or (b h) scales
+        each head's output Z^(r) before the heads are concatenated.
+        """
+        s = self.spec
+        self._check_inputs(x, context, mask, head_mask)
+        q, k, v = self.project(x, context)
+        q = rearrange(q, SPLIT_HEADS, h=s.heads)
+        k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
+        v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
+        if s.group_size > 1:  # blocked GQA: query head r reads kv head r // group_size
+            k = repeat(k, "b g s d -> b (g r) s d", r=s.group_size)
+            v = repeat(v, "b g s d -> b (g r) s d", r=s.group_size)
+        allowed, bias = self._resolve_mask(mask, q.shape[-2], k.shape[-2], x)
+
+        weights = None
+        if need_weights or not self.fused:
+            z, weights = explicit_attention(q, k, v, s.scale_, allowed, bias)
+        else:
+            z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=self._causal_only(mask))
+        if head_mask is not None:
+            z = z * _head_scale(head_mask, z)
+        y = self.out_proj(rearrange(z, MERGE_HEADS))
+        return (y, weights) if need_weights else y
+
+    # -- masks ---------------------------------------------------------------------------
+
+    def _causal_only(self, mask: Tensor | None) -> bool:
+        return self.spec.causal and mask is None
+
+    def _resolve_mask(
+        self, mask: Tensor | None, t: int, s_len: int, x: Tensor
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(allowed, bias): a bool mask of allowed keys and/or an additive float bias."""
+        allowed = None
+        bias = None
+        if self.spec.causal:
+            allowed = torch.ones(t, s_len, dtype=torch.bool, device=x.device).tril()
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                allowed = mask if allowed is None else allowed & mask
+            else:
+                bias = mask.to(x.dtype)
+        return allowed, bias
+
+    # -- validation ------------------------------------------------------------------------
+
+    def _check_inputs(
+        self, x: Tensor, context: Tensor | None, mask: Tensor | None, head_mask: Tensor | None
+    ) -> None:
+        s = self.spec
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor of shape (b, t, {s.d_model}), got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != s.d_model:
+            raise InputError(f"x has shape {tuple(x.shape)}; expected (b, t, d_model={s.d_model})")
+        param = self.out_proj.weight
+        if x.dtype != param.dtype:
+            raise TypeError(
+                f"x has dtype {x.dtype} but the module's parameters are {param.dtype}; "
+                f"use x.to({param.dtype}) or module.to({x.dtype})"
+            )
+        if x.device != param.device:
+            raise TypeError(
+                f"x is on {x.device} but the module is on {param.device}; move one to the other"
+            )
+        if s.is_cross:
+            if context is None:
+                raise InputError(
+                    f"this module is cross-attention (d_context={s.d_context}); "
+                    f"pass context of shape (b, s, {s.d_context})"
+                )
+            if not isinstance(context, Tensor):
+                raise TypeError(f"context must be a torch.Tensor, got {type(context).__name__}")
+            if context.dim() != 3 or context.shape[-1] != s.d_context or context.shape[0] != x.shape[0]:
+                raise InputError(
+                    f"context has shape {tuple(context.shape)}; expected "
+                    f"(b={x.shape[0]}, s, d_context={s.d_context})"
+                )
+            if context.dtype != x.dtype or context.device != x.device:
+                raise TypeError(
+                    f"context is {context.dtype} on {context.device}; x is {x.dtype} on {x.device}"
+                )
+            s_len = context.shape[1]
+        else:
+            if context is not None:
+                raise InputError(
+                    "this module is self-attention (d_context=None) and takes no context; "
+                    "create it with d_context=... for cross-attention"
+                )
+            s_len = x.shape[1]
+        if mask is not None:
+            if not isinstance(mask, Tensor):
+                raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+            if not (mask.dtype == torch.bool or mask.is_floating_point()):
+                raise TypeError(
+                    f"mask has dtype {mask.dtype}; use bool (True = may attend) "
+                    f"or a float tensor added to the scores"
+                )
+            if mask.device != x.device:
+                raise TypeError(f"mask is on {mask.device}; x is on {x.device}")
+            target = (x.shape[0], s.heads, x.shape[1], s_len)
+            try:
+                shape = torch.broadcast_shapes(mask.shape, target)
+            except RuntimeError:
+                shape = None
+            if mask.dim() > 4 or shape != torch.Size(target):
+                raise InputError(
+                    f"mask of shape {tuple(mask.shape)} does not broadcast to "
+                    f"(b, h, t, s) = {target}"
+                )
+        if head_mask is not None:
+            if not isinstance(head_mask, Tensor):
+                raise TypeError(f"head_mask must be a torch.Tensor, got {type(head_mask).__name__}")
+            ok = (head_mask.dim() == 1 and head_mask.shape[0] == s.heads) or (
+                head_mask.dim() == 2 and head_mask.shape == (x.shape[0], s.heads)
+            )
+            if not ok:
+                raise InputError(
+                    f"head_mask has shape {tuple(head_mask.shape)}; expected (h={s.heads},) "
+                    f"or (b={x.shape[0]}, h={s.heads})"
+                )
+            if head_mask.device != x.device:
+                raise TypeError(f"head_mask is on {head_mask.device}; x is on {x.device}")
+
+
+def _head_scale(head_mask: Tensor, z: Tensor) -> Tensor:
+    """head_mask (h) or (b h) -> a factor broadcastable to Z (b h t d)."""
+    hm = head_mask.to(z.dtype)
+    if hm.dim() == 1:
+        return rearrange(hm, "h -> 1 h 1 1")
+    return rearrange(hm, "b h -> b h 1 1")
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, allowed: Tensor | None, bias: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Z (b h t dv) and A (b h t s), materializing the scores.
+
+    The softmax is written out so that a row with no allowed key (all -inf) gives
+    exp(-inf) = 0 everywhere and 0 / max(0, tiny) = 0 rather than 0 / 0 = NaN.
+    """
+    scores = torch.einsum("b h t d, b h s d -> b h t s", q, k) * scale
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    finfo = torch.finfo(scores.dtype)
+    row_max = scores.amax(dim=-1, keepdim=True).clamp_min(finfo.min)
+    e = torch.exp(scores - row_max)
+    weights = e / e.sum(dim=-1, keepdim=True).clamp_min(finfo.tiny)
+    z = torch.einsum("b h t s, b h s d -> b h t d", weights, v)
+    return z, weights
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    *,
+    causal_only: bool,
+) -> Tensor:
+    """Z (b h t dv) through F.scaled_dot_product_attention; fully masked rows give 0."""
+    if causal_only:  # the kernel builds the triangle itself; no row is ever empty
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if allowed is None and bias is None:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    if allowed is not None and bias is not None:
+        attn_mask = torch.where(allowed, bias, float("-inf"))
+    else:
+        attn_mask = allowed if allowed is not None else bias
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    # A row whose keys are all disallowed must give Z = 0, whatever the kernel does with it.
+    if attn_mask.dtype == torch.bool:
+        has_key = attn_mask.any(dim=-1, keepdim=True)
+    else:
+        has_key = (attn_mask > float("-inf")).any(dim=-1, keepdim=True)
+    return torch.where(has_key, z, torch.zeros((), dtype=z.dtype, device=z.device))

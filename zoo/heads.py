@@ -1,0 +1,217 @@
+"""Operations on whole heads, each returning a new module: layout conversion, permutation, pruning.
+
+Weights are read and written as nn.Linear stores them, (out, in). In that form a head's
+block of W_Q/W_K/W_V is a block of rows and its block of W_O is a block of columns
+(in the math's W_O : (h dv) x c, rows again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from .attention import MultiHeadAttention
+from .spec import AttentionSpec
+
+
+@dataclass
+class Projections:
+    """The four projections of a block, layout-independent. Biases are None without bias."""
+
+    w_q: Tensor  # ((h dk), c)
+    w_k: Tensor  # ((g dk), c_kv)
+    w_v: Tensor  # ((g dv), c_kv)
+    w_o: Tensor  # (c, (h dv))
+    b_q: Tensor | None = None
+    b_k: Tensor | None = None
+    b_v: Tensor | None = None
+    b_o: Tensor | None = None
+
+
+def _require_module(m: object) -> MultiHeadAttention:
+    if not isinstance(m, MultiHeadAttention):
+        raise TypeError(f"expected a zoo MultiHeadAttention module, got {type(m).__name__}")
+    return m
+
+
+def get_projections(m: MultiHeadAttention) -> Projections:
+    """Detached copies of the block's weights, split per projection whatever the layout."""
+    s = _require_module(m).spec
+    qw, kw = s.heads * s.d_k_, s.kv_heads_ * s.d_k_
+    b = s.bias
+
+    def wb(lin: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
+        return lin.weight.detach().clone(), (lin.bias.detach().clone() if b else None)
+
+    w_o, b_o = wb(m.out_proj)
+    if s.layout == "separate":
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = wb(m.q_proj), wb(m.k_proj), wb(m.v_proj)
+    elif s.is_cross:
+        (w_q, b_q), (w_kv, b_kv) = wb(m.q_proj), wb(m.kv_proj)
+        w_k, w_v = w_kv[:kw], w_kv[kw:]
+        b_k, b_v = (b_kv[:kw], b_kv[kw:]) if b else (None, None)
+    else:
+        w, bb = wb(m.qkv_proj)
+        w_q, w_k, w_v = w[:qw], w[qw : qw + kw], w[qw + kw :]
+        b_q, b_k, b_v = (bb[:qw], bb[qw : qw + kw], bb[qw + kw :]) if b else (None, None, None)
+    return Projections(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
+
+
+def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | None = None) -> MultiHeadAttention:
+    """A new module for `spec` holding exactly the weights `p` (same dtype/device as `like`)."""
+    m = MultiHeadAttention(spec, fused=like.fused if like is not None else True)
+    if like is not None:
+        ref = like.out_proj.weight
+        m = m.to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        m.out_proj.weight.copy_(p.w_o)
+        if spec.bias:
+            m.out_proj.bias.copy_(p.b_o)
+        if spec.layout == "separate":
+            pairs = [(m.q_proj, p.w_q, p.b_q), (m.k_proj, p.w_k, p.b_k), (m.v_proj, p.w_v, p.b_v)]
+        elif spec.is_cross:
+            pairs = [
+                (m.q_proj, p.w_q, p.b_q),
+                (m.kv_proj, torch.cat([p.w_k, p.w_v]), _cat(p.b_k, p.b_v)),
+            ]
+        else:
+            pairs = [(m.qkv_proj, torch.cat([p.w_q, p.w_k, p.w_v]), _cat(p.b_q, p.b_k, p.b_v))]
+        for lin, w, bias in pairs:
+            lin.weight.copy_(w)
+            if spec.bias:
+                lin.bias.copy_(bias)
+    return m
+
+
+def _cat(*parts: Tensor | None) -> Tensor | None:
+    return None if parts[0] is None else torch.cat(parts)  # type: ignore[arg-type]
+
+
+def to_combined(m: MultiHeadAttention) -> MultiHeadAttention:
+    """Same function, one input projection [Q|K|V] ([K|V] for cross-attention)."""
+    _require_module(m)
+    return build(m.spec.replace(layout="combined"), get_projections(m), like=m)
+
+
+def to_separate(m: MultiHeadAttention) -> MultiHeadAttention:
+    """Same function, separate W_Q, W_K, W_V."""
+    _require_module(m)
+    return build(m.spec.replace(layout="separate"), get_projections(m), like=m)
+
+
+def _check_perm(perm: Sequence[int] | Tensor, n: int, what: str) -> list[int]:
+    if isinstance(perm, Tensor):
+        perm = perm.tolist()
+    try:
+        perm = [int(i) for i in perm]
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a sequence of head indices, got {perm!r}") from None
+    if sorted(perm) != list(range(n)):
+        raise ValueError(f"{what}={perm} is not a permutation of range({n})")
+    return perm
+
+
+def _take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -> Tensor | None:
+    """Reorder the n head blocks of w along `dim` (rows for W_Q/K/V and biases, columns for W_O)."""
+    if w is None:
+        return None
+    idx = torch.as_tensor(list(order), device=w.device)
+    if dim == 0:
+        blocks = rearrange(w, "(n d) ... -> n d ...", n=n)
+        return rearrange(blocks[idx], "n d ... -> (n d) ...")
+    blocks = rearrange(w, "o (n d) -> n o d", n=n)
+    return rearrange(blocks[idx], "n o d -> o (n d)")
+
+
+def kv_permutation_for(spec: AttentionSpec, perm: Sequence[int]) -> list[int]:
+    """The kv-head order that a query-head permutation implies under blocked GQA.
+
+    New query head r is old head perm[r]; it must still read the kv head its old self read,
+    so every block of group_size new heads must come from one old group.
+    """
+    gs = spec.group_size
+    kv = []
+    for j in range(spec.kv_heads_):
+        groups = {perm[r] // gs for r in range(j * gs, (j + 1) * gs)}
+        if len(groups) != 1:
+            raise ValueError(
+                f"perm={list(perm)} splits a GQA group: with heads={spec.heads}, "
+                f"kv_heads={spec.kv_heads_} each block of {gs} new heads must come from one "
+                f"kv group, but new heads {j * gs}..{(j + 1) * gs - 1} come from groups {sorted(groups)}"
+            )
+        kv.append(groups.pop())
+    return kv
+
+
+def permute_heads(m: MultiHeadAttention, perm: Sequence[int] | Tensor) -> MultiHeadAttention:
+    """Same function, heads relabelled: new head r is old head perm[r].
+
+    Q head blocks and the matching W_O blocks move together (W_O's inverse permutation in
+    the math's convention); under GQA the kv heads move with their groups.
+    """
+    s = _require_module(m).spec
+    perm = _check_perm(perm, s.heads, "perm")
+    kv = kv_permutation_for(s, perm)
+    p = get_projections(m)
+    g = s.kv_heads_
+    q = Projections(
+        w_q=_take_blocks(p.w_q, perm, s.heads),
+        w_k=_take_blocks(p.w_k, kv, g),
+        w_v=_take_blocks(p.w_v, kv, g),
+        w_o=_take_blocks(p.w_o, perm, s.heads, dim=1),
+        b_q=_take_blocks(p.b_q, perm, s.heads),
+        b_k=_take_blocks(p.b_k, kv, g),
+        b_v=_take_blocks(p.b_v, kv, g),
+        b_o=p.b_o,
+    )
+    return build(s, q, like=m)
+
+
+def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttention:
+    """A smaller module without the given query heads (pruning at evaluation).
+
+    Equals zeroing those heads with head_mask: removing head r removes its rows of W_Q and
+    its rows of W_O (math convention). Under GQA only whole groups can go, so that the
+    remaining heads keep reading the same kv heads.
+    """
+    s = _require_module(m).spec
+    drop = sorted({int(r) for r in heads})
+    if any(r < 0 or r >= s.heads for r in drop):
+        raise ValueError(f"heads={list(heads)} has indices outside range({s.heads})")
+    if len(drop) >= s.heads:
+        raise ValueError(f"cannot prune all {s.heads} heads; keep at least one")
+    keep = [r for r in range(s.heads) if r not in set(drop)]
+    gs = s.group_size
+    # Under GQA the survivors must still form equal blocked groups: drop whole groups, or the
+    # same number of heads from every group.
+    per_group = {j: sum(1 for r in keep if r // gs == j) for j in range(s.kv_heads_)}
+    kv_keep = [j for j, n in per_group.items() if n > 0]
+    sizes = {per_group[j] for j in kv_keep}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"heads={drop} leaves GQA groups of unequal sizes "
+            f"{ {j: per_group[j] for j in kv_keep} }; with kv_heads={s.kv_heads_} drop whole "
+            f"groups or the same number of heads from every group"
+        )
+    p = get_projections(m)
+    new_spec = s.replace(
+        heads=len(keep),
+        kv_heads=None if s.kv_heads is None else len(kv_keep),
+        d_k=s.d_k_,  # explicit: the default d_model // heads would change with the head count
+    )
+    g = s.kv_heads_
+    q = Projections(
+        w_q=_take_blocks(p.w_q, keep, s.heads),
+        w_k=_take_blocks(p.w_k, kv_keep, g),
+        w_v=_take_blocks(p.w_v, kv_keep, g),
+        w_o=_take_blocks(p.w_o, keep, s.heads, dim=1),
+        b_q=_take_blocks(p.b_q, keep, s.heads),
+        b_k=_take_blocks(p.b_k, kv_keep, g),
+        b_v=_take_blocks(p.b_v, kv_keep, g),
+        b_o=p.b_o,
+    )
+    return build(new_spec, q, like=m)

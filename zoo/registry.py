@@ -1,0 +1,191 @@
+"""The zoo's registry: attention blocks by name, with fnmatch wildcards.
+
+Presets are data: one TOML file per name in the repository's `models/` folder, loaded the
+first time the registry is read. `register()` adds more from code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .attention import MultiHeadAttention
+from .spec import AttentionSpec, SpecError, field_names
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# Source checkout / editable install: <repo>/models. A wheel carries them as zoo/presets.
+_PRESET_DIRS = (
+    Path(__file__).resolve().parent.parent / "models",
+    Path(__file__).resolve().parent / "presets",
+)
+_TOP_LEVEL_KEYS = {"description", "reference", "spec"}
+
+
+class UnknownNameError(ValueError):
+    """No registered attention block has this name."""
+
+
+class DuplicateNameError(ValueError):
+    """A name is registered twice."""
+
+
+class PresetFileError(ValueError):
+    """A preset file in models/ is malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    spec: AttentionSpec
+    description: str = ""
+    reference: str = ""
+    source: str = "code"  # the TOML file it came from, or "code"
+
+
+_REGISTRY: dict[str, Entry] = {}
+_loaded = False
+
+
+def register(
+    name: str,
+    spec: AttentionSpec | None = None,
+    *,
+    description: str = "",
+    reference: str = "",
+    source: str = "code",
+    **fields: Any,
+) -> Entry:
+    """Register `spec` (or `AttentionSpec(**fields)`) under `name`. Duplicate names raise."""
+    _ensure_loaded()
+    return _add(name, spec, description=description, reference=reference, source=source, **fields)
+
+
+def unregister(name: str) -> None:
+    """Remove a name added with `register` (tests and notebooks use this)."""
+    _ensure_loaded()
+    _lookup(name)
+    del _REGISTRY[name]
+
+
+def names(pattern: str = "*") -> list[str]:
+    """Sorted registered names matching an fnmatch pattern, e.g. names('mha-*')."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a string such as 'mha-*', got {type(pattern).__name__}")
+    _ensure_loaded()
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
+
+
+def entry(name: str) -> Entry:
+    _ensure_loaded()
+    return _lookup(name)
+
+
+def spec(name: str, **overrides: Any) -> AttentionSpec:
+    """The registered spec for `name`, with `overrides` (spec fields) applied and checked."""
+    base = entry(name).spec
+    return base.replace(**overrides) if overrides else base
+
+
+def create(name: str, *, fused: bool = True, **overrides: Any) -> MultiHeadAttention:
+    """A freshly initialised module for `name`; `overrides` are spec fields."""
+    return MultiHeadAttention(spec(name, **overrides), fused=fused)
+
+
+def load_presets(directory: str | Path) -> list[str]:
+    """Register every `*.toml` file in `directory`; returns the names added."""
+    _ensure_loaded()
+    return _load_dir(Path(directory))
+
+
+# -- internals ---------------------------------------------------------------------------
+
+
+def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
+    fields = {k: kw.pop(k) for k in list(kw) if k not in ("description", "reference", "source")}
+    if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t"):
+        raise ValueError(f"name={name!r} must be a non-empty string without spaces or wildcards")
+    if spec is None:
+        spec = AttentionSpec(**fields)
+    elif fields:
+        raise TypeError(f"give either a spec or spec fields for {name!r}, not both ({sorted(fields)})")
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+    if name in _REGISTRY:
+        raise DuplicateNameError(
+            f"{name!r} is already registered (from {_REGISTRY[name].source}); pick another name"
+        )
+    e = Entry(name=name, spec=spec, **kw)
+    _REGISTRY[name] = e
+    return e
+
+
+def _lookup(name: str) -> Entry:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.4)
+        hint = f"closest: {', '.join(close)}" if close else "see zoo.names() or `attnzoo list`"
+        raise UnknownNameError(f"no attention block named {name!r}; {hint}") from None
+
+
+def _ensure_loaded() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True  # set first: a malformed file must not make every later call re-read
+    for d in _PRESET_DIRS:
+        if d.is_dir():
+            _load_dir(d)
+            return
+
+
+def _load_dir(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        raise FileNotFoundError(f"preset folder {directory} does not exist")
+    added = []
+    for path in sorted(directory.glob("*.toml")):
+        name, spec, meta = read_preset(path)
+        _add(name, spec, source=str(path), **meta)
+        added.append(name)
+    return added
+
+
+def read_preset(path: str | Path) -> tuple[str, AttentionSpec, dict[str, str]]:
+    """Parse one preset file: (name, spec, {description, reference}). Name = file stem."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise PresetFileError(f"{path}: not valid TOML ({e})") from None
+    unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
+    if unknown:
+        raise PresetFileError(
+            f"{path}: unknown key(s) {unknown}; allowed: {sorted(_TOP_LEVEL_KEYS)}"
+        )
+    meta = {}
+    for key in ("description", "reference"):
+        value = data.get(key, "")
+        if not isinstance(value, str):
+            raise PresetFileError(f"{path}: field {key!r} must be a string, got {value!r}")
+        meta[key] = value
+    fields = data.get("spec")
+    if not isinstance(fields, dict):
+        raise PresetFileError(f"{path}: missing [spec] table (fields: {field_names()})")
+    bad = sorted(set(fields) - set(field_names()))
+    if bad:
+        raise PresetFileError(f"{path}: unknown field(s) [spec].{bad}; valid: {field_names()}")
+    try:
+        spec = AttentionSpec(**fields)
+    except SpecError as e:
+        raise PresetFileError(f"{path}: [spec] {e}") from None
+    return path.stem, spec, meta

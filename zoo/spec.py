@@ -1,0 +1,146 @@
+"""The attention spec: a small frozen description of one multi-head attention block.
+
+Axis vocabulary, used in every einops pattern, docstring and ONNX dynamic-axis name:
+
+    b  batch            t  query positions      s  key/value positions
+    h  query heads      g  key/value heads      c  model channels (d_model)
+    d  per-head width (dk / dv where the query/key and value widths differ)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+LAYOUTS = ("separate", "combined")
+
+
+class SpecError(ValueError):
+    """An invalid `AttentionSpec` field or combination of fields."""
+
+
+def _check_positive_int(name: str, value: Any, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    # bool is an int subclass; `heads=True` is a mistake, not 1 head.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{name}={value!r} must be a positive integer")
+    if value <= 0:
+        raise SpecError(f"{name}={value} must be a positive integer")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One multi-head attention block. Every default says why it is what it is."""
+
+    d_model: int = 512  # width of x and y; 512 is the original Transformer's base size
+    heads: int = 8  # h, query heads; 8 gives the classic 64-wide heads at d_model=512
+    d_k: int | None = None  # per-head query/key width; None -> d_model // heads (API convention)
+    d_v: int | None = None  # per-head value width; None -> d_k (the common choice, not a law)
+    kv_heads: int | None = None  # g, key/value heads (GQA/MQA); None -> heads (plain MHA)
+    layout: str = "separate"  # "separate" W_Q/W_K/W_V or "combined" [Q|K|V] input projection
+    bias: bool = True  # biases on all four projections, or none (torch's nn.Linear default)
+    causal: bool = False  # built-in lower-triangular mask; only meaningful for self-attention
+    d_context: int | None = None  # width of the cross-attention context; None -> self-attention
+    scale: float | None = None  # score scale; None -> 1/sqrt(d_k) as in "Attention Is All You Need"
+
+    def __post_init__(self) -> None:
+        _check_positive_int("d_model", self.d_model)
+        _check_positive_int("heads", self.heads)
+        _check_positive_int("d_k", self.d_k, optional=True)
+        _check_positive_int("d_v", self.d_v, optional=True)
+        _check_positive_int("kv_heads", self.kv_heads, optional=True)
+        _check_positive_int("d_context", self.d_context, optional=True)
+        if self.d_k is None and self.d_model % self.heads != 0:
+            raise SpecError(
+                f"d_model={self.d_model} is not divisible by heads={self.heads}; "
+                f"pick heads that divide d_model, or set d_k explicitly "
+                f"(d_model % heads == 0 is only the convention for the default d_k)"
+            )
+        if self.heads % self.kv_heads_ != 0:
+            raise SpecError(
+                f"kv_heads={self.kv_heads} must divide heads={self.heads} "
+                f"(each kv head serves heads // kv_heads query heads)"
+            )
+        if self.layout not in LAYOUTS:
+            raise SpecError(f"layout={self.layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+        if not isinstance(self.bias, bool):
+            raise SpecError(f"bias={self.bias!r} must be True or False")
+        if not isinstance(self.causal, bool):
+            raise SpecError(f"causal={self.causal!r} must be True or False")
+        if self.causal and self.d_context is not None:
+            raise SpecError(
+                f"causal=True with d_context={self.d_context}: the causal mask is for "
+                f"self-attention only; drop causal or d_context"
+            )
+        if self.scale is not None:
+            if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)):
+                raise SpecError(f"scale={self.scale!r} must be a positive number or None")
+            if not math.isfinite(self.scale) or self.scale <= 0:
+                raise SpecError(f"scale={self.scale} must be a positive finite number or None")
+
+    # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
+    @property
+    def d_k_(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.heads
+
+    @property
+    def d_v_(self) -> int:
+        return self.d_v if self.d_v is not None else self.d_k_
+
+    @property
+    def kv_heads_(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def d_kv_in(self) -> int:
+        """Width of the tensor K and V are projected from (x, or the context)."""
+        return self.d_context if self.d_context is not None else self.d_model
+
+    @property
+    def scale_(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d_k_)
+
+    @property
+    def is_cross(self) -> bool:
+        return self.d_context is not None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head: query head r reads kv head r // group_size."""
+        return self.heads // self.kv_heads_
+
+    def replace(self, **changes: Any) -> AttentionSpec:
+        """A new spec with `changes` applied (validated again)."""
+        unknown = sorted(set(changes) - set(field_names()))
+        if unknown:
+            raise SpecError(f"unknown spec field(s) {unknown}; valid fields: {field_names()}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line, e.g. 'd_model=512 h=8 g=8 dk=64 dv=64 combined no-bias self'."""
+        kind = f"cross(d_context={self.d_context})" if self.is_cross else "self"
+        parts = [
+            f"d_model={self.d_model}",
+            f"h={self.heads}",
+            f"g={self.kv_heads_}",
+            f"dk={self.d_k_}",
+            f"dv={self.d_v_}",
+            self.layout,
+            "bias" if self.bias else "no-bias",
+            kind,
+        ]
+        if self.causal:
+            parts.append("causal")
+        if self.scale is not None:
+            parts.append(f"scale={self.scale:g}")
+        return " ".join(parts)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(AttentionSpec)]
