@@ -131,6 +131,7 @@ class MultiHeadAttention(nn.Module):
         if self.spec.causal:
             allowed = torch.ones(t, s_len, dtype=torch.bool, device=x.device).tril()
         if mask is not None:
+            mask = mask[(None,) * (4 - mask.dim())]  # always (b|1, h|1, t|1, s|1): SDPA wants >= 2-D
             if mask.dtype == torch.bool:
                 allowed = mask if allowed is None else allowed & mask
             else:

@@ -1,0 +1,65 @@
+import pytest
+
+import zoo
+from conftest import ALL_NAMES
+from zoo import AttentionSpec
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_formula_equals_module_count(name):
+    s = zoo.spec(name)
+    assert zoo.count_parameters(s) == zoo.count_parameters(zoo.create(name))
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_no_bias_formula_from_the_design(name):
+    s = zoo.spec(name).replace(bias=False)
+    h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
+    expected = s.d_model * h * dk + s.d_kv_in * (g * dk + g * dv) + h * dv * s.d_model
+    assert zoo.count_parameters(s) == expected
+
+
+def test_seed_figures():
+    # seed 003: d=512, h=8 -> 4 d^2
+    assert zoo.count_parameters(zoo.spec("transformer-base")) == 1_048_576 == 4 * 512**2
+    # seed 004 exercise 1: d=1024, H=16 -> d_k=64, 4 d^2
+    s = AttentionSpec(d_model=1024, heads=16, bias=False)
+    assert s.d_k_ == 64 and zoo.count_parameters(s) == 4_194_304
+    # 4 d^2 whatever the head split (seed 000), once h*dk = h*dv = d
+    assert {zoo.count_parameters(AttentionSpec(d_model=768, heads=h, bias=False)) for h in (1, 2, 3, 12, 768)} == {4 * 768**2}
+
+
+def test_bias_convention_is_explicit():
+    s = AttentionSpec(d_model=512, heads=8, bias=True)
+    assert zoo.count_parameters(s) == 4 * 512**2 + 4 * 512
+    g = AttentionSpec(d_model=512, heads=8, kv_heads=2, bias=True)
+    assert zoo.parameter_breakdown(g).biases == 512 + 128 + 128 + 512
+
+
+def test_seed_004_flops_exercise():
+    # T=2048, d=4096, H=32, B=1: 4 projections of 2*T*d^2 plus 2 attention products of 2*T^2*d
+    f = zoo.flops(AttentionSpec(d_model=4096, heads=32, bias=False), batch=1, seq=2048)
+    assert f.projections == 4 * 2 * 2048 * 4096**2 == 274_877_906_944
+    assert f.attention == 2 * 2 * 2048**2 * 4096 == 68_719_476_736
+    assert f.total == 343_597_383_680
+
+
+def test_score_entries_and_bytes():
+    s = zoo.spec("cross-attention")
+    assert zoo.score_entries(s, 3, 5, 11) == 3 * 4 * 5 * 11
+    b = zoo.bytes_moved(s, 2, 5, 7, itemsize=2)
+    assert b.inputs == (2 * 5 * 64 + 2 * 7 * 48) * 2
+    assert b.parameters == zoo.count_parameters(s) * 2
+    assert b.minimum == b.inputs + b.parameters + b.output
+
+
+def test_stage_shapes_use_the_axis_vocabulary():
+    st = {x.name: x for x in zoo.stage_shapes(zoo.spec("gqa"), 2, 9)}
+    assert st["Q"].axes == "b h t dk" and st["Q"].shape == (2, 8, 9, 8)
+    assert st["K"].shape == (2, 2, 9, 8) and st["A"].shape == (2, 8, 9, 9)
+    assert st["Z"].shape == (2, 9, 64)
+
+
+def test_count_parameters_type_error():
+    with pytest.raises(TypeError, match="AttentionSpec or nn.Module"):
+        zoo.count_parameters("transformer-base")

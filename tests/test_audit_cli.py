@@ -1,0 +1,48 @@
+import pytest
+
+import zoo
+from conftest import ALL_NAMES
+from export.cli import main
+from zoo.audit import run_audit
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_audit_passes_for_every_registered_name(name, capsys):
+    assert main(["audit", name]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and " 0 failed" in out
+
+
+def test_audit_catches_a_broken_module():
+    """The audit can fail: a projection that disagrees with the weights must FAIL."""
+    m = zoo.create("mha-separate-bias")
+    m.project = lambda x, context=None: tuple(t * 1.5 for t in zoo.MultiHeadAttention.project(m, x, context))
+    bad = {s.title: s.ok for s in run_audit(m)}
+    assert not bad["axis labels: split 'b t (h d) -> b h t d'"]
+    assert not bad["W_O and selected output rows"]
+    assert main(["audit", "mha-separate-bias"]) == 0  # the registered block itself is fine
+
+
+def test_cli_list_show(capsys):
+    assert main(["list", "mha-*"]) == 0
+    out = capsys.readouterr().out
+    assert "mha-combined-bias" in out and "bert-base" not in out
+    assert main(["show", "transformer-base"]) == 0
+    out = capsys.readouterr().out
+    assert "1,048,576" in out and "(agree)" in out and "b h t s" in out
+    assert main(["show", "transformer-base", "--set", "d_model=1024", "--set", "heads=16"]) == 0
+    assert "4,194,304" in capsys.readouterr().out
+    # seed 004 exercise 3
+    assert main(["show", "transformer-base", "--set", "d_model=4096", "--set", "heads=32", "--seq", "2048"]) == 0
+    assert "343,597,383,680" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(capsys):
+    assert main(["show", "gpt2-smal"]) == 2
+    err = capsys.readouterr().err
+    assert "gpt2-small" in err and "Traceback" not in err
+    assert main(["show", "bert-base", "--set", "heads"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["list", "zzz*"]) == 1
+    with pytest.raises(SystemExit):
+        main(["show", "bert-base", "--seq", "0"])
