@@ -1,0 +1,344 @@
+"""ONNX Runtime sessions that say where they really run.
+
+`get_available_providers()` lists CUDA on any machine with the GPU wheel installed, GPU or
+not, and ONNX Runtime then quietly falls back to the CPU. So "CUDA works" is judged on a
+created session: its `get_providers()` must start with CUDAExecutionProvider.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import zoo
+
+from .io import TensorIO
+
+PROVIDERS = ("auto", "cpu", "cuda")
+_ORT_NAME = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_NP_DTYPE = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
+_TORCH_DTYPE = {np.float32: torch.float32, np.float16: torch.float16, np.bool_: torch.bool}
+
+
+class SessionError(RuntimeError):
+    """The model cannot be loaded, or the asked-for provider does not really work here."""
+
+
+class RunInputError(ValueError):
+    """An input given to OnnxSession.run does not fit the model's inputs."""
+
+
+def _ort():
+    import onnxruntime as ort
+
+    return ort
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_status() -> tuple[bool, str]:
+    """(usable, one-line reason): can ONNX Runtime really run a CUDA session here?"""
+    ort = _ort()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False, f"onnxruntime {ort.__version__} ({ort.get_device()} build) has no CUDA provider"
+    if hasattr(ort, "preload_dlls") and torch.version.cuda is not None:
+        try:
+            ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels beside torch
+        except Exception:  # noqa: BLE001 - best effort; the probe below decides
+            pass
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["a"], ["b"])], "probe",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])],
+    )
+    # IR 10 / opset 18: what older runtimes (onnxruntime-gpu trails onnxruntime) accept.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    try:
+        ort.set_default_logger_severity(4)
+        sess = ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
+    except Exception as e:  # noqa: BLE001
+        return False, f"CUDA session failed to start: {str(e).splitlines()[0][:200]}"
+    finally:
+        ort.set_default_logger_severity(2)
+    del onnx
+    used = sess.get_providers()
+    if not used or used[0] != "CUDAExecutionProvider":
+        return False, (
+            "the CUDA provider is installed but could not start (no GPU, or no CUDA/cuDNN "
+            f"libraries it can load); a test session fell back to {used}"
+        )
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "device 0"
+    return True, f"CUDA works ({gpu}, onnxruntime {ort.__version__})"
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    name: str
+    op_type: str
+    provider: str
+
+
+class OnnxSession:
+    """An ONNX Runtime session over an attnzoo model (or any model with x/context/mask inputs).
+
+    provider: "auto" (CUDA when it really works, else CPU, with one line saying why),
+    "cpu", or "cuda" (raises SessionError when CUDA does not really work).
+    """
+
+    def __init__(self, path: str | os.PathLike, provider: str = "auto", threads: int | None = None,
+                 *, verbose: bool = True, profile: bool = False) -> None:
+        if provider not in PROVIDERS:
+            raise ValueError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads={threads!r} must be a positive integer or None")
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such file; export one with `attnzoo export NAME -o {self.path}`")
+        self.metadata = self._read_metadata()
+        ort = _ort()
+        self.note = ""
+        if provider == "cpu":
+            use_cuda = False
+        else:
+            ok, why = cuda_status()
+            if provider == "cuda" and not ok:
+                raise SessionError(f"provider='cuda' asked for, but {why}; use provider='cpu' or 'auto'")
+            use_cuda = ok
+            if provider == "auto":
+                self.note = f"provider auto -> {'cuda' if ok else 'cpu'}: {why}"
+                if verbose:
+                    print(f"attnzoo: {self.note}")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads is not None:
+            opts.intra_op_num_threads = threads
+        if profile:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"attnzoo-profile-{os.getpid()}")
+        providers = (["CUDAExecutionProvider"] if use_cuda else []) + ["CPUExecutionProvider"]
+        try:
+            self._sess = ort.InferenceSession(str(self.path), opts, providers=providers)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SessionError(f"ONNX Runtime cannot load {self.path}: {first}") from None
+        used = self._sess.get_providers()
+        if use_cuda and used[0] != "CUDAExecutionProvider":
+            raise SessionError(f"the CUDA provider did not start for {self.path}; session uses {used}")
+        self.provider = "cuda" if used[0] == "CUDAExecutionProvider" else "cpu"
+        self._inputs = {i.name: i for i in self._sess.get_inputs()}
+        self._outputs = [o.name for o in self._sess.get_outputs()]
+        self.spec = self._read_spec()
+
+    # -- what the model is ---------------------------------------------------------------
+
+    def _read_metadata(self) -> dict[str, str]:
+        import onnx
+
+        try:
+            model = onnx.load(str(self.path), load_external_data=False)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise SessionError(f"{self.path} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
+        if not model.graph.node and not model.graph.input:
+            raise SessionError(f"{self.path} is not an ONNX model (it parsed to an empty graph)")
+        return {p.key: p.value for p in model.metadata_props}
+
+    def _read_spec(self) -> zoo.AttentionSpec | None:
+        raw = self.metadata.get("attnzoo.spec")
+        return zoo.AttentionSpec(**json.loads(raw)) if raw else None
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self._outputs)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(_NP_DTYPE[self._inputs["x"].type]) if "x" in self._inputs else np.dtype(np.float32)
+
+    def describe(self) -> str:
+        ins = ", ".join(f"{i.name} {i.type[7:-1]}{list(i.shape)}" for i in self._sess.get_inputs())
+        outs = ", ".join(f"{o.name} {o.type[7:-1]}{list(o.shape)}" for o in self._sess.get_outputs())
+        name = self.metadata.get("attnzoo.name", "?")
+        lowering = self.metadata.get("attnzoo.lowering", "?")
+        return f"{self.path}: {name} ({lowering}) on {self.provider}; inputs {ins}; outputs {outs}"
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self, x: Any, context: Any = None, mask: Any = None, head_mask: Any = None):
+        """y (b t c), or (y, attn) when the model outputs weights. torch in -> torch out.
+
+        Torch tensors are bound in place (no copy; CUDA tensors stay on the GPU when the
+        session runs on CUDA); numpy arrays go through a plain run.
+        """
+        feeds = self._prepare(x, context, mask, head_mask)
+        as_torch = isinstance(x, torch.Tensor)
+        if as_torch:
+            outs = self._run_bound(feeds)
+        else:
+            outs = self._sess.run(self._outputs, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _prepare(self, x, context, mask, head_mask) -> dict[str, Any]:
+        given = {"x": x, "context": context, "mask": mask, "head_mask": head_mask}
+        for name, value in given.items():
+            if value is not None and name not in self._inputs:
+                hint = {"mask": "--mask", "head_mask": "--head-mask"}.get(name)
+                fix = f"; re-export with {hint}" if hint else ""
+                raise RunInputError(f"this model has no {name!r} input (inputs: {self.input_names}){fix}")
+            if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+        if x is None:
+            raise RunInputError("x is required")
+        if "context" in self._inputs and context is None:
+            raise RunInputError("this is a cross-attention model: pass context (b, s, d_context)")
+        want_dtype = self.dtype
+        lib = torch if isinstance(x, torch.Tensor) else np
+        for name in ("context", "mask", "head_mask"):
+            v = given[name]
+            if v is not None and isinstance(v, torch.Tensor) != (lib is torch):
+                raise TypeError(f"x is a {'torch tensor' if lib is torch else 'numpy array'} but {name} is not; pass one kind")
+        self._check_float("x", x, 3, want_dtype)
+        b, t = x.shape[0], x.shape[1]
+        if context is not None:
+            self._check_float("context", context, 3, want_dtype)
+            if context.shape[0] != b:
+                raise RunInputError(f"context has batch {context.shape[0]}, x has {b}")
+        s_len = context.shape[1] if context is not None else t
+        feeds: dict[str, Any] = {"x": x}
+        if context is not None:
+            feeds["context"] = context
+        if "mask" in self._inputs:
+            feeds["mask"] = self._mask(mask, b, t, s_len, lib)
+        if "head_mask" in self._inputs:
+            feeds["head_mask"] = self._head_mask(head_mask, b, lib, want_dtype)
+        return feeds
+
+    def _check_float(self, name: str, v, rank: int, want: np.dtype) -> None:
+        io = self._inputs[name]
+        shape = tuple(v.shape)
+        if len(shape) != rank:
+            raise RunInputError(f"{name} has shape {shape}; the model takes {list(io.shape)}")
+        for got, dim in zip(shape, io.shape):
+            if isinstance(dim, int) and got != dim:
+                raise RunInputError(f"{name} has shape {shape}; the model takes {list(io.shape)}")
+        got_dtype = v.dtype if isinstance(v, np.ndarray) else v.dtype
+        if _np_of(got_dtype) != want:
+            raise TypeError(f"{name} has dtype {got_dtype}; this model takes {want} (convert with .astype/.to)")
+
+    def _mask(self, mask, b, t, s, lib):
+        if mask is None:
+            return lib.ones((b, t, s), dtype=lib.bool_ if lib is np else torch.bool)
+        if _np_of(mask.dtype) != np.bool_:
+            raise TypeError(f"mask has dtype {mask.dtype}; the ONNX mask is bool (True = may attend)")
+        shape = tuple(mask.shape)
+        if len(shape) == 4:  # (b|1, 1, t, s): the exported mask is shared by all heads
+            if shape[1] != 1:
+                raise RunInputError(f"mask {shape}: the exported model takes one mask for all heads, (b, t, s)")
+            mask = mask[:, 0]
+        try:
+            out = (np.broadcast_to(mask, (b, t, s)) if lib is np else mask.expand(b, t, s))
+        except (ValueError, RuntimeError):
+            raise RunInputError(f"mask of shape {shape} does not broadcast to (b, t, s) = {(b, t, s)}") from None
+        return np.ascontiguousarray(out) if lib is np else out.contiguous()
+
+    def _head_mask(self, hm, b, lib, dtype):
+        h = self._inputs["head_mask"].shape[1]
+        if hm is None:
+            return np.ones((b, h), dtype=dtype) if lib is np else torch.ones(b, h, dtype=_TORCH_DTYPE[dtype.type])
+        shape = tuple(hm.shape)
+        if shape not in ((h,), (b, h), (1, h)):
+            raise RunInputError(f"head_mask has shape {shape}; expected ({h},) or ({b}, {h})")
+        if lib is np:
+            return np.ascontiguousarray(np.broadcast_to(hm.astype(dtype), (b, h)))
+        return hm.to(_TORCH_DTYPE[dtype.type]).expand(b, h).contiguous()
+
+    def _run_bound(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """IO binding over torch storage: no host round trip for CUDA tensors."""
+        device = "cuda" if self.provider == "cuda" else "cpu"
+        binding = self._sess.io_binding()
+        keep = []
+        x = feeds["x"]
+        for name, t in feeds.items():
+            if device == "cuda" and not t.is_cuda:
+                t = t.cuda()
+            if device == "cpu" and t.device.type != "cpu":
+                raise RunInputError(f"{name} is on {t.device} but this session runs on the CPU")
+            t = t.contiguous()
+            keep.append(t)
+            binding.bind_input(
+                name, t.device.type, t.device.index or 0, _np_of(t.dtype).type, tuple(t.shape), t.data_ptr()
+            )
+        b, tq = x.shape[0], x.shape[1]
+        s_len = feeds["context"].shape[1] if "context" in feeds else tq
+        outs = []
+        for name in self._outputs:
+            shape = self._output_shape(name, b, tq, s_len)
+            out = torch.empty(shape, dtype=_TORCH_DTYPE[self.dtype.type], device=device)
+            binding.bind_output(name, out.device.type, out.device.index or 0, self.dtype.type, shape, out.data_ptr())
+            outs.append(out)
+        self._sess.run_with_iobinding(binding)
+        del keep
+        return outs
+
+    def _output_shape(self, name: str, b: int, t: int, s: int) -> tuple[int, ...]:
+        dims = {"b": b, "t": t, "s": s}
+        o = next(o for o in self._sess.get_outputs() if o.name == name)
+        shape = tuple(d if isinstance(d, int) else dims.get(str(d)) for d in o.shape)
+        if any(d is None for d in shape):
+            raise SessionError(f"output {name} has axes {o.shape} that are not in the axis vocabulary b/t/s")
+        return shape
+
+    # -- where did it run ------------------------------------------------------------------
+
+    def node_placements(self, x, context=None, mask=None, head_mask=None) -> list[NodePlacement]:
+        """Run once with profiling and report the provider each node actually ran on."""
+        prof = OnnxSession(self.path, "cuda" if self.provider == "cuda" else "cpu", verbose=False, profile=True)
+        prof.run(x, context, mask, head_mask)
+        trace = prof._sess.end_profiling()
+        try:
+            events = json.loads(Path(trace).read_text())
+        finally:
+            Path(trace).unlink(missing_ok=True)
+        seen: dict[str, NodePlacement] = {}
+        for ev in events:
+            args = ev.get("args", {})
+            if ev.get("cat") == "Node" and "provider" in args:
+                node = ev["name"].rsplit("_kernel_time", 1)[0]
+                seen.setdefault(node, NodePlacement(node, args.get("op_name", "?"), args["provider"]))
+        return list(seen.values())
+
+    @staticmethod
+    def summarize_placements(placements: list[NodePlacement]) -> dict[str, dict[str, int]]:
+        """{op_type: {provider: count}}."""
+        out: dict[str, Counter] = {}
+        for p in placements:
+            out.setdefault(p.op_type, Counter())[p.provider] += 1
+        return {k: dict(v) for k, v in sorted(out.items())}
+
+
+def _np_of(dtype) -> np.dtype:
+    if isinstance(dtype, torch.dtype):
+        return np.dtype({torch.float32: np.float32, torch.float16: np.float16, torch.bool: np.bool_,
+                         torch.float64: np.float64}.get(dtype, np.void))
+    return np.dtype(dtype)
+
+
+__all__ = ["OnnxSession", "SessionError", "RunInputError", "NodePlacement", "cuda_status", "TensorIO"]
