@@ -162,6 +162,11 @@ class OnnxSession:
         return zoo.AttentionSpec(**json.loads(raw)) if raw else None
 
     @property
+    def session_providers(self) -> list[str]:
+        """What ONNX Runtime reports the created session uses, in priority order."""
+        return list(self._sess.get_providers())
+
+    @property
     def input_names(self) -> list[str]:
         return list(self._inputs)
 

@@ -1,0 +1,174 @@
+"""The ONNX half of the `attnzoo` CLI: export, run, parity, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import zoo
+
+from .cli import CliError, parse_overrides
+from .lowering import AUTO_PREFERENCE, LOWERINGS
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .lowering import export_onnx
+
+    result = export_onnx(
+        args.name, args.output, lowering=args.lowering, dtype=args.dtype, need_weights=args.weights,
+        with_mask=args.mask, with_head_mask=args.head_mask, overwrite=args.force, provider=args.target,
+        **parse_overrides(args.set),
+    )
+    print(result.summary())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .io import interface
+    from .lowering import DTYPES, example_inputs
+    from .session import OnnxSession
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
+    spec = sess.spec
+    if spec is None:
+        raise CliError(f"{args.path} carries no attnzoo metadata; `attnzoo run` needs a model written by `attnzoo export`")
+    ins, _ = interface(
+        spec, need_weights=False, with_mask="mask" in sess.input_names, with_head_mask="head_mask" in sess.input_names
+    )
+    dtype = DTYPES[sess.metadata.get("attnzoo.dtype", "float32")]
+    feeds = example_inputs(spec, ins, dtype, args.batch, args.seq, args.ctx_seq or args.seq)
+    device = "cuda" if sess.provider == "cuda" else "cpu"
+    feeds = {k: v.to(device) for k, v in feeds.items()}
+    call = lambda: sess.run(feeds["x"], feeds.get("context"), feeds.get("mask"), feeds.get("head_mask"))  # noqa: E731
+    out = call()  # warm-up (first run allocates)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    for _ in range(args.repeats):
+        sync()
+        t0 = time.perf_counter()
+        call()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    outs = out if isinstance(out, tuple) else (out,)
+    name = sess.metadata.get("attnzoo.name", "?")
+    print(f"model     {args.path}: {name}, lowering {sess.metadata.get('attnzoo.lowering', '?')}, "
+          f"{sess.metadata.get('attnzoo.dtype', '?')}")
+    print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
+    if sess.note:
+        print(f"          {sess.note.split(': ', 1)[-1]}")
+    shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in feeds.items())
+    print(f"inputs    {shapes}")
+    print("outputs   " + ", ".join(f"{n} {tuple(o.shape)}" for n, o in zip(sess.output_names, outs)))
+    finite = all(bool(torch.isfinite(o).all()) for o in outs)
+    print(f"finite    {finite}")
+    print(f"latency   median {statistics.median(times):.3f} ms over {args.repeats} runs "
+          f"(min {min(times):.3f}, max {max(times):.3f})")
+    if args.placement:
+        placed = sess.summarize_placements(sess.node_placements(feeds["x"], feeds.get("context"),
+                                                                feeds.get("mask"), feeds.get("head_mask")))
+        print("placement " + "; ".join(f"{op}: " + ", ".join(f"{p.replace('ExecutionProvider', '')} x{n}"
+                                                             for p, n in d.items()) for op, d in placed.items()))
+    return 0 if finite else 1
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from .parity import CASES, format_matrix, run_parity
+
+    lowerings = args.lowering or list(LOWERINGS)
+    providers = args.provider or ["cpu"]
+    dtypes = args.dtype or ["float32"]
+    cases = args.case or list(CASES)
+    names = zoo.names(args.pattern)
+    if not names:
+        raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
+    total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(cases)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="parity", unit="check", file=sys.stderr, disable=args.quiet)
+
+    def progress(row):
+        bar.set_postfix_str(f"{row.name} {row.lowering} {row.dtype} {row.case}: {row.status}")
+        bar.update()
+
+    try:
+        rows = run_parity(args.pattern, lowerings=lowerings, providers=providers, dtypes=dtypes, cases=cases,
+                          progress=progress, **parse_overrides(args.set))
+    finally:
+        bar.close()
+    print(format_matrix(rows))
+    if args.json:
+        _write_json_atomic(Path(args.json), [r.to_dict() for r in rows])
+        print(f"wrote {args.json}")
+    return 1 if any(r.status == "FAIL" for r in rows) else 0
+
+
+def _write_json_atomic(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def add_commands(sub, with_set, positive, int_list) -> None:
+    lowering_help = (
+        f"one of {', '.join(LOWERINGS)}, or auto (default): the measured-fastest that can express the "
+        f"request (cpu: {' > '.join(AUTO_PREFERENCE['cpu'])})"
+    )
+    sp = sub.add_parser("export", help="export a zoo entry to ONNX (dynamic b, t, s axes)")
+    sp.add_argument("name")
+    sp.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help=lowering_help)
+    sp.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    sp.add_argument("--weights", action="store_true", help="also output the attention weights (decomposed only)")
+    sp.add_argument("--mask", action="store_true", help="add a bool mask input (b, t, s), True = may attend")
+    sp.add_argument("--head-mask", action="store_true", help="add a head_mask input (b, h)")
+    sp.add_argument("--target", default="cpu", choices=sorted(AUTO_PREFERENCE),
+                    help="the provider lowering=auto optimises for (default cpu)")
+    sp.add_argument("--force", action="store_true", help="overwrite an existing file")
+    with_set(sp)
+    sp.set_defaults(func=cmd_export)
+
+    sp = sub.add_parser("run", help="run an exported model on random input under ONNX Runtime")
+    sp.add_argument("path")
+    sp.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.add_argument("--batch", "-b", type=positive, default=2)
+    sp.add_argument("--seq", "-t", type=positive, default=16)
+    sp.add_argument("--ctx-seq", "-s", type=positive, default=None, help="S for cross-attention (default T)")
+    sp.add_argument("--repeats", type=positive, default=20)
+    sp.add_argument("--threads", type=positive, default=None)
+    sp.add_argument("--placement", action="store_true", help="profile once and print the provider of each op")
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("parity", help="eager vs ONNX Runtime for every matching variant (exit 1 on FAIL)")
+    sp.add_argument("pattern", nargs="?", default="*")
+    sp.add_argument("--lowering", action="append", choices=LOWERINGS, help="repeatable; default all")
+    sp.add_argument("--provider", action="append", choices=["cpu", "cuda"], help="repeatable; default cpu")
+    sp.add_argument("--dtype", action="append", choices=["float32", "float16"], help="repeatable; default float32")
+    sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
+    sp.add_argument("--json", help="also write the rows as JSON")
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    with_set(sp)
+    sp.set_defaults(func=cmd_parity)
+
+    try:
+        from . import bench
+    except ImportError as e:  # pragma: no cover - a broken install
+        missing = str(e)
+
+        def _no_bench(args: argparse.Namespace) -> int:
+            raise CliError(f"the benchmark could not be imported: {missing}")
+
+        sub.add_parser("bench", help=f"(unavailable: {missing})").set_defaults(func=_no_bench)
+    else:
+        sp = sub.add_parser("bench", help="eager torch vs every ONNX lowering: latency, GFLOP/s, memory")
+        bench.add_arguments(sp)
+        sp.set_defaults(func=bench.run_from_args)

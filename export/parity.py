@@ -1,0 +1,216 @@
+"""Parity of exported models against eager torch, at shapes the export never saw.
+
+One row per (variant, lowering, provider, dtype, case): the max abs and max rel error over
+every checked shape and output, and PASS / FAIL / SKIP with the reason. A miss is a FAIL,
+never a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import zoo
+
+from .io import interface
+from .lowering import DTYPES, LOWERINGS, ExportError, example_inputs, export_onnx, why_not
+from .session import OnnxSession, SessionError, cuda_status
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+# fp32: ORT and torch sum in different orders; 1e-5 absolute is ~100 ulps at |y| ~ 1.
+# fp16: 10-bit mantissa; the reference uses the same fp16-rounded weights computed in fp32.
+TOLERANCE = {
+    "float32": Tolerance(rtol=1e-4, atol=1e-5),
+    "float16": Tolerance(rtol=1e-2, atol=4e-3),
+}
+# (b, t, s): b in {1, 3}, t in {1, 7, 64}; s differs from t for cross-attention. The export
+# traced b=2, t=5, s=7, so none of these is an export shape.
+SHAPES = [(1, 1, 5), (3, 1, 3), (1, 7, 13), (3, 7, 1), (1, 64, 33), (3, 64, 64)]
+CASES = ("plain", "masked")  # masked = bool mask (one fully masked row) + head_mask (one head zeroed)
+PROVIDERS = ("cpu", "cuda")
+
+
+@dataclass
+class ParityRow:
+    name: str
+    lowering: str
+    provider: str
+    dtype: str
+    case: str
+    status: str  # PASS | FAIL | SKIP
+    max_abs: float = float("nan")
+    max_rel: float = float("nan")
+    shapes: int = 0
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def errors(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> tuple[float, float, bool]:
+    """(max abs error, max rel error where |ref| > atol, all within atol + rtol*|ref|)."""
+    out = out.astype(np.float64)
+    ref = ref.astype(np.float64)
+    if out.shape != ref.shape:
+        return float("inf"), float("inf"), False
+    diff = np.abs(out - ref)
+    if not np.isfinite(out).all():
+        return float("inf"), float("inf"), False
+    max_abs = float(diff.max()) if diff.size else 0.0
+    big = np.abs(ref) > tol.atol
+    max_rel = float((diff[big] / np.abs(ref[big])).max()) if big.any() else 0.0
+    ok = bool((diff <= tol.atol + tol.rtol * np.abs(ref)).all())
+    return max_abs, max_rel, ok
+
+
+def _reference_module(module: zoo.MultiHeadAttention, dtype: str, device: str) -> zoo.MultiHeadAttention:
+    """The eager reference: fp32 math on the weights the ONNX model holds (fp16-rounded for fp16)."""
+    ref = copy.deepcopy(module)
+    if dtype != "float32":
+        ref = ref.to(DTYPES[dtype]).float()
+    return ref.to(device).eval()
+
+
+def check(
+    name_or_module: str | zoo.MultiHeadAttention,
+    lowering: str,
+    *,
+    case: str = "plain",
+    dtype: str = "float32",
+    provider: str = "cpu",
+    workdir: str | Path | None = None,
+    shapes: Iterable[tuple[int, int, int]] = SHAPES,
+    seed: int = 0,
+    **overrides,
+) -> ParityRow:
+    """Export one variant with one lowering and compare it with eager torch at `shapes`."""
+    name = name_or_module if isinstance(name_or_module, str) else "custom"
+    row = ParityRow(name, lowering, provider, dtype, case, "SKIP")
+    if case not in CASES:
+        raise ValueError(f"case={case!r} is not one of {CASES}")
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider={provider!r} is not one of {PROVIDERS}")
+    masked = case == "masked"
+    # Weights come out of the decomposed lowering only; ask for them where they can be had.
+    need_weights = masked and lowering == "decomposed"
+    reason = why_not(lowering, need_weights=need_weights)
+    if reason:
+        row.reason = reason
+        return row
+    if provider == "cuda":
+        ok, why = cuda_status()
+        if not ok:
+            row.reason = why
+            return row
+    torch.manual_seed(seed)
+    module = zoo.create(name_or_module, **overrides).eval() if isinstance(name_or_module, str) else name_or_module
+    spec = module.spec
+    tol = TOLERANCE[dtype]
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
+        try:
+            export_onnx(module, path, lowering=lowering, dtype=dtype, need_weights=need_weights,
+                        with_mask=masked, with_head_mask=masked)
+        except ExportError as e:
+            row.status, row.reason = "FAIL", f"export failed: {e}"
+            return row
+        try:
+            sess = OnnxSession(path, provider=provider, verbose=False)
+        except SessionError as e:
+            text = str(e)
+            if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
+                row.reason = f"ONNX Runtime {provider} has no {dtype} kernel: {text.split(': ', 2)[-1][:160]}"
+                return row
+            row.status, row.reason = "FAIL", text
+            return row
+        device = "cuda" if provider == "cuda" else "cpu"
+        ref_module = _reference_module(module, dtype, device)
+        ins, _ = interface(spec, need_weights=need_weights, with_mask=masked, with_head_mask=masked)
+        worst_abs = worst_rel = 0.0
+        all_ok = True
+        for b, t, s in shapes:
+            feeds = example_inputs(spec, ins, DTYPES[dtype], b, t, s)
+            if masked:
+                feeds["mask"][0, -1, :] = False  # a query row with no allowed key
+                feeds["head_mask"][:, -1] = 0  # ablate the last head
+            with torch.no_grad():
+                ref_out = ref_module(
+                    feeds["x"].float().to(device),
+                    feeds["context"].float().to(device) if "context" in feeds else None,
+                    feeds["mask"][:, None].to(device) if masked else None,
+                    need_weights=need_weights,
+                    head_mask=feeds["head_mask"].float().to(device) if masked else None,
+                )
+            refs = ref_out if isinstance(ref_out, tuple) else (ref_out,)
+            args = {k: v.to(device) for k, v in feeds.items()}
+            try:
+                got = sess.run(args["x"], args.get("context"), args.get("mask"), args.get("head_mask"))
+            except Exception as e:  # noqa: BLE001 - a runtime failure is a FAIL with its text
+                row.status, row.reason = "FAIL", f"run failed at (b,t,s)={(b, t, s)}: {str(e)[:200]}"
+                return row
+            gots = got if isinstance(got, tuple) else (got,)
+            for o, r in zip(gots, refs):
+                a, rel, ok = errors(o.float().cpu().numpy(), r.cpu().numpy(), tol)
+                worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+                all_ok = all_ok and ok
+            row.shapes += 1
+        row.max_abs, row.max_rel = worst_abs, worst_rel
+        row.status = "PASS" if all_ok else "FAIL"
+        if not all_ok:
+            row.reason = f"outside rtol={tol.rtol:g}, atol={tol.atol:g}"
+        elif sess.provider != provider:
+            row.status, row.reason = "FAIL", f"ran on {sess.provider}, not {provider}"
+    return row
+
+
+def run_parity(
+    pattern: str = "*",
+    *,
+    lowerings: Iterable[str] = LOWERINGS,
+    providers: Iterable[str] = ("cpu",),
+    dtypes: Iterable[str] = ("float32",),
+    cases: Iterable[str] = CASES,
+    progress: Callable[[ParityRow], None] | None = None,
+    **overrides,
+) -> list[ParityRow]:
+    """The parity matrix for every registered name matching `pattern`."""
+    names = zoo.names(pattern)
+    if not names:
+        raise ValueError(f"no attention block matches {pattern!r}; see `attnzoo list`")
+    rows = []
+    for name in names:
+        for lw in lowerings:
+            for prov in providers:
+                for dt in dtypes:
+                    for case in cases:
+                        row = check(name, lw, case=case, dtype=dt, provider=prov, **overrides)
+                        rows.append(row)
+                        if progress:
+                            progress(row)
+    return rows
+
+
+def format_matrix(rows: list[ParityRow]) -> str:
+    """A markdown table, one row per check, then a one-line tally."""
+    head = "| variant | lowering | provider | dtype | case | max abs | max rel | result |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        nums = ("", "") if r.status == "SKIP" else (f"{r.max_abs:.1e}", f"{r.max_rel:.1e}")
+        result = r.status + (f": {r.reason}" if r.reason else "")
+        lines.append(f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.case} | {nums[0]} | {nums[1]} | {result} |")
+    n = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
+    lines.append("")
+    lines.append(f"parity: {n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped")
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""Smoke test for the benchmark: it runs on a tiny shape and writes a valid report.
+
+Benchmarks are not tests: nothing here looks at a timing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from export import bench
+
+ROW_KEYS = {"batch", "seq", "path", "lowering", "auto", "flops", "status"}
+MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_added_mb", "speedup_vs_sdpa"}
+
+
+def test_bench_runs_on_a_tiny_shape(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = ["mha-separate-bias", "--seq", "8", "--warmup", "1", "--repeats", "2", "--min-repeats", "1",
+            "--budget", "0.2", "--roofline-size", "256", "--threads", "1", "--no-progress",
+            "--json", str(out_json), "--plot", str(out_png)]
+
+    assert bench.main(argv) == 0
+
+    report = json.loads(out_json.read_text())
+    assert {"machine", "versions", "config", "exports", "auto_lowering", "roofline", "rows"} <= set(report)
+    assert report["config"]["threads"] == 1
+    assert [r["path"] for r in report["rows"]] == list(bench.PATHS)
+    for row in report["rows"]:
+        assert ROW_KEYS <= set(row), row
+        assert row["status"] == "ok", row
+        assert MEASURED_KEYS <= set(row), row
+        assert row["median_ms"] > 0 and row["repeats"] >= 1
+    assert {"torch", "ort"} <= set(report["roofline"])
+    assert all(r["ok"] for r in report["roofline"].values())
+
+    table = capsys.readouterr().out
+    assert "| B | T | path |" in table and "ort-mha" in table
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not out_png.exists()
+    else:
+        assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_an_unknown_path(capsys):
+    assert bench.main(["mha-separate-bias", "--paths", "eager-sdpa,nope", "--no-progress"]) == 2
+    assert "unknown path(s) nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, want", [("1,16 512", [1, 16, 512]), ("4", [4])])
+def test_int_lists(text, want):
+    assert bench._int_list(text) == want
+
+
+def test_cuda_request_fails_in_one_line_without_cuda(capsys):
+    from export.session import cuda_status
+
+    if cuda_status()[0]:
+        pytest.skip("CUDA works here; this checks the message on a machine without it")
+    assert bench.main(["mha-separate-bias", "--provider", "cuda", "--seq", "8", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnzoo bench: error: --provider cuda:") and "\n" not in err
