@@ -152,15 +152,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [CliError, ValueError, FileNotFoundError, FileExistsError]
+    try:
+        from .session import SessionError  # a model that won't load, CUDA that won't start
+    except ImportError:
+        pass
+    else:
+        errors.append(SessionError)
+    return tuple(errors)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except CliError as e:
-        print(f"attnzoo {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except _user_errors() as e:
         # User mistakes surface as typed errors from the library: one line, no traceback.
         print(f"attnzoo {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -24,3 +24,13 @@ def make_inputs(spec: zoo.AttentionSpec, b: int = 2, t: int = 5, s: int = 7, dty
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def cuda_ok():
+    from export.session import cuda_status
+
+    ok, why = cuda_status()
+    if not ok:
+        pytest.skip(f"no working CUDA provider in ONNX Runtime: {why}")
+    return True

@@ -1,0 +1,150 @@
+"""export_onnx: lowerings, metadata, interface, atomic writes, refusal to overwrite, errors."""
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import zoo
+from export import ExportError, OnnxSession, export_onnx
+from export.lowering import AUTO_PREFERENCE, FUSED_OPS, LOWERINGS, why_not
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("exp")
+    out = {}
+    for lw in LOWERINGS:
+        out[lw] = export_onnx("cross-attention", d / f"{lw}.onnx", lowering=lw, with_mask=True, with_head_mask=True)
+    return out
+
+
+def test_result_describes_the_model(exported):
+    r = exported["decomposed"]
+    assert r.path.is_file() and r.opset == 18 and r.dtype == "float32"
+    assert [i[0] for i in r.inputs] == ["x", "context", "mask", "head_mask"]
+    assert r.inputs[0] == ("x", "float32", ("b", "t", 64))
+    assert r.inputs[1] == ("context", "float32", ("b", "s", 48))
+    assert r.inputs[2] == ("mask", "bool", ("b", "t", "s"))
+    assert r.outputs == [("y", "float32", ("b", "t", 64))]
+    assert r.parameters == zoo.count_parameters(zoo.spec("cross-attention"))
+    assert sum(r.op_counts.values()) > 0 and "wrote" in r.summary()
+
+
+def test_lowerings_hold_the_promised_ops(exported):
+    assert "Softmax" not in exported["decomposed"].op_counts  # the explicit, NaN-safe softmax
+    assert "Attention" not in exported["decomposed"].op_counts
+    assert exported["onnx-attention"].op_counts.get("Attention") == 1 and exported["onnx-attention"].opset == 23
+    mha = exported["ort-mha"].op_counts
+    assert sum(mha.get(op, 0) for op in FUSED_OPS) == 1 and "Softmax" not in mha
+
+
+def test_graph_io_and_dynamic_axes_in_the_file(exported):
+    for lw, r in exported.items():
+        m = onnx.load(str(r.path))
+        dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
+        assert dims == {"x": ["b", "t", 64], "context": ["b", "s", 48], "mask": ["b", "t", "s"], "head_mask": ["b", 4]}, lw
+        outs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
+        assert outs == {"y": ["b", "t", 64]}, lw
+        onnx.checker.check_model(m, full_check=True)
+
+
+def test_metadata_round_trip(exported):
+    for lw, r in exported.items():
+        meta = {p.key: p.value for p in onnx.load(str(r.path)).metadata_props}
+        assert meta["attnzoo.name"] == "cross-attention" and meta["attnzoo.lowering"] == lw
+        assert zoo.AttentionSpec(**json.loads(meta["attnzoo.spec"])) == zoo.spec("cross-attention")
+        assert int(meta["attnzoo.parameters"]) == zoo.count_parameters(zoo.spec("cross-attention"))
+        assert meta["attnzoo.version"] == zoo.__version__
+        assert OnnxSession(r.path, provider="cpu", verbose=False).spec == zoo.spec("cross-attention")
+
+
+def test_self_attention_key_axis_is_t(tmp_path):
+    r = export_onnx("mha-causal", tmp_path / "m.onnx", lowering="decomposed", with_mask=True, need_weights=True)
+    assert r.inputs[1] == ("mask", "bool", ("b", "t", "t"))
+    assert r.outputs[1] == ("attn", "float32", ("b", "h", "t", "t")) or r.outputs[1] == ("attn", "float32", ("b", 4, "t", "t"))
+
+
+def test_refuses_to_overwrite_and_writes_atomically(tmp_path):
+    p = tmp_path / "m.onnx"
+    p.write_bytes(b"precious")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        export_onnx("mha-separate-bias", p)
+    assert p.read_bytes() == b"precious"
+    # an export that fails half way leaves the old file and no temp files behind
+    with pytest.raises(ExportError):
+        export_onnx("mha-separate-bias", p, lowering="onnx-attention", need_weights=True, overwrite=True)
+    assert p.read_bytes() == b"precious"
+    export_onnx("mha-separate-bias", p, overwrite=True)
+    assert onnx.load(str(p)).graph.node
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+
+
+def test_export_to_a_folder_is_refused(tmp_path):
+    with pytest.raises(ExportError, match="is a folder"):
+        export_onnx("mha-separate-bias", tmp_path)
+
+
+@pytest.mark.parametrize("lowering", ["onnx-attention", "ort-mha"])
+def test_weights_only_from_decomposed(lowering, tmp_path):
+    assert why_not(lowering, need_weights=True)
+    with pytest.raises(ExportError, match="decomposed"):
+        export_onnx("mha-separate-bias", tmp_path / "w.onnx", lowering=lowering, need_weights=True)
+
+
+def test_auto_picks_the_preferred_lowering(tmp_path):
+    r = export_onnx("mha-separate-bias", tmp_path / "a.onnx")
+    assert r.lowering == AUTO_PREFERENCE["cpu"][0]
+    w = export_onnx("mha-separate-bias", tmp_path / "w.onnx", need_weights=True)
+    assert w.lowering == "decomposed"
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, word",
+    [
+        (dict(lowering="tensorrt"), ExportError, "tensorrt"),
+        (dict(dtype="bfloat16"), ExportError, "bfloat16"),
+        (dict(provider="tpu"), ExportError, "tpu"),
+        (dict(heads=5), ValueError, "heads=5"),
+    ],
+)
+def test_bad_requests(kwargs, exc, word, tmp_path):
+    with pytest.raises(exc, match=word):
+        export_onnx("mha-separate-bias", tmp_path / "x.onnx", **kwargs)
+
+
+def test_module_and_name_arguments(tmp_path):
+    m = zoo.create("mha-separate-bias", d_model=32, heads=2).eval()
+    r = export_onnx(m, tmp_path / "m.onnx", lowering="decomposed")
+    assert r.name == "custom" and r.spec.d_model == 32
+    with pytest.raises(TypeError, match="overrides"):
+        export_onnx(m, tmp_path / "n.onnx", heads=4)
+    with pytest.raises(TypeError):
+        export_onnx(42, tmp_path / "n.onnx")
+    with pytest.raises(zoo.UnknownNameError):
+        export_onnx("nope", tmp_path / "n.onnx")
+
+
+def test_overrides_reach_the_export(tmp_path):
+    r = export_onnx("mha-combined-bias", tmp_path / "o.onnx", lowering="decomposed", d_model=48, heads=3)
+    assert r.inputs[0][2] == ("b", "t", 48)
+    sess = OnnxSession(r.path, provider="cpu", verbose=False)
+    x = np.random.randn(1, 1, 48).astype(np.float32)
+    torch.testing.assert_close(torch.from_numpy(sess.run(x)), r.module(torch.from_numpy(x)), rtol=1e-4, atol=1e-5)
+
+
+def test_external_data_for_large_models(tmp_path, monkeypatch):
+    """Over the size threshold the weights go to PATH.data beside the model (atomically too)."""
+    import export.lowering as lowering
+
+    monkeypatch.setattr(lowering, "EXTERNAL_DATA_BYTES", 1000)
+    r = export_onnx("mha-separate-bias", tmp_path / "big.onnx", lowering="decomposed")
+    assert r.external_data == tmp_path / "big.onnx.data" and r.external_data.stat().st_size > 60_000
+    assert r.path.stat().st_size < 60_000
+    sess = OnnxSession(r.path, provider="cpu", verbose=False)
+    x = torch.randn(2, 3, 64)
+    torch.testing.assert_close(sess.run(x), r.module(x), rtol=1e-4, atol=1e-5)
+    assert sorted(os.listdir(tmp_path)) == ["big.onnx", "big.onnx.data"]

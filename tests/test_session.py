@@ -1,0 +1,137 @@
+"""OnnxSession: honest providers, input checks, torch/numpy in and out, node placement."""
+
+import numpy as np
+import pytest
+import torch
+
+from export import OnnxSession, export_onnx
+from export.session import RunInputError, SessionError, cuda_status
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sess")
+    return export_onnx("cross-attention", d / "c.onnx", lowering="decomposed", with_mask=True, with_head_mask=True)
+
+
+@pytest.fixture(scope="module")
+def sess(model):
+    return OnnxSession(model.path, provider="cpu", verbose=False)
+
+
+def test_cpu_session_says_where_it_runs(sess):
+    assert sess.provider == "cpu" and sess.session_providers[0] == "CPUExecutionProvider"
+    assert "cross-attention" in sess.describe()
+
+
+def test_auto_falls_back_with_one_line(model, capsys):
+    ok, why = cuda_status()
+    s = OnnxSession(model.path)  # provider="auto"
+    line = capsys.readouterr().out.strip()
+    assert s.provider == ("cuda" if ok else "cpu")
+    assert line.startswith("attnzoo: provider auto") and "\n" not in line and why in line
+
+
+def test_cuda_refused_clearly_without_a_gpu(model):
+    ok, why = cuda_status()
+    if ok:
+        pytest.skip("this machine has a working CUDA provider")
+    with pytest.raises(SessionError, match="provider='cuda'") as ei:
+        OnnxSession(model.path, provider="cuda")
+    assert why in str(ei.value)
+
+
+@pytest.mark.cuda
+def test_cuda_session_binds_cuda_tensors(model, cuda_ok):
+    s = OnnxSession(model.path, provider="cuda", verbose=False)
+    assert s.provider == "cuda" and s.session_providers[0] == "CUDAExecutionProvider"
+    x, c = torch.randn(2, 5, 64, device="cuda"), torch.randn(2, 3, 48, device="cuda")
+    y = s.run(x, c)
+    assert y.is_cuda
+    ref = model.module.cuda()(x, c)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    placed = s.summarize_placements(s.node_placements(x, c))
+    assert "CUDAExecutionProvider" in placed["MatMul"]
+
+
+def test_torch_and_numpy_agree_with_eager(model, sess):
+    x, c = torch.randn(3, 6, 64), torch.randn(3, 2, 48)
+    mask = torch.ones(3, 6, 2, dtype=torch.bool)
+    mask[1, 2] = False
+    hm = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    y_t = sess.run(x, c, mask, hm)
+    assert isinstance(y_t, torch.Tensor)
+    y_n = sess.run(x.numpy(), c.numpy(), mask.numpy(), hm.numpy())
+    assert isinstance(y_n, np.ndarray)
+    ref = model.module(x, c, mask[:, None], head_mask=hm)
+    torch.testing.assert_close(y_t, ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y_n, ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_defaults_for_optional_inputs(model, sess):
+    x, c = torch.randn(1, 4, 64), torch.randn(1, 3, 48)
+    torch.testing.assert_close(sess.run(x, c), model.module(x, c), rtol=1e-4, atol=1e-5)
+
+
+def test_mask_broadcasting(model, sess):
+    x, c = torch.randn(2, 4, 64), torch.randn(2, 3, 48)
+    keys = torch.tensor([True, True, False])
+    full = keys.expand(2, 4, 3)
+    ref = sess.run(x, c, full)
+    for m in (keys, keys[None], keys[None, None], full[:, None]):
+        torch.testing.assert_close(sess.run(x, c, m), ref)
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda s: s.run(torch.randn(2, 4, 63), torch.randn(2, 3, 48)), RunInputError, ["(2, 4, 63)", "64"]),
+        (lambda s: s.run(torch.randn(4, 64), torch.randn(2, 3, 48)), RunInputError, ["(4, 64)"]),
+        (lambda s: s.run(torch.randn(2, 4, 64).double(), torch.randn(2, 3, 48)), TypeError, ["float64", "float32"]),
+        (lambda s: s.run(torch.randn(2, 4, 64)), RunInputError, ["context"]),
+        (lambda s: s.run(torch.randn(2, 4, 64), torch.randn(3, 3, 48)), RunInputError, ["batch 3"]),
+        (lambda s: s.run(torch.randn(2, 4, 64), torch.randn(2, 3, 48), torch.ones(5, dtype=torch.bool)),
+         RunInputError, ["(5,)", "(2, 4, 3)"]),
+        (lambda s: s.run(torch.randn(2, 4, 64), torch.randn(2, 3, 48), torch.ones(3)), TypeError, ["bool"]),
+        (lambda s: s.run(torch.randn(2, 4, 64), torch.randn(2, 3, 48), head_mask=torch.ones(5)),
+         RunInputError, ["(5,)", "(4,)"]),
+        (lambda s: s.run(torch.randn(2, 4, 64), np.zeros((2, 3, 48), np.float32)), TypeError, ["one kind"]),
+        (lambda s: s.run([[1.0]]), TypeError, ["numpy"]),
+    ],
+)
+def test_bad_run_inputs(sess, call, exc, words):
+    with pytest.raises(exc) as ei:
+        call(sess)
+    for w in words:
+        assert w in str(ei.value), (w, str(ei.value))
+
+
+def test_inputs_the_model_lacks(tmp_path):
+    r = export_onnx("mha-separate-bias", tmp_path / "p.onnx", lowering="decomposed")
+    s = OnnxSession(r.path, provider="cpu", verbose=False)
+    with pytest.raises(RunInputError, match="--mask"):
+        s.run(torch.randn(1, 2, 64), mask=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(RunInputError, match="context"):
+        s.run(torch.randn(1, 2, 64), torch.randn(1, 2, 64))
+
+
+def test_corrupt_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01 definitely not protobuf \xff" * 10)
+    with pytest.raises(SessionError, match="not an ONNX model"):
+        OnnxSession(bad, provider="cpu")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(SessionError, match="not an ONNX model"):
+        OnnxSession(empty, provider="cpu")
+    with pytest.raises(FileNotFoundError, match="attnzoo export"):
+        OnnxSession(tmp_path / "missing.onnx")
+    with pytest.raises(ValueError, match="provider='tpu'"):
+        OnnxSession(bad, provider="tpu")
+
+
+def test_node_placement_shows_the_attention_node(tmp_path):
+    r = export_onnx("mha-separate-nobias", tmp_path / "m.onnx", lowering="ort-mha")
+    s = OnnxSession(r.path, provider="cpu", verbose=False)
+    placed = s.summarize_placements(s.node_placements(torch.randn(1, 8, 64)))
+    assert placed["MultiHeadAttention"] == {"CPUExecutionProvider": 1}
