@@ -73,10 +73,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     from zoo.report import show_spec
 
     spec = zoo.spec(args.name, **parse_overrides(args.set))
-    print(show_spec(
-        args.name, spec, batch=args.batch, seq=args.seq, ctx_seq=args.ctx_seq,
-        description=zoo.entry(args.name).description, itemsize=2 if args.dtype == "float16" else 4,
-    ))
+    print(
+        show_spec(
+            args.name,
+            spec,
+            batch=args.batch,
+            seq=args.seq,
+            ctx_seq=args.ctx_seq,
+            description=zoo.entry(args.name).description,
+            itemsize=2 if args.dtype == "float16" else 4,
+        )
+    )
     return 0
 
 
@@ -111,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def with_set(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
-            "--set", action="append", metavar="KEY=VALUE",
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
             help="override a spec field, e.g. --set d_model=256 --set heads=4 (repeatable)",
         )
 

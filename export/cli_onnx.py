@@ -20,8 +20,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .lowering import export_onnx
 
     result = export_onnx(
-        args.name, args.output, lowering=args.lowering, dtype=args.dtype, need_weights=args.weights,
-        with_mask=args.mask, with_head_mask=args.head_mask, overwrite=args.force, provider=args.target,
+        args.name,
+        args.output,
+        lowering=args.lowering,
+        dtype=args.dtype,
+        need_weights=args.weights,
+        with_mask=args.mask,
+        with_head_mask=args.head_mask,
+        overwrite=args.force,
+        provider=args.target,
         **parse_overrides(args.set),
     )
     print(result.summary())
@@ -40,9 +47,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
     spec = sess.spec
     if spec is None:
-        raise CliError(f"{args.path} carries no attnzoo metadata; `attnzoo run` needs a model written by `attnzoo export`")
+        raise CliError(
+            f"{args.path} carries no attnzoo metadata; `attnzoo run` needs a model written by `attnzoo export`"
+        )
     ins, _ = interface(
-        spec, need_weights=False, with_mask="mask" in sess.input_names, with_head_mask="head_mask" in sess.input_names
+        spec,
+        need_weights=False,
+        with_mask="mask" in sess.input_names,
+        with_head_mask="head_mask" in sess.input_names,
     )
     dtype = DTYPES[sess.metadata.get("attnzoo.dtype", "float32")]
     feeds = example_inputs(spec, ins, dtype, args.batch, args.seq, args.ctx_seq or args.seq)
@@ -60,8 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         times.append((time.perf_counter() - t0) * 1e3)
     outs = out if isinstance(out, tuple) else (out,)
     name = sess.metadata.get("attnzoo.name", "?")
-    print(f"model     {args.path}: {name}, lowering {sess.metadata.get('attnzoo.lowering', '?')}, "
-          f"{sess.metadata.get('attnzoo.dtype', '?')}")
+    print(
+        f"model     {args.path}: {name}, lowering {sess.metadata.get('attnzoo.lowering', '?')}, "
+        f"{sess.metadata.get('attnzoo.dtype', '?')}"
+    )
     print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
     if sess.note:
         print(f"          {sess.note.split(': ', 1)[-1]}")
@@ -70,13 +84,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("outputs   " + ", ".join(f"{n} {tuple(o.shape)}" for n, o in zip(sess.output_names, outs)))
     finite = all(bool(torch.isfinite(o).all()) for o in outs)
     print(f"finite    {finite}")
-    print(f"latency   median {statistics.median(times):.3f} ms over {args.repeats} runs "
-          f"(min {min(times):.3f}, max {max(times):.3f})")
+    print(
+        f"latency   median {statistics.median(times):.3f} ms over {args.repeats} runs "
+        f"(min {min(times):.3f}, max {max(times):.3f})"
+    )
     if args.placement:
-        placed = sess.summarize_placements(sess.node_placements(feeds["x"], feeds.get("context"),
-                                                                feeds.get("mask"), feeds.get("head_mask")))
-        print("placement " + "; ".join(f"{op}: " + ", ".join(f"{p.replace('ExecutionProvider', '')} x{n}"
-                                                             for p, n in d.items()) for op, d in placed.items()))
+        placed = sess.summarize_placements(
+            sess.node_placements(feeds["x"], feeds.get("context"), feeds.get("mask"), feeds.get("head_mask"))
+        )
+        print(
+            "placement "
+            + "; ".join(
+                f"{op}: " + ", ".join(f"{p.replace('ExecutionProvider', '')} x{n}" for p, n in d.items())
+                for op, d in placed.items()
+            )
+        )
     return 0 if finite else 1
 
 
@@ -100,8 +122,15 @@ def cmd_parity(args: argparse.Namespace) -> int:
         bar.update()
 
     try:
-        rows = run_parity(args.pattern, lowerings=lowerings, providers=providers, dtypes=dtypes, cases=cases,
-                          progress=progress, **parse_overrides(args.set))
+        rows = run_parity(
+            args.pattern,
+            lowerings=lowerings,
+            providers=providers,
+            dtypes=dtypes,
+            cases=cases,
+            progress=progress,
+            **parse_overrides(args.set),
+        )
     finally:
         bar.close()
     print(format_matrix(rows))
@@ -131,8 +160,12 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--weights", action="store_true", help="also output the attention weights (decomposed only)")
     sp.add_argument("--mask", action="store_true", help="add a bool mask input (b, t, s), True = may attend")
     sp.add_argument("--head-mask", action="store_true", help="add a head_mask input (b, h)")
-    sp.add_argument("--target", default="cpu", choices=sorted(AUTO_PREFERENCE),
-                    help="the provider lowering=auto optimises for (default cpu)")
+    sp.add_argument(
+        "--target",
+        default="cpu",
+        choices=sorted(AUTO_PREFERENCE),
+        help="the provider lowering=auto optimises for (default cpu)",
+    )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)
     sp.set_defaults(func=cmd_export)

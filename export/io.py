@@ -32,7 +32,9 @@ class TensorIO:
 X = TensorIO("x", ("b", "t", "c"), "float", "queries (and keys/values for self-attention)")
 CONTEXT = TensorIO("context", ("b", "s", "c_ctx"), "float", "keys/values source for cross-attention")
 MASK = TensorIO(
-    "mask", ("b", "t", "s"), "bool",
+    "mask",
+    ("b", "t", "s"),
+    "bool",
     "True = may attend; the same for every head (a row with no True gives y = W_O's bias)",
 )
 HEAD_MASK = TensorIO("head_mask", ("b", "h"), "float", "scales each head's output Z^(r) before concat")

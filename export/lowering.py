@@ -42,7 +42,11 @@ AUTO_PREFERENCE = {
     "cpu": ("ort-mha", "onnx-attention", "decomposed"),
     "cuda": ("ort-mha", "onnx-attention", "decomposed"),
 }
-FUSED_OPS = ("com.microsoft::MultiHeadAttention", "com.microsoft::Attention", "com.microsoft::GroupQueryAttention")
+FUSED_OPS = (
+    "com.microsoft::MultiHeadAttention",
+    "com.microsoft::Attention",
+    "com.microsoft::GroupQueryAttention",
+)
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clear of it
 # Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
 # constant (an example dim of 1, or two equal example dims, can be baked into the graph).
@@ -77,8 +81,9 @@ class ExportResult:
 
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.op_counts.items(), key=lambda kv: -kv[1]))
         size = self.file_bytes + (self.external_data.stat().st_size if self.external_data else 0)
+        weights_note = f", weights in {self.external_data.name}" if self.external_data else ""
         lines = [
-            f"wrote {self.path} ({size / 1e6:.2f} MB{', weights in ' + self.external_data.name if self.external_data else ''})",
+            f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
             f"  block     {self.name}: {self.spec.describe()}",
             f"  lowering  {self.lowering} (opset {self.opset}), {self.dtype}, {self.parameters:,} parameters",
             f"  inputs    {fmt(self.inputs)}",
@@ -195,9 +200,7 @@ def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, s
         if overrides:
             raise TypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
         return model_or_name, "custom"
-    raise TypeError(
-        f"export_onnx takes a zoo name or a zoo.MultiHeadAttention, got {type(model_or_name).__name__}"
-    )
+    raise TypeError(f"export_onnx takes a zoo name or a zoo.MultiHeadAttention, got {type(model_or_name).__name__}")
 
 
 def _type_name(io: TensorIO, dtype: str) -> str:
@@ -233,9 +236,7 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
     wrapper = _ExportBlock(block, need_weights).eval()
     example = example_inputs(spec, ins, DTYPES[dtype], EXAMPLE_B, EXAMPLE_T, EXAMPLE_S)
     dims = {a: torch.export.Dim(a) for a in ("b", "t", "s")}
-    dynamic_shapes = {
-        io.name: {i: dims[a] for i, a in enumerate(io.axes) if a in dims} for io in ins
-    }
+    dynamic_shapes = {io.name: {i: dims[a] for i, a in enumerate(io.axes) if a in dims} for io in ins}
     try:
         with _quiet():
             program = torch.onnx.export(
@@ -302,14 +303,16 @@ def _check_interface(model, ins: list[TensorIO], outs: list[TensorIO], spec) -> 
 
 
 def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtype: str) -> None:
-    model.metadata_props.update({
-        "attnzoo.name": name,
-        "attnzoo.spec": json.dumps(spec.to_dict(), sort_keys=True),
-        "attnzoo.parameters": str(zoo.count_parameters(spec)),
-        "attnzoo.version": zoo.__version__,
-        "attnzoo.lowering": lowering,
-        "attnzoo.dtype": dtype,
-    })
+    model.metadata_props.update(
+        {
+            "attnzoo.name": name,
+            "attnzoo.spec": json.dumps(spec.to_dict(), sort_keys=True),
+            "attnzoo.parameters": str(zoo.count_parameters(spec)),
+            "attnzoo.version": zoo.__version__,
+            "attnzoo.lowering": lowering,
+            "attnzoo.dtype": dtype,
+        }
+    )
     model.producer_name = "attnzoo"
     model.producer_version = zoo.__version__
 

@@ -121,8 +121,15 @@ def check(
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
         try:
-            export_onnx(module, path, lowering=lowering, dtype=dtype, need_weights=need_weights,
-                        with_mask=masked, with_head_mask=masked)
+            export_onnx(
+                module,
+                path,
+                lowering=lowering,
+                dtype=dtype,
+                need_weights=need_weights,
+                with_mask=masked,
+                with_head_mask=masked,
+            )
         except ExportError as e:
             row.status, row.reason = "FAIL", f"export failed: {e}"
             return row
@@ -209,7 +216,9 @@ def format_matrix(rows: list[ParityRow]) -> str:
     for r in rows:
         nums = ("", "") if r.status == "SKIP" else (f"{r.max_abs:.1e}", f"{r.max_rel:.1e}")
         result = r.status + (f": {r.reason}" if r.reason else "")
-        lines.append(f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.case} | {nums[0]} | {nums[1]} | {result} |")
+        lines.append(
+            f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.case} | {nums[0]} | {nums[1]} | {result} |"
+        )
     n = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
     lines.append("")
     lines.append(f"parity: {n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped")

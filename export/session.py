@@ -58,7 +58,8 @@ def cuda_status() -> tuple[bool, str]:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["a"], ["b"])], "probe",
+        [helper.make_node("Relu", ["a"], ["b"])],
+        "probe",
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])],
     )
@@ -100,8 +101,15 @@ class OnnxSession:
     "cpu", or "cuda" (raises SessionError when CUDA does not really work).
     """
 
-    def __init__(self, path: str | os.PathLike, provider: str = "auto", threads: int | None = None,
-                 *, verbose: bool = True, profile: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        provider: str = "auto",
+        threads: int | None = None,
+        *,
+        verbose: bool = True,
+        profile: bool = False,
+    ) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -219,7 +227,9 @@ class OnnxSession:
         for name in ("context", "mask", "head_mask"):
             v = given[name]
             if v is not None and isinstance(v, torch.Tensor) != (lib is torch):
-                raise TypeError(f"x is a {'torch tensor' if lib is torch else 'numpy array'} but {name} is not; pass one kind")
+                raise TypeError(
+                    f"x is a {'torch tensor' if lib is torch else 'numpy array'} but {name} is not; pass one kind"
+                )
         self._check_float("x", x, 3, want_dtype)
         b, t = x.shape[0], x.shape[1]
         if context is not None:
@@ -259,7 +269,7 @@ class OnnxSession:
                 raise RunInputError(f"mask {shape}: the exported model takes one mask for all heads, (b, t, s)")
             mask = mask[:, 0]
         try:
-            out = (np.broadcast_to(mask, (b, t, s)) if lib is np else mask.expand(b, t, s))
+            out = np.broadcast_to(mask, (b, t, s)) if lib is np else mask.expand(b, t, s)
         except (ValueError, RuntimeError):
             raise RunInputError(f"mask of shape {shape} does not broadcast to (b, t, s) = {(b, t, s)}") from None
         return np.ascontiguousarray(out) if lib is np else out.contiguous()
@@ -341,8 +351,14 @@ class OnnxSession:
 
 def _np_of(dtype) -> np.dtype:
     if isinstance(dtype, torch.dtype):
-        return np.dtype({torch.float32: np.float32, torch.float16: np.float16, torch.bool: np.bool_,
-                         torch.float64: np.float64}.get(dtype, np.void))
+        return np.dtype(
+            {
+                torch.float32: np.float32,
+                torch.float16: np.float16,
+                torch.bool: np.bool_,
+                torch.float64: np.float64,
+            }.get(dtype, np.void)
+        )
     return np.dtype(dtype)
 
 

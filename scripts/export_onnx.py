@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export a zoo entry to ONNX: the same as `attnzoo export ...`.
 
-    python scripts/export_onnx.py transformer-base -o transformer-base.onnx --lowering ort-mha
+python scripts/export_onnx.py transformer-base -o transformer-base.onnx --lowering ort-mha
 """
 
 import sys

@@ -26,7 +26,9 @@ def test_seed_figures():
     s = AttentionSpec(d_model=1024, heads=16, bias=False)
     assert s.d_k_ == 64 and zoo.count_parameters(s) == 4_194_304
     # 4 d^2 whatever the head split (seed 000), once h*dk = h*dv = d
-    assert {zoo.count_parameters(AttentionSpec(d_model=768, heads=h, bias=False)) for h in (1, 2, 3, 12, 768)} == {4 * 768**2}
+    assert {zoo.count_parameters(AttentionSpec(d_model=768, heads=h, bias=False)) for h in (1, 2, 3, 12, 768)} == {
+        4 * 768**2
+    }
 
 
 def test_bias_convention_is_explicit():

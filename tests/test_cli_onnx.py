@@ -13,7 +13,24 @@ def test_export_run_and_refusal(tmp_path, capsys):
     assert main(["export", "mha-causal", "-o", str(out), "--lowering", "decomposed", "--mask", "--weights"]) == 0
     text = capsys.readouterr().out
     assert "wrote" in text and "mask bool[b, t, t]" in text
-    assert main(["run", str(out), "--provider", "cpu", "--batch", "3", "--seq", "11", "--repeats", "2", "--placement"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(out),
+                "--provider",
+                "cpu",
+                "--batch",
+                "3",
+                "--seq",
+                "11",
+                "--repeats",
+                "2",
+                "--placement",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "y (3, 11, 64)" in text and "attn (3, 4, 11, 11)" in text and "provider  cpu" in text
     assert "latency" in text and "placement" in text
@@ -31,8 +48,19 @@ def test_run_reports_missing_and_corrupt_files(tmp_path, capsys):
 
 def test_parity_cli_prints_matrix_and_json(tmp_path, capsys):
     js = tmp_path / "p.json"
-    rc = main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--lowering", "onnx-attention",
-               "--json", str(js), "-q"])
+    rc = main(
+        [
+            "parity",
+            "mha-separate-nobias",
+            "--lowering",
+            "decomposed",
+            "--lowering",
+            "onnx-attention",
+            "--json",
+            str(js),
+            "-q",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert "| mha-separate-nobias | onnx-attention | cpu | float32 | masked |" in text
@@ -51,14 +79,31 @@ def test_parity_cli_skips_with_reason_on_cuda(capsys):
 
 def test_export_script_is_the_cli(tmp_path):
     out = tmp_path / "s.onnx"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_onnx.py"), "mqa", "-o", str(out), "--dtype", "float16"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "export_onnx.py"),
+            "mqa",
+            "-o",
+            str(out),
+            "--dtype",
+            "float16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert out.is_file() and "float16" in r.stdout
 
 
 def test_help_for_every_command():
     for cmd in ([], ["list"], ["show"], ["audit"], ["export"], ["run"], ["parity"], ["bench"]):
-        r = subprocess.run([sys.executable, "-m", "export.cli", *cmd, "--help"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "export.cli", *cmd, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert r.returncode == 0 and "usage: attnzoo" in r.stdout, (cmd, r.stderr)

@@ -46,7 +46,12 @@ def test_graph_io_and_dynamic_axes_in_the_file(exported):
     for lw, r in exported.items():
         m = onnx.load(str(r.path))
         dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
-        assert dims == {"x": ["b", "t", 64], "context": ["b", "s", 48], "mask": ["b", "t", "s"], "head_mask": ["b", 4]}, lw
+        assert dims == {
+            "x": ["b", "t", 64],
+            "context": ["b", "s", 48],
+            "mask": ["b", "t", "s"],
+            "head_mask": ["b", 4],
+        }, lw
         outs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
         assert outs == {"y": ["b", "t", 64]}, lw
         onnx.checker.check_model(m, full_check=True)
@@ -65,7 +70,11 @@ def test_metadata_round_trip(exported):
 def test_self_attention_key_axis_is_t(tmp_path):
     r = export_onnx("mha-causal", tmp_path / "m.onnx", lowering="decomposed", with_mask=True, need_weights=True)
     assert r.inputs[1] == ("mask", "bool", ("b", "t", "t"))
-    assert r.outputs[1] == ("attn", "float32", ("b", "h", "t", "t")) or r.outputs[1] == ("attn", "float32", ("b", 4, "t", "t"))
+    assert r.outputs[1] == ("attn", "float32", ("b", "h", "t", "t")) or r.outputs[1] == (
+        "attn",
+        "float32",
+        ("b", 4, "t", "t"),
+    )
 
 
 def test_refuses_to_overwrite_and_writes_atomically(tmp_path):

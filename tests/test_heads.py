@@ -70,7 +70,7 @@ def test_head_ablation_location(name):
     hm[j] = 0
     cut = zoo.to_separate(m)
     with torch.no_grad():
-        cut.out_proj.weight[:, j * s.d_v_:(j + 1) * s.d_v_] = 0
+        cut.out_proj.weight[:, j * s.d_v_ : (j + 1) * s.d_v_] = 0
     close(m(x, c, head_mask=hm), cut(x, c))
 
 

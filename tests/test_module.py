@@ -144,14 +144,28 @@ def test_gqa_blocked_mapping():
         (lambda m: m(torch.randn(2, 5, 63)), InputError, ["(2, 5, 63)", "d_model=64"]),
         (lambda m: m(torch.randn(2, 5, 64, dtype=torch.float64)), TypeError, ["float64", "float32"]),
         (lambda m: m([[1.0]]), TypeError, ["torch.Tensor"]),
-        (lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(3, 5, 5, dtype=torch.bool)), InputError,
-         ["(3, 5, 5)", "(2, 4, 5, 5)"]),
-        (lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(1, 1, 1, 2, 5, 5, dtype=torch.bool)), InputError,
-         ["does not broadcast"]),
-        (lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(5, 5, dtype=torch.int64)), TypeError, ["int64", "bool"]),
+        (
+            lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(3, 5, 5, dtype=torch.bool)),
+            InputError,
+            ["(3, 5, 5)", "(2, 4, 5, 5)"],
+        ),
+        (
+            lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(1, 1, 1, 2, 5, 5, dtype=torch.bool)),
+            InputError,
+            ["does not broadcast"],
+        ),
+        (
+            lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(5, 5, dtype=torch.int64)),
+            TypeError,
+            ["int64", "bool"],
+        ),
         (lambda m: m(torch.randn(2, 5, 64), head_mask=torch.ones(3)), InputError, ["(3,)", "h=4"]),
         (lambda m: m(torch.randn(2, 5, 64), head_mask=torch.ones(3, 4)), InputError, ["(3, 4)", "b=2"]),
-        (lambda m: m(torch.randn(2, 5, 64), torch.randn(2, 5, 64)), InputError, ["self-attention", "d_context"]),
+        (
+            lambda m: m(torch.randn(2, 5, 64), torch.randn(2, 5, 64)),
+            InputError,
+            ["self-attention", "d_context"],
+        ),
     ],
 )
 def test_bad_inputs_raise_clear_errors(call, exc, words):

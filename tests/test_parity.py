@@ -14,8 +14,10 @@ assert {1} <= {b for b, _, _ in SHAPES} and {1} <= {t for _, t, _ in SHAPES}
 
 
 def _assert_pass(row):
-    assert row.status == "PASS", f"{row.name} {row.lowering} {row.dtype} {row.case}: {row.status} " \
+    assert row.status == "PASS", (
+        f"{row.name} {row.lowering} {row.dtype} {row.case}: {row.status} "
         f"max abs {row.max_abs:.2e}, max rel {row.max_rel:.2e}: {row.reason}"
+    )
     assert row.shapes == len(SHAPES)
 
 

@@ -6,8 +6,16 @@ import zoo
 from zoo.registry import read_preset
 
 REQUIRED = [
-    "transformer-base", "bert-base", "gpt2-small", "vit-b16", "gqa-decoder-4096", "single-head-dv128",
-    "mha-causal", "gqa", "mqa", "cross-attention",
+    "transformer-base",
+    "bert-base",
+    "gpt2-small",
+    "vit-b16",
+    "gqa-decoder-4096",
+    "single-head-dv128",
+    "mha-causal",
+    "gqa",
+    "mqa",
+    "cross-attention",
 ]
 
 

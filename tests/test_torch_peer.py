@@ -58,8 +58,10 @@ def test_to_torch_mha_round_trip(name):
     close(back(x, c if s.is_cross else None), m(x, c if s.is_cross else None))
 
 
-@pytest.mark.parametrize("name, word", [("gqa", "kv_heads"), ("mha-separate-bias-dv", "d_k"),
-                                        ("mha-causal", "causal"), ("mha-scaled", "scale")])
+@pytest.mark.parametrize(
+    "name, word",
+    [("gqa", "kv_heads"), ("mha-separate-bias-dv", "d_k"), ("mha-causal", "causal"), ("mha-scaled", "scale")],
+)
 def test_to_torch_mha_refuses_what_it_cannot_express(name, word):
     with pytest.raises(ValueError, match=word):
         zoo.to_torch_mha(zoo.create(name))

@@ -1,9 +1,9 @@
 """attnzoo's zoo: multi-head attention variants as einops modules, by name.
 
-    import zoo
-    zoo.names("mha-*")
-    m = zoo.create("mha-combined-bias", d_model=256, heads=4)
-    y = m(x)                                   # x (b t c) -> y (b t c)
+import zoo
+zoo.names("mha-*")
+m = zoo.create("mha-combined-bias", d_model=256, heads=4)
+y = m(x)                                   # x (b t c) -> y (b t c)
 """
 
 from .accounting import (

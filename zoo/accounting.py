@@ -60,9 +60,7 @@ def count_parameters(spec_or_module: AttentionSpec | nn.Module) -> int:
         return parameter_breakdown(spec_or_module).total
     if isinstance(spec_or_module, nn.Module):
         return sum(p.numel() for p in spec_or_module.parameters())
-    raise TypeError(
-        f"count_parameters takes an AttentionSpec or nn.Module, got {type(spec_or_module).__name__}"
-    )
+    raise TypeError(f"count_parameters takes an AttentionSpec or nn.Module, got {type(spec_or_module).__name__}")
 
 
 @dataclass(frozen=True)

@@ -122,9 +122,7 @@ class MultiHeadAttention(nn.Module):
     def _causal_only(self, mask: Tensor | None) -> bool:
         return self.spec.causal and mask is None
 
-    def _resolve_mask(
-        self, mask: Tensor | None, t: int, s_len: int, x: Tensor
-    ) -> tuple[Tensor | None, Tensor | None]:
+    def _resolve_mask(self, mask: Tensor | None, t: int, s_len: int, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """(allowed, bias): a bool mask of allowed keys and/or an additive float bias."""
         allowed = None
         bias = None
@@ -140,9 +138,7 @@ class MultiHeadAttention(nn.Module):
 
     # -- validation ------------------------------------------------------------------------
 
-    def _check_inputs(
-        self, x: Tensor, context: Tensor | None, mask: Tensor | None, head_mask: Tensor | None
-    ) -> None:
+    def _check_inputs(self, x: Tensor, context: Tensor | None, mask: Tensor | None, head_mask: Tensor | None) -> None:
         s = self.spec
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape (b, t, {s.d_model}), got {type(x).__name__}")
@@ -155,9 +151,7 @@ class MultiHeadAttention(nn.Module):
                 f"use x.to({param.dtype}) or module.to({x.dtype})"
             )
         if x.device != param.device:
-            raise TypeError(
-                f"x is on {x.device} but the module is on {param.device}; move one to the other"
-            )
+            raise TypeError(f"x is on {x.device} but the module is on {param.device}; move one to the other")
         if s.is_cross:
             if context is None:
                 raise InputError(
@@ -168,13 +162,10 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"context must be a torch.Tensor, got {type(context).__name__}")
             if context.dim() != 3 or context.shape[-1] != s.d_context or context.shape[0] != x.shape[0]:
                 raise InputError(
-                    f"context has shape {tuple(context.shape)}; expected "
-                    f"(b={x.shape[0]}, s, d_context={s.d_context})"
+                    f"context has shape {tuple(context.shape)}; expected (b={x.shape[0]}, s, d_context={s.d_context})"
                 )
             if context.dtype != x.dtype or context.device != x.device:
-                raise TypeError(
-                    f"context is {context.dtype} on {context.device}; x is {x.dtype} on {x.device}"
-                )
+                raise TypeError(f"context is {context.dtype} on {context.device}; x is {x.dtype} on {x.device}")
             s_len = context.shape[1]
         else:
             if context is not None:
@@ -188,8 +179,7 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
             if not (mask.dtype == torch.bool or mask.is_floating_point()):
                 raise TypeError(
-                    f"mask has dtype {mask.dtype}; use bool (True = may attend) "
-                    f"or a float tensor added to the scores"
+                    f"mask has dtype {mask.dtype}; use bool (True = may attend) or a float tensor added to the scores"
                 )
             if mask.device != x.device:
                 raise TypeError(f"mask is on {mask.device}; x is on {x.device}")
@@ -199,10 +189,7 @@ class MultiHeadAttention(nn.Module):
             except RuntimeError:
                 shape = None
             if mask.dim() > 4 or shape != torch.Size(target):
-                raise InputError(
-                    f"mask of shape {tuple(mask.shape)} does not broadcast to "
-                    f"(b, h, t, s) = {target}"
-                )
+                raise InputError(f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t, s) = {target}")
         if head_mask is not None:
             if not isinstance(head_mask, Tensor):
                 raise TypeError(f"head_mask must be a torch.Tensor, got {type(head_mask).__name__}")

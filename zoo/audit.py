@@ -53,9 +53,7 @@ def valid_permutation(m: MultiHeadAttention, rng: random.Random) -> list[int]:
     return perm
 
 
-def run_audit(
-    m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: int = 7, seed: int = 0
-) -> list[Step]:
+def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: int = 7, seed: int = 0) -> list[Step]:
     """Run every step; never raises for a failed check (a FAIL step says what was off)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -77,19 +75,23 @@ def run_audit(
     # 1. dims and bias convention
     formula, counted = count_parameters(s), count_parameters(m)
     pb = parameter_breakdown(s)
-    add(Step(
-        "dims and bias convention",
-        formula == counted,
-        f"B={b} T={t} S={sl} d_model={s.d_model} h={h} g={g} d_k={dk} d_v={dv} "
-        f"bias={'on (all four projections)' if s.bias else 'off'}; params formula={formula:,} "
-        f"module={counted:,} (weights {pb.weights:,} + biases {pb.biases:,})",
-    ))
+    add(
+        Step(
+            "dims and bias convention",
+            formula == counted,
+            f"B={b} T={t} S={sl} d_model={s.d_model} h={h} g={g} d_k={dk} d_v={dv} "
+            f"bias={'on (all four projections)' if s.bias else 'off'}; params formula={formula:,} "
+            f"module={counted:,} (weights {pb.weights:,} + biases {pb.biases:,})",
+        )
+    )
 
     # 2. projection widths
     p = get_projections(m)
     want = {
-        "W_Q": (h * dk, s.d_model), "W_K": (g * dk, s.d_kv_in),
-        "W_V": (g * dv, s.d_kv_in), "W_O": (s.d_model, h * dv),
+        "W_Q": (h * dk, s.d_model),
+        "W_K": (g * dk, s.d_kv_in),
+        "W_V": (g * dv, s.d_kv_in),
+        "W_O": (s.d_model, h * dv),
     }
     got = {"W_Q": p.w_q.shape, "W_K": p.w_k.shape, "W_V": p.w_v.shape, "W_O": p.w_o.shape}
     ok = all(tuple(got[k]) == want[k] for k in want)
@@ -109,18 +111,38 @@ def run_audit(
     q = rearrange(q_m, SPLIT_HEADS, h=h)
     k = rearrange(k_m, SPLIT_HEADS, h=g)
     v = rearrange(v_m, SPLIT_HEADS, h=g)
-    q_ref = torch.stack([_lin(x, p.w_q[r * dk:(r + 1) * dk], None if p.b_q is None else p.b_q[r * dk:(r + 1) * dk]) for r in range(h)], 1)
-    k_ref = torch.stack([_lin(src, p.w_k[j * dk:(j + 1) * dk], None if p.b_k is None else p.b_k[j * dk:(j + 1) * dk]) for j in range(g)], 1)
-    v_ref = torch.stack([_lin(src, p.w_v[j * dv:(j + 1) * dv], None if p.b_v is None else p.b_v[j * dv:(j + 1) * dv]) for j in range(g)], 1)
+    q_ref = torch.stack(
+        [
+            _lin(x, p.w_q[r * dk : (r + 1) * dk], None if p.b_q is None else p.b_q[r * dk : (r + 1) * dk])
+            for r in range(h)
+        ],
+        1,
+    )
+    k_ref = torch.stack(
+        [
+            _lin(src, p.w_k[j * dk : (j + 1) * dk], None if p.b_k is None else p.b_k[j * dk : (j + 1) * dk])
+            for j in range(g)
+        ],
+        1,
+    )
+    v_ref = torch.stack(
+        [
+            _lin(src, p.w_v[j * dv : (j + 1) * dv], None if p.b_v is None else p.b_v[j * dv : (j + 1) * dv])
+            for j in range(g)
+        ],
+        1,
+    )
     e = max(_err(q, q_ref), _err(k, k_ref), _err(v, v_ref))
     shapes_ok = q.shape == (b, h, t, dk) and k.shape == (b, g, sl, dk) and v.shape == (b, g, sl, dv)
-    add(Step(
-        "axis labels: split 'b t (h d) -> b h t d'",
-        shapes_ok and e < ATOL,
-        f"Q (b t (h dk))={tuple(q_m.shape)} -> (b h t dk)={tuple(q.shape)}; "
-        f"K -> (b g s dk)={tuple(k.shape)}; V -> (b g s dv)={tuple(v.shape)}; "
-        f"head r = feature block r: max err {e:.1e}",
-    ))
+    add(
+        Step(
+            "axis labels: split 'b t (h d) -> b h t d'",
+            shapes_ok and e < ATOL,
+            f"Q (b t (h dk))={tuple(q_m.shape)} -> (b h t dk)={tuple(q.shape)}; "
+            f"K -> (b g s dk)={tuple(k.shape)}; V -> (b g s dv)={tuple(v.shape)}; "
+            f"head r = feature block r: max err {e:.1e}",
+        )
+    )
 
     # 4. inside each head: scores, mask, softmax rows, values
     y_mod, a_mod = m(x, ctx, mask, need_weights=True)
@@ -149,20 +171,27 @@ def run_audit(
         a_plain = torch.softmax(sc.masked_fill(~causal, float("-inf")), -1)
         worst["scores"] = max(worst["scores"], _err(a_plain, a_nomask[:, r]))
     finite = bool(torch.isfinite(y_mod).all())
-    add(Step(
-        "per head: scores Q K^T * scale",
-        worst["scores"] < ATOL,
-        f"{h} heads, scale={s.scale_:.6g}, softmax(Q_r K_j^T * scale) vs module: max err {worst['scores']:.1e}",
-    ))
+    add(
+        Step(
+            "per head: scores Q K^T * scale",
+            worst["scores"] < ATOL,
+            f"{h} heads, scale={s.scale_:.6g}, softmax(Q_r K_j^T * scale) vs module: max err {worst['scores']:.1e}",
+        )
+    )
     empty_rows = int((~allowed.any(-1)).sum())
-    add(Step(
-        "per head: mask, softmax rows, masked weights",
-        worst["weights"] < ATOL and worst["rowsum"] < ATOL and worst["masked"] == 0.0
-        and worst["empty"] == 0.0 and finite,
-        f"row sums - 1: {worst['rowsum']:.1e}; masked weights max {worst['masked']:.1e} (must be 0); "
-        f"{empty_rows} fully masked rows give weights {worst['empty']:.1e}, y finite: {finite}; "
-        f"weights vs reference {worst['weights']:.1e}" + ("; causal" if s.causal else ""),
-    ))
+    add(
+        Step(
+            "per head: mask, softmax rows, masked weights",
+            worst["weights"] < ATOL
+            and worst["rowsum"] < ATOL
+            and worst["masked"] == 0.0
+            and worst["empty"] == 0.0
+            and finite,
+            f"row sums - 1: {worst['rowsum']:.1e}; masked weights max {worst['masked']:.1e} (must be 0); "
+            f"{empty_rows} fully masked rows give weights {worst['empty']:.1e}, y finite: {finite}; "
+            f"weights vs reference {worst['weights']:.1e}" + ("; causal" if s.causal else ""),
+        )
+    )
 
     # 5. separate vs combined
     y_plain = m(x, ctx)
@@ -170,28 +199,34 @@ def run_audit(
     e_conv = _err(other(x, ctx), y_plain)
     back = to_separate(other) if s.layout == "separate" else to_combined(other)
     e_round = max(_err(a_, b_) for a_, b_ in zip(m.state_dict().values(), back.state_dict().values()))
-    add(Step(
-        "separate vs combined",
-        e_conv < ATOL and e_round == 0.0,
-        f"{s.layout} -> {other.spec.layout}: output max err {e_conv:.1e}; round trip weights exact ({e_round:.1e})",
-    ))
+    add(
+        Step(
+            "separate vs combined",
+            e_conv < ATOL and e_round == 0.0,
+            f"{s.layout} -> {other.spec.layout}: output max err {e_conv:.1e}; round trip weights exact ({e_round:.1e})",
+        )
+    )
 
     # 6. transpose reversed + 7. concat order
     z_ref = torch.stack(z_heads, 1)  # (b h t dv)
     z_merged = rearrange(z_ref, MERGE_HEADS)
     e_rev = _err(rearrange(z_merged, SPLIT_HEADS, h=h), z_ref)
-    add(Step(
-        "transpose reversed: 'b h t d -> b t (h d)'",
-        e_rev == 0.0 and z_merged.shape == (b, t, h * dv),
-        f"Z (b h t dv)={tuple(z_ref.shape)} -> (b t (h dv))={tuple(z_merged.shape)}; split(merge(Z)) == Z exactly",
-    ))
+    add(
+        Step(
+            "transpose reversed: 'b h t d -> b t (h d)'",
+            e_rev == 0.0 and z_merged.shape == (b, t, h * dv),
+            f"Z (b h t dv)={tuple(z_ref.shape)} -> (b t (h dv))={tuple(z_merged.shape)}; split(merge(Z)) == Z exactly",
+        )
+    )
     cat = torch.cat(z_heads, -1)
     e_cat = _err(z_merged, cat)
-    add(Step(
-        "concat along the head-feature axis, in head order",
-        e_cat == 0.0,
-        f"columns [r*dv:(r+1)*dv] hold head r for r = 0..{h - 1}: max err {e_cat:.1e}",
-    ))
+    add(
+        Step(
+            "concat along the head-feature axis, in head order",
+            e_cat == 0.0,
+            f"columns [r*dv:(r+1)*dv] hold head r for r = 0..{h - 1}: max err {e_cat:.1e}",
+        )
+    )
 
     # 8. W_O shape and selected rows of y
     w_o_math = p.w_o.T  # (h dv) x c
@@ -199,11 +234,13 @@ def run_audit(
     rows = [(0, 0), (b - 1, t - 1), (b // 2, t // 2)]
     e_rows = max(_err(y_mod[bi, ti], y_ref[bi, ti]) for bi, ti in rows)
     e_all = _err(y_mod, y_ref)
-    add(Step(
-        "W_O and selected output rows",
-        tuple(w_o_math.shape) == (h * dv, s.d_model) and e_rows < ATOL and e_all < ATOL,
-        f"W_O (h dv) x c = {tuple(w_o_math.shape)}; rows (b,t) {rows}: max err {e_rows:.1e}; whole y {e_all:.1e}",
-    ))
+    add(
+        Step(
+            "W_O and selected output rows",
+            tuple(w_o_math.shape) == (h * dv, s.d_model) and e_rows < ATOL and e_all < ATOL,
+            f"W_O (h dv) x c = {tuple(w_o_math.shape)}; rows (b,t) {rows}: max err {e_rows:.1e}; whole y {e_all:.1e}",
+        )
+    )
 
     # 9. head zeroing at the named location (Z^(r) before concat) == removing W_O rows
     j = h - 1
@@ -211,7 +248,7 @@ def run_audit(
     hm[j] = 0
     y_zero = m(x, ctx, mask, head_mask=hm)
     w_o_cut = w_o_math.clone()
-    w_o_cut[j * dv:(j + 1) * dv] = 0
+    w_o_cut[j * dv : (j + 1) * dv] = 0
     y_cut = z_merged @ w_o_cut + (0 if p.b_o is None else p.b_o)
     e_zero = _err(y_zero, y_cut)
     detail = f"head_mask[{j}]=0 vs W_O rows {j * dv}..{(j + 1) * dv - 1} zeroed: max err {e_zero:.1e}"
@@ -237,12 +274,15 @@ def run_audit(
         e_perm = _err(pm(x, ctx, mask), m(x, ctx, mask))
         _, a_perm = pm(x, ctx, mask, need_weights=True)
         e_aperm = _err(a_perm, a_mod[:, perm])
-        add(Step(
-            "head permutation preserves the function",
-            e_perm < ATOL and e_aperm < ATOL,
-            f"perm={perm}" + (f" (GQA groups of {gs} move whole)" if gs > 1 else "")
-            + f": y max err {e_perm:.1e}; weights follow the heads {e_aperm:.1e}",
-        ))
+        add(
+            Step(
+                "head permutation preserves the function",
+                e_perm < ATOL and e_aperm < ATOL,
+                f"perm={perm}"
+                + (f" (GQA groups of {gs} move whole)" if gs > 1 else "")
+                + f": y max err {e_perm:.1e}; weights follow the heads {e_aperm:.1e}",
+            )
+        )
     else:
         add(Step("head permutation preserves the function", True, "h=1: the only permutation is the identity"))
 

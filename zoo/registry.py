@@ -21,10 +21,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-# Source checkout / editable install: <repo>/models. A wheel carries them as zoo/presets.
+# A wheel carries the presets as zoo/presets; a checkout (or editable install) reads
+# <repo>/models. The installed copy goes first: site-packages/models could be anyone's.
 _PRESET_DIRS = (
-    Path(__file__).resolve().parent.parent / "models",
     Path(__file__).resolve().parent / "presets",
+    Path(__file__).resolve().parent.parent / "models",
 )
 _TOP_LEVEL_KEYS = {"description", "reference", "spec"}
 
@@ -119,9 +120,7 @@ def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
     if name in _REGISTRY:
-        raise DuplicateNameError(
-            f"{name!r} is already registered (from {_REGISTRY[name].source}); pick another name"
-        )
+        raise DuplicateNameError(f"{name!r} is already registered (from {_REGISTRY[name].source}); pick another name")
     e = Entry(name=name, spec=spec, **kw)
     _REGISTRY[name] = e
     return e
@@ -169,9 +168,7 @@ def read_preset(path: str | Path) -> tuple[str, AttentionSpec, dict[str, str]]:
         raise PresetFileError(f"{path}: not valid TOML ({e})") from None
     unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
     if unknown:
-        raise PresetFileError(
-            f"{path}: unknown key(s) {unknown}; allowed: {sorted(_TOP_LEVEL_KEYS)}"
-        )
+        raise PresetFileError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_TOP_LEVEL_KEYS)}")
     meta = {}
     for key in ("description", "reference"):
         value = data.get(key, "")

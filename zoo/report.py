@@ -24,8 +24,14 @@ def human(n: float, unit: str = "") -> str:
 
 
 def show_spec(
-    name: str, spec: AttentionSpec, *, batch: int = 1, seq: int = 128, ctx_seq: int | None = None,
-    description: str = "", itemsize: int = 4,
+    name: str,
+    spec: AttentionSpec,
+    *,
+    batch: int = 1,
+    seq: int = 128,
+    ctx_seq: int | None = None,
+    description: str = "",
+    itemsize: int = 4,
 ) -> str:
     s = spec
     sl = ctx_seq if ctx_seq is not None else seq
@@ -41,8 +47,7 @@ def show_spec(
         out.append(f"  {k:<10} {v}{note}")
     out += ["", "parameters (exact)"]
     bias_rule = (
-        f"with biases on all four projections: h*dk + g*dk + g*dv + d_model = {pb.biases:,}"
-        if s.bias else "no biases"
+        f"with biases on all four projections: h*dk + g*dk + g*dv + d_model = {pb.biases:,}" if s.bias else "no biases"
     )
     out.append(f"  convention   {bias_rule}")
     rows = [

@@ -82,8 +82,14 @@ def to_torch_mha(m: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multi
     kdim = s.d_context if s.is_cross else s.d_model
     ref = m.out_proj.weight
     mha = nn.MultiheadAttention(
-        s.d_model, s.heads, bias=s.bias, kdim=kdim, vdim=kdim, batch_first=batch_first,
-        device=ref.device, dtype=ref.dtype,
+        s.d_model,
+        s.heads,
+        bias=s.bias,
+        kdim=kdim,
+        vdim=kdim,
+        batch_first=batch_first,
+        device=ref.device,
+        dtype=ref.dtype,
     )
     p = get_projections(m)
     with torch.no_grad():

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The CUDA checks in one call on a GPU machine (see ../shared/gpu/README.md).
+#
+#   bash scripts/gpu_check.sh            # from the repository root; no install needed
+#
+# 1. versions and whether ONNX Runtime's CUDA provider really works;
+# 2. the CUDA-marked tests (eager CUDA vs ORT CUDA, every variant x lowering, fp32 and fp16);
+# 3. which provider each lowering's nodes actually ran on (a silent CPU fallback shows);
+# 4. the benchmark on CUDA in fp16, up to T = 16384;
+# everything under $OUT (default ./gpu-out), a short table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+py=python3
+status=0
+
+echo "== 1. versions"
+$py - <<'PY' 2>&1 | tee "$OUT/versions.txt"
+import torch, onnx, onnxruntime as ort, onnxscript
+from export.session import cuda_status
+print(f"torch {torch.__version__} (cuda {torch.version.cuda}), onnx {onnx.__version__}, "
+      f"onnxscript {onnxscript.__version__}, onnxruntime {ort.__version__} ({ort.get_device()})")
+print("available providers:", ort.get_available_providers())
+print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible to torch")
+print("ORT CUDA:", cuda_status())
+PY
+
+echo "== 2. CUDA-marked tests"
+timeout 240 $py -m pytest -m cuda -q -p no:cacheprovider -n 8 tests/test_parity.py tests/test_session.py \
+  2>&1 | tee "$OUT/cuda-tests.log" | tail -15
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
+echo "== 3. node placement per lowering (transformer-base, fp16)"
+: > "$OUT/placement.txt"
+for lw in decomposed onnx-attention ort-mha; do
+  f="$OUT/tb-$lw.onnx"
+  timeout 120 $py -m export.cli export transformer-base -o "$f" --lowering "$lw" --dtype float16 --force >/dev/null \
+    && timeout 60 $py -m export.cli run "$f" --provider cuda --batch 1 --seq 2048 --repeats 10 --placement \
+       2>&1 | sed "s/^/[$lw] /" | tee -a "$OUT/placement.txt"
+  rm -f "$f"
+done
+
+echo "== 4. benchmark on CUDA, fp16"
+timeout 300 $py scripts/bench.py transformer-base --provider cuda --dtype float16 --batch 1 \
+  --seq 1,16,512,2048,4096,8192,16384 --json "$OUT/bench-cuda.json" --plot "$OUT/bench-cuda.png" \
+  2>"$OUT/bench-cuda.err" | tee "$OUT/bench-cuda.md"
+
+echo "== summary"
+grep -E "ORT CUDA" "$OUT/versions.txt"
+tail -1 "$OUT/cuda-tests.log"
+grep -E "placement|latency" "$OUT/placement.txt"
+exit $status
