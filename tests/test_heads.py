@@ -105,3 +105,13 @@ def test_prune_errors():
 def test_head_ops_reject_other_modules():
     with pytest.raises(TypeError, match="MultiHeadAttention"):
         zoo.to_combined(torch.nn.Linear(2, 2))
+
+
+def test_prune_the_same_count_from_every_gqa_group():
+    m = zoo.create("gqa").eval()
+    pruned = zoo.prune_heads(m, [3, 7])  # one head from each of the 2 groups of 4
+    assert (pruned.spec.heads, pruned.spec.kv_heads_, pruned.spec.group_size) == (6, 2, 3)
+    x = torch.randn(2, 5, 64)
+    hm = torch.ones(8)
+    hm[[3, 7]] = 0
+    close(pruned(x), m(x, head_mask=hm))

@@ -127,6 +127,21 @@ def _take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -
     return rearrange(blocks[idx], "n o d -> o (n d)")
 
 
+def _select_heads(p: Projections, spec: AttentionSpec, q_heads: Sequence[int], kv_heads: Sequence[int]) -> Projections:
+    """The projections of query heads `q_heads` and kv heads `kv_heads`, in that order."""
+    h, g = spec.heads, spec.kv_heads_
+    return Projections(
+        w_q=_take_blocks(p.w_q, q_heads, h),
+        w_k=_take_blocks(p.w_k, kv_heads, g),
+        w_v=_take_blocks(p.w_v, kv_heads, g),
+        w_o=_take_blocks(p.w_o, q_heads, h, dim=1),
+        b_q=_take_blocks(p.b_q, q_heads, h),
+        b_k=_take_blocks(p.b_k, kv_heads, g),
+        b_v=_take_blocks(p.b_v, kv_heads, g),
+        b_o=p.b_o,
+    )
+
+
 def kv_permutation_for(spec: AttentionSpec, perm: Sequence[int]) -> list[int]:
     """The kv-head order that a query-head permutation implies under blocked GQA.
 
@@ -156,27 +171,16 @@ def permute_heads(m: MultiHeadAttention, perm: Sequence[int] | Tensor) -> MultiH
     s = _require_module(m).spec
     perm = _check_perm(perm, s.heads, "perm")
     kv = kv_permutation_for(s, perm)
-    p = get_projections(m)
-    g = s.kv_heads_
-    q = Projections(
-        w_q=_take_blocks(p.w_q, perm, s.heads),
-        w_k=_take_blocks(p.w_k, kv, g),
-        w_v=_take_blocks(p.w_v, kv, g),
-        w_o=_take_blocks(p.w_o, perm, s.heads, dim=1),
-        b_q=_take_blocks(p.b_q, perm, s.heads),
-        b_k=_take_blocks(p.b_k, kv, g),
-        b_v=_take_blocks(p.b_v, kv, g),
-        b_o=p.b_o,
-    )
-    return build(s, q, like=m)
+    return build(s, _select_heads(get_projections(m), s, perm, kv), like=m)
 
 
 def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttention:
     """A smaller module without the given query heads (pruning at evaluation).
 
     Equals zeroing those heads with head_mask: removing head r removes its rows of W_Q and
-    its rows of W_O (math convention). Under GQA only whole groups can go, so that the
-    remaining heads keep reading the same kv heads.
+    its rows of W_O (math convention). Under GQA the survivors must still form equal blocked
+    groups (drop whole groups, or as many heads from every group), so that each remaining
+    head keeps reading the kv head it read before.
     """
     s = _require_module(m).spec
     drop = sorted({int(r) for r in heads})
@@ -203,15 +207,4 @@ def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttenti
         kv_heads=None if s.kv_heads is None else len(kv_keep),
         d_k=s.d_k_,  # explicit: the default d_model // heads would change with the head count
     )
-    g = s.kv_heads_
-    q = Projections(
-        w_q=_take_blocks(p.w_q, keep, s.heads),
-        w_k=_take_blocks(p.w_k, kv_keep, g),
-        w_v=_take_blocks(p.w_v, kv_keep, g),
-        w_o=_take_blocks(p.w_o, keep, s.heads, dim=1),
-        b_q=_take_blocks(p.b_q, keep, s.heads),
-        b_k=_take_blocks(p.b_k, kv_keep, g),
-        b_v=_take_blocks(p.b_v, kv_keep, g),
-        b_o=p.b_o,
-    )
-    return build(new_spec, q, like=m)
+    return build(new_spec, _select_heads(p, s, keep, kv_keep), like=m)
