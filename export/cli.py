@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A zoo of multi-head attention variants: inspect, audit, export to ONNX, "
         "run under ONNX Runtime, check parity, benchmark.",
     )
+    p.add_argument("--version", action="version", version=f"attnzoo {zoo.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
