@@ -57,6 +57,7 @@ DEFAULT_SEQ = (1, 16, 512, 4096)
 ROOFLINE_SIZE = {"cpu": 2048, "cuda": 8192}  # n of an n x n x n product that reaches peak
 RESULT_MARK = "ATTNZOO-BENCH-RESULT "  # the worker's one line of JSON on stdout
 MB = 1e6
+CONTENDED = 0.2  # CPUs' worth of other work during a measurement above which it is retried
 
 
 class BenchError(ValueError):
@@ -65,13 +66,14 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class Budget:
-    """How many calls to make: `warmup` (fewer if they take over half of `seconds`), then
-    timed calls until `repeats`, or until at least `min_repeats` and `seconds` have passed."""
+    """How many calls to make: `warmup` calls (and at least 0.2 s of them, but no more than half
+    of `seconds` once one is done), then timed calls for `seconds`, at least `min_repeats` and
+    at most `repeats`. Short shapes get thousands of calls, long ones `min_repeats`."""
 
     warmup: int = 3
-    repeats: int = 20
+    repeats: int = 2000
     min_repeats: int = 3
-    seconds: float = 3.0
+    seconds: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -104,19 +106,23 @@ class Job:
 # -- timing and memory (run inside a worker) ------------------------------------------------
 
 
-def time_calls(call: Callable[[], Any], sync: Callable[[], None], budget: Budget,
-               after_each: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Warm up, then time `call` (synchronized); milliseconds per call."""
+def time_calls(
+    call: Callable[[], Any], sync: Callable[[], None], budget: Budget, after_each: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
+    """Warm up, then time `call` (synchronized); milliseconds per call, and how much CPU other
+    processes took meanwhile (`others_cpus`: 0.5 = half a core; anything above ~0.2 skews)."""
     warm_started = time.perf_counter()
     warm = 0
-    while warm < max(1, budget.warmup):
+    while True:
         call()
         sync()
         after_each()
         warm += 1
-        if time.perf_counter() - warm_started > budget.seconds / 2:
+        spent = time.perf_counter() - warm_started
+        if spent > budget.seconds / 2 or (warm >= budget.warmup and spent >= min(0.2, budget.seconds / 4)):
             break
     times: list[float] = []
+    cpu_before = _cpu_ticks()
     started = time.perf_counter()
     while len(times) < budget.repeats:
         t0 = time.perf_counter()
@@ -126,6 +132,7 @@ def time_calls(call: Callable[[], Any], sync: Callable[[], None], budget: Budget
         after_each()
         if len(times) >= budget.min_repeats and time.perf_counter() - started > budget.seconds:
             break
+    wall = time.perf_counter() - started
     ms = [t * 1e3 for t in times]
     return {
         "median_ms": statistics.median(ms),
@@ -133,7 +140,28 @@ def time_calls(call: Callable[[], Any], sync: Callable[[], None], budget: Budget
         "max_ms": max(ms),
         "repeats": len(ms),
         "warmup": warm,
+        "others_cpus": _others_cpus(cpu_before, _cpu_ticks(), wall),
     }
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy ticks of the whole machine incl. steal, ticks of this process), or None without /proc."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait; steal counts as busy
+    return busy, int(own[11]) + int(own[12])  # utime + stime, all threads
+
+
+def _others_cpus(before, after, wall: float) -> float | None:
+    """CPUs' worth of work done by other processes (or the hypervisor) over `wall` seconds."""
+    if before is None or after is None or wall <= 0:
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(others, 0) / hz / wall
 
 
 def _proc_status_kb(key: str) -> int | None:
@@ -235,8 +263,9 @@ def _path_call(job: Job) -> tuple[Callable[[int, int], Callable[[], Any]], str]:
     else:
         from .session import OnnxSession
 
-        sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None,
-                           verbose=False)
+        sess = OnnxSession(
+            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
+        )
         run, where = (lambda x, c: sess.run(x, context=c)), f"onnxruntime {sess.provider}"
 
     def make(b: int, t: int) -> Callable[[], Any]:
@@ -254,10 +283,15 @@ def _matmul_model(n: int, dtype: str, folder: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
-    w = numpy_helper.from_array((np.random.default_rng(0).standard_normal((n, n)) / math.sqrt(n))
-                                .astype({"float32": np.float32, "float16": np.float16}[dtype]), "W")
+    w = numpy_helper.from_array(
+        (np.random.default_rng(0).standard_normal((n, n)) / math.sqrt(n)).astype(
+            {"float32": np.float32, "float16": np.float16}[dtype]
+        ),
+        "W",
+    )
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "roofline",
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "roofline",
         [helper.make_tensor_value_info("x", elem, ["b", "t", n])],
         [helper.make_tensor_value_info("y", elem, ["b", "t", n])],
         initializer=[w],
@@ -275,7 +309,8 @@ def _identity_model(d: int, dtype: str, folder: Path) -> Path:
 
     elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])], "noop",
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "noop",
         [helper.make_tensor_value_info("x", elem, ["b", "t", d])],
         [helper.make_tensor_value_info("y", elem, ["b", "t", d])],
     )
@@ -295,8 +330,9 @@ def _roofline(job: Job) -> dict[str, Any]:
     else:
         from .session import OnnxSession
 
-        sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None,
-                           verbose=False)
+        sess = OnnxSession(
+            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
+        )
         call = lambda: sess.run(x)  # noqa: E731
     out = time_calls(call, sync, job.budget)
     out["n"] = n
@@ -310,8 +346,7 @@ def _overhead(job: Job) -> dict[str, Any]:
     torch, device, dtype, sync = _torch_setup(job)
     from .session import OnnxSession
 
-    sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None,
-                       verbose=False)
+    sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)
     wrapped = time_calls(lambda: sess.run(x), sync, job.budget)
     y = torch.empty_like(x)
@@ -323,8 +358,11 @@ def _overhead(job: Job) -> dict[str, Any]:
         bind = binding.bind_input if name == "x" else binding.bind_output
         bind(name, device.type, device.index or 0, np.dtype(elem).type, tuple(t.shape), t.data_ptr())
     raw = time_calls(lambda: sess._sess.run_with_iobinding(binding), sync, job.budget)
-    return {"session_run_ms": wrapped["median_ms"], "bound_run_ms": raw["median_ms"],
-            "repeats": wrapped["repeats"]}
+    return {
+        "session_run_ms": wrapped["median_ms"],
+        "bound_run_ms": raw["median_ms"],
+        "repeats": wrapped["repeats"],
+    }
 
 
 def _identity_width(model: str) -> int:
@@ -371,6 +409,19 @@ def _worker_main(text: str) -> int:
     return 0
 
 
+def measure(job: Job, timeout: float, retries: int) -> dict[str, Any]:
+    """spawn(job), again up to `retries` times while other processes skew it; the least skewed."""
+    best = spawn(job, timeout)
+    for attempt in range(retries):
+        if not (best.get("ok") and _contended(best)):
+            break
+        again = spawn(job, timeout)
+        if again.get("ok") and (again.get("others_cpus") or 0) < (best.get("others_cpus") or 0):
+            best = again
+        best["attempts"] = attempt + 2
+    return best
+
+
 def spawn(job: Job, timeout: float) -> dict[str, Any]:
     """Run `job` in a fresh interpreter (memory measured in isolation); its result dict."""
     root = str(Path(__file__).resolve().parents[1])
@@ -383,7 +434,7 @@ def spawn(job: Job, timeout: float) -> dict[str, Any]:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s (raise --timeout)"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
+            return json.loads(line[len(RESULT_MARK) :])
     if proc.returncode < 0:
         why = "killed (out of memory?)" if proc.returncode == -9 else f"died with signal {-proc.returncode}"
         return {"ok": False, "error": f"worker {why}"}
@@ -405,8 +456,9 @@ class Export:
     seconds: float = 0.0
 
 
-def export_lowerings(name: str, overrides: dict[str, Any], dtype: str, folder: Path,
-                     lowerings: Sequence[str]) -> dict[str, Export]:
+def export_lowerings(
+    name: str, overrides: dict[str, Any], dtype: str, folder: Path, lowerings: Sequence[str]
+) -> dict[str, Export]:
     """{lowering: Export}; a lowering that cannot express the spec gets path None and the reason."""
     from .lowering import ExportError, export_onnx
 
@@ -468,26 +520,58 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _jobs(args_name: str, overrides: dict[str, Any], provider: str, dtype: str, threads: int,
-          budget: Budget, paths: Sequence[str], exports: dict[str, Export],
-          shapes: Sequence[tuple[int, int]]) -> list[Job]:
+def _jobs(
+    args_name: str,
+    overrides: dict[str, Any],
+    provider: str,
+    dtype: str,
+    threads: int,
+    budget: Budget,
+    paths: Sequence[str],
+    exports: dict[str, Export],
+    shapes: Sequence[tuple[int, int]],
+) -> list[Job]:
     jobs = []
     for b, t in shapes:
         for p in paths:
             lw = LOWERING_OF.get(p)
             if lw and not exports[lw].path:
                 continue  # n/a: filled in from the export's reason
-            jobs.append(Job("path", "ort" if lw else "torch", provider, dtype, threads, budget, path=p,
-                            name=args_name, overrides=overrides,
-                            model=exports[lw].path if lw else "", batch=b, seq=t))
+            jobs.append(
+                Job(
+                    "path",
+                    "ort" if lw else "torch",
+                    provider,
+                    dtype,
+                    threads,
+                    budget,
+                    path=p,
+                    name=args_name,
+                    overrides=overrides,
+                    model=exports[lw].path if lw else "",
+                    batch=b,
+                    seq=t,
+                )
+            )
     return jobs
 
 
-def benchmark(name: str = DEFAULT_NAME, *, overrides: dict[str, Any] | None = None, provider: str = "cpu",
-              dtype: str = "float32", batches: Sequence[int] = (1,), seqs: Sequence[int] = DEFAULT_SEQ,
-              threads: int | None = None, paths: Sequence[str] = PATHS, budget: Budget = Budget(),
-              roofline_size: int | None = None, timeout: float = 1800.0,
-              progress: bool = True) -> dict[str, Any]:
+def benchmark(
+    name: str = DEFAULT_NAME,
+    *,
+    overrides: dict[str, Any] | None = None,
+    provider: str = "cpu",
+    dtype: str = "float32",
+    batches: Sequence[int] = (1,),
+    seqs: Sequence[int] = DEFAULT_SEQ,
+    threads: int | None = None,
+    paths: Sequence[str] = PATHS,
+    budget: Budget = Budget(),
+    roofline_size: int | None = None,
+    timeout: float = 1800.0,
+    retries: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Measure every path on every (b, t); the report as a JSON-ready dict (see write_json)."""
     from tqdm import tqdm
 
@@ -501,28 +585,47 @@ def benchmark(name: str = DEFAULT_NAME, *, overrides: dict[str, Any] | None = No
     with tempfile.TemporaryDirectory(prefix="attnzoo-bench-") as tmp:
         folder = Path(tmp)
         lowerings = [LOWERING_OF[p] for p in paths if p in LOWERING_OF]
-        with tqdm(total=len(lowerings), desc="export", unit="model", file=sys.stderr,
-                  disable=not progress, leave=False) as bar:
+        with tqdm(
+            total=len(lowerings),
+            desc="export",
+            unit="model",
+            file=sys.stderr,
+            disable=not progress,
+            leave=False,
+        ) as bar:
             exports = {}
             for lw in lowerings:
                 bar.set_postfix_str(lw)
                 exports.update(export_lowerings(name, overrides, dtype, folder, [lw]))
                 bar.update()
-        calib = [Job("roofline", rt, provider, dtype, threads, budget, seq=n,
-                     model=str(_matmul_model(n, dtype, folder)) if rt == "ort" else "")
-                 for rt in runtimes]
+        calib = [
+            Job(
+                "roofline",
+                rt,
+                provider,
+                dtype,
+                threads,
+                budget,
+                seq=n,
+                model=str(_matmul_model(n, dtype, folder)) if rt == "ort" else "",
+            )
+            for rt in runtimes
+        ]
         if "ort" in runtimes:
             ident = str(_identity_model(spec.d_model, dtype, folder))
-            calib += [Job("overhead", "ort", provider, dtype, threads, budget, model=ident, batch=b, seq=t)
-                      for b, t in shapes if t <= 16]
+            calib += [
+                Job("overhead", "ort", provider, dtype, threads, budget, model=ident, batch=b, seq=t)
+                for b, t in shapes
+                if t <= 16
+            ]
         jobs = _jobs(name, overrides, provider, dtype, threads, budget, paths, exports, shapes)
         results: list[tuple[Job, dict[str, Any]]] = []
-        with tqdm(total=len(calib) + len(jobs), desc="bench", unit="run", file=sys.stderr,
-                  disable=not progress) as bar:
+        with tqdm(total=len(calib) + len(jobs), desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
             for job in calib + jobs:
-                bar.set_postfix_str(f"B={job.batch} T={job.seq} {job.path}" if job.kind == "path"
-                                    else f"{job.kind} {job.runtime}")
-                results.append((job, spawn(job, timeout)))
+                bar.set_postfix_str(
+                    f"B={job.batch} T={job.seq} {job.path}" if job.kind == "path" else f"{job.kind} {job.runtime}"
+                )
+                results.append((job, measure(job, timeout, retries)))
                 bar.update()
     roofline = {j.runtime: r for j, r in results if j.kind == "roofline"}
     overhead = [{"batch": j.batch, "seq": j.seq, **r} for j, r in results if j.kind == "overhead"]
@@ -535,9 +638,17 @@ def benchmark(name: str = DEFAULT_NAME, *, overrides: dict[str, Any] | None = No
         "machine": machine_info(),
         "versions": versions(),
         "config": {
-            "name": name, "overrides": overrides, "spec": spec.to_dict(), "provider": provider,
-            "dtype": dtype, "threads": threads, "batch": list(batches), "seq": list(seqs),
-            "paths": list(paths), "budget": asdict(budget), "flop_convention": zoo.FLOP_CONVENTION,
+            "name": name,
+            "overrides": overrides,
+            "spec": spec.to_dict(),
+            "provider": provider,
+            "dtype": dtype,
+            "threads": threads,
+            "batch": list(batches),
+            "seq": list(seqs),
+            "paths": list(paths),
+            "budget": asdict(budget),
+            "flop_convention": zoo.FLOP_CONVENTION,
         },
         "exports": {lw: asdict(e) for lw, e in exports.items()},
         "auto_lowering": auto_lowering(provider, exports),
@@ -578,8 +689,14 @@ def _rows(spec: zoo.AttentionSpec, shapes, paths, exports, measured, roofline, p
         base = measured.get((b, t, BASELINE), {})
         for p in paths:
             lw = LOWERING_OF.get(p)
-            row: dict[str, Any] = {"batch": b, "seq": t, "path": p, "lowering": lw,
-                                   "auto": lw is not None and lw == auto, "flops": flop}
+            row: dict[str, Any] = {
+                "batch": b,
+                "seq": t,
+                "path": p,
+                "lowering": lw,
+                "auto": lw is not None and lw == auto,
+                "flops": flop,
+            }
             if lw and not exports[lw].path:
                 rows.append({**row, "status": "n/a", "note": exports[lw].reason})
                 continue
@@ -594,7 +711,8 @@ def _rows(spec: zoo.AttentionSpec, shapes, paths, exports, measured, roofline, p
             if base.get("ok"):
                 row["speedup_vs_sdpa"] = base["median_ms"] / r["median_ms"]
                 pm, bm = r.get("peak_added_mb"), base.get("peak_added_mb")
-                row["mem_vs_sdpa"] = pm / bm if pm is not None and bm and bm > 0 else None
+                # below ~1 MB the added peak is page-granular noise; a ratio of noise says nothing
+                row["mem_vs_sdpa"] = pm / bm if pm is not None and bm and bm >= 1.0 else None
             rows.append(row)
     return rows
 
@@ -609,8 +727,7 @@ def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
 def format_table(report: dict[str, Any]) -> str:
     """The rows as a markdown table, then the roofline, ORT call overhead and notes."""
     cfg = report["config"]
-    head = ("| B | T | path | median ms | GFLOP/s | % roofline | +peak MB | speed-up vs SDPA "
-            "| mem / SDPA |")
+    head = "| B | T | path | median ms | GFLOP/s | % roofline | +peak MB | speed-up vs SDPA | mem / SDPA |"
     lines = [
         f"{cfg['name']} ({zoo.AttentionSpec(**cfg['spec']).describe()}), {cfg['provider']}, {cfg['dtype']}, "
         f"{cfg['threads']} threads",
@@ -629,7 +746,8 @@ def format_table(report: dict[str, Any]) -> str:
             continue
         pct = None if r.get("roofline_fraction") is None else 100 * r["roofline_fraction"]
         lines.append(
-            f"| {r['batch']} | {r['seq']} | {name} | {_fmt(r['median_ms'], '.3g' if r['median_ms'] < 1 else '.1f')} "
+            f"| {r['batch']} | {r['seq']} | {name} "
+            f"| {_fmt(r['median_ms'], '.3g' if r['median_ms'] < 1 else '.1f')}{'*' if _contended(r) else ''} "
             f"| {_fmt(r['gflops'], '.1f')} | {_fmt(pct, '.0f', '%')} | {_fmt(r.get('peak_added_mb'), '.1f')} "
             f"| {_fmt(r.get('speedup_vs_sdpa'), '.2f', 'x')} | {_fmt(r.get('mem_vs_sdpa'), '.2f', 'x')} |"
         )
@@ -637,18 +755,32 @@ def format_table(report: dict[str, Any]) -> str:
     for rt, r in sorted(report["roofline"].items()):
         label = "torch.matmul" if rt == "torch" else "ONNX Runtime MatMul"
         if r.get("ok"):
-            lines.append(f"roofline ({label}, {r['n']}^3, {cfg['dtype']}): {r['median_ms']:.1f} ms, "
-                         f"{r['gflops']:.1f} GFLOP/s")
+            lines.append(
+                f"roofline ({label}, {r['n']}^3, {cfg['dtype']}): {r['median_ms']:.1f} ms, {r['gflops']:.1f} GFLOP/s"
+            )
         else:
             lines.append(f"roofline ({label}): failed: {r.get('error')}")
     for o in report["ort_call_overhead"]:
         if o.get("ok"):
-            lines.append(f"ORT per-call overhead (Identity model, B={o['batch']} T={o['seq']}): "
-                         f"{o['session_run_ms'] * 1e3:.0f} us via OnnxSession.run, "
-                         f"{o['bound_run_ms'] * 1e3:.0f} us via a pre-made IO binding")
+            lines.append(
+                f"ORT per-call overhead (Identity model, B={o['batch']} T={o['seq']}): "
+                f"{o['session_run_ms'] * 1e3:.0f} us via OnnxSession.run, "
+                f"{o['bound_run_ms'] * 1e3:.0f} us via a pre-made IO binding"
+            )
     lines.append(f"auto lowering on {cfg['provider']}: {report['auto_lowering']}")
+    m = report["machine"]
+    busy = max(m.get("load_average_before") or 0, m.get("load_average_after") or 0)
+    if cfg["provider"] == "cpu" and busy > 0.5 * (m.get("usable_cpus") or m.get("logical_cpus") or 1):
+        lines.append(
+            f"warning: the machine was busy (1-min load average up to {busy:.1f} on "
+            f"{m.get('usable_cpus') or m.get('logical_cpus')} CPUs): timings are skewed"
+        )
     lines += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     return "\n".join(lines)
+
+
+def _contended(result: dict[str, Any]) -> bool:
+    return (result.get("others_cpus") or 0.0) > CONTENDED
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -688,16 +820,23 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
     styles = ["-", "--", ":", "-."]
     for p in cfg["paths"]:
         for i, b in enumerate(batches):
-            pts = sorted((r["seq"], r["median_ms"], r.get("peak_added_mb")) for r in rows
-                         if r["path"] == p and r["batch"] == b)
+            pts = sorted(
+                (r["seq"], r["median_ms"], r.get("peak_added_mb")) for r in rows if r["path"] == p and r["batch"] == b
+            )
             if not pts:
                 continue
             label = p + (f", B={b}" if len(batches) > 1 else "")
             ts = [q[0] for q in pts]
             line = ax_t.plot(ts, [q[1] for q in pts], styles[i % 4], marker="o", label=label)[0]
             mem = [(q[0], max(q[2], 0.1)) for q in pts if q[2] is not None]
-            ax_m.plot([m[0] for m in mem], [m[1] for m in mem], styles[i % 4], marker="o",
-                      color=line.get_color(), label=label)
+            ax_m.plot(
+                [m[0] for m in mem],
+                [m[1] for m in mem],
+                styles[i % 4],
+                marker="o",
+                color=line.get_color(),
+                label=label,
+            )
     for ax, ylabel in ((ax_t, "median latency (ms)"), (ax_m, "added peak memory (MB, floor 0.1)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -705,8 +844,11 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)
-    fig.suptitle(f"{cfg['name']}: {cfg['provider']}, {cfg['dtype']}, {cfg['threads']} threads "
-                 f"({report['machine'].get('cpu', '')})", fontsize=10)
+    fig.suptitle(
+        f"{cfg['name']}: {cfg['provider']}, {cfg['dtype']}, {cfg['threads']} threads "
+        f"({report['machine'].get('cpu', '')})",
+        fontsize=10,
+    )
     fig.tight_layout()
     _write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -734,28 +876,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `attnzoo bench` options (also `python -m export.bench` and scripts/bench.py)."""
     parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
     if "--set" not in parser._option_string_actions:  # the CLI may have added it already
-        parser.add_argument("--set", action="append", metavar="KEY=VALUE",
-                            help="override a spec field, e.g. --set heads=4 (repeatable)")
+        parser.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a spec field, e.g. --set heads=4 (repeatable)",
+        )
     parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    parser.add_argument("--batch", "-b", type=_int_list, action="extend", metavar="LIST",
-                        help="batch sizes, e.g. 1,4 (default 1)")
-    parser.add_argument("--seq", "-t", type=_int_list, action="extend", metavar="LIST",
-                        help=f"sequence lengths (default {','.join(map(str, DEFAULT_SEQ))})")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch and ONNX Runtime intra-op threads (default: every usable core)")
-    parser.add_argument("--paths", type=_path_list, default=list(PATHS), metavar="LIST",
-                        help=f"a subset of {','.join(PATHS)}")
+    parser.add_argument(
+        "--batch",
+        "-b",
+        type=_int_list,
+        action="extend",
+        metavar="LIST",
+        help="batch sizes, e.g. 1,4 (default 1)",
+    )
+    parser.add_argument(
+        "--seq",
+        "-t",
+        type=_int_list,
+        action="extend",
+        metavar="LIST",
+        help=f"sequence lengths (default {','.join(map(str, DEFAULT_SEQ))})",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch and ONNX Runtime intra-op threads (default: every usable core)",
+    )
+    parser.add_argument(
+        "--paths", type=_path_list, default=list(PATHS), metavar="LIST", help=f"a subset of {','.join(PATHS)}"
+    )
     parser.add_argument("--warmup", type=int, default=Budget.warmup, help="warm-up calls (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=Budget.repeats,
-                        help="timed calls at most (default %(default)s)")
-    parser.add_argument("--min-repeats", type=int, default=Budget.min_repeats,
-                        help="timed calls at least (default %(default)s)")
-    parser.add_argument("--budget", type=float, default=Budget.seconds, metavar="SECONDS",
-                        help="stop timing a path after this long, once --min-repeats are done "
-                        "(default %(default)s)")
-    parser.add_argument("--roofline-size", type=int, default=None, metavar="N",
-                        help="n of the n^3 matmul roofline (default 2048 on cpu, 8192 on cuda)")
+    parser.add_argument("--repeats", type=int, default=Budget.repeats, help="timed calls at most (default %(default)s)")
+    parser.add_argument(
+        "--min-repeats",
+        type=int,
+        default=Budget.min_repeats,
+        help="timed calls at least (default %(default)s)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=Budget.seconds,
+        metavar="SECONDS",
+        help="stop timing a path after this long, once --min-repeats are done (default %(default)s)",
+    )
+    parser.add_argument(
+        "--roofline-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="n of the n^3 matmul roofline (default 2048 on cpu, 8192 on cuda)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help=f"re-measure a path while other processes use over {CONTENDED} CPUs (default %(default)s)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement process")
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of latency and memory against T")
@@ -772,9 +953,17 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise BenchError("--repeats and --min-repeats must be >= 1, --warmup >= 0, --budget > 0")
     budget = Budget(args.warmup, args.repeats, min(args.min_repeats, args.repeats), args.budget)
     report = benchmark(
-        args.name, overrides=parse_overrides(args.set), provider=args.provider, dtype=args.dtype,
-        batches=args.batch or [1], seqs=args.seq or list(DEFAULT_SEQ), threads=args.threads,
-        paths=args.paths, budget=budget, roofline_size=args.roofline_size, timeout=args.timeout,
+        args.name,
+        overrides=parse_overrides(args.set),
+        provider=args.provider,
+        dtype=args.dtype,
+        batches=args.batch or [1],
+        seqs=args.seq or list(DEFAULT_SEQ),
+        threads=args.threads,
+        paths=args.paths,
+        budget=budget,
+        roofline_size=args.roofline_size,
+        timeout=args.timeout,
         progress=not args.no_progress,
     )
     print(format_table(report))
@@ -789,26 +978,13 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m export.bench ...` is `attnzoo bench ...`; `--worker JOB` runs one measurement."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"] and len(argv) == 2:
         return _worker_main(argv[1])
-    parser = argparse.ArgumentParser(
-        prog="attnzoo bench",
-        description="Eager torch against the ONNX Runtime lowerings: latency, GFLOP/s, share of a "
-        "same-run matmul roofline, added peak memory, ratio to eager SDPA.",
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    from .cli import CliError
+    from .cli import main as cli_main
 
-    try:
-        return run_from_args(args)
-    except (BenchError, CliError, ValueError) as e:
-        print(f"attnzoo bench: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return cli_main(["bench", *argv])
 
 
 if __name__ == "__main__":

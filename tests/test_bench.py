@@ -17,9 +17,28 @@ MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_ad
 
 def test_bench_runs_on_a_tiny_shape(tmp_path, capsys):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
-    argv = ["mha-separate-bias", "--seq", "8", "--warmup", "1", "--repeats", "2", "--min-repeats", "1",
-            "--budget", "0.2", "--roofline-size", "256", "--threads", "1", "--no-progress",
-            "--json", str(out_json), "--plot", str(out_png)]
+    argv = [
+        "mha-separate-bias",
+        "--seq",
+        "8",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--min-repeats",
+        "1",
+        "--budget",
+        "0.2",
+        "--roofline-size",
+        "256",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
+    ]
 
     assert bench.main(argv) == 0
 
