@@ -473,11 +473,12 @@ def export_lowerings(
     return out
 
 
-def auto_lowering(provider: str, exports: dict[str, Export]) -> str | None:
-    """What export_onnx(lowering="auto", provider=...) picks: the first that exports."""
-    from .lowering import AUTO_PREFERENCE
+def auto_lowering(provider: str, spec: zoo.AttentionSpec, exports: dict[str, Export]) -> str | None:
+    """What export_onnx(lowering="auto", provider=...) picks (no mask input): the first that exports."""
+    from .lowering import auto_order
 
-    return next((lw for lw in AUTO_PREFERENCE[provider] if lw in exports and exports[lw].path), None)
+    order = auto_order(provider, spec, with_mask=False)
+    return next((lw for lw in order if lw in exports and exports[lw].path), None)
 
 
 def machine_info() -> dict[str, Any]:
@@ -651,7 +652,7 @@ def benchmark(
             "flop_convention": zoo.FLOP_CONVENTION,
         },
         "exports": {lw: asdict(e) for lw, e in exports.items()},
-        "auto_lowering": auto_lowering(provider, exports),
+        "auto_lowering": auto_lowering(provider, spec, exports),
         "roofline": roofline,
         "ort_call_overhead": overhead,
         "rows": rows,
@@ -682,7 +683,7 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
 
 def _rows(spec: zoo.AttentionSpec, shapes, paths, exports, measured, roofline, provider) -> list[dict[str, Any]]:
     """One row per (b, t, path), with the derived figures: GFLOP/s, roofline share, vs SDPA."""
-    auto = auto_lowering(provider, exports)
+    auto = auto_lowering(provider, spec, exports)
     rows = []
     for b, t in shapes:
         flop = zoo.flops(spec, b, t).total

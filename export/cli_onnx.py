@@ -13,7 +13,7 @@ from pathlib import Path
 import zoo
 
 from .cli import CliError, parse_overrides
-from .lowering import AUTO_PREFERENCE, LOWERINGS
+from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -150,7 +150,8 @@ def _write_json_atomic(path: Path, data) -> None:
 def add_commands(sub, with_set, positive, int_list) -> None:
     lowering_help = (
         f"one of {', '.join(LOWERINGS)}, or auto (default): the measured-fastest that can express the "
-        f"request (cpu: {' > '.join(AUTO_PREFERENCE['cpu'])})"
+        f"request (cpu: {' > '.join(AUTO_PREFERENCE[('cpu', 'unmasked')])}; "
+        f"with a causal or user mask {' > '.join(AUTO_PREFERENCE[('cpu', 'masked')])})"
     )
     sp = sub.add_parser("export", help="export a zoo entry to ONNX (dynamic b, t, s axes)")
     sp.add_argument("name")
@@ -163,7 +164,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument(
         "--target",
         default="cpu",
-        choices=sorted(AUTO_PREFERENCE),
+        choices=TARGETS,
         help="the provider lowering=auto optimises for (default cpu)",
     )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")

@@ -10,7 +10,7 @@ import torch
 
 import zoo
 from export import ExportError, OnnxSession, export_onnx
-from export.lowering import AUTO_PREFERENCE, FUSED_OPS, LOWERINGS, why_not
+from export.lowering import AUTO_PREFERENCE, FUSED_OPS, LOWERINGS, auto_order, why_not
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +106,14 @@ def test_weights_only_from_decomposed(lowering, tmp_path):
 
 def test_auto_picks_the_preferred_lowering(tmp_path):
     r = export_onnx("mha-separate-bias", tmp_path / "a.onnx")
-    assert r.lowering == AUTO_PREFERENCE["cpu"][0]
+    assert r.lowering == AUTO_PREFERENCE[("cpu", "unmasked")][0]
+    c = export_onnx("mha-causal", tmp_path / "c.onnx")
+    assert c.lowering == AUTO_PREFERENCE[("cpu", "masked")][0]
+    m = export_onnx("mha-separate-bias", tmp_path / "m.onnx", with_mask=True)
+    assert m.lowering == AUTO_PREFERENCE[("cpu", "masked")][0]
     w = export_onnx("mha-separate-bias", tmp_path / "w.onnx", need_weights=True)
     assert w.lowering == "decomposed"
+    assert auto_order("cuda", zoo.spec("gqa"), with_mask=False) == AUTO_PREFERENCE[("cuda", "masked")]
 
 
 @pytest.mark.parametrize(
