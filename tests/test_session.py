@@ -68,6 +68,18 @@ def test_torch_and_numpy_agree_with_eager(model, sess):
     np.testing.assert_allclose(y_n, ref.detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_io_binding_path_on_cpu(model):
+    """The binding path CUDA uses, exercised on the CPU: same numbers, torch out."""
+    bound = OnnxSession(model.path, provider="cpu", verbose=False, io_binding=True)
+    plain = OnnxSession(model.path, provider="cpu", verbose=False)
+    assert bound.io_binding and not plain.io_binding
+    x, c = torch.randn(2, 7, 64), torch.randn(2, 5, 48)
+    mask = torch.rand(2, 7, 5) > 0.3
+    y_b, y_p = bound.run(x, c, mask), plain.run(x, c, mask)
+    assert isinstance(y_b, torch.Tensor) and y_b.shape == (2, 7, 64)
+    torch.testing.assert_close(y_b, y_p)
+
+
 def test_defaults_for_optional_inputs(model, sess):
     x, c = torch.randn(1, 4, 64), torch.randn(1, 3, 48)
     torch.testing.assert_close(sess.run(x, c), model.module(x, c), rtol=1e-4, atol=1e-5)
