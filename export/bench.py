@@ -950,8 +950,13 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise BenchError(f"--threads {args.threads} must be positive")
-    if args.repeats < 1 or args.min_repeats < 1 or args.warmup < 0 or args.budget <= 0:
-        raise BenchError("--repeats and --min-repeats must be >= 1, --warmup >= 0, --budget > 0")
+    if args.repeats < 1 or args.min_repeats < 1 or args.warmup < 0 or args.budget <= 0 or args.retries < 0:
+        raise BenchError("--repeats and --min-repeats must be >= 1, --warmup and --retries >= 0, --budget > 0")
+    from .lowering import ensure_writable_parent
+
+    for out in (args.json, args.plot):  # fail now, not after minutes of measuring
+        if out:
+            ensure_writable_parent(Path(out))
     budget = Budget(args.warmup, args.repeats, min(args.min_repeats, args.repeats), args.budget)
     report = benchmark(
         args.name,
@@ -965,6 +970,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         budget=budget,
         roofline_size=args.roofline_size,
         timeout=args.timeout,
+        retries=args.retries,
         progress=not args.no_progress,
     )
     print(format_table(report))

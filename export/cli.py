@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [CliError, ValueError, FileNotFoundError, FileExistsError]
+    # OSError: unwritable output paths and the like, reported by the OS in one line already.
+    errors: list[type[BaseException]] = [CliError, ValueError, OSError]
     try:
         from .session import SessionError  # a model that won't load, CUDA that won't start
     except ImportError:

@@ -13,7 +13,7 @@ from pathlib import Path
 import zoo
 
 from .cli import CliError, parse_overrides
-from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
+from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS, ensure_writable_parent
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -36,6 +36,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
     import torch
 
     from .io import interface
@@ -56,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with_mask="mask" in sess.input_names,
         with_head_mask="head_mask" in sess.input_names,
     )
-    dtype = DTYPES[sess.metadata.get("attnzoo.dtype", "float32")]
+    dtype = DTYPES["float16" if sess.dtype == np.float16 else "float32"]
     feeds = example_inputs(spec, ins, dtype, args.batch, args.seq, args.ctx_seq or args.seq)
     device = "cuda" if sess.provider == "cuda" else "cpu"
     feeds = {k: v.to(device) for k, v in feeds.items()}
@@ -112,6 +113,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
     names = zoo.names(args.pattern)
     if not names:
         raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
+    if args.json:
+        ensure_writable_parent(Path(args.json))
     total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(cases)
     from tqdm import tqdm
 
@@ -143,8 +146,11 @@ def cmd_parity(args: argparse.Namespace) -> int:
 def _write_json_atomic(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:

@@ -162,6 +162,7 @@ def export_onnx(
         raise ExportError(f"{path} is a folder; give a file path such as {path / (name + '.onnx')}")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
+    ensure_writable_parent(path)
 
     if lowering == "auto":
         candidates = [lw for lw in order if why_not(lw, need_weights=need_weights) is None]
@@ -207,6 +208,16 @@ def export_onnx(
         notes=notes,
         module=module,
     )
+
+
+def ensure_writable_parent(path: Path) -> None:
+    """Create `path`'s folder if needed and check it can be written, before any long work."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot create the folder for {path}: {e.strerror or e}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ExportError(f"cannot write to {path.parent}")
 
 
 def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, str]:

@@ -118,6 +118,8 @@ class OnnxSession:
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads={threads!r} must be a positive integer or None")
         self.path = Path(path)
+        if self.path.is_dir():
+            raise SessionError(f"{self.path} is a folder; give the path of an .onnx file")
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such file; export one with `attnzoo export NAME -o {self.path}`")
         self.metadata = self._read_metadata()
@@ -174,7 +176,12 @@ class OnnxSession:
 
     def _read_spec(self) -> zoo.AttentionSpec | None:
         raw = self.metadata.get("attnzoo.spec")
-        return zoo.AttentionSpec(**json.loads(raw)) if raw else None
+        if not raw:
+            return None
+        try:
+            return zoo.AttentionSpec(**json.loads(raw))
+        except (TypeError, ValueError) as e:
+            raise SessionError(f"{self.path}: its attnzoo.spec metadata is not a valid spec ({e})") from None
 
     @property
     def session_providers(self) -> list[str]:
@@ -322,6 +329,9 @@ class OnnxSession:
             out = torch.empty(shape, dtype=_TORCH_DTYPE[self.dtype.type], device=device)
             binding.bind_output(name, out.device.type, out.device.index or 0, self.dtype.type, shape, out.data_ptr())
             outs.append(out)
+        if device == "cuda":
+            # ORT computes on its own stream: the inputs torch just wrote must be ready first.
+            torch.cuda.current_stream().synchronize()
         self._sess.run_with_iobinding(binding)
         del keep
         return outs

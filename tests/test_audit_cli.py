@@ -15,9 +15,12 @@ def test_audit_passes_for_every_registered_name(name, capsys):
 
 def test_audit_catches_a_broken_module():
     """The audit can fail: a projection that disagrees with the weights must FAIL."""
-    m = zoo.create("mha-separate-bias")
-    m.project = lambda x, context=None: tuple(t * 1.5 for t in zoo.MultiHeadAttention.project(m, x, context))
-    bad = {s.title: s.ok for s in run_audit(m)}
+
+    class Broken(zoo.MultiHeadAttention):
+        def project(self, x, context=None):
+            return tuple(t * 1.5 for t in super().project(x, context))
+
+    bad = {s.title: s.ok for s in run_audit(Broken(zoo.spec("mha-separate-bias")))}
     assert not bad["axis labels: split 'b t (h d) -> b h t d'"]
     assert not bad["W_O and selected output rows"]
     assert main(["audit", "mha-separate-bias"]) == 0  # the registered block itself is fine
@@ -46,3 +49,11 @@ def test_cli_errors_are_one_line(capsys):
     assert main(["list", "zzz*"]) == 1
     with pytest.raises(SystemExit):
         main(["show", "bert-base", "--seq", "0"])
+
+
+def test_audit_leaves_the_callers_module_alone():
+    import torch
+
+    m = zoo.create("mha-separate-bias")
+    run_audit(m)
+    assert m.out_proj.weight.dtype == torch.float32 and m.training

@@ -145,10 +145,17 @@ def test_gqa_blocked_mapping():
         (lambda m: m(torch.randn(2, 5, 64, dtype=torch.float64)), TypeError, ["float64", "float32"]),
         (lambda m: m([[1.0]]), TypeError, ["torch.Tensor"]),
         (
-            lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(3, 5, 5, dtype=torch.bool)),
+            lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(3, 1, 5, 5, dtype=torch.bool)),
             InputError,
-            ["(3, 5, 5)", "(2, 4, 5, 5)"],
+            ["(3, 1, 5, 5)", "(2, 4, 5, 5)"],
         ),
+        (
+            # b == h: a (b, t, s) padding mask would silently be read per head
+            lambda m: m(torch.randn(4, 5, 64), mask=torch.ones(4, 5, 5, dtype=torch.bool)),
+            InputError,
+            ["ambiguous", "mask[:, None]"],
+        ),
+        (lambda m: m(torch.randn(2, 0, 64)), InputError, ["(2, 0, 64)", "at least 1"]),
         (
             lambda m: m(torch.randn(2, 5, 64), mask=torch.ones(1, 1, 1, 2, 5, 5, dtype=torch.bool)),
             InputError,
@@ -200,3 +207,22 @@ def test_float64_and_float16_modules_run():
     h = zoo.create("mha-separate-bias").half()
     y = h(torch.randn(1, 3, 64).half(), mask=random_mask(1, 3, 3))
     assert y.dtype == torch.float16 and torch.isfinite(y).all()
+
+
+def test_fp16_large_activations_stay_finite_in_both_paths():
+    """|q.k| above fp16's 65504 before scaling must not overflow the explicit path."""
+    m = zoo.create("mha-separate-nobias", d_model=128, heads=1).half().eval()
+    x = (torch.randn(1, 8, 128) * 100).half()
+    m.fused = True
+    y_fused = m(x)
+    m.fused = False
+    y_explicit, a = m(x, need_weights=True)
+    assert torch.isfinite(y_explicit).all() and torch.isfinite(a).all() and a.dtype == torch.float16
+    torch.testing.assert_close(y_explicit.float(), y_fused.float(), rtol=2e-2, atol=2e-2 * y_fused.abs().max().item())
+
+
+def test_head_mask_with_a_batch_of_one_broadcasts():
+    m = zoo.create("mha-separate-bias").eval()
+    x = torch.randn(3, 6, 64)
+    hm = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    close(m(x, head_mask=hm), m(x, head_mask=hm[0]))

@@ -85,3 +85,31 @@ def test_weights_case_checks_attention_weights(tmp_path):
     y_ref, a_ref = r.module(x, need_weights=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(a, a_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_decomposed_export_of_large_activations(tmp_path):
+    """The explicit path's fp32 softmax carries into the decomposed ONNX graph."""
+    import numpy as np
+
+    from export import OnnxSession, export_onnx
+
+    r = export_onnx(
+        "mha-separate-nobias", tmp_path / "h.onnx", lowering="decomposed", dtype="float16", d_model=128, heads=1
+    )
+    sess = OnnxSession(r.path, provider="cpu", verbose=False)
+    x = (np.random.randn(1, 8, 128) * 100).astype(np.float16)
+    assert np.isfinite(sess.run(x)).all()
+
+
+def test_check_refuses_overrides_with_a_module():
+    with pytest.raises(TypeError, match="overrides"):
+        check(zoo.create("mqa"), "decomposed", heads=2)
+
+
+def test_a_constant_reference_is_not_a_pass(tmp_path):
+    """With W_O = 0 and no bias every output is 0 and any model would 'match': that must FAIL."""
+    m = zoo.create("mha-separate-nobias").eval()
+    with torch.no_grad():
+        m.out_proj.weight.zero_()
+    row = check(m, "decomposed", workdir=tmp_path)
+    assert row.status == "FAIL" and "constant" in row.reason

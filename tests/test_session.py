@@ -1,5 +1,7 @@
 """OnnxSession: honest providers, input checks, torch/numpy in and out, node placement."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -48,7 +50,7 @@ def test_cuda_session_binds_cuda_tensors(model, cuda_ok):
     x, c = torch.randn(2, 5, 64, device="cuda"), torch.randn(2, 3, 48, device="cuda")
     y = s.run(x, c)
     assert y.is_cuda
-    ref = model.module.cuda()(x, c)
+    ref = copy.deepcopy(model.module).cuda()(x, c)  # .cuda() is in place; the fixture is shared
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
     placed = s.summarize_placements(s.node_placements(x, c))
     assert "CUDAExecutionProvider" in placed["MatMul"]

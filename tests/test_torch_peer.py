@@ -76,3 +76,19 @@ def test_from_torch_mha_refuses_extras():
         zoo.from_torch_mha(nn.MultiheadAttention(8, 2, kdim=4, vdim=6))
     with pytest.raises(TypeError):
         zoo.from_torch_mha(nn.Linear(2, 2))
+
+
+def test_float64_peer_stays_exact():
+    peer = nn.MultiheadAttention(16, 2, batch_first=True).double().eval()
+    with torch.no_grad():
+        for p in peer.parameters():
+            p.normal_()
+    m = zoo.from_torch_mha(peer)
+    assert m.out_proj.weight.dtype == torch.float64
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(m(x), peer(x, x, x, need_weights=False)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_training_mode_dropout_warns():
+    with pytest.warns(UserWarning, match="dropout=0.1"):
+        zoo.from_torch_mha(nn.MultiheadAttention(8, 2, dropout=0.1))

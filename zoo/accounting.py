@@ -70,10 +70,22 @@ class Stage:
     shape: tuple[int, ...]
 
 
+def key_length(spec: AttentionSpec, seq: int, ctx_seq: int | None) -> int:
+    """S: the context length for cross-attention; T itself for self-attention."""
+    if ctx_seq is None or ctx_seq == seq:
+        return seq
+    if not spec.is_cross:
+        raise ValueError(
+            f"ctx_seq={ctx_seq} differs from seq={seq}, but this is self-attention (keys are x itself, "
+            f"S = T); give ctx_seq only for cross-attention"
+        )
+    return ctx_seq
+
+
 def stage_shapes(spec: AttentionSpec, batch: int, seq: int, ctx_seq: int | None = None) -> list[Stage]:
     """The shape at each stage of the operation, labelled with the axis vocabulary."""
     b, t = batch, seq
-    s = ctx_seq if ctx_seq is not None else seq
+    s = key_length(spec, seq, ctx_seq)
     h, g, dk, dv = spec.heads, spec.kv_heads_, spec.d_k_, spec.d_v_
     stages = [Stage("X", "b t c", (b, t, spec.d_model))]
     if spec.is_cross:
@@ -91,7 +103,7 @@ def stage_shapes(spec: AttentionSpec, batch: int, seq: int, ctx_seq: int | None 
 
 def score_entries(spec: AttentionSpec, batch: int, seq: int, ctx_seq: int | None = None) -> int:
     """Entries of the dense score tensor A: b*h*t*s (one t x s map per batch item and head)."""
-    s = ctx_seq if ctx_seq is not None else seq
+    s = key_length(spec, seq, ctx_seq)
     return batch * spec.heads * seq * s
 
 
@@ -120,7 +132,7 @@ class FlopCount:
 def flops(spec: AttentionSpec, batch: int, seq: int, ctx_seq: int | None = None) -> FlopCount:
     """FLOPs of one forward pass; see FLOP_CONVENTION."""
     b, t = batch, seq
-    s = ctx_seq if ctx_seq is not None else seq
+    s = key_length(spec, seq, ctx_seq)
     h, g, dk, dv = spec.heads, spec.kv_heads_, spec.d_k_, spec.d_v_
     return FlopCount(
         q_proj=2 * b * t * spec.d_model * h * dk,
@@ -149,7 +161,7 @@ def bytes_moved(
     spec: AttentionSpec, batch: int, seq: int, ctx_seq: int | None = None, *, itemsize: int = 4
 ) -> ByteCount:
     """Memory traffic in bytes (itemsize 4 = fp32, 2 = fp16)."""
-    s = ctx_seq if ctx_seq is not None else seq
+    s = key_length(spec, seq, ctx_seq)
     inputs = batch * seq * spec.d_model + (batch * s * spec.d_context if spec.is_cross else 0)
     return ByteCount(
         inputs=inputs * itemsize,

@@ -144,6 +144,8 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"x must be a torch.Tensor of shape (b, t, {s.d_model}), got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != s.d_model:
             raise InputError(f"x has shape {tuple(x.shape)}; expected (b, t, d_model={s.d_model})")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise InputError(f"x has shape {tuple(x.shape)}; b and t must be at least 1")
         param = self.out_proj.weight
         if x.dtype != param.dtype:
             raise TypeError(
@@ -167,6 +169,8 @@ class MultiHeadAttention(nn.Module):
             if context.dtype != x.dtype or context.device != x.device:
                 raise TypeError(f"context is {context.dtype} on {context.device}; x is {x.dtype} on {x.device}")
             s_len = context.shape[1]
+            if s_len == 0:
+                raise InputError(f"context has shape {tuple(context.shape)}; s must be at least 1")
         else:
             if context is not None:
                 raise InputError(
@@ -183,6 +187,13 @@ class MultiHeadAttention(nn.Module):
                 )
             if mask.device != x.device:
                 raise TypeError(f"mask is on {mask.device}; x is on {x.device}")
+            if mask.dim() == 3 and mask.shape[0] != 1:
+                # Right-aligned broadcasting reads a 3-D mask as (h, t, s); a (b, t, s) padding
+                # mask would be silently taken per head whenever b == h. Make the caller say.
+                raise InputError(
+                    f"a 3-D mask of shape {tuple(mask.shape)} is ambiguous: use mask[:, None] for a "
+                    f"(b, t, s) mask shared by all heads, or mask[None] for an (h, t, s) one"
+                )
             target = (x.shape[0], s.heads, x.shape[1], s_len)
             try:
                 shape = torch.broadcast_shapes(mask.shape, target)
@@ -194,7 +205,7 @@ class MultiHeadAttention(nn.Module):
             if not isinstance(head_mask, Tensor):
                 raise TypeError(f"head_mask must be a torch.Tensor, got {type(head_mask).__name__}")
             ok = (head_mask.dim() == 1 and head_mask.shape[0] == s.heads) or (
-                head_mask.dim() == 2 and head_mask.shape == (x.shape[0], s.heads)
+                head_mask.dim() == 2 and head_mask.shape[1] == s.heads and head_mask.shape[0] in (1, x.shape[0])
             )
             if not ok:
                 raise InputError(
@@ -221,15 +232,22 @@ def explicit_attention(
     The softmax is written out so that a row with no allowed key (all -inf) gives
     exp(-inf) = 0 everywhere and 0 / max(0, tiny) = 0 rather than 0 / 0 = NaN.
     """
-    scores = torch.einsum("b h t d, b h s d -> b h t s", q, k) * scale
+    # Scale before the product (as SDPA does) so that fp16 scores don't overflow, and take
+    # the softmax in fp32 for half-precision inputs.
+    scores = torch.einsum("b h t d, b h s d -> b h t s", q * scale, k)
+    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+    if low_precision:
+        scores = scores.float()
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias.to(scores.dtype)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     finfo = torch.finfo(scores.dtype)
     row_max = scores.amax(dim=-1, keepdim=True).clamp_min(finfo.min)
     e = torch.exp(scores - row_max)
     weights = e / e.sum(dim=-1, keepdim=True).clamp_min(finfo.tiny)
+    if low_precision:
+        weights = weights.to(q.dtype)
     z = torch.einsum("b h t s, b h s d -> b h t d", weights, v)
     return z, weights
 

@@ -7,6 +7,7 @@ that "equal" means equal to ~1e-12, not "close enough in fp32".
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
     """Run every step; never raises for a failed check (a FAIL step says what was off)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    m = m.to(torch.float64).eval()
+    m = copy.deepcopy(m).to(torch.float64).eval()  # the caller's module stays as it was
     s = m.spec
     b, t = batch, seq
     sl = ctx_seq if s.is_cross else seq

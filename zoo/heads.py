@@ -62,11 +62,14 @@ def get_projections(m: MultiHeadAttention) -> Projections:
 
 
 def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | None = None) -> MultiHeadAttention:
-    """A new module for `spec` holding exactly the weights `p` (same dtype/device as `like`)."""
+    """A new module for `spec` holding exactly the weights `p`.
+
+    Dtype and device come from `like` if given, else from the weights themselves, so an fp64
+    block stays exact (no detour through the fp32 default).
+    """
     m = MultiHeadAttention(spec, fused=like.fused if like is not None else True)
-    if like is not None:
-        ref = like.out_proj.weight
-        m = m.to(device=ref.device, dtype=ref.dtype)
+    ref = like.out_proj.weight if like is not None else p.w_o
+    m = m.to(device=ref.device, dtype=ref.dtype)
     with torch.no_grad():
         m.out_proj.weight.copy_(p.w_o)
         if spec.bias:
@@ -103,13 +106,22 @@ def to_separate(m: MultiHeadAttention) -> MultiHeadAttention:
     return build(m.spec.replace(layout="separate"), get_projections(m), like=m)
 
 
+def _head_indices(values: Sequence[int] | Tensor, what: str) -> list[int]:
+    """A list of int head indices, or a TypeError naming what was given."""
+    if isinstance(values, Tensor):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, set, frozenset, range)):
+        raise TypeError(f"{what} must be a sequence of head indices, got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not (isinstance(v, int) or (hasattr(v, "__index__") and not isinstance(v, float))):
+            raise TypeError(f"{what} must hold integer head indices, got {v!r} in {values!r}")
+        out.append(int(v))
+    return out
+
+
 def _check_perm(perm: Sequence[int] | Tensor, n: int, what: str) -> list[int]:
-    if isinstance(perm, Tensor):
-        perm = perm.tolist()
-    try:
-        perm = [int(i) for i in perm]
-    except (TypeError, ValueError):
-        raise TypeError(f"{what} must be a sequence of head indices, got {perm!r}") from None
+    perm = _head_indices(perm, what)
     if sorted(perm) != list(range(n)):
         raise ValueError(f"{what}={perm} is not a permutation of range({n})")
     return perm
@@ -183,7 +195,7 @@ def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttenti
     head keeps reading the kv head it read before.
     """
     s = _require_module(m).spec
-    drop = sorted({int(r) for r in heads})
+    drop = sorted(set(_head_indices(heads, "heads")))
     if any(r < 0 or r >= s.heads for r in drop):
         raise ValueError(f"heads={list(heads)} has indices outside range({s.heads})")
     if len(drop) >= s.heads:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import torch
+
 from .accounting import (
     FLOP_CONVENTION,
     bytes_moved,
     count_parameters,
     flops,
+    key_length,
     parameter_breakdown,
     score_entries,
     stage_shapes,
@@ -34,8 +37,9 @@ def show_spec(
     itemsize: int = 4,
 ) -> str:
     s = spec
-    sl = ctx_seq if ctx_seq is not None else seq
-    module_count = count_parameters(MultiHeadAttention(s))
+    sl = key_length(s, seq, ctx_seq)
+    with torch.device("meta"):  # count the module's entries without allocating them
+        module_count = count_parameters(MultiHeadAttention(s))
     pb = parameter_breakdown(s)
     formula = count_parameters(s)
     h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_

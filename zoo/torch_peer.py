@@ -7,6 +7,8 @@ Its `bias` flag covers the input and output projections together, like our spec'
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -32,6 +34,12 @@ def from_torch_mha(mha: nn.MultiheadAttention, *, cross_attention: bool | None =
         raise ValueError(
             f"kdim={mha.kdim} != vdim={mha.vdim}: keys and values from different tensors; "
             f"the zoo's cross-attention reads both from one context"
+        )
+    if mha.dropout > 0 and mha.training:
+        warnings.warn(
+            f"nn.MultiheadAttention has dropout={mha.dropout} and is in training mode; the zoo block "
+            f"has no dropout and matches it in eval mode (call .eval() on the peer to compare)",
+            stacklevel=2,
         )
     e, h = mha.embed_dim, mha.num_heads
     if cross_attention is None:
