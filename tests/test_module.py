@@ -226,3 +226,15 @@ def test_head_mask_with_a_batch_of_one_broadcasts():
     x = torch.randn(3, 6, 64)
     hm = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
     close(m(x, head_mask=hm), m(x, head_mask=hm[0]))
+
+
+@pytest.mark.parametrize("name", [n for n in SMALL_NAMES if zoo.spec(n).group_size > 1])
+def test_sdpa_sharing_kv_heads_equals_repeating_them(name):
+    m = zoo.create(name).eval()
+    x, c, s = make_inputs(m.spec)
+    for mask in (None, random_mask(2, 5, s)):
+        m.share_kv = True
+        shared = m(x, c, mask)
+        m.share_kv = False
+        repeated = m(x, c, mask)
+        close(shared, repeated)

@@ -39,6 +39,8 @@ class MultiHeadAttention(nn.Module):
 
     `fused=True` uses F.scaled_dot_product_attention when weights are not asked for;
     `fused=False` always takes the explicit path (scores, mask, softmax, A @ V).
+    `share_kv=True` lets SDPA share the kv heads itself under GQA (enable_gqa) instead of
+    repeating K and V to h heads first; same function, less memory in eager torch.
     """
 
     def __init__(self, spec: AttentionSpec, *, fused: bool = True) -> None:
@@ -47,6 +49,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
         self.spec = spec
         self.fused = fused
+        self.share_kv = True
         s = spec
         q_width, k_width, v_width = s.heads * s.d_k_, s.kv_heads_ * s.d_k_, s.kv_heads_ * s.d_v_
         if s.layout == "separate":
@@ -61,7 +64,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(s.heads * s.d_v_, s.d_model, bias=s.bias)
 
     def extra_repr(self) -> str:
-        return f"{self.spec.describe()}, fused={self.fused}"
+        return f"{self.spec.describe()}, fused={self.fused}, share_kv={self.share_kv}"
 
     # -- projections -------------------------------------------------------------------
 
@@ -102,16 +105,18 @@ class MultiHeadAttention(nn.Module):
         q = rearrange(q, SPLIT_HEADS, h=s.heads)
         k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
         v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
-        if s.group_size > 1:  # blocked GQA: query head r reads kv head r // group_size
-            k = repeat(k, "b g s d -> b (g r) s d", r=s.group_size)
-            v = repeat(v, "b g s d -> b (g r) s d", r=s.group_size)
         allowed, bias = self._resolve_mask(mask, q.shape[-2], k.shape[-2], x)
 
         weights = None
-        if need_weights or not self.fused:
+        explicit = need_weights or not self.fused
+        gqa = s.group_size > 1 and self.share_kv and not explicit
+        if s.group_size > 1 and not gqa:  # blocked GQA: query head r reads kv head r // group_size
+            k = repeat(k, "b g s d -> b (g r) s d", r=s.group_size)
+            v = repeat(v, "b g s d -> b (g r) s d", r=s.group_size)
+        if explicit:
             z, weights = explicit_attention(q, k, v, s.scale_, allowed, bias)
         else:
-            z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=self._causal_only(mask))
+            z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=self._causal_only(mask), gqa=gqa)
         if head_mask is not None:
             z = z * _head_scale(head_mask, z)
         y = self.out_proj(rearrange(z, MERGE_HEADS))
@@ -261,17 +266,21 @@ def fused_attention(
     bias: Tensor | None,
     *,
     causal_only: bool,
+    gqa: bool = False,
 ) -> Tensor:
-    """Z (b h t dv) through F.scaled_dot_product_attention; fully masked rows give 0."""
+    """Z (b h t dv) through F.scaled_dot_product_attention; fully masked rows give 0.
+
+    With gqa, k and v hold g < h heads and SDPA maps query head r to kv head r // (h // g).
+    """
     if causal_only:  # the kernel builds the triangle itself; no row is ever empty
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if allowed is None and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if allowed is not None and bias is not None:
         attn_mask = torch.where(allowed, bias, float("-inf"))
     else:
         attn_mask = allowed if allowed is not None else bias
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=gqa)
     # A row whose keys are all disallowed must give Z = 0, whatever the kernel does with it.
     if attn_mask.dtype == torch.bool:
         has_key = attn_mask.any(dim=-1, keepdim=True)

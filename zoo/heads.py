@@ -68,6 +68,8 @@ def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | Non
     block stays exact (no detour through the fp32 default).
     """
     m = MultiHeadAttention(spec, fused=like.fused if like is not None else True)
+    if like is not None:
+        m.share_kv = like.share_kv
     ref = like.out_proj.weight if like is not None else p.w_o
     m = m.to(device=ref.device, dtype=ref.dtype)
     with torch.no_grad():
