@@ -212,6 +212,11 @@ def export_onnx(
 
 def ensure_writable_parent(path: Path) -> None:
     """Create `path`'s folder if needed and check it can be written, before any long work."""
+    for folder in (path.parent, *path.parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ExportError(f"cannot write {path}: {folder} is not a folder")
+            break
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -158,3 +158,10 @@ def test_external_data_for_large_models(tmp_path, monkeypatch):
     x = torch.randn(2, 3, 64)
     torch.testing.assert_close(sess.run(x), r.module(x), rtol=1e-4, atol=1e-5)
     assert sorted(os.listdir(tmp_path)) == ["big.onnx", "big.onnx.data"]
+
+
+def test_unwritable_destination_fails_before_exporting(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ExportError, match="is not a folder"):
+        export_onnx("mha-separate-bias", blocker / "sub" / "m.onnx")
