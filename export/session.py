@@ -21,8 +21,6 @@ import torch
 
 import zoo
 
-from .io import TensorIO
-
 PROVIDERS = ("auto", "cpu", "cuda")
 _ORT_NAME = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 _NP_DTYPE = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
@@ -385,4 +383,4 @@ def _np_of(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
-__all__ = ["OnnxSession", "SessionError", "RunInputError", "NodePlacement", "cuda_status", "TensorIO"]
+__all__ = ["OnnxSession", "SessionError", "RunInputError", "NodePlacement", "cuda_status"]
