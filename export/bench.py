@@ -784,22 +784,10 @@ def _contended(result: dict[str, Any]) -> bool:
     return (result.get("others_cpus") or 0.0) > CONTENDED
 
 
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """write(tmp) into a temp file beside `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
-    _write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+    from .lowering import write_atomic
+
+    write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
 
 
 def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
@@ -851,7 +839,9 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
         fontsize=10,
     )
     fig.tight_layout()
-    _write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    from .lowering import write_atomic
+
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return None
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import zoo
 
 from .cli import CliError, parse_overrides
-from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS, ensure_writable_parent
+from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS, ensure_writable_parent, write_atomic
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -138,19 +137,11 @@ def cmd_parity(args: argparse.Namespace) -> int:
         bar.close()
     print(format_matrix(rows))
     if args.json:
-        _write_json_atomic(Path(args.json), [r.to_dict() for r in rows])
+        write_atomic(
+            Path(args.json), lambda tmp: tmp.write_text(json.dumps([r.to_dict() for r in rows], indent=2, default=str))
+        )
         print(f"wrote {args.json}")
     return 1 if any(r.status == "FAIL" for r in rows) else 0
-
-
-def _write_json_atomic(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:

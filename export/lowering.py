@@ -21,6 +21,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,20 @@ def ensure_writable_parent(path: Path) -> None:
         raise ExportError(f"cannot create the folder for {path}: {e.strerror or e}") from None
     if not os.access(path.parent, os.W_OK):
         raise ExportError(f"cannot write to {path.parent}")
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) into a temp file beside `path`, then rename it into place (no half files)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, str]:
