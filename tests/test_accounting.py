@@ -1,14 +1,17 @@
 import pytest
+import torch
 
 import zoo
-from conftest import ALL_NAMES
+from helpers import ALL_NAMES
 from zoo import AttentionSpec
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_formula_equals_module_count(name):
     s = zoo.spec(name)
-    assert zoo.count_parameters(s) == zoo.count_parameters(zoo.create(name))
+    with torch.device("meta"):  # real widths, no allocation
+        module = zoo.create(name)
+    assert zoo.count_parameters(s) == zoo.count_parameters(module)
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
@@ -16,6 +19,8 @@ def test_no_bias_formula_from_the_design(name):
     s = zoo.spec(name).replace(bias=False)
     h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
     expected = s.d_model * h * dk + s.d_kv_in * (g * dk + g * dv) + h * dv * s.d_model
+    # QK-norm's RMSNorm weights: one d_k vector each for Q and K ("head"), or h*d_k and g*d_k ("full")
+    expected += {None: 0, "head": 2 * dk, "full": h * dk + g * dk}[s.qk_norm]
     assert zoo.count_parameters(s) == expected
 
 

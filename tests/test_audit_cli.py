@@ -1,14 +1,15 @@
 import pytest
 
 import zoo
-from conftest import ALL_NAMES
+from helpers import ALL_NAMES, small_overrides
 from export.cli import main
 from zoo.audit import run_audit
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_audit_passes_for_every_registered_name(name, capsys):
-    assert main(["audit", name]) == 0
+    sets = [a for k, v in small_overrides(name).items() for a in ("--set", f"{k}={v}")]
+    assert main(["audit", name, "-t", "7", *sets]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out and " 0 failed" in out
 

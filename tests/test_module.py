@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import zoo
-from conftest import SMALL_NAMES, make_inputs
+from helpers import ALL_NAMES, create, make_inputs
 from zoo import InputError
 
 RTOL, ATOL = 1e-5, 1e-5  # fp32 eager vs eager: two orders of summation, nothing more
@@ -20,9 +20,9 @@ def random_mask(b, t, s, *, empty_row=True):
     return m
 
 
-@pytest.mark.parametrize("name", SMALL_NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_shapes_and_weights(name):
-    m = zoo.create(name).eval()
+    m = create(name).eval()
     x, c, s = make_inputs(m.spec)
     y, a = m(x, c, need_weights=True)
     assert y.shape == x.shape
@@ -30,9 +30,9 @@ def test_shapes_and_weights(name):
     close(a.sum(-1), torch.ones(2, m.spec.heads, 5))
 
 
-@pytest.mark.parametrize("name", SMALL_NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_fused_equals_explicit(name):
-    m = zoo.create(name).eval()
+    m = create(name).eval()
     x, c, s = make_inputs(m.spec)
     for mask in (None, random_mask(2, 5, s), torch.randn(2, 1, 5, s)):
         m.fused = True
@@ -43,9 +43,9 @@ def test_fused_equals_explicit(name):
         assert torch.isfinite(y_fused).all()
 
 
-@pytest.mark.parametrize("name", SMALL_NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_fully_masked_row_gives_zero_attention(name):
-    m = zoo.create(name).eval()
+    m = create(name).eval()
     x, c, s = make_inputs(m.spec)
     mask = random_mask(2, 5, s)
     b_o = m.out_proj.bias if m.spec.bias else torch.zeros(m.spec.d_model)
@@ -65,9 +65,9 @@ def test_fully_masked_row_gives_zero_attention(name):
         close(y[1, 2], b_o.detach().expand_as(y[1, 2]))
 
 
-@pytest.mark.parametrize("name", SMALL_NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_masked_keys_do_not_matter(name):
-    m = zoo.create(name).eval()
+    m = create(name).eval()
     x, c, s = make_inputs(m.spec)
     mask = torch.ones(s, dtype=torch.bool)
     mask[-2:] = False  # the last two keys are padding
@@ -110,9 +110,9 @@ def test_causal_combines_with_user_mask():
     close(y_f, m(x, mask=pad))
 
 
-@pytest.mark.parametrize("name", SMALL_NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_head_mask_ones_is_identity_and_zeros_leave_bias(name):
-    m = zoo.create(name).eval()
+    m = create(name).eval()
     x, c, _ = make_inputs(m.spec)
     h = m.spec.heads
     close(m(x, c, head_mask=torch.ones(h)), m(x, c))
@@ -228,9 +228,9 @@ def test_head_mask_with_a_batch_of_one_broadcasts():
     close(m(x, head_mask=hm), m(x, head_mask=hm[0]))
 
 
-@pytest.mark.parametrize("name", [n for n in SMALL_NAMES if zoo.spec(n).group_size > 1])
+@pytest.mark.parametrize("name", [n for n in ALL_NAMES if zoo.spec(n).group_size > 1])
 def test_sdpa_sharing_kv_heads_equals_repeating_them(name):
-    m = zoo.create(name).eval()
+    m = create(name).eval()
     x, c, s = make_inputs(m.spec)
     for mask in (None, random_mask(2, 5, s)):
         m.share_kv = True

@@ -16,6 +16,7 @@ from .accounting import (
     stage_shapes,
 )
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
+from .errors import ArgumentError, AttnzooError, InputTypeError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 from .registry import (
     DuplicateNameError,
@@ -37,6 +38,10 @@ from .torch_peer import from_torch_mha, to_torch_mha
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
+    "AttnzooError",
+    "InputTypeError",
+    "ResourceError",
     "FLOP_CONVENTION",
     "AttentionSpec",
     "DuplicateNameError",

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from . import modifiers
+from .errors import ArgumentError
 from .spec import AttentionSpec
 
 FLOP_CONVENTION = (
@@ -27,6 +29,7 @@ class ParameterCount:
     w_v: int
     w_o: int
     biases: int
+    modifiers: int = 0  # learned modifier weights (QK-norm); RoPE and ALiBi add none
 
     @property
     def weights(self) -> int:
@@ -34,7 +37,7 @@ class ParameterCount:
 
     @property
     def total(self) -> int:
-        return self.weights + self.biases
+        return self.weights + self.biases + self.modifiers
 
 
 def parameter_breakdown(spec: AttentionSpec) -> ParameterCount:
@@ -47,6 +50,7 @@ def parameter_breakdown(spec: AttentionSpec) -> ParameterCount:
         w_v=spec.d_kv_in * g * dv,
         w_o=h * dv * spec.d_model,
         biases=biases,
+        modifiers=modifiers.parameters_added(spec),
     )
 
 
@@ -55,6 +59,7 @@ def count_parameters(spec_or_module: AttentionSpec | nn.Module) -> int:
 
     No bias: d_model*(h*dk + g*dk + g*dv) + (h*dv)*d_model (self-attention), which is
     4*d^2 when h*dk = h*dv = d_model = d. With bias, add h*dk + g*dk + g*dv + d_model.
+    QK-norm adds its weights: 2*dk ("head") or h*dk + g*dk ("full").
     """
     if isinstance(spec_or_module, AttentionSpec):
         return parameter_breakdown(spec_or_module).total
@@ -75,7 +80,7 @@ def key_length(spec: AttentionSpec, seq: int, ctx_seq: int | None) -> int:
     if ctx_seq is None or ctx_seq == seq:
         return seq
     if not spec.is_cross:
-        raise ValueError(
+        raise ArgumentError(
             f"ctx_seq={ctx_seq} differs from seq={seq}, but this is self-attention (keys are x itself, "
             f"S = T); give ctx_seq only for cross-attention"
         )
@@ -169,3 +174,28 @@ def bytes_moved(
         output=batch * seq * spec.d_model * itemsize,
         scores=score_entries(spec, batch, seq, s) * itemsize,
     )
+
+
+def working_set_bytes(
+    spec: AttentionSpec,
+    batch: int,
+    seq: int,
+    ctx_seq: int | None = None,
+    *,
+    itemsize: int = 4,
+    score_copies: int = 0,
+) -> int:
+    """Bytes one forward pass holds at its peak, roughly: parameters, x (and the context),
+    Q (b h t dk), K/V (b g s d) and their h-head repeats, Z (b t (h dv)), y, and `score_copies`
+    tensors of (b h t s) where a path materializes the scores (explicit softmax: about 3).
+    An estimate for refusing impossible requests up front, not a measurement."""
+    s = key_length(spec, seq, ctx_seq)
+    h, g, dk, dv = spec.heads, spec.kv_heads_, spec.d_k_, spec.d_v_
+    acts = (
+        2 * batch * seq * spec.d_model  # x and y
+        + (batch * s * spec.d_context if spec.is_cross else 0)
+        + batch * seq * h * dk  # Q
+        + batch * s * (g + h) * (dk + dv)  # K, V and their repeat to h heads
+        + batch * seq * h * dv  # Z
+    )
+    return (count_parameters(spec) + acts + score_copies * score_entries(spec, batch, seq, s)) * itemsize

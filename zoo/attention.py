@@ -13,18 +13,22 @@ A query row with no allowed key gets zero weights and Z = 0, never NaN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
+from . import modifiers
+from .errors import AttnzooError, InputTypeError
 from .spec import AttentionSpec
 
 SPLIT_HEADS = "b t (h d) -> b h t d"
 MERGE_HEADS = "b h t d -> b t (h d)"
 
 
-class InputError(ValueError):
+class InputError(AttnzooError, ValueError):
     """A tensor given to an attention module has the wrong rank, width or shape."""
 
 
@@ -62,6 +66,8 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(s.d_model, q_width + k_width + v_width, bias=s.bias)
         self.out_proj = nn.Linear(s.heads * s.d_v_, s.d_model, bias=s.bias)
+        # Position and score modifiers (RoPE, ALiBi, window, softcap, QK-norm), in order of application.
+        self.mods = modifiers.build(s)
 
     def extra_repr(self) -> str:
         return f"{self.spec.describe()}, fused={self.fused}, share_kv={self.share_kv}"
@@ -92,53 +98,120 @@ class MultiHeadAttention(nn.Module):
         *,
         need_weights: bool = False,
         head_mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """x (b t c) -> y (b t c); with need_weights also A (b h t s).
 
         context (b s c_ctx) for cross-attention. mask: bool (True = may attend) or float
         (added to the scores), broadcastable to (b h t s). head_mask (h) or (b h) scales
-        each head's output Z^(r) before the heads are concatenated.
+        each head's output Z^(r) before the heads are concatenated. positions (b t) or (t)
+        integer positions of x for RoPE / ALiBi / window / causal (default 0..t-1).
         """
         s = self.spec
         self._check_inputs(x, context, mask, head_mask)
+        pos = self._positions(positions, x)
         q, k, v = self.project(x, context)
+        for mod in self.mods.values():
+            q, k = mod.qk_merged(q, k)
         q = rearrange(q, SPLIT_HEADS, h=s.heads)
         k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
         v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
-        allowed, bias = self._resolve_mask(mask, q.shape[-2], k.shape[-2], x)
-
-        weights = None
-        explicit = need_weights or not self.fused
-        gqa = s.group_size > 1 and self.share_kv and not explicit
-        if s.group_size > 1 and not gqa:  # blocked GQA: query head r reads kv head r // group_size
-            k = repeat(k, "b g s d -> b (g r) s d", r=s.group_size)
-            v = repeat(v, "b g s d -> b (g r) s d", r=s.group_size)
-        if explicit:
-            z, weights = explicit_attention(q, k, v, s.scale_, allowed, bias)
-        else:
-            z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=self._causal_only(mask), gqa=gqa)
+        if pos is not None:
+            for mod in self.mods.values():
+                q, k = mod.qk_heads(q, k, pos, pos)
+        allowed, bias = self._resolve_mask(mask, q.shape[-2], k.shape[-2], x, pos)
+        z, weights = self.attend(
+            q, k, v, allowed, bias, need_weights=need_weights, plain_causal=self._causal_only(mask, positions)
+        )
         if head_mask is not None:
             z = z * _head_scale(head_mask, z)
         y = self.out_proj(rearrange(z, MERGE_HEADS))
         return (y, weights) if need_weights else y
 
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Tensor | None,
+        bias: Tensor | None,
+        *,
+        need_weights: bool = False,
+        plain_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Q (b h t dk), K (b g s dk), V (b g s dv) -> Z (b h t dv) and, on the explicit path, A (b h t s)."""
+        s = self.spec
+        score_map = self.mods["softcap"].score_map if "softcap" in self.mods else None
+        explicit = need_weights or not self.fused or score_map is not None
+        gqa = s.group_size > 1 and self.share_kv and not explicit
+        if s.group_size > 1 and not gqa:  # blocked GQA: query head r reads kv head r // group_size
+            k = repeat(k, "b g s d -> b (g r) s d", r=s.group_size)
+            v = repeat(v, "b g s d -> b (g r) s d", r=s.group_size)
+        if explicit:
+            return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=score_map)
+        return fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa), None
+
     # -- masks ---------------------------------------------------------------------------
 
-    def _causal_only(self, mask: Tensor | None) -> bool:
-        return self.spec.causal and mask is None
+    def _positions(self, positions: Tensor | None, x: Tensor) -> Tensor | None:
+        """(b|1, t) integer positions, or None when no modifier and no causal mask needs them."""
+        t = x.shape[1]
+        if positions is None:
+            if not self.mods:
+                return None
+            return torch.arange(t, device=x.device)[None]
+        if not isinstance(positions, Tensor):
+            raise InputTypeError(
+                f"positions must be an integer torch.Tensor of shape (b, t) or (t,), got {type(positions).__name__}"
+            )
+        if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
+            raise InputTypeError(f"positions has dtype {positions.dtype}; use integer positions (torch.long)")
+        if positions.device != x.device:
+            raise InputTypeError(f"positions is on {positions.device}; x is on {x.device}")
+        if positions.dim() == 1:
+            positions = positions[None]
+        if positions.dim() != 2 or positions.shape[-1] != t or positions.shape[0] not in (1, x.shape[0]):
+            raise InputError(
+                f"positions has shape {tuple(positions.shape)}; expected (b={x.shape[0]}, t={t}) or (t={t},)"
+            )
+        if self.spec.is_cross:
+            raise InputError(
+                "positions are for self-attention (RoPE/ALiBi/window/causal); this block is cross-attention"
+            )
+        return positions
 
-    def _resolve_mask(self, mask: Tensor | None, t: int, s_len: int, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def _causal_only(self, mask: Tensor | None, positions: Tensor | None) -> bool:
+        """True when the only mask is the plain triangle over positions 0..t-1 (SDPA's is_causal)."""
+        return self.spec.causal and mask is None and positions is None and not self._mask_mods()
+
+    def _mask_mods(self) -> bool:
+        return any(name in self.mods for name in ("window", "alibi"))
+
+    def _resolve_mask(
+        self, mask: Tensor | None, t: int, s_len: int, x: Tensor, pos: Tensor | None = None
+    ) -> tuple[Tensor | None, Tensor | None]:
         """(allowed, bias): a bool mask of allowed keys and/or an additive float bias."""
         allowed = None
         bias = None
         if self.spec.causal:
-            allowed = torch.ones(t, s_len, dtype=torch.bool, device=x.device).tril()
+            if pos is None:
+                allowed = torch.ones(t, s_len, dtype=torch.bool, device=x.device).tril()
+            else:
+                allowed = rearrange(pos, "b t -> b 1 t 1") >= rearrange(pos, "b s -> b 1 1 s")
+        if pos is not None:
+            for mod in self.mods.values():
+                extra = mod.score_allowed(pos, pos)
+                if extra is not None:
+                    allowed = extra if allowed is None else allowed & extra
+                add = mod.score_bias(pos, pos, x.dtype)
+                if add is not None:
+                    bias = add if bias is None else bias + add
         if mask is not None:
             mask = mask[(None,) * (4 - mask.dim())]  # always (b|1, h|1, t|1, s|1): SDPA wants >= 2-D
             if mask.dtype == torch.bool:
                 allowed = mask if allowed is None else allowed & mask
             else:
-                bias = mask.to(x.dtype)
+                bias = mask.to(x.dtype) if bias is None else bias + mask.to(x.dtype)
         return allowed, bias
 
     # -- validation ------------------------------------------------------------------------
@@ -146,19 +219,23 @@ class MultiHeadAttention(nn.Module):
     def _check_inputs(self, x: Tensor, context: Tensor | None, mask: Tensor | None, head_mask: Tensor | None) -> None:
         s = self.spec
         if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor of shape (b, t, {s.d_model}), got {type(x).__name__}")
+            raise InputTypeError(f"x must be a torch.Tensor of shape (b, t, {s.d_model}), got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != s.d_model:
             raise InputError(f"x has shape {tuple(x.shape)}; expected (b, t, d_model={s.d_model})")
         if x.shape[0] == 0 or x.shape[1] == 0:
             raise InputError(f"x has shape {tuple(x.shape)}; b and t must be at least 1")
         param = self.out_proj.weight
+        if not x.is_floating_point():
+            raise InputTypeError(
+                f"x has dtype {x.dtype}; attention takes floating-point input: use x.to({param.dtype})"
+            )
         if x.dtype != param.dtype:
-            raise TypeError(
+            raise InputTypeError(
                 f"x has dtype {x.dtype} but the module's parameters are {param.dtype}; "
                 f"use x.to({param.dtype}) or module.to({x.dtype})"
             )
         if x.device != param.device:
-            raise TypeError(f"x is on {x.device} but the module is on {param.device}; move one to the other")
+            raise InputTypeError(f"x is on {x.device} but the module is on {param.device}; move one to the other")
         if s.is_cross:
             if context is None:
                 raise InputError(
@@ -166,13 +243,13 @@ class MultiHeadAttention(nn.Module):
                     f"pass context of shape (b, s, {s.d_context})"
                 )
             if not isinstance(context, Tensor):
-                raise TypeError(f"context must be a torch.Tensor, got {type(context).__name__}")
+                raise InputTypeError(f"context must be a torch.Tensor, got {type(context).__name__}")
             if context.dim() != 3 or context.shape[-1] != s.d_context or context.shape[0] != x.shape[0]:
                 raise InputError(
                     f"context has shape {tuple(context.shape)}; expected (b={x.shape[0]}, s, d_context={s.d_context})"
                 )
             if context.dtype != x.dtype or context.device != x.device:
-                raise TypeError(f"context is {context.dtype} on {context.device}; x is {x.dtype} on {x.device}")
+                raise InputTypeError(f"context is {context.dtype} on {context.device}; x is {x.dtype} on {x.device}")
             s_len = context.shape[1]
             if s_len == 0:
                 raise InputError(f"context has shape {tuple(context.shape)}; s must be at least 1")
@@ -185,13 +262,20 @@ class MultiHeadAttention(nn.Module):
             s_len = x.shape[1]
         if mask is not None:
             if not isinstance(mask, Tensor):
-                raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+                raise InputTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
             if not (mask.dtype == torch.bool or mask.is_floating_point()):
-                raise TypeError(
+                raise InputTypeError(
                     f"mask has dtype {mask.dtype}; use bool (True = may attend) or a float tensor added to the scores"
                 )
             if mask.device != x.device:
-                raise TypeError(f"mask is on {mask.device}; x is on {x.device}")
+                raise InputTypeError(f"mask is on {mask.device}; x is on {x.device}")
+            if mask.is_floating_point() and bool(torch.isnan(mask).any()):
+                # SDPA and the explicit path disagree on NaN (one hides it, one spreads it); a
+                # NaN score has no meaning, so refuse it rather than pick a silent answer.
+                raise InputError(
+                    f"mask holds NaN at {int(torch.isnan(mask).sum())} of {mask.numel()} entries; a float mask "
+                    f"is added to the scores: use -inf (or a bool False) for keys that may not be attended"
+                )
             if mask.dim() == 3 and mask.shape[0] != 1:
                 # Right-aligned broadcasting reads a 3-D mask as (h, t, s); a (b, t, s) padding
                 # mask would be silently taken per head whenever b == h. Make the caller say.
@@ -208,7 +292,7 @@ class MultiHeadAttention(nn.Module):
                 raise InputError(f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t, s) = {target}")
         if head_mask is not None:
             if not isinstance(head_mask, Tensor):
-                raise TypeError(f"head_mask must be a torch.Tensor, got {type(head_mask).__name__}")
+                raise InputTypeError(f"head_mask must be a torch.Tensor, got {type(head_mask).__name__}")
             ok = (head_mask.dim() == 1 and head_mask.shape[0] == s.heads) or (
                 head_mask.dim() == 2 and head_mask.shape[1] == s.heads and head_mask.shape[0] in (1, x.shape[0])
             )
@@ -218,7 +302,7 @@ class MultiHeadAttention(nn.Module):
                     f"or (b={x.shape[0]}, h={s.heads})"
                 )
             if head_mask.device != x.device:
-                raise TypeError(f"head_mask is on {head_mask.device}; x is on {x.device}")
+                raise InputTypeError(f"head_mask is on {head_mask.device}; x is on {x.device}")
 
 
 def _head_scale(head_mask: Tensor, z: Tensor) -> Tensor:
@@ -230,19 +314,29 @@ def _head_scale(head_mask: Tensor, z: Tensor) -> Tensor:
 
 
 def explicit_attention(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, allowed: Tensor | None, bias: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    *,
+    score_map: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Z (b h t dv) and A (b h t s), materializing the scores.
 
     The softmax is written out so that a row with no allowed key (all -inf) gives
     exp(-inf) = 0 everywhere and 0 / max(0, tiny) = 0 rather than 0 / 0 = NaN.
     """
-    # Scale before the product (as SDPA does) so that fp16 scores don't overflow, and take
-    # the softmax in fp32 for half-precision inputs.
-    scores = torch.einsum("b h t d, b h s d -> b h t s", q * scale, k)
-    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+    # Half-precision Q K^T overflows (fp16 max 65504) long before the softmax does: at inputs
+    # ~300x a unit normal the fp16 dot products are inf. Take the scores and the softmax from
+    # fp32 copies of Q and K; only the (already normalized) weights go back to the input dtype.
+    low_precision = q.dtype in (torch.float16, torch.bfloat16)
     if low_precision:
-        scores = scores.float()
+        q, k = q.float(), k.float()
+    scores = torch.einsum("b h t d, b h s d -> b h t s", q * scale, k)
+    if score_map is not None:  # e.g. softcap: on the scaled scores, before any bias or mask
+        scores = score_map(scores)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     if allowed is not None:
@@ -252,7 +346,7 @@ def explicit_attention(
     e = torch.exp(scores - row_max)
     weights = e / e.sum(dim=-1, keepdim=True).clamp_min(finfo.tiny)
     if low_precision:
-        weights = weights.to(q.dtype)
+        weights = weights.to(v.dtype)
     z = torch.einsum("b h t s, b h s d -> b h t d", weights, v)
     return z, weights
 

@@ -15,6 +15,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from . import modifiers
 from .accounting import count_parameters, parameter_breakdown
 from .attention import MERGE_HEADS, SPLIT_HEADS, MultiHeadAttention
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
@@ -82,7 +83,9 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
             formula == counted,
             f"B={b} T={t} S={sl} d_model={s.d_model} h={h} g={g} d_k={dk} d_v={dv} "
             f"bias={'on (all four projections)' if s.bias else 'off'}; params formula={formula:,} "
-            f"module={counted:,} (weights {pb.weights:,} + biases {pb.biases:,})",
+            f"module={counted:,} (weights {pb.weights:,} + biases {pb.biases:,}"
+            + (f" + modifier weights {pb.modifiers:,}" if pb.modifiers else "")
+            + ")",
         )
     )
 
@@ -147,16 +150,32 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
 
     # 4. inside each head: scores, mask, softmax rows, values
     y_mod, a_mod = m(x, ctx, mask, need_weights=True)
-    allowed = mask.expand(b, h, t, sl)
+    # The built-in mask (causal, window) and the modifiers, written out independently.
+    builtin = torch.ones(t, sl, dtype=torch.bool)
     if s.causal:
-        allowed = allowed & torch.ones(t, sl, dtype=torch.bool).tril()
-    _, a_nomask = m(x, ctx, need_weights=True)  # only the built-in (causal) mask applies
-    causal = torch.ones(t, sl, dtype=torch.bool).tril() if s.causal else torch.ones(t, sl, dtype=torch.bool)
+        builtin = builtin.tril()
+    if s.window is not None:
+        builtin = builtin & torch.ones(t, sl, dtype=torch.bool).triu(-(s.window - 1))
+    allowed = mask.expand(b, h, t, sl) & builtin
+    _, a_nomask = m(x, ctx, need_weights=True)  # only the built-in mask applies
+    causal = builtin
+    if s.qk_norm is not None:
+        q_ref, k_ref = modifiers.QKNorm.reference(s, q_ref, k_ref, p.q_norm, p.k_norm)
+    if s.rope_theta is not None:
+        pos = torch.arange(t)[None]
+        q_ref, k_ref = modifiers.Rotary.reference(s, q_ref, pos), modifiers.Rotary.reference(s, k_ref, pos)
     z_heads = []
     worst = {"scores": 0.0, "weights": 0.0, "rowsum": 0.0, "masked": 0.0, "empty": 0.0}
     for r in range(h):
         j = r // gs  # blocked GQA
         sc = q_ref[:, r] @ k_ref[:, j].transpose(-1, -2) * s.scale_
+        if s.softcap is not None:
+            sc = s.softcap * torch.tanh(sc / s.softcap)
+        if s.alibi:
+            slope = float(p.alibi_slopes[r])
+            sc = sc + torch.tensor(
+                [[modifiers.ALiBi.reference(s, slope, i, jj) for jj in range(sl)] for i in range(t)], dtype=sc.dtype
+            )
         al = allowed[:, r]
         sc_m = sc.masked_fill(~al, float("-inf"))
         has = al.any(-1, keepdim=True)
@@ -254,7 +273,9 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
     e_zero = _err(y_zero, y_cut)
     detail = f"head_mask[{j}]=0 vs W_O rows {j * dv}..{(j + 1) * dv - 1} zeroed: max err {e_zero:.1e}"
     ok = e_zero < ATOL
-    if h > 1:
+    if s.qk_norm == "full":  # refused by prune_heads, with the reason; zeroing still applies
+        detail += "; pruning does not apply with qk_norm='full' (one RMS over all heads)"
+    elif h > 1:
         try:
             drop = [j] if gs == 1 or g == 1 else list(range((g - 1) * gs, h))
             hm2 = torch.ones(h, dtype=torch.float64)
@@ -298,6 +319,11 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
         m.fused = fused_flag
     e_fe = _err(y_f, y_e)
     add(Step("fused (SDPA) vs explicit path", e_fe < ATOL, f"max err {e_fe:.1e}"))
+
+    # 12+. each modifier's own property (zoo/modifiers.py)
+    for mod in modifiers.active(s):
+        title, ok, detail = mod.audit(m, x)
+        add(Step(title, ok, detail))
     return steps
 
 

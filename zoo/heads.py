@@ -30,6 +30,11 @@ class Projections:
     b_k: Tensor | None = None
     b_v: Tensor | None = None
     b_o: Tensor | None = None
+    # Modifier state that belongs to heads: QK-norm weights ("head": (dk), shared by all heads;
+    # "full": ((h dk)) and ((g dk))) and ALiBi slopes (h). None when the spec has no such modifier.
+    q_norm: Tensor | None = None
+    k_norm: Tensor | None = None
+    alibi_slopes: Tensor | None = None
 
 
 def _require_module(m: object) -> MultiHeadAttention:
@@ -58,7 +63,13 @@ def get_projections(m: MultiHeadAttention) -> Projections:
         w, bb = wb(m.qkv_proj)
         w_q, w_k, w_v = w[:qw], w[qw : qw + kw], w[qw + kw :]
         b_q, b_k, b_v = (bb[:qw], bb[qw : qw + kw], bb[qw + kw :]) if b else (None, None, None)
-    return Projections(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
+    p = Projections(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
+    if "qk_norm" in m.mods:
+        p.q_norm = m.mods["qk_norm"].q_norm.detach().clone()
+        p.k_norm = m.mods["qk_norm"].k_norm.detach().clone()
+    if "alibi" in m.mods:
+        p.alibi_slopes = m.mods["alibi"].slopes.detach().clone()
+    return p
 
 
 def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | None = None) -> MultiHeadAttention:
@@ -89,6 +100,11 @@ def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | Non
             lin.weight.copy_(w)
             if spec.bias:
                 lin.bias.copy_(bias)
+        if "qk_norm" in m.mods:
+            m.mods["qk_norm"].q_norm.copy_(p.q_norm)
+            m.mods["qk_norm"].k_norm.copy_(p.k_norm)
+        if "alibi" in m.mods:
+            m.mods["alibi"].slopes.copy_(p.alibi_slopes)
     return m
 
 
@@ -144,7 +160,11 @@ def _take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -
 def _select_heads(p: Projections, spec: AttentionSpec, q_heads: Sequence[int], kv_heads: Sequence[int]) -> Projections:
     """The projections of query heads `q_heads` and kv heads `kv_heads`, in that order."""
     h, g = spec.heads, spec.kv_heads_
+    full_norm = spec.qk_norm == "full"
     return Projections(
+        q_norm=_take_blocks(p.q_norm, q_heads, h) if full_norm else p.q_norm,
+        k_norm=_take_blocks(p.k_norm, kv_heads, g) if full_norm else p.k_norm,
+        alibi_slopes=_take_blocks(p.alibi_slopes, q_heads, h),
         w_q=_take_blocks(p.w_q, q_heads, h),
         w_k=_take_blocks(p.w_k, kv_heads, g),
         w_v=_take_blocks(p.w_v, kv_heads, g),
@@ -197,6 +217,12 @@ def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttenti
     head keeps reading the kv head it read before.
     """
     s = _require_module(m).spec
+    if s.qk_norm == "full":
+        raise ValueError(
+            "prune_heads cannot apply with qk_norm='full': its RMS runs over all heads together, so "
+            "removing a head changes every other head's normalisation (zeroing with head_mask is exact; "
+            "pruning would be a different function)"
+        )
     drop = sorted(set(_head_indices(heads, "heads")))
     if any(r < 0 or r >= s.heads for r in drop):
         raise ValueError(f"heads={list(heads)} has indices outside range({s.heads})")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention import MultiHeadAttention
+from .errors import AttnzooError
 from .spec import AttentionSpec, SpecError, field_names
 
 if sys.version_info >= (3, 11):
@@ -30,15 +31,15 @@ _PRESET_DIRS = (
 _TOP_LEVEL_KEYS = {"description", "reference", "spec"}
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(AttnzooError, ValueError):
     """No registered attention block has this name."""
 
 
-class DuplicateNameError(ValueError):
+class DuplicateNameError(AttnzooError, ValueError):
     """A name is registered twice."""
 
 
-class PresetFileError(ValueError):
+class PresetFileError(AttnzooError, ValueError):
     """A preset file in models/ is malformed; the message names the file and the field."""
 
 
@@ -166,6 +167,8 @@ def read_preset(path: str | Path) -> tuple[str, AttentionSpec, dict[str, str]]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise PresetFileError(f"{path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise PresetFileError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
     if unknown:
         raise PresetFileError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_TOP_LEVEL_KEYS)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import modifiers
 from .accounting import (
     FLOP_CONVENTION,
     bytes_moved,
@@ -26,6 +27,16 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:g} {unit}".rstrip()
 
 
+def _module_count(s: AttentionSpec) -> int | None:
+    """Entries counted from a module built on the meta device (nothing allocated); None when a
+    weight's byte size would overflow torch's int64 storage arithmetic."""
+    widths = (s.heads * s.d_k_, s.kv_heads_ * (s.d_k_ + s.d_v_), s.heads * s.d_v_)
+    if max(widths + (s.d_model, s.d_kv_in)) ** 2 * 8 >= 2**63:
+        return None
+    with torch.device("meta"):
+        return count_parameters(MultiHeadAttention(s))
+
+
 def show_spec(
     name: str,
     spec: AttentionSpec,
@@ -38,8 +49,7 @@ def show_spec(
 ) -> str:
     s = spec
     sl = key_length(s, seq, ctx_seq)
-    with torch.device("meta"):  # count the module's entries without allocating them
-        module_count = count_parameters(MultiHeadAttention(s))
+    module_count = _module_count(s)
     pb = parameter_breakdown(s)
     formula = count_parameters(s)
     h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
@@ -48,7 +58,7 @@ def show_spec(
     for k, v in s.to_dict().items():
         resolved = {"d_k": dk, "d_v": dv, "kv_heads": g, "scale": f"{s.scale_:.6g}"}.get(k)
         note = f"  (-> {resolved})" if v is None and resolved is not None else ""
-        out.append(f"  {k:<10} {v}{note}")
+        out.append(f"  {k:<16} {v}{note}")
     out += ["", "parameters (exact)"]
     bias_rule = (
         f"with biases on all four projections: h*dk + g*dk + g*dv + d_model = {pb.biases:,}" if s.bias else "no biases"
@@ -64,12 +74,22 @@ def show_spec(
         out.append(f"  {label}  {dims:<13} ({axes:<13}) {n:>14,}")
     if s.bias:
         out.append(f"  {'biases':<35}{pb.biases:>14,}")
-    agree = "agree" if formula == module_count else "DISAGREE"
-    out.append(f"  total: formula {formula:,}, counted from the module {module_count:,} ({agree})")
+    if pb.modifiers:
+        wq, wk = modifiers.QKNorm.widths(s)
+        out.append(f"  {f'qk-norm weights ({s.qk_norm}: {wq} + {wk})':<35}{pb.modifiers:>14,}")
+    if module_count is None:
+        out.append(f"  total: formula {formula:,} (too large for torch to build even on the meta device)")
+    else:
+        agree = "agree" if formula == module_count else "DISAGREE"
+        out.append(f"  total: formula {formula:,}, counted from the module {module_count:,} ({agree})")
     if s.layout == "combined":
         w = g * dk + g * dv + (0 if s.is_cross else h * dk)
         what = "[K|V]" if s.is_cross else "[Q|K|V]"
         out.append(f"  combined input projection {what}: {s.d_kv_in if s.is_cross else s.d_model} -> {w}")
+    active = modifiers.active(s)
+    if active:
+        out += ["", "modifiers (in order of application; zoo/modifiers.py)"]
+        out += [f"  {mod.describe(s)}" for mod in active]
     out += ["", f"shapes at B={batch}, T={seq}" + (f", S={sl}" if s.is_cross else "")]
     for st in stage_shapes(s, batch, seq, sl):
         out.append(f"  {st.name}  ({st.axes:<10})  {st.shape}")

@@ -14,10 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import AttnzooError
+
 LAYOUTS = ("separate", "combined")
 
 
-class SpecError(ValueError):
+class SpecError(AttnzooError, ValueError):
     """An invalid `AttentionSpec` field or combination of fields."""
 
 
@@ -45,6 +47,16 @@ class AttentionSpec:
     causal: bool = False  # built-in lower-triangular mask; only meaningful for self-attention
     d_context: int | None = None  # width of the cross-attention context; None -> self-attention
     scale: float | None = None  # score scale; None -> 1/sqrt(d_k) as in "Attention Is All You Need"
+    # Position and score modifiers (zoo/modifiers.py holds each one's math, checks and limits).
+    # All off by default, so every spec above keeps its meaning.
+    rope_theta: float | None = None  # rotary positions on Q and K, base theta (LLaMA: 500000.0); None = off
+    rope_dim: int | None = None  # rotated leading dims of each head, even; None = all of d_k (NeoX: partial)
+    rope_interleaved: bool = False  # False: rotate halves (NeoX/LLaMA); True: adjacent pairs (GPT-J)
+    alibi: bool = False  # per-head linear distance bias, Press et al./BLOOM slopes
+    window: int | None = None  # sliding window: `window` keys, itself included (HF convention); causal only
+    softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
+    qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)
+    qk_norm_eps: float = 1e-6  # the RMSNorm epsilon (Qwen3 and OLMo-2 use 1e-6)
 
     def __post_init__(self) -> None:
         _check_positive_int("d_model", self.d_model)
@@ -80,6 +92,9 @@ class AttentionSpec:
                 raise SpecError(f"scale={self.scale!r} must be a positive number or None")
             if not math.isfinite(self.scale) or self.scale <= 0:
                 raise SpecError(f"scale={self.scale} must be a positive finite number or None")
+        from .modifiers import check_spec  # the modifiers module imports this one
+
+        check_spec(self)
 
     # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
     @property
@@ -139,6 +154,9 @@ class AttentionSpec:
             parts.append("causal")
         if self.scale is not None:
             parts.append(f"scale={self.scale:g}")
+        from .modifiers import active
+
+        parts += [mod.describe(self) for mod in active(self)]
         return " ".join(parts)
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
+from .errors import ArgumentError, InputTypeError
 from .heads import Projections, build, get_projections
 from .spec import AttentionSpec
 
@@ -23,15 +24,21 @@ def from_torch_mha(mha: nn.MultiheadAttention, *, cross_attention: bool | None =
     Self-attention when kdim == vdim == embed_dim (call it as mha(x, x, x)); cross-attention
     when kdim == vdim != embed_dim, or when `cross_attention=True`. The packed form becomes
     the combined layout, the q/k/v_proj_weight form the separate one.
+
+    Constructor options, each exact or refused: embed_dim, num_heads, bias, kdim/vdim and
+    dtype/device carry over exactly; dropout has no zoo counterpart (equal in eval mode; a
+    warning in training mode); add_bias_kv and add_zero_attn are refused. batch_first does
+    not carry over: the zoo block always takes (b, t, c), so a sequence-first peer
+    (batch_first=False, torch's default) gives a warning — transpose its (t, b, c) inputs.
     """
     if not isinstance(mha, nn.MultiheadAttention):
-        raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        raise InputTypeError(f"expected torch.nn.MultiheadAttention, got {type(mha).__name__}")
     if mha.bias_k is not None or mha.bias_v is not None:
-        raise ValueError("add_bias_kv=True appends learned key/value rows; the zoo has no such variant")
+        raise ArgumentError("add_bias_kv=True appends learned key/value rows; the zoo has no such variant")
     if mha.add_zero_attn:
-        raise ValueError("add_zero_attn=True appends a zero key/value; the zoo has no such variant")
+        raise ArgumentError("add_zero_attn=True appends a zero key/value; the zoo has no such variant")
     if mha.kdim != mha.vdim:
-        raise ValueError(
+        raise ArgumentError(
             f"kdim={mha.kdim} != vdim={mha.vdim}: keys and values from different tensors; "
             f"the zoo's cross-attention reads both from one context"
         )
@@ -41,11 +48,17 @@ def from_torch_mha(mha: nn.MultiheadAttention, *, cross_attention: bool | None =
             f"has no dropout and matches it in eval mode (call .eval() on the peer to compare)",
             stacklevel=2,
         )
+    if not mha.batch_first:
+        warnings.warn(
+            "nn.MultiheadAttention(batch_first=False) takes sequence-first (t, b, c) tensors; the zoo block "
+            "takes batch-first (b, t, c): give it x.transpose(0, 1) (its output is (b, t, c) too)",
+            stacklevel=2,
+        )
     e, h = mha.embed_dim, mha.num_heads
     if cross_attention is None:
         cross_attention = mha.kdim != e
     if not cross_attention and mha.kdim != e:
-        raise ValueError(f"kdim={mha.kdim} != embed_dim={e} needs cross_attention=True")
+        raise ArgumentError(f"kdim={mha.kdim} != embed_dim={e} needs cross_attention=True")
     has_bias = mha.out_proj.bias is not None
     spec = AttentionSpec(
         d_model=e,
@@ -74,7 +87,7 @@ def to_torch_mha(m: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multi
     default scale, and has no built-in causal flag.
     """
     if not isinstance(m, MultiHeadAttention):
-        raise TypeError(f"expected a zoo MultiHeadAttention module, got {type(m).__name__}")
+        raise InputTypeError(f"expected a zoo MultiHeadAttention module, got {type(m).__name__}")
     s = m.spec
     problems = []
     if s.kv_heads_ != s.heads:
@@ -85,8 +98,11 @@ def to_torch_mha(m: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multi
         problems.append(f"scale={s.scale} (torch's MHA always uses 1/sqrt(d_k))")
     if s.causal:
         problems.append("causal=True (pass attn_mask/is_causal to torch's MHA yourself)")
+    from .modifiers import active
+
+    problems += [f"{mod.describe(s)} (torch's MHA has no {mod.name})" for mod in active(s)]
     if problems:
-        raise ValueError("cannot express this spec as nn.MultiheadAttention: " + "; ".join(problems))
+        raise ArgumentError("cannot express this spec as nn.MultiheadAttention: " + "; ".join(problems))
     kdim = s.d_context if s.is_cross else s.d_model
     ref = m.out_proj.weight
     mha = nn.MultiheadAttention(

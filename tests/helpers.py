@@ -1,0 +1,61 @@
+"""Shared test helpers: registry names, and every preset at a width cheap enough for every test.
+
+A preset wider than BIG_PARAMETERS is tested at a shrunken width that keeps everything that
+makes it what it is (its layout, biases, GQA/MQA structure, causal mask and every modifier, with
+values scaled so they still bite: a window shorter than the test sequences, a softcap small
+enough that tanh bends the scores). Its real width is exported only in tests marked `slow`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import zoo
+
+ALL_NAMES = zoo.names()
+BIG_PARAMETERS = 3_000_000
+
+
+def is_big(name: str) -> bool:
+    return zoo.count_parameters(zoo.spec(name)) > BIG_PARAMETERS
+
+
+BIG_NAMES = [n for n in ALL_NAMES if is_big(n)]
+
+
+def small_overrides(name: str) -> dict[str, Any]:
+    """Spec overrides that shrink `name` to d_model 64 (none for a preset that is small already)."""
+    s = zoo.spec(name)
+    if not is_big(name):
+        return {}
+    heads = min(s.heads, 4)
+    kv = None if s.kv_heads_ == s.heads else (1 if s.kv_heads_ == 1 else heads // 2)
+    out: dict[str, Any] = {"d_model": 64, "heads": heads, "kv_heads": kv, "d_k": 16, "d_v": None}
+    if s.is_cross:
+        out["d_context"] = 48
+    if s.rope_dim is not None:
+        out["rope_dim"] = max(2, round(s.rope_dim / s.d_k_ * 16 / 2) * 2)
+    if s.window is not None:
+        out["window"] = 3
+    if s.softcap is not None:
+        out["softcap"] = 0.5
+    return out
+
+
+def small_spec(name: str) -> zoo.AttentionSpec:
+    return zoo.spec(name, **small_overrides(name))
+
+
+def create(name: str, **kw: Any) -> zoo.MultiHeadAttention:
+    """zoo.create(name) at a test-sized width (see small_overrides)."""
+    return zoo.create(name, **{**small_overrides(name), **kw})
+
+
+def make_inputs(spec: zoo.AttentionSpec, b: int = 2, t: int = 5, s: int = 7, dtype=torch.float32):
+    """x (b t c), context (b s c_ctx) or None, and the key length."""
+    x = torch.randn(b, t, spec.d_model, dtype=dtype)
+    if spec.is_cross:
+        return x, torch.randn(b, s, spec.d_context, dtype=dtype), s
+    return x, None, t

@@ -1,0 +1,172 @@
+"""Rotary positions, ALiBi, sliding window, softcap and QK-norm: their math, checks and head operations."""
+
+import math
+
+import pytest
+import torch
+
+import zoo
+from zoo.modifiers import ALiBi, Rotary, alibi_slopes
+
+D = dict(d_model=64, heads=4)
+
+
+def close(a, b, tol=1e-6):
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(window=4), "needs causal"),
+        (dict(window=0, causal=True), "positive integer"),
+        (dict(rope_theta=1e4, rope_dim=7), "even"),
+        (dict(rope_theta=1e4, rope_dim=32), "even integer in 2..d_k=16"),
+        (dict(rope_theta=1e4, d_context=32), "cross-attention"),
+        (dict(rope_dim=8), "set rope_theta"),
+        (dict(rope_theta=float("nan")), "rope_theta"),
+        (dict(softcap=0.0), "softcap"),
+        (dict(softcap=-1.0), "softcap"),
+        (dict(qk_norm="layer"), "qk_norm"),
+        (dict(qk_norm="head", qk_norm_eps=0), "qk_norm_eps"),
+        (dict(alibi="yes"), "alibi"),
+        (dict(alibi=True, d_context=32), "ALiBi"),
+        (dict(rope_theta=1e4, d_k=15), "odd"),
+    ],
+)
+def test_invalid_modifier_values_are_spec_errors(fields, match):
+    with pytest.raises(zoo.SpecError, match=match):
+        zoo.AttentionSpec(**{**D, **fields})
+
+
+def test_alibi_slopes_press_and_bloom():
+    # power of two: 2^(-8/n), 2^(-16/n), ...
+    assert alibi_slopes(8) == [2 ** (-(i + 1)) for i in range(8)]
+    # not a power of two (BLOOM): the 8 slopes of n=8, then every other slope of n=16
+    s12 = alibi_slopes(12)
+    assert s12[:8] == alibi_slopes(8) and s12[8:] == alibi_slopes(16)[0:8:2]
+    assert len(alibi_slopes(71)) == 71
+
+
+def test_alibi_bias_values():
+    m = zoo.create("mha-separate-bias", alibi=True, causal=True).double()
+    pos = torch.arange(4)[None]
+    bias = m.mods["alibi"].score_bias(pos, pos, torch.float64)
+    slope = alibi_slopes(4)[1]
+    assert bias[0, 1, 3, 0].item() == pytest.approx(slope * (0 - 3))  # slope * (j - i)
+    m2 = zoo.create("mha-separate-bias", alibi=True).double()
+    b2 = m2.mods["alibi"].score_bias(pos, pos, torch.float64)
+    assert b2[0, 1, 0, 3].item() == pytest.approx(-slope * 3)  # -slope * |i - j|
+    assert ALiBi.reference(m2.spec, slope, 0, 3) == pytest.approx(-slope * 3)
+
+
+def test_window_keys_seen():
+    m = zoo.create("mha-separate-bias", causal=True, window=3).double()
+    _, a = m(torch.randn(1, 8, 64, dtype=torch.float64), need_weights=True)
+    seen = a[0, 0] > 0
+    for i in range(8):
+        assert seen[i].nonzero().flatten().tolist() == list(range(max(0, i - 2), i + 1))
+
+
+def test_rope_matches_rotate_half_formula():
+    """The LLaMA/NeoX form: x*cos + rotate_half(x)*sin with cos = cat(freqs, freqs)."""
+    spec = zoo.AttentionSpec(**D, rope_theta=10000.0)
+    rot = Rotary(spec)
+    x = torch.randn(2, 4, 6, 16)
+    pos = torch.arange(6)[None].expand(2, 6)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    freqs = pos[..., None].float() * inv
+    emb = torch.cat([freqs, freqs], -1)[:, None]
+    rotate_half = torch.cat([-x[..., 8:], x[..., :8]], -1)
+    close(rot.qk_heads(x, x, pos, pos)[0], x * emb.cos() + rotate_half * emb.sin())
+
+
+def test_rope_interleaved_and_partial():
+    spec = zoo.AttentionSpec(**D, rope_theta=100.0, rope_dim=8, rope_interleaved=True)
+    rot = Rotary(spec)
+    x = torch.randn(1, 1, 5, 16)
+    pos = torch.arange(5)[None]
+    y = rot.qk_heads(x, x, pos, pos)[0]
+    assert torch.equal(y[..., 8:], x[..., 8:])  # the dims past rope_dim pass through
+    ang = 3 * 100.0 ** (-2 * 1 / 8)  # position 3, pair 1 = dims (2, 3)
+    want = x[0, 0, 3, 2] * math.cos(ang) - x[0, 0, 3, 3] * math.sin(ang)
+    assert y[0, 0, 3, 2].item() == pytest.approx(want.item(), abs=1e-5)
+    close(Rotary.reference(spec, x.double(), pos).float(), y, 1e-5)
+
+
+def test_positions_argument():
+    m = zoo.create("mha-separate-bias", causal=True, rope_theta=1e4).eval()
+    x = torch.randn(2, 6, 64)
+    close(m(x, positions=torch.arange(6)), m(x))
+    close(m(x, positions=torch.arange(6)[None].expand(2, 6) + 100), m(x), 1e-4)
+    with pytest.raises(TypeError, match="integer"):
+        m(x, positions=torch.arange(6.0))
+    with pytest.raises(ValueError, match="positions has shape"):
+        m(x, positions=torch.arange(5))
+    # a continuation: the last 2 rows of a 6-token run equal a run whose positions say where they are
+    y = m(x)
+    assert y.shape == (2, 6, 64)
+
+
+def test_softcap_bounds_and_fused_path():
+    m = zoo.create("mha-separate-bias", softcap=1.0).double()
+    x = torch.randn(2, 5, 64, dtype=torch.float64) * 100
+    _, a = m(x, need_weights=True)
+    assert (a.amax(-1) / a.amin(-1)).max() <= math.exp(2.0) + 1e-9
+    m.fused = True
+    close(m(x), m(x, need_weights=True)[0])  # softcap always takes the explicit path
+
+
+@pytest.mark.parametrize("norm", ["head", "full"])
+def test_qk_norm_weights_follow_heads(norm):
+    m = zoo.create("gqa", qk_norm=norm, rope_theta=1e4, alibi=True).eval()
+    with torch.no_grad():
+        for p in m.mods["qk_norm"].parameters():
+            p.copy_(torch.rand_like(p) + 0.5)
+    x = torch.randn(2, 5, 64)
+    perm = [4, 5, 6, 7, 1, 0, 3, 2]  # GQA groups of 4 move whole
+    pm = zoo.permute_heads(m, perm)
+    close(pm(x), m(x), 1e-5)
+    assert torch.equal(pm.mods["alibi"].slopes, m.mods["alibi"].slopes[perm])
+    if norm == "head":
+        assert torch.equal(pm.mods["qk_norm"].q_norm, m.mods["qk_norm"].q_norm)
+        pr = zoo.prune_heads(m, [3, 7])
+        hm = torch.ones(8)
+        hm[[3, 7]] = 0
+        close(pr(x), m(x, head_mask=hm), 1e-5)
+        assert torch.equal(pr.mods["alibi"].slopes, m.mods["alibi"].slopes[[0, 1, 2, 4, 5, 6]])
+    else:
+        with pytest.raises(ValueError, match="qk_norm='full'"):
+            zoo.prune_heads(m, [3, 7])
+    rt = zoo.to_separate(zoo.to_combined(m))
+    close(rt(x), m(x), 1e-6)
+
+
+def test_audit_has_one_step_per_modifier():
+    from zoo.audit import run_audit
+
+    m = zoo.create("gqa", causal=True, rope_theta=1e4, alibi=True, window=3, softcap=2.0, qk_norm="head")
+    steps = run_audit(m, seq=7)
+    titles = [s.title for s in steps]
+    assert all(s.ok for s in steps), [(s.title, s.detail) for s in steps if not s.ok]
+    for word in ("qk-norm", "rope", "alibi", "window=3", "softcap"):
+        assert any(t.startswith(word) for t in titles), titles
+
+
+def test_audit_catches_a_wrong_rotation():
+    from zoo.audit import run_audit
+
+    m = zoo.create("mha-separate-bias", rope_theta=1e4, causal=True)
+    with torch.no_grad():
+        m.mods["rope"].inv_freq.mul_(1.01)
+    bad = {s.title: s.ok for s in run_audit(m)}
+    assert not bad["per head: scores Q K^T * scale"]
+
+
+def test_describe_and_show_name_the_modifiers():
+    from zoo.report import show_spec
+
+    s = zoo.spec("gemma-2-9b")
+    assert "softcap=50" in s.describe() and "window=4096" in s.describe()
+    text = show_spec("qwen3-8b", zoo.spec("qwen3-8b"))
+    assert "qk_norm" in text and "256" in text  # 2 * d_k QK-norm weights

@@ -1,0 +1,25 @@
+"""The one error root: every mistake a user can make with attnzoo raises a subclass of
+`AttnzooError`, so callers (and the CLI) can catch the library's refusals without catching
+its bugs. Each subclass keeps its builtin base too (ValueError, TypeError, RuntimeError),
+so `except ValueError` keeps working."""
+
+from __future__ import annotations
+
+
+class AttnzooError(Exception):
+    """Base of every error attnzoo raises for a user's mistake (a bad spec, input, path, flag)."""
+
+
+class InputTypeError(AttnzooError, TypeError):
+    """An argument of the wrong type (a tensor of the wrong dtype or device, a non-bool flag)."""
+
+
+class ArgumentError(AttnzooError, ValueError):
+    """An argument out of range, or inconsistent with the spec it goes with (a head index, a length)."""
+
+
+class ResourceError(AttnzooError, ValueError):
+    """A request that needs more memory than this machine has; the message gives both numbers."""
+
+
+__all__ = ["ArgumentError", "AttnzooError", "InputTypeError", "ResourceError"]

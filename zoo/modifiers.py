@@ -1,0 +1,543 @@
+"""Position and score modifiers: rotary positions, ALiBi, sliding window, logit softcap, QK-norm.
+
+Each modifier is one class that says everything about itself:
+
+    fields          the spec fields it owns (all off by default)
+    active(spec)    whether a spec turns it on
+    check(spec)     SpecError for an invalid value or combination (called by AttentionSpec)
+    parameters      learned entries it adds to the block (RoPE and ALiBi add none)
+    describe        its words in `AttentionSpec.describe()`
+    why_not         the one-line reason a lowering cannot express it, or None
+    the eager op    as an nn.Module built into the block, at one of three stages:
+                      qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
+                      qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
+                      score_allowed / score_bias / score_map   on the (b h t s) scores
+    reference       the same math written independently (plain loops, float64) for the audit
+    audit           its own property check, as an audit step
+
+Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
+same tensor (0..t-1 unless the caller gives `positions`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .spec import SpecError
+
+if TYPE_CHECKING:
+    from .spec import AttentionSpec
+
+QK_NORMS = ("head", "full")
+
+
+class Modifier(nn.Module):
+    """Base: every hook is the identity, every check passes."""
+
+    name: ClassVar[str] = ""
+    fields: ClassVar[tuple[str, ...]] = ()
+    # A modifier SDPA cannot express (a nonlinear map of the scores) forces the explicit path.
+    needs_explicit: ClassVar[bool] = False
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    # -- the spec side (class-level: no module needed) ---------------------------------------
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        """Raise SpecError naming the fields when the spec's values for this modifier are invalid."""
+
+    @classmethod
+    def parameters_added(cls, spec: AttentionSpec) -> int:
+        return 0
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        return cls.name
+
+    @classmethod
+    def why_not(cls, spec: AttentionSpec, lowering: str) -> str | None:
+        return None
+
+    # -- the eager op (identity unless overridden) ----------------------------------------------
+
+    def qk_merged(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def qk_heads(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """bool (b|1, 1, t, s), True = may attend; None = no opinion."""
+        return None
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor | None:
+        """float (b|1, h, t, s) added to the scaled scores; None = nothing."""
+        return None
+
+    def score_map(self, scores: Tensor) -> Tensor:
+        """A pointwise map of the scaled scores, before any bias or mask."""
+        return scores
+
+    # -- the audit ------------------------------------------------------------------------------
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        """(title, ok, detail): a property of this modifier checked on block m (float64) at x (b t c)."""
+        raise NotImplementedError
+
+
+def _is_number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _relative(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """i - j for every (query, key) pair: (b|1, 1, t, s)."""
+    return rearrange(q_pos, "b t -> b 1 t 1") - rearrange(k_pos, "b s -> b 1 1 s")
+
+
+def relative_positions_audit(m: nn.Module, x: Tensor, what: str) -> tuple[str, bool, str]:
+    """Only distances matter: every position + 13 gives the same y; reversed positions do not."""
+    t = x.shape[1]
+    pos = torch.arange(t)
+    y = m(x)
+    e_shift = (m(x, positions=pos + 13) - y).abs().max().item()
+    e_given = (m(x, positions=pos) - y).abs().max().item()
+    ok = e_shift < 1e-10 and e_given < 1e-12
+    return (
+        f"{what}: relative positions",
+        ok,
+        f"positions 0..{t - 1} given vs default {e_given:.1e}; shifted by 13: y moves {e_shift:.1e} (must be ~0)",
+    )
+
+
+# -- QK-norm ----------------------------------------------------------------------------------
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, in fp32 for half inputs (as HF does)."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.to(y.dtype)).to(x.dtype)
+
+
+class QKNorm(Modifier):
+    """RMSNorm with a learned weight on Q and K, before RoPE.
+
+    "head": over each head's d_k, one weight (d_k) shared by all heads (Qwen3, Gemma-3).
+    "full": over all heads' h*d_k (K: g*d_k) before the split, weights (h dk) and (g dk) (OLMo-2).
+    """
+
+    name = "qk_norm"
+    fields = ("qk_norm", "qk_norm_eps")
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        wq, wk = self.widths(spec)
+        self.q_norm = nn.Parameter(torch.ones(wq))
+        self.k_norm = nn.Parameter(torch.ones(wk))
+
+    @staticmethod
+    def widths(spec: AttentionSpec) -> tuple[int, int]:
+        if spec.qk_norm == "head":
+            return spec.d_k_, spec.d_k_
+        return spec.heads * spec.d_k_, spec.kv_heads_ * spec.d_k_
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.qk_norm is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
+            raise SpecError(f"qk_norm={spec.qk_norm!r} is not one of None, 'head' (per head over d_k), 'full' (h*d_k)")
+        eps = spec.qk_norm_eps
+        if not _is_number(eps) or eps <= 0:
+            raise SpecError(f"qk_norm_eps={eps!r} must be a positive finite number (e.g. 1e-6)")
+
+    @classmethod
+    def parameters_added(cls, spec: AttentionSpec) -> int:
+        return sum(cls.widths(spec)) if cls.active(spec) else 0
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        return f"qk-norm={spec.qk_norm}"
+
+    def qk_merged(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.spec.qk_norm != "full":
+            return q, k
+        eps = self.spec.qk_norm_eps
+        return rms_norm(q, self.q_norm, eps), rms_norm(k, self.k_norm, eps)
+
+    def qk_heads(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if self.spec.qk_norm != "head":
+            return q, k
+        eps = self.spec.qk_norm_eps
+        return rms_norm(q, self.q_norm, eps), rms_norm(k, self.k_norm, eps)
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        spec, mod = m.spec, m.mods["qk_norm"]
+        q, k, _ = m.project(x)
+        q, k = mod.qk_merged(q, k)
+        q, k = (
+            rearrange(q, "b t (h d) -> b h t d", h=spec.heads),
+            rearrange(k, "b s (g d) -> b g s d", g=spec.kv_heads_),
+        )
+        q, k = mod.qk_heads(q, k, torch.zeros(1, 1), torch.zeros(1, 1))
+        wq, wk = mod.q_norm.detach(), mod.k_norm.detach()
+        if spec.qk_norm == "full":
+            wq, wk = (
+                rearrange(wq, "(h d) -> 1 h 1 d", h=spec.heads),
+                rearrange(wk, "(g d) -> 1 g 1 d", g=spec.kv_heads_),
+            )
+            axes: tuple[int, ...] = (1, 3)
+        else:
+            axes = (-1,)
+        # Divided by its weight, a normalized row has mean square 1/(1 + eps/ms), i.e. RMS 1 up to eps.
+        rms_q = (q / wq).pow(2).mean(dim=axes).sqrt()
+        rms_k = (k / wk).pow(2).mean(dim=axes).sqrt()
+        err = max((rms_q - 1).abs().max().item(), (rms_k - 1).abs().max().item())
+        over = (
+            f"each head's d_k={spec.d_k_}" if spec.qk_norm == "head" else f"all heads' h*d_k={spec.heads * spec.d_k_}"
+        )
+        return (
+            f"qk-norm ({spec.qk_norm}): RMS 1 over {over}",
+            err < 1e-3,
+            f"Q and K after the norm, divided by their weights: max |RMS - 1| = {err:.1e} (eps={spec.qk_norm_eps:g}); "
+            f"{cls.parameters_added(spec):,} weights",
+        )
+
+    @staticmethod
+    def reference(spec: AttentionSpec, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
+        """Q (b h t dk), K (b g s dk) per head, written out: each row divided by its RMS."""
+        eps = spec.qk_norm_eps
+
+        def norm(x: Tensor, w: Tensor, axes: tuple[int, ...]) -> Tensor:
+            return x / torch.sqrt((x * x).mean(dim=axes, keepdim=True) + eps) * w
+
+        if spec.qk_norm == "head":
+            return norm(q, wq, (-1,)), norm(k, wk, (-1,))
+        # full: one RMS over every head of a position (axes h and d together)
+        hq, g = q.shape[1], k.shape[1]
+        wq4 = wq.reshape(hq, 1, -1).unsqueeze(0)
+        wk4 = wk.reshape(g, 1, -1).unsqueeze(0)
+        return norm(q, wq4, (1, 3)), norm(k, wk4, (1, 3))
+
+
+# -- rotary positions ---------------------------------------------------------------------------
+
+
+class Rotary(Modifier):
+    """Rotary position embedding on the first `rope_dim` dims of each Q and K head.
+
+    Pair i of a head rotates by angle pos * theta^(-2i/rope_dim). Halves (NeoX/LLaMA):
+    pair i is (x[i], x[i + rope_dim/2]); interleaved (GPT-J): pair i is (x[2i], x[2i+1]).
+    """
+
+    name = "rope"
+    fields = ("rope_theta", "rope_dim", "rope_interleaved")
+    HALVES = "... (r n) -> ... n r"  # r = 2: first half, second half
+    PAIRS = "... (n r) -> ... n r"  # r = 2: adjacent pairs
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.dim = self.rotated(spec)
+        # Not saved with the weights: it follows from the spec alone. fp32, as transformers computes it.
+        self.register_buffer("inv_freq", self.frequencies(spec), persistent=False)
+
+    @staticmethod
+    def rotated(spec: AttentionSpec) -> int:
+        return spec.rope_dim if spec.rope_dim is not None else spec.d_k_
+
+    @staticmethod
+    def frequencies(spec: AttentionSpec) -> Tensor:
+        """theta^(-2i/rope_dim) for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
+        rd = Rotary.rotated(spec)
+        return 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.rope_theta is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        if not isinstance(spec.rope_interleaved, bool):
+            raise SpecError(f"rope_interleaved={spec.rope_interleaved!r} must be True or False")
+        if spec.rope_theta is None:
+            if spec.rope_dim is not None or spec.rope_interleaved:
+                raise SpecError(
+                    f"rope_dim={spec.rope_dim} / rope_interleaved={spec.rope_interleaved} need rotary "
+                    f"positions: set rope_theta (e.g. 10000.0)"
+                )
+            return
+        if not _is_number(spec.rope_theta) or spec.rope_theta <= 1:
+            raise SpecError(f"rope_theta={spec.rope_theta!r} must be a finite number > 1 (e.g. 10000.0)")
+        if spec.is_cross:
+            raise SpecError(
+                f"rope_theta={spec.rope_theta} with d_context={spec.d_context}: rotary positions need query and "
+                f"key positions on one axis; cross-attention keys have none. Drop rope_theta or d_context"
+            )
+        rd = spec.rope_dim
+        if rd is not None:
+            if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > spec.d_k_:
+                raise SpecError(f"rope_dim={rd!r} must be an even integer in 2..d_k={spec.d_k_} (or None for all)")
+        elif spec.d_k_ % 2:
+            raise SpecError(f"rotary positions rotate pairs: d_k={spec.d_k_} is odd; set rope_dim to an even width")
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        rd = cls.rotated(spec)
+        part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
+        return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{', interleaved' if spec.rope_interleaved else ''})"
+
+    def cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32."""
+        angles = rearrange(pos.to(self.inv_freq.dtype), "b t -> b 1 t 1") * self.inv_freq
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        pattern = self.PAIRS if self.spec.rope_interleaved else self.HALVES
+        pairs = rearrange(rot, pattern, r=2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        turned = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        back = "... n r -> ... (n r)" if self.spec.rope_interleaved else "... n r -> ... (r n)"
+        return torch.cat((rearrange(turned, back), rest), dim=-1)
+
+    def qk_heads(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        cq, sq = self.cos_sin(q_pos, q.dtype)
+        ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, k.dtype)
+        return self.rotate(q, cq, sq), self.rotate(k, ck, sk)
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        return relative_positions_audit(m, x, "rope")
+
+    @staticmethod
+    def reference(spec: AttentionSpec, x: Tensor, pos: Tensor) -> Tensor:
+        """x (b n t d) rotated pair by pair, written out (float64 angles, no einops)."""
+        rd = Rotary.rotated(spec)
+        freqs = Rotary.frequencies(spec).tolist()
+        out = x.clone()
+        for i, freq in enumerate(freqs):
+            a, b = (2 * i, 2 * i + 1) if spec.rope_interleaved else (i, i + rd // 2)
+            ang = pos.to(torch.float64)[:, None, :] * freq  # (b 1 t)
+            c, s = torch.cos(ang), torch.sin(ang)
+            out[..., a] = x[..., a] * c - x[..., b] * s
+            out[..., b] = x[..., a] * s + x[..., b] * c
+        return out
+
+
+# -- ALiBi ----------------------------------------------------------------------------------------
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """Press et al.'s geometric slopes; for a head count that is not a power of two, BLOOM's
+    rule: the slopes of the nearest lower power of two, then every other slope of the next one."""
+    p = 2 ** math.floor(math.log2(heads))
+    slopes = [2 ** (-8.0 * (i + 1) / p) for i in range(p)]
+    extra = [2 ** (-4.0 * (2 * i + 1) / p) for i in range(heads - p)]
+    return slopes + extra
+
+
+class ALiBi(Modifier):
+    """A per-head linear bias on the scores: slope_r * (j - i) causal, -slope_r * |i - j| otherwise.
+
+    The slopes are a buffer (saved with the weights) so that they follow their heads through
+    permute_heads / prune_heads; a fresh block holds `alibi_slopes(heads)`.
+    """
+
+    name = "alibi"
+    fields = ("alibi",)
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(spec.heads), dtype=torch.float32))
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return bool(spec.alibi)
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        if not isinstance(spec.alibi, bool):
+            raise SpecError(f"alibi={spec.alibi!r} must be True or False")
+        if spec.alibi and spec.is_cross:
+            raise SpecError(
+                f"alibi=True with d_context={spec.d_context}: ALiBi biases by query-key distance, which "
+                f"cross-attention keys do not have. Drop alibi or d_context"
+            )
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor | None:
+        rel = (-_relative(q_pos, k_pos)).to(torch.float32)  # j - i
+        dist = rel if self.spec.causal else -rel.abs()
+        return (rearrange(self.slopes, "h -> 1 h 1 1") * dist).to(dtype)
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        spec = m.spec
+        have = sorted(m.mods["alibi"].slopes.tolist())
+        want = sorted(alibi_slopes(spec.heads))
+        err = max(abs(a - b) for a, b in zip(have, want))
+        title, ok, detail = relative_positions_audit(m, x, "alibi")
+        first = ", ".join(f"{v:.4g}" for v in alibi_slopes(spec.heads)[:4])
+        return (
+            "alibi: slopes and relative positions",
+            ok and err < 1e-6,
+            f"slopes {first}, ... (as a set, max err vs Press/BLOOM {err:.1e}); {detail}",
+        )
+
+    @staticmethod
+    def reference(spec: AttentionSpec, slope: float, i: int, j: int) -> float:
+        return slope * (j - i) if spec.causal else -slope * abs(i - j)
+
+
+# -- sliding window -------------------------------------------------------------------------------
+
+
+class Window(Modifier):
+    """Query i sees key j iff i - window < j <= i: `window` keys, itself included (HF's convention)."""
+
+    name = "window"
+    fields = ("window",)
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.window is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        w = spec.window
+        if w is None:
+            return
+        if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+            raise SpecError(f"window={w!r} must be a positive integer (keys seen, itself included) or None")
+        if not spec.causal:
+            raise SpecError(f"window={w} needs causal=True (a sliding window looks back only); set causal=true")
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        return f"window={spec.window}"
+
+    def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return _relative(q_pos, k_pos) < self.spec.window
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        """Changing a token outside the last query's window leaves its output alone; inside, it does not."""
+        w, t = m.spec.window, x.shape[1]
+        y = m(x)[:, -1]
+        last = t - 1
+        outside = last - w  # the newest key the last query may not see
+        detail = []
+        ok = True
+        if outside >= 0:
+            x2 = x.clone()
+            x2[:, : outside + 1] += 1.0
+            e_out = (m(x2)[:, -1] - y).abs().max().item()
+            ok = ok and e_out < 1e-10
+            detail.append(f"keys 0..{outside} changed: last row moves {e_out:.1e} (must be 0)")
+        x3 = x.clone()
+        x3[:, max(0, last - w + 1)] += 1.0
+        e_in = (m(x3)[:, -1] - y).abs().max().item()
+        ok = ok and e_in > 1e-6
+        detail.append(f"key {max(0, last - w + 1)} (oldest inside) changed: moves {e_in:.1e} (must not be 0)")
+        return f"window={w}: query i sees keys i-{w - 1}..i", ok, "; ".join(detail)
+
+
+# -- softcap --------------------------------------------------------------------------------------
+
+
+class Softcap(Modifier):
+    """scores -> cap * tanh(scores / cap), after scaling and before any bias or mask (Gemma-2)."""
+
+    name = "softcap"
+    fields = ("softcap",)
+    needs_explicit = True  # SDPA has no hook for a nonlinear map of the scores
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.softcap is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        c = spec.softcap
+        if c is not None and (not _is_number(c) or c <= 0):
+            raise SpecError(f"softcap={c!r} must be a positive finite number (Gemma-2 uses 50.0) or None")
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        return f"softcap={spec.softcap:g}"
+
+    @classmethod
+    def why_not(cls, spec: AttentionSpec, lowering: str) -> str | None:
+        if lowering == "onnx-attention":
+            return (
+                "the ONNX Attention op applies its softcap after the mask (a masked score becomes -cap, not -inf), "
+                "Gemma-2 caps before masking"
+            )
+        if lowering == "ort-mha":
+            return "com.microsoft MultiHeadAttention has no softcap"
+        return None
+
+    def score_map(self, scores: Tensor) -> Tensor:
+        cap = self.spec.softcap
+        return torch.tanh(scores / cap) * cap
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        """Capped scores lie in (-cap, cap), so two allowed weights of a row differ by < exp(2 cap)."""
+        cap = m.spec.softcap
+        _, a = m(x * 1e3, need_weights=True)  # huge scores: without the cap one key would take all
+        ok_rows = a.sum(-1) > 0
+        smallest = torch.where(a > 0, a, torch.inf).amin(-1)  # over allowed keys only
+        ratio = (a.amax(-1) / smallest)[ok_rows]
+        log_ratio = torch.log(ratio).max().item() if ratio.numel() else 0.0
+        return (
+            f"softcap={cap:g}: scores in (-cap, cap)",
+            bool(torch.isfinite(a).all()) and log_ratio <= 2 * cap + 1e-9,
+            f"at x*1000, max log(weight ratio) within a row {log_ratio:.3g} <= 2*cap = {2 * cap:g}",
+        )
+
+
+# The order is the order of application at each stage (QK-norm before RoPE, as every model does).
+MODIFIERS: tuple[type[Modifier], ...] = (QKNorm, Rotary, ALiBi, Window, Softcap)
+
+
+def check_spec(spec: AttentionSpec) -> None:
+    for mod in MODIFIERS:
+        mod.check(spec)
+
+
+def active(spec: AttentionSpec) -> list[type[Modifier]]:
+    return [mod for mod in MODIFIERS if mod.active(spec)]
+
+
+def parameters_added(spec: AttentionSpec) -> int:
+    return sum(mod.parameters_added(spec) for mod in MODIFIERS)
+
+
+def why_not(spec: AttentionSpec, lowering: str) -> str | None:
+    """The first reason an active modifier gives against `lowering`, or None."""
+    for mod in active(spec):
+        reason = mod.why_not(spec, lowering)
+        if reason:
+            return reason
+    return None
+
+
+def build(spec: AttentionSpec) -> nn.ModuleDict:
+    """The block's modifier modules, keyed by name, in order of application."""
+    return nn.ModuleDict({mod.name: mod(spec) for mod in active(spec)})
