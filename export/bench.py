@@ -54,13 +54,18 @@ LOWERING_OF = {"ort-decomposed": "decomposed", "ort-onnx-attention": "onnx-atten
 BASELINE = "eager-sdpa"
 DEFAULT_NAME = "transformer-base"
 DEFAULT_SEQ = (1, 16, 512, 4096)
-ROOFLINE_SIZE = {"cpu": 2048, "cuda": 8192}  # n of an n x n x n product that reaches peak
+# The largest n of the n x n x n roofline product; the worker sizes it down to the dtype and
+# the machine (fp16 matmuls on a CPU without fp16 units run ~400x slower than fp32: a
+# 2048^3 product took 43 s on a 2-core VM), so that one product takes about ROOFLINE_CALL_S.
+ROOFLINE_SIZE = {"cpu": 2048, "cuda": 8192}
+ROOFLINE_MIN = 256
+ROOFLINE_CALL_S = 0.05
 RESULT_MARK = "ATTNZOO-BENCH-RESULT "  # the worker's one line of JSON on stdout
 MB = 1e6
 CONTENDED = 0.2  # CPUs' worth of other work during a measurement above which it is retried
 
 
-class BenchError(ValueError):
+class BenchError(zoo.AttnzooError, ValueError):
     """A benchmark request that cannot run here (bad option, no CUDA, unknown path)."""
 
 
@@ -320,24 +325,44 @@ def _identity_model(d: int, dtype: str, folder: Path) -> Path:
 
 
 def _roofline(job: Job) -> dict[str, Any]:
-    """GFLOP/s of an n x n x n product (n = job.seq) through the job's runtime."""
+    """GFLOP/s of an n x n x n product through the job's runtime. n = job.seq when given
+    (--roofline-size), else the largest power of two up to ROOFLINE_SIZE (from ROOFLINE_MIN)
+    whose single product takes no more than about ROOFLINE_CALL_S here."""
     torch, device, dtype, sync = _torch_setup(job)
-    n = job.seq
-    x = torch.randn(1, n, n, device=device, dtype=dtype)
-    if job.runtime == "torch":
-        w = torch.randn(n, n, device=device, dtype=dtype) / math.sqrt(n)
-        call = lambda: torch.matmul(x, w)  # noqa: E731
-    else:
-        from .session import OnnxSession
-
-        sess = OnnxSession(
-            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
-        )
-        call = lambda: sess.run(x)  # noqa: E731
-    out = time_calls(call, sync, job.budget)
+    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}roofline-") as tmp:
+        if job.seq:
+            n, call = job.seq, _matmul_call(job, job.seq, Path(tmp))
+        else:
+            n = ROOFLINE_MIN
+            call = _matmul_call(job, n, Path(tmp))
+            while n * 2 <= ROOFLINE_SIZE[job.provider]:
+                call()
+                sync()
+                t0 = time.perf_counter()
+                call()
+                sync()
+                if (time.perf_counter() - t0) * 8 > ROOFLINE_CALL_S:  # 2n costs 8x
+                    break
+                n *= 2
+                call = _matmul_call(job, n, Path(tmp))
+        out = time_calls(call, sync, job.budget)
     out["n"] = n
     out["gflops"] = 2 * n**3 / (out["median_ms"] / 1e3) / 1e9
     return out
+
+
+def _matmul_call(job: Job, n: int, folder: Path) -> Callable[[], Any]:
+    """One x (1 n n) @ W (n n) product through the job's runtime, inputs made once."""
+    torch, device, dtype, _ = _torch_setup(job)
+    x = torch.randn(1, n, n, device=device, dtype=dtype)
+    if job.runtime == "torch":
+        w = torch.randn(n, n, device=device, dtype=dtype) / math.sqrt(n)
+        return lambda: torch.matmul(x, w)
+    from .session import OnnxSession
+
+    model = _matmul_model(n, job.dtype, folder)
+    sess = OnnxSession(model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
+    return lambda: sess.run(x)
 
 
 def _overhead(job: Job) -> dict[str, Any]:
@@ -581,9 +606,13 @@ def benchmark(
     spec = zoo.spec(name, **overrides)  # raises on a bad name or override, before any work
     _check_request(provider, dtype, paths)
     shapes = [(b, t) for b in batches for t in seqs]
-    n = roofline_size or ROOFLINE_SIZE[provider]
+    if roofline_size is not None and (not isinstance(roofline_size, int) or roofline_size < 1):
+        raise BenchError(f"roofline_size={roofline_size!r} must be a positive integer, or None to size it here")
+    n = roofline_size or 0  # 0: the worker sizes it to the dtype and the machine
     runtimes = sorted({"ort" if p in LOWERING_OF else "torch" for p in paths})
-    with tempfile.TemporaryDirectory(prefix="attnzoo-bench-") as tmp:
+    _check_fits(spec, shapes, dtype)
+    _sweep_stale_temp()
+    with _terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}bench-") as tmp:
         folder = Path(tmp)
         lowerings = [LOWERING_OF[p] for p in paths if p in LOWERING_OF]
         with tqdm(
@@ -608,7 +637,6 @@ def benchmark(
                 threads,
                 budget,
                 seq=n,
-                model=str(_matmul_model(n, dtype, folder)) if rt == "ort" else "",
             )
             for rt in runtimes
         ]
@@ -657,6 +685,61 @@ def benchmark(
         "ort_call_overhead": overhead,
         "rows": rows,
     }
+
+
+TEMP_PREFIX = "attnzoo-"  # bench and roofline folders in the system temp dir
+_STALE_SECONDS = 3600
+
+
+def _sweep_stale_temp() -> None:
+    """Remove bench temp folders older than an hour: what a SIGKILLed run (which runs no
+    cleanup) left behind. Younger ones may be another run's, still working."""
+    import shutil
+
+    now = time.time()
+    for pattern in (f"{TEMP_PREFIX}bench-*", f"{TEMP_PREFIX}roofline-*"):
+        for p in Path(tempfile.gettempdir()).glob(pattern):
+            try:
+                if p.is_dir() and not p.is_symlink() and now - p.stat().st_mtime > _STALE_SECONDS:
+                    shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+
+
+class _terminate_as_interrupt:
+    """SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so temp folders and worker processes
+    are cleaned up; Python's default for SIGTERM is to die on the spot."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False
+
+
+def _check_fits(spec: zoo.AttentionSpec, shapes: Sequence[tuple[int, int]], dtype: str) -> None:
+    """Refuse shapes that cannot fit in memory even on the leanest path (SDPA, no score tensor)."""
+    from zoo.accounting import working_set_bytes
+    from zoo.limits import check_fits
+
+    itemsize = 2 if dtype == "float16" else 4
+    for b, t in shapes:
+        need = working_set_bytes(spec, b, t, t if spec.is_cross else None, itemsize=itemsize)
+        check_fits(need, f"benchmarking {spec.describe()} at b={b}, t={t}")
 
 
 def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
@@ -841,7 +924,8 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
     fig.tight_layout()
     from .lowering import write_atomic
 
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    fmt = Path(path).suffix.lower().lstrip(".")
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format=fmt if fmt in PLOT_FORMATS else "png"))
     plt.close(fig)
     return None
 
@@ -934,20 +1018,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag in range and finite, and the plot's name says its format."""
+    ints = {
+        "--threads": (args.threads, 1, 1024),
+        "--warmup": (args.warmup, 0, 10**6),
+        "--repeats": (args.repeats, 1, 10**7),
+        "--min-repeats": (args.min_repeats, 1, 10**7),
+        "--retries": (args.retries, 0, 100),
+        "--roofline-size": (args.roofline_size, 1, 65536),
+    }
+    for flag, (value, low, high) in ints.items():
+        if value is not None and not low <= value <= high:
+            raise BenchError(f"{flag} {value} is outside {low}..{high}")
+    if args.min_repeats > args.repeats:
+        raise BenchError(f"--min-repeats {args.min_repeats} is more than --repeats {args.repeats}")
+    for flag, value in (("--budget", args.budget), ("--timeout", args.timeout)):
+        if not math.isfinite(value) or value <= 0:
+            raise BenchError(f"{flag} {value} must be a positive number of seconds")
+    if args.timeout < args.budget:
+        raise BenchError(
+            f"--timeout {args.timeout:g} s is shorter than --budget {args.budget:g} s: every path would time out"
+        )
+    if args.plot and Path(args.plot).suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise BenchError(f"--plot {args.plot}: name a .png, .svg or .pdf file (the suffix is the format)")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """`attnzoo bench`: measure, print the markdown table, write JSON and the plot."""
     from .cli import parse_overrides
 
-    if args.threads is not None and args.threads < 1:
-        raise BenchError(f"--threads {args.threads} must be positive")
-    if args.repeats < 1 or args.min_repeats < 1 or args.warmup < 0 or args.budget <= 0 or args.retries < 0:
-        raise BenchError("--repeats and --min-repeats must be >= 1, --warmup and --retries >= 0, --budget > 0")
+    _check_flags(args)
     from .lowering import ensure_writable_parent
 
     for out in (args.json, args.plot):  # fail now, not after minutes of measuring
         if out:
             ensure_writable_parent(Path(out))
-    budget = Budget(args.warmup, args.repeats, min(args.min_repeats, args.repeats), args.budget)
+    budget = Budget(args.warmup, args.repeats, args.min_repeats, args.budget)
     report = benchmark(
         args.name,
         overrides=parse_overrides(args.set),

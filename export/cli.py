@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import zoo
 
 
-class CliError(Exception):
+class CliError(zoo.AttnzooError, ValueError):
     """A user mistake on the command line: printed as one line, exit status 2."""
 
 
@@ -50,7 +51,23 @@ def _positive(text: str) -> int:
 
 
 def _int_list(text: str) -> list[int]:
-    return [_positive(p) for p in text.replace(",", " ").split()]
+    values = [_positive(p) for p in text.replace(",", " ").split()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512")
+    return values
+
+
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{v} is outside 0..2**63-1")
+    return v
 
 
 # -- zoo commands --------------------------------------------------------------------------
@@ -95,6 +112,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise CliError(f"no attention block matches {args.name!r}")
     failed = 0
     for i, name in enumerate(names):
+        _check_audit_fits(zoo.spec(name, **parse_overrides(args.set)), args)
         m = zoo.create(name, **parse_overrides(args.set))
         steps = run_audit(m, batch=args.batch, seq=args.seq, ctx_seq=args.ctx_seq, seed=args.seed)
         if i:
@@ -104,16 +122,33 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# The audit builds the block, its combined/separate/permuted/pruned copies and a float64
+# copy (at most four alive at once, in float64).
+_AUDIT_PARAMETER_COPIES = 4
+
+
+def _check_audit_fits(spec: zoo.AttentionSpec, args: argparse.Namespace) -> None:
+    from zoo.accounting import working_set_bytes
+    from zoo.limits import check_fits
+
+    ctx = args.ctx_seq if spec.is_cross else None
+    need = _AUDIT_PARAMETER_COPIES * zoo.count_parameters(spec) * 8 + working_set_bytes(
+        spec, args.batch, args.seq, ctx, itemsize=8, score_copies=3
+    )
+    check_fits(need, f"auditing {spec.describe()} at b={args.batch}, t={args.seq}")
+
+
 # -- parser ----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="attnzoo",
         description="A zoo of multi-head attention variants: inspect, audit, export to ONNX, "
         "run under ONNX Runtime, check parity, benchmark.",
     )
     p.add_argument("--version", action="version", version=f"attnzoo {zoo.__version__}")
+    p.add_argument("--verbose", action="store_true", help="on an error, also print its full text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -144,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", "-b", type=_positive, default=2)
     sp.add_argument("--seq", "-t", type=_positive, default=5)
     sp.add_argument("--ctx-seq", "-s", type=_positive, default=7)
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=_seed, default=0, help="0..2**63-1 (default 0)")
     sp.set_defaults(func=cmd_audit)
 
     try:
@@ -162,31 +197,72 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    # OSError: unwritable output paths and the like, reported by the OS in one line already.
-    errors: list[type[BaseException]] = [CliError, ValueError, OSError]
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (exit 2) like every other mistake."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(e).__name__
+    # An OSError's str() carries its errno; the strerror and the file are what a user needs.
+    if isinstance(e, OSError) and e.strerror and e.filename:
+        text = f"{e.filename}: {e.strerror}"
+    return text + (" (more with --verbose)" if len(lines) > 1 or getattr(e, "detail", "") else "")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation failure from torch, numpy or ONNX Runtime (they raise different types)."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(
+        k in text for k in ("can't allocate memory", "out of memory", "failed to allocate", "bad_alloc")
+    )
+
+
+def _silence_stdout() -> None:
+    # The reader went away (`attnzoo list | head -1`): drop the rest of the output quietly,
+    # including what the interpreter would flush at exit.
     try:
-        from .session import SessionError  # a model that won't load, CUDA that won't start
-    except ImportError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
         pass
-    else:
-        errors.append(SessionError)
-    return tuple(errors)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command. Exit status: 0 done, 1 a check failed, 2 a mistake (one line on stderr;
+    the library's AttnzooError or an OSError), 130 interrupted, 141 the reader closed the pipe.
+    Anything else is a bug in attnzoo and keeps its traceback."""
+    prog = "attnzoo"
+    verbose = False
     try:
         return int(args.func(args) or 0)
-    except _user_errors() as e:
-        # User mistakes surface as typed errors from the library: one line, no traceback.
-        print(f"attnzoo {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        prog = f"attnzoo {args.command}"
+        verbose = bool(getattr(args, "verbose", False))
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 
 if __name__ == "__main__":
     sys.exit(main())
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except (zoo.AttnzooError, OSError) as e:
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        if verbose:
+            detail = getattr(e, "detail", "")
+            print(str(e) + (f"\n{detail}" if detail else ""), file=sys.stderr)
+        return 2
+    except Exception as e:
+        if not _out_of_memory(e):
+            raise
+        print(f"{prog}: error: out of memory: {_one_line(e)}; ask for a smaller size", file=sys.stderr)
+        return 2

@@ -42,14 +42,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .lowering import DTYPES, example_inputs
     from .session import OnnxSession
 
+    sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
     spec = sess.spec
     if spec is None:
         raise CliError(
             f"{args.path} carries no attnzoo metadata; `attnzoo run` needs a model written by `attnzoo export`"
         )
+    if args.ctx_seq is not None and not spec.is_cross:
+        raise CliError(
+            f"--ctx-seq {args.ctx_seq}: {args.path} is self-attention (its keys are x itself, s = t); "
+            f"give -s only for cross-attention models"
+        )
+    sess.check_size(args.batch, args.seq, args.ctx_seq or args.seq)  # before the inputs are made
     ins, _ = interface(
         spec,
         need_weights=False,
@@ -104,9 +110,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_parity(args: argparse.Namespace) -> int:
     from .parity import CASES, format_matrix, run_parity
+    from .session import cuda_status
 
     lowerings = args.lowering or list(LOWERINGS)
-    providers = args.provider or ["cpu"]
+    providers = list(dict.fromkeys(args.provider or ["cpu"]))
+    if "auto" in providers:  # CUDA where it works, said in one line where it does not
+        ok, why = cuda_status()
+        providers = [p for p in providers if p != "auto"] + [p for p in ("cpu", "cuda") if p not in providers]
+        if not ok:
+            providers.remove("cuda")
+            print(f"attnzoo parity: provider auto: no CUDA ({why}); CPU only", file=sys.stderr)
+    elif "cuda" in providers:
+        ok, why = cuda_status()
+        if not ok:  # asked for by name: a run that tests nothing must not pass
+            raise CliError(f"--provider cuda: {why}; drop it, or use --provider auto to include CUDA where it works")
     dtypes = args.dtype or ["float32"]
     cases = args.case or list(CASES)
     names = zoo.names(args.pattern)
@@ -141,7 +158,12 @@ def cmd_parity(args: argparse.Namespace) -> int:
             Path(args.json), lambda tmp: tmp.write_text(json.dumps([r.to_dict() for r in rows], indent=2, default=str))
         )
         print(f"wrote {args.json}")
-    return 1 if any(r.status == "FAIL" for r in rows) else 0
+    if any(r.status == "FAIL" for r in rows):
+        return 1
+    if not any(r.status == "PASS" for r in rows):
+        print("attnzoo parity: every check was skipped: nothing was tested", file=sys.stderr)
+        return 1
+    return 0
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:
@@ -182,7 +204,12 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp = sub.add_parser("parity", help="eager vs ONNX Runtime for every matching variant (exit 1 on FAIL)")
     sp.add_argument("pattern", nargs="?", default="*")
     sp.add_argument("--lowering", action="append", choices=LOWERINGS, help="repeatable; default all")
-    sp.add_argument("--provider", action="append", choices=["cpu", "cuda"], help="repeatable; default cpu")
+    sp.add_argument(
+        "--provider",
+        action="append",
+        choices=["cpu", "cuda", "auto"],
+        help="repeatable; default cpu. cuda fails where CUDA does not work; auto adds it only where it does",
+    )
     sp.add_argument("--dtype", action="append", choices=["float32", "float16"], help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
     sp.add_argument("--json", help="also write the rows as JSON")

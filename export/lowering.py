@@ -16,6 +16,7 @@ import copy
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -34,8 +35,8 @@ import zoo
 
 from .io import TensorIO, interface
 
-LOWERINGS = ("decomposed", "onnx-attention", "ort-mha")
-OPSET = {"decomposed": 18, "onnx-attention": 23, "ort-mha": 18}
+LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
+OPSET = {"decomposed": 18, "onnx-attention": 23, "ort-mha": 18, "ort-gqa": 18}
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Which lowering "auto" takes, fastest first, per provider and per kind of request, from
 # `attnzoo bench` (README, "Choosing a lowering"); the first that can express it wins.
@@ -63,14 +64,18 @@ FUSED_OPS = (
     "com.microsoft::Attention",
     "com.microsoft::GroupQueryAttention",
 )
+# Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
+ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clear of it
 # Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
 # constant (an example dim of 1, or two equal example dims, can be baked into the graph).
 EXAMPLE_B, EXAMPLE_T, EXAMPLE_S = 2, 5, 7
 
 
-class ExportError(ValueError):
+class ExportError(zoo.AttnzooError, ValueError):
     """A lowering cannot express a request, or its result failed a check."""
+
+    detail: str = ""  # the underlying tool's full text, when it has more than one line (CLI: --verbose)
 
 
 @dataclass
@@ -125,14 +130,29 @@ class _ExportBlock(nn.Module):
         return self.block(x, context, mask, need_weights=self.need_weights, head_mask=head_mask)
 
 
-def why_not(lowering: str, *, need_weights: bool) -> str | None:
-    """The reason `lowering` cannot express a request, or None if it (statically) can."""
+def why_not(lowering: str, spec: zoo.AttentionSpec | None = None, *, need_weights: bool = False) -> str | None:
+    """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
+
+    The modifiers (zoo/modifiers.py) each say what a lowering cannot do for them.
+    """
     if lowering not in LOWERINGS:
         raise ExportError(f"lowering={lowering!r} is not one of {', '.join(LOWERINGS)} or 'auto'")
     if need_weights and lowering != "decomposed":
-        op = "ONNX Attention" if lowering == "onnx-attention" else "com.microsoft MultiHeadAttention"
+        op = {
+            "onnx-attention": "ONNX Attention",
+            "ort-mha": "com.microsoft MultiHeadAttention",
+            "ort-gqa": "com.microsoft GroupQueryAttention",
+        }[lowering]
         return f"{op} does not output the softmax weights; use lowering='decomposed' for need_weights"
-    return None
+    if spec is None:
+        return None
+    if lowering == "ort-gqa":
+        from . import gqa
+
+        reason = gqa.why_not(spec)
+        if reason:
+            return reason
+    return zoo.modifiers.why_not(spec, lowering)
 
 
 def export_onnx(
@@ -154,9 +174,10 @@ def export_onnx(
     `provider` only steers lowering="auto" (the measured-fastest lowering differs by provider).
     """
     started = time.perf_counter()
+    _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
+    if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
+        _check_export_fits(zoo.spec(model_or_name, **overrides), dtype)
     module, name = _resolve_module(model_or_name, overrides)
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
     order = auto_order(provider, module.spec, with_mask=with_mask)
     path = Path(path)
     if path.is_dir():
@@ -166,9 +187,9 @@ def export_onnx(
     ensure_writable_parent(path)
 
     if lowering == "auto":
-        candidates = [lw for lw in order if why_not(lw, need_weights=need_weights) is None]
+        candidates = [lw for lw in order if why_not(lw, module.spec, need_weights=need_weights) is None]
     else:
-        reason = why_not(lowering, need_weights=need_weights)
+        reason = why_not(lowering, module.spec, need_weights=need_weights)
         if reason:
             raise ExportError(f"lowering={lowering!r} cannot express this request: {reason}")
         candidates = [lowering]
@@ -188,10 +209,14 @@ def export_onnx(
     else:  # pragma: no cover - decomposed always expresses everything
         raise last_error or ExportError("no lowering could express this request")
 
+    counts = op_counts(model)
     if lw == "ort-mha" and module.spec.layout == "combined":
-        notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
+        if counts.get("com.microsoft::Attention"):  # the packed op holds the Q/K/V weights itself
+            notes.append("the combined projection is inside ONNX Runtime's packed Attention node")
+        elif counts.get("MatMul", 0) >= 3:
+            notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
     _set_metadata(model, name, module.spec, lw, dtype)
-    external = _save_atomic(model, path, module, dtype)
+    external = _save_atomic(model, path, module, dtype, overwrite=overwrite)
     return ExportResult(
         path=path,
         name=name,
@@ -201,7 +226,7 @@ def export_onnx(
         spec=module.spec,
         inputs=[(io.name, _type_name(io, dtype), io.shape(module.spec)) for io in ins],
         outputs=[(io.name, _type_name(io, dtype), io.shape(module.spec)) for io in outs],
-        op_counts=op_counts(model),
+        op_counts=counts,
         parameters=zoo.count_parameters(module),
         seconds=time.perf_counter() - started,
         file_bytes=path.stat().st_size,
@@ -211,8 +236,53 @@ def export_onnx(
     )
 
 
+def _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite) -> None:
+    """Types and choices of export_onnx's arguments, before any work (`with_mask='no'` is not True)."""
+    if not isinstance(path, (str, os.PathLike)) or (isinstance(path, str) and not path.strip()):
+        raise zoo.InputTypeError(f"path={path!r} must be a file path (str or os.PathLike), e.g. 'model.onnx'")
+    flags = {
+        "need_weights": need_weights,
+        "with_mask": with_mask,
+        "with_head_mask": with_head_mask,
+        "overwrite": overwrite,
+    }
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise zoo.InputTypeError(f"{flag}={value!r} must be True or False")
+    for arg, value, choices in (
+        ("lowering", lowering, ("auto", *LOWERINGS)),
+        ("dtype", dtype, tuple(DTYPES)),
+        ("provider", provider, TARGETS),
+    ):
+        if not isinstance(value, str) or value not in choices:
+            raise ExportError(f"{arg}={value!r} is not one of {', '.join(choices)}")
+
+
+# Exporting holds the fp32 module, its copy in the export dtype, torch's traced program and
+# the serialized ONNX model: about four copies of the parameters at once.
+_EXPORT_PARAMETER_COPIES = 4
+
+
+def _check_export_fits(spec: zoo.AttentionSpec, dtype: str) -> None:
+    from zoo.accounting import working_set_bytes
+    from zoo.limits import check_fits
+
+    need = _EXPORT_PARAMETER_COPIES * zoo.count_parameters(spec) * 4 + working_set_bytes(
+        spec, EXAMPLE_B, EXAMPLE_T, EXAMPLE_S if spec.is_cross else None, score_copies=3
+    )
+    check_fits(need, f"exporting {spec.describe()} ({zoo.count_parameters(spec):,} parameters, {dtype})")
+
+
+_TEMP_PREFIX = ".attnzoo-"  # temp files and folders beside an output; stale ones are swept
+_STALE_SECONDS = 3600
+
+
 def ensure_writable_parent(path: Path) -> None:
-    """Create `path`'s folder if needed and check it can be written, before any long work."""
+    """Create `path`'s folder if needed and check it can be written, before any long work.
+
+    The check writes (and removes) a probe file: os.access says yes to root on a read-only
+    mount, and the rename at the end must not be the first thing to find out."""
+    path = Path(path)
     for folder in (path.parent, *path.parent.parents):
         if folder.exists():
             if not folder.is_dir():
@@ -222,19 +292,68 @@ def ensure_writable_parent(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ExportError(f"cannot create the folder for {path}: {e.strerror or e}") from None
-    if not os.access(path.parent, os.W_OK):
-        raise ExportError(f"cannot write to {path.parent}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=_TEMP_PREFIX + "probe-", dir=path.parent)
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e} ({path.parent})") from None
+    os.close(fd)
+    os.unlink(probe)
+    _sweep_stale(path.parent)
 
 
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def _sweep_stale(folder: Path) -> None:
+    """Remove temp files/folders an earlier run left when it was killed (SIGKILL skips cleanup)."""
+    now = time.time()
+    try:
+        entries = list(folder.glob(_TEMP_PREFIX + "*"))
+    except OSError:
+        return
+    for p in entries:
+        try:
+            if now - p.lstat().st_mtime < _STALE_SECONDS:
+                continue  # maybe another process's work in progress
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def publish(tmp: Path, path: Path, *, overwrite: bool) -> None:
+    """Move the finished file `tmp` to `path`, atomically. Without `overwrite` the final step is
+    exclusive (a hard link, or an O_EXCL claim where links are unsupported): of two writers
+    racing for one name exactly one wins and the other gets FileExistsError."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it") from None
+    except OSError:  # no hard links here (some network and FAT filesystems)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it") from None
+        os.close(fd)
+        os.replace(tmp, path)  # over our own empty claim
+        return
+    os.unlink(tmp)
+
+
+def write_atomic(path: Path, write: Callable[[Path], None], *, overwrite: bool = True) -> None:
     """write(tmp) into a temp file beside `path`, then rename it into place (no half files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=path.suffix, dir=path.parent)
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
     os.close(fd)
     try:
         write(Path(tmp))
-        os.replace(tmp, path)
+        publish(Path(tmp), path, overwrite=overwrite)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -278,6 +397,14 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
     """Trace one compute path of `module` and return (onnx_ir model, inputs, outputs)."""
     spec = module.spec
     ins, outs = interface(spec, need_weights=need_weights, with_mask=with_mask, with_head_mask=with_head_mask)
+    if lowering == "ort-gqa":  # no torch op exports to GroupQueryAttention: the graph is built by hand
+        import onnx_ir as ir
+
+        from . import gqa
+
+        model = ir.from_proto(gqa.build(module, dtype, ins, outs))
+        _check_interface(model, ins, outs, spec)
+        return model, ins, outs
     block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
     block.fused = lowering != "decomposed"
     # GQA: repeat K and V in the graph rather than export SDPA's enable_gqa. ORT 1.31's CPU
@@ -308,7 +435,7 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
                 report=False,
             )
     except Exception as e:  # torch's exporter raises many types; name the request in one
-        raise ExportError(f"torch.onnx.export failed for lowering={lowering!r}: {type(e).__name__}: {e}") from e
+        raise _export_failure(lowering, e) from e
     model = program.model
     counts = op_counts(model)
     if lowering == "onnx-attention" and counts.get("Attention", 0) != 1:
@@ -373,29 +500,76 @@ def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtyp
     model.producer_version = zoo.__version__
 
 
-def _save_atomic(model, path: Path, module, dtype: str) -> Path | None:
-    """Write into a temp folder beside `path`, check it, then rename into place."""
-    import onnx
+def _save_atomic(model, path: Path, module, dtype: str, *, overwrite: bool = False) -> Path | None:
+    """Write into a temp folder beside `path` (same filesystem), check it, then publish it.
+
+    The no-overwrite rule is enforced by the publishing step itself (see `publish`), not only
+    by a check before the work: two exports racing for one name cannot both win."""
     import onnx_ir as ir
 
     path.parent.mkdir(parents=True, exist_ok=True)
     itemsize = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     big = zoo.count_parameters(module) * itemsize > EXTERNAL_DATA_BYTES
     data_name = path.name + ".data" if big else None
-    tmpdir = Path(tempfile.mkdtemp(prefix=".attnzoo-", dir=path.parent))
+    try:
+        tmpdir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=path.parent))
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         tmp = tmpdir / path.name
-        ir.save(model, tmp, external_data=data_name)
         try:
-            onnx.checker.check_model(str(tmp), full_check=True)  # includes strict shape inference
-        except Exception as e:
-            raise ExportError(f"the exported model fails onnx.checker (full check): {e}") from e
-        if data_name:
-            os.replace(tmpdir / data_name, path.parent / data_name)
-        os.replace(tmp, path)
+            ir.save(model, tmp, external_data=data_name)
+        except OSError as e:
+            raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
+        _check_saved(tmp, model)
+        data_path = path.parent / data_name if data_name else None
+        if data_path is not None:
+            publish(tmpdir / data_name, data_path, overwrite=overwrite)
+        try:
+            publish(tmp, path, overwrite=overwrite)
+        except BaseException:
+            if data_path is not None and not overwrite:
+                data_path.unlink(missing_ok=True)  # ours: published a moment ago, now orphaned
+            raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return path.parent / data_name if data_name else None
+
+
+def _check_saved(tmp: Path, model) -> None:
+    """onnx.checker with strict shape inference; for a graph holding ORT-only ops in the default
+    domain (onnx.checker rejects those), ONNX Runtime's own loader is the check instead."""
+    import onnx
+
+    if not any(op in ORT_DEFAULT_DOMAIN_OPS for op in op_counts(model)):
+        try:
+            onnx.checker.check_model(str(tmp), full_check=True)
+        except Exception as e:
+            raise ExportError(f"the exported model fails onnx.checker (full check): {e}") from e
+        return
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(tmp), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own types
+        raise ExportError(f"ONNX Runtime cannot load the exported model: {str(e).splitlines()[0]}") from e
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _export_failure(lowering: str, e: Exception) -> ExportError:
+    """One line naming the request and torch's first line; the full (uncoloured) text in .detail."""
+    text = _ANSI.sub("", str(e))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    err = ExportError(
+        f"torch.onnx.export failed for lowering={lowering!r}: {type(e).__name__}: "
+        f"{lines[0][:300] if lines else 'no message'}"
+    )
+    err.detail = text
+    return err
 
 
 class _quiet:

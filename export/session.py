@@ -27,11 +27,11 @@ _NP_DTYPE = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor
 _TORCH_DTYPE = {np.float32: torch.float32, np.float16: torch.float16, np.bool_: torch.bool}
 
 
-class SessionError(RuntimeError):
+class SessionError(zoo.AttnzooError, RuntimeError):
     """The model cannot be loaded, or the asked-for provider does not really work here."""
 
 
-class RunInputError(ValueError):
+class RunInputError(zoo.AttnzooError, ValueError):
     """An input given to OnnxSession.run does not fit the model's inputs."""
 
 
@@ -111,10 +111,13 @@ class OnnxSession:
     ) -> None:
         """io_binding: bind torch tensors in place; None = on CUDA only (on the CPU a plain run
         over zero-copy numpy views measured as fast or a little faster at decode sizes)."""
-        if provider not in PROVIDERS:
-            raise ValueError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads={threads!r} must be a positive integer or None")
+        if not isinstance(provider, str) or provider not in PROVIDERS:
+            raise zoo.ArgumentError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
+        if not isinstance(path, (str, os.PathLike)):
+            raise zoo.InputTypeError(f"path={path!r} must be the path of an .onnx file (str or os.PathLike)")
+        bad_threads = isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024
+        if threads is not None and bad_threads:
+            raise zoo.ArgumentError(f"threads={threads!r} must be an integer in 1..1024, or None")
         self.path = Path(path)
         if self.path.is_dir():
             raise SessionError(f"{self.path} is a folder; give the path of an .onnx file")
@@ -222,10 +225,20 @@ class OnnxSession:
                     if t.device.type != "cpu":
                         raise RunInputError(f"{name} is on {t.device} but this session runs on the CPU")
                 arrays = {k: np.ascontiguousarray(v.detach().numpy()) for k, v in feeds.items()}
-                outs = [torch.from_numpy(o) for o in self._sess.run(self._outputs, arrays)]
+                outs = [torch.from_numpy(o) for o in self._ort_run(arrays)]
         else:
-            outs = self._sess.run(self._outputs, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+            outs = self._ort_run({k: np.ascontiguousarray(v) for k, v in feeds.items()})
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _ort_run(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            return self._sess.run(self._outputs, arrays)
+        except Exception as e:  # noqa: BLE001 - ORT's own exception types
+            text = str(e)
+            if "allocate" in text.lower() or "bad_alloc" in text.lower():
+                first = text.strip().splitlines()[0][:200]
+                raise zoo.ResourceError(f"ONNX Runtime ran out of memory running {self.path.name}: {first}") from e
+            raise
 
     def _prepare(self, x, context, mask, head_mask) -> dict[str, Any]:
         given = {"x": x, "context": context, "mask": mask, "head_mask": head_mask}
@@ -255,6 +268,14 @@ class OnnxSession:
             if context.shape[0] != b:
                 raise RunInputError(f"context has batch {context.shape[0]}, x has {b}")
         s_len = context.shape[1] if context is not None else t
+        # ONNX Runtime's kernels are not all safe on empty axes (the decomposed graph's
+        # Reshape divides by b: SIGFPE at b = 0), so an empty input never reaches them.
+        if b == 0 or t == 0 or s_len == 0:
+            axes = (("b", b), ("t", t)) + ((("s", s_len),) if context is not None else ())
+            empty = ", ".join(f"{a}=0" for a, n in axes if n == 0)
+            shapes = f"x {tuple(x.shape)}" + (f", context {tuple(context.shape)}" if context is not None else "")
+            raise RunInputError(f"empty input ({empty}; {shapes}): every axis must be at least 1")
+        self.check_size(b, t, s_len)
         feeds: dict[str, Any] = {"x": x}
         if context is not None:
             feeds["context"] = context
@@ -263,6 +284,21 @@ class OnnxSession:
         if "head_mask" in self._inputs:
             feeds["head_mask"] = self._head_mask(head_mask, b, lib, want_dtype)
         return feeds
+
+    def check_size(self, b: int, t: int, s: int) -> None:
+        """Raise zoo.ResourceError when a call at (b, t, s) would need more memory than this
+        machine has (an estimate from zoo.accounting; `run` checks before ORT allocates)."""
+        if self.spec is None:
+            return
+        from zoo.accounting import working_set_bytes
+        from zoo.limits import check_fits
+
+        # Score tensors (b h t s) the lowering's CPU kernels hold at once (measured peaks, README).
+        copies = {"decomposed": 2, "onnx-attention": 1}.get(self.metadata.get("attnzoo.lowering", ""), 0)
+        need = working_set_bytes(
+            self.spec, b, t, s if self.spec.is_cross else None, itemsize=self.dtype.itemsize, score_copies=copies
+        )
+        check_fits(need, f"running {self.path.name} at (b, t, s) = ({b}, {t}, {s})")
 
     def _check_float(self, name: str, v, rank: int, want: np.dtype) -> None:
         io = self._inputs[name]

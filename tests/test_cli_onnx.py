@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from export.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,13 +70,21 @@ def test_parity_cli_prints_matrix_and_json(tmp_path, capsys):
     assert len(rows) == 4 and all(r["status"] == "PASS" for r in rows)
 
 
-def test_parity_cli_skips_with_reason_on_cuda(capsys):
+def test_parity_cli_refuses_cuda_it_cannot_run_and_auto_skips_it(capsys):
     from export.session import cuda_status
 
-    if cuda_status()[0]:
-        return
-    assert main(["parity", "mha-separate-nobias", "--provider", "cuda", "--lowering", "decomposed", "-q"]) == 0
-    assert "SKIP: " in capsys.readouterr().out
+    ok, why = cuda_status()
+    if ok:
+        pytest.skip("this machine has a working CUDA provider")
+    # Asked for by name, a provider that cannot run fails (a CI job must not go green on nothing).
+    assert main(["parity", "mha-separate-nobias", "--provider", "cuda", "--lowering", "decomposed", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--provider cuda" in err and why in err
+    # auto: CPU, and CUDA only where it works (one line says so).
+    args = ["parity", "mha-separate-nobias", "--provider", "auto", "--lowering", "decomposed", "--case", "plain", "-q"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "| cpu |" in out and "| cuda |" not in out and "no CUDA" in err
 
 
 def test_export_script_is_the_cli(tmp_path):

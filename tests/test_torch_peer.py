@@ -17,7 +17,11 @@ def test_from_torch_mha_matches_outputs_and_weights(bias, batch_first, kdim):
     with torch.no_grad():  # torch zero-initialises the biases; make them count
         for p in peer.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    m = zoo.from_torch_mha(peer).eval()
+    if batch_first:
+        m = zoo.from_torch_mha(peer).eval()
+    else:  # the layout change is said out loud, naming the peer's (t, b, c)
+        with pytest.warns(UserWarning, match=r"batch_first=False.*\(t, b, c\)"):
+            m = zoo.from_torch_mha(peer).eval()
     assert m.spec.layout == ("combined" if kdim is None else "separate")
     assert m.spec.bias == bias and zoo.count_parameters(m) == zoo.count_parameters(peer)
     x = torch.randn(2, 5, 32)
@@ -91,4 +95,4 @@ def test_float64_peer_stays_exact():
 
 def test_training_mode_dropout_warns():
     with pytest.warns(UserWarning, match="dropout=0.1"):
-        zoo.from_torch_mha(nn.MultiheadAttention(8, 2, dropout=0.1))
+        zoo.from_torch_mha(nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True))
