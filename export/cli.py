@@ -240,18 +240,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = "attnzoo"
     verbose = False
     try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
         parser = build_parser()
         args = parser.parse_args(argv)
         prog = f"attnzoo {args.command}"
         verbose = bool(getattr(args, "verbose", False))
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
     except BrokenPipeError:
         _silence_stdout()
         return 141
@@ -266,3 +262,7 @@ if __name__ == "__main__":
             raise
         print(f"{prog}: error: out of memory: {_one_line(e)}; ask for a smaller size", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
