@@ -1,0 +1,232 @@
+"""The serving half of the `attnzoo` CLI: serve (Ray Serve), triton (a model repository), loadtest."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zoo
+
+from .cli import CliError, parse_overrides
+from .lowering import ensure_writable_parent, write_atomic
+
+
+def _need(module: str, what: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise CliError(f"{what} needs the serve extra ({module} is not installed): pip install 'attnzoo[serve]'")
+
+
+def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder: Path) -> Path:
+    """An .onnx path as given, or a zoo name exported with the mask input (so batches can pad)."""
+    path = Path(target)
+    if path.suffix == ".onnx" or path.exists():
+        if overrides:
+            raise CliError("--set applies to a zoo name, not to an .onnx file")
+        return path
+    if target not in zoo.names():
+        raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
+    from .lowering import export_onnx
+
+    out = folder / f"{target}.onnx"
+    result = export_onnx(target, out, lowering=lowering, dtype=dtype, with_mask=True, overwrite=True, **overrides)
+    print(result.summary())
+    return out
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _need("ray", "attnzoo serve")
+    from .serve import start
+
+    with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
+        path = _model_path(args.model, parse_overrides(args.set), args.lowering, args.dtype, Path(tmp))
+        dep = start(
+            path,
+            replicas=args.replicas,
+            provider=args.provider,
+            max_batch=args.max_batch,
+            batch_wait_ms=args.batch_wait_ms,
+            port=args.port,
+            host=args.host,
+            address=args.address,
+            max_tokens=args.max_tokens,
+            threads=args.threads,
+            cpus_per_replica=args.cpus_per_replica,
+            app=args.app,
+        )
+        try:
+            print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
+            print(f"  curl -s {dep.url}healthz; curl -s {dep.url}metadata")
+            save = f"np.save('x.npy', np.random.randn(16, {_width(path)}).astype('float32'))"
+            print(f'  python -c "import numpy as np; {save}"')
+            print(f"  curl -s --data-binary @x.npy -H 'Content-Type: application/x-npy' {dep.url}predict -o y.npy")
+            sys.stdout.flush()
+            # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does.
+            signal.signal(signal.SIGTERM, _interrupt)
+            ends = time.monotonic() + args.duration if args.duration else None
+            while ends is None or time.monotonic() < ends:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            dep.shutdown()
+    print("stopped")
+    return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _width(path: Path) -> int | str:
+    from .session import OnnxSession
+
+    spec = OnnxSession(path, provider="cpu", verbose=False).spec
+    return spec.d_model if spec else "C"
+
+
+def cmd_triton(args: argparse.Namespace) -> int:
+    from .triton import check_model, write_repository
+
+    written = write_repository(
+        args.names,
+        args.output,
+        max_batch=args.max_batch,
+        instances=args.instances,
+        kind=args.kind,
+        batch_wait_us=args.batch_wait_us,
+        lowering=args.lowering,
+        dtype=args.dtype,
+        with_mask=args.mask,
+        overwrite=args.force,
+        **parse_overrides(args.set),
+    )
+    checkable = importlib.util.find_spec("tritonclient") is not None
+    failed = 0
+    for w in written:
+        print(f"wrote {w.folder}/config.pbtxt and {w.folder}/1/model.onnx")
+        if checkable:
+            problems = check_model(w.folder)
+            failed += bool(problems)
+            verdict = "OK" if not problems else "MISMATCH: " + "; ".join(problems)
+            print(f"  config vs model (Triton's schema): {verdict}")
+    if not checkable:
+        print("  (configs not checked: pip install 'attnzoo[serve]' for tritonclient's schema)")
+    print(f"serve it with: tritonserver --model-repository {Path(args.output).resolve()}")
+    return 1 if failed else 0
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from .loadtest import format_report, loadtest
+
+    if args.kill_after is not None:
+        _need("ray", "--kill-after")
+    if args.json:
+        ensure_writable_parent(Path(args.json))
+    if args.model and not Path(args.model).is_file():
+        raise CliError(f"--model {args.model}: no such file (give the .onnx file the server runs)")
+    report = loadtest(
+        args.url,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        seqs=args.seq,
+        batch=args.batch,
+        binary=not args.json_bodies,
+        bad_fraction=args.bad_fraction,
+        model=args.model,
+        kill_after=args.kill_after,
+        ray_address=args.ray_address,
+        app=args.app,
+        retries=args.retries,
+        warmup=args.warmup,
+        seed=args.seed,
+        progress=lambda lv: print(
+            f"concurrency {lv['concurrency']}: {lv['throughput_rps']} req/s", file=sys.stderr, flush=True
+        ),
+    )
+    print(format_report(report))
+    if args.json:
+        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+        print(f"wrote {args.json}")
+    broken = sum(lv["good_wrong"] + (lv["bad"] - lv["bad_4xx"]) for lv in report["levels"])
+    return 1 if broken else 0
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be in [0, 1)")
+    return v
+
+
+def _nonneg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
+    return v
+
+
+def add_commands(sub, with_set, positive, int_list) -> None:
+    from .lowering import LOWERINGS
+
+    sp = sub.add_parser("serve", help="serve an exported block with Ray Serve (dynamic batching, HTTP)")
+    sp.add_argument("model", metavar="PATH_OR_NAME", help="an .onnx file, or a zoo name (exported with --mask first)")
+    sp.add_argument("--replicas", type=positive, default=1)
+    sp.add_argument("--provider", default="cpu", choices=["auto", "cpu", "cuda"], help="cuda: one GPU per replica")
+    sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
+    sp.add_argument("--batch-wait-ms", type=_nonneg, default=5.0, help="how long a batch waits to fill (default 5)")
+    sp.add_argument("--port", type=positive, default=8000)
+    sp.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on (default 127.0.0.1)")
+    sp.add_argument("--address", default=None, help="join this Ray cluster ('auto' or HOST:PORT); default: start Ray")
+    sp.add_argument("--max-tokens", type=positive, default=65_536, help="most b*t per request (larger: HTTP 413)")
+    sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
+    sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
+    sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")
+    sp.add_argument("--duration", type=_nonneg, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help="when exporting a name")
+    sp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="when exporting a name")
+    with_set(sp)
+    sp.set_defaults(func=cmd_serve)
+
+    sp = sub.add_parser("triton", help="write a Triton model repository (onnxruntime backend) of zoo blocks")
+    sp.add_argument("names", nargs="+", metavar="NAME")
+    sp.add_argument("-o", "--output", required=True, metavar="REPO", help="the model repository folder")
+    sp.add_argument("--max-batch", type=int, default=8, help="Triton max_batch_size; 0 = no batching (default 8)")
+    sp.add_argument("--instances", type=positive, default=1, help="model instances per device (default 1)")
+    sp.add_argument("--kind", default="cpu", choices=["cpu", "gpu"], help="instance group kind (default cpu)")
+    sp.add_argument("--batch-wait-us", type=int, default=5000, help="dynamic batching queue delay (default 5000)")
+    sp.add_argument("--mask", action="store_true", help="export with the bool mask input (b, t, s)")
+    sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS])
+    sp.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    sp.add_argument("--force", action="store_true", help="replace existing model folders")
+    with_set(sp)
+    sp.set_defaults(func=cmd_triton)
+
+    sp = sub.add_parser("loadtest", help="load an `attnzoo serve` URL: throughput, p50/p95/p99, errors, faults")
+    sp.add_argument("url", help="e.g. http://127.0.0.1:8000/")
+    sp.add_argument("--concurrency", type=int_list, default=[1, 16], help="levels, e.g. 1,16 (default 1,16)")
+    sp.add_argument("--requests", type=positive, default=200, help="requests per level (default 200)")
+    sp.add_argument("--seq", type=int_list, default=[16, 32, 64, 128], help="T of the requests (default 16,32,64,128)")
+    sp.add_argument("--batch", type=positive, default=1, help="sequences per request (default 1)")
+    sp.add_argument("--json-bodies", action="store_true", help="send JSON instead of .npy bodies")
+    sp.add_argument("--bad-fraction", type=_fraction, default=0.0, help="share of malformed requests, e.g. 0.05")
+    sp.add_argument("--model", help="the served .onnx file: every answer is checked against it")
+    sp.add_argument("--kill-after", type=_nonneg, default=None, help="kill one replica this many seconds in")
+    sp.add_argument("--ray-address", default="auto", help="the Ray cluster of the server (for --kill-after)")
+    sp.add_argument("--app", default="attnzoo", help="the Ray Serve application name (for --kill-after)")
+    sp.add_argument("--retries", type=int, default=1, help="client retries of a failed request (default 1)")
+    sp.add_argument("--warmup", type=int, default=8, help="uncounted requests first (default 8)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--json", help="also write the report as JSON")
+    sp.set_defaults(func=cmd_loadtest)

@@ -1,0 +1,180 @@
+"""The load test: its statistics and malformed bodies (no server), then a short run against Ray
+Serve on 127.0.0.1 with malformed requests mixed in and a replica killed mid-run.
+
+The full targets (1,000 requests at concurrency 16, 5% malformed, a replica killed) are measured
+with `attnzoo loadtest` and reported in the README; here the same checks run on ~200 requests.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+
+from export import export_onnx
+from export.loadtest import (
+    BAD_KINDS,
+    Level,
+    LoadTestError,
+    Sample,
+    _bad_body,
+    _pct,
+    build_pool,
+    format_report,
+    loadtest,
+)
+from export.serve import ModelInfo, RequestError, decode_request, start
+from export.session import OnnxSession
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
+
+
+def test_percentiles_are_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert (_pct(values, 50), _pct(values, 95), _pct(values, 99), _pct(values, 100)) == (50.0, 95.0, 99.0, 100.0)
+    assert _pct([7.0], 99) == 7.0 and _pct([], 50) is None
+
+
+def test_summary_counts_and_time_split():
+    samples = [
+        Sample(0, "good", 200, 0.010, model_ms=4.0, queue_ms=1.0, batch=2, replica="a", correct=True),
+        Sample(1, "good", 200, 0.030, model_ms=6.0, queue_ms=3.0, batch=4, replica="b", correct=False),
+        Sample(2, "good", 503, 0.001, retried=True),
+        Sample(3, "nan", 400, 0.002),
+        Sample(4, "too-large", 413, 0.002),
+        Sample(5, "not-json", 500, 0.002),
+    ]
+    s = Level(concurrency=2, requests=6, seconds=2.0, samples=samples).summary()
+    assert s["throughput_rps"] == 3.0
+    assert (s["good"], s["good_ok"], s["good_wrong"], s["good_checked"]) == (3, 2, 1, 2)
+    assert s["good_failed_status"] == {"503": 1}
+    assert (s["bad"], s["bad_4xx"], s["5xx"], s["retried"]) == (3, 2, 2, 1)
+    assert s["bad_statuses"] == {"400": 1, "413": 1, "500": 1}
+    assert s["latency_ms"]["p50"] == 10.0 and s["latency_ms"]["max"] == 30.0
+    assert s["time_split_ms"] == {"model": 5.0, "batch_wait": 2.0, "engine": 13.0}
+    assert s["mean_batch_rows"] == 3.0 and s["replicas_seen"] == 2
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loadtest") / "m.onnx"
+    export_onnx("mha-combined-bias", path, with_mask=True)
+    return path
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_every_malformed_kind_is_refused_with_a_4xx(model, kind):
+    info = ModelInfo.of(OnnxSession(model, provider="cpu", verbose=False), max_tokens=512)
+    body, ctype = _bad_body(kind, 64, np.float32, 512, np.random.default_rng(0))
+    with pytest.raises(RequestError) as e:
+        decode_request(body, ctype, info)
+    assert 400 <= e.value.status < 500
+
+
+def test_answers_are_checked_only_against_the_served_file(model):
+    meta = {"spec": {"d_model": 64}, "dtype": "float32", "sha256": "0" * 64, "max_tokens": 512}
+    with pytest.raises(LoadTestError, match="sha256 differs"):
+        build_pool(meta, seqs=[4], model=model)
+    import hashlib
+
+    meta["sha256"] = hashlib.sha256(model.read_bytes()).hexdigest()
+    pool = build_pool(meta, seqs=[3, 5], size=4, model=model)
+    assert [want.shape for _, _, want in pool.good] == [(1, 3, 64), (1, 5, 64)] * 2
+    assert set(pool.bad) == set(BAD_KINDS)
+
+
+def test_bad_options_are_refused_before_any_traffic():
+    with pytest.raises(LoadTestError, match="concurrency"):
+        loadtest("http://127.0.0.1:1/", concurrency=[0], requests=1, seqs=[4])
+    with pytest.raises(LoadTestError, match="bad_fraction"):
+        loadtest("http://127.0.0.1:1/", concurrency=[1], requests=1, seqs=[4], bad_fraction=1.5)
+
+
+def test_no_server_is_one_line_at_the_cli(capsys):
+    from export.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["loadtest", f"http://127.0.0.1:{port}/", "--requests", "2", "--retries", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no attnzoo server answers" in err and len(err.splitlines()) == 1
+
+
+# -- against a real deployment -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(model, request):
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def stop():
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+    request.addfinalizer(stop)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return start(
+        model, replicas=2, port=port, max_batch=8, batch_wait_ms=5, max_tokens=1024, app="test-load", threads=1
+    )
+
+
+def test_short_load_with_malformed_requests_every_answer_checked(server, model, tmp_path):
+    from export.cli import main
+
+    out = tmp_path / "load.json"
+    rc = main(
+        [
+            "loadtest",
+            server.url,
+            "--concurrency",
+            "1,8",
+            "--requests",
+            "60",
+            "--seq",
+            "4,16,33",
+            "--bad-fraction",
+            "0.1",
+            "--model",
+            str(model),
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 8]
+    for lv in report["levels"]:
+        assert lv["good"] == 54 and lv["good_ok"] == 54 and lv["good_checked"] == 54 and lv["good_wrong"] == 0
+        assert lv["bad"] == 6 and lv["bad_4xx"] == 6 and lv["5xx"] == 0
+        assert lv["latency_ms"]["p50"] > 0 and lv["time_split_ms"]["model"] > 0
+    assert report["speedup"] is not None
+    assert "throughput at concurrency 8 / 1" in format_report(report)
+
+
+def test_a_killed_replica_is_replaced_and_requests_still_succeed(server, model):
+    report = loadtest(
+        server.url,
+        concurrency=[4],
+        requests=150,
+        seqs=[8, 24],
+        bad_fraction=0.05,
+        model=model,
+        kill_after=1.0,
+        app="test-load",
+        warmup=4,
+    )
+    lv = report["levels"][0]
+    assert lv["kill"]["killed"].startswith("SERVE_REPLICA::test-load#")
+    assert lv["kill"]["recovered_s"] is not None and lv["kill"]["recovered_s"] < 30, lv["kill"]
+    assert lv["good_ok"] >= 0.99 * lv["good"] and lv["good_wrong"] == 0, lv
+    assert lv["bad_4xx"] == lv["bad"]

@@ -1,0 +1,353 @@
+"""Serving: request decoding and padded batches (plain numpy), then the same through Ray Serve.
+
+The Ray half shares one Ray instance per module (2 CPUs) and one deployment on 127.0.0.1 at a
+free port; both are shut down by the fixture's finalizer, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from export import export_onnx
+from export.serve import (
+    JSON,
+    NPY,
+    NPZ,
+    Client,
+    ClientError,
+    Item,
+    ModelInfo,
+    RequestError,
+    ServeError,
+    check_arrays,
+    decode_request,
+    encode_response,
+    run_batch,
+    start,
+)
+from export.session import OnnxSession
+
+# Ray Serve's own pydantic models warn on import; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+RTOL = 1e-5  # max abs error relative to the output scale (fp32, CPU), as the issue asks
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = float(np.abs(got - want).max())
+    scale = float(np.abs(want).max())
+    assert scale > 0 and err <= RTOL * scale, f"max abs err {err:.3g} vs output scale {scale:.3g}"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Small exports: self-attention with a mask input, causal without one, cross with a mask."""
+    d = tmp_path_factory.mktemp("serve_models")
+    out = {}
+    for key, name, mask in (("masked", "mha-combined-bias", True), ("causal", "mha-causal", False)):
+        export_onnx(name, d / f"{key}.onnx", with_mask=mask, overwrite=True)
+        out[key] = d / f"{key}.onnx"
+    export_onnx("cross-attention", d / "cross.onnx", with_mask=True, lowering="decomposed", need_weights=True)
+    out["cross"] = d / "cross.onnx"
+    return out
+
+
+@pytest.fixture(scope="module")
+def sessions(models):
+    return {k: OnnxSession(p, provider="cpu", verbose=False) for k, p in models.items()}
+
+
+def _info(sess, **kw) -> ModelInfo:
+    return ModelInfo.of(sess, **kw)
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+def test_json_npy_npz_and_base64_decode_to_the_same_item(sessions):
+    info = _info(sessions["masked"])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    mask = rng.random((5, 5)) > 0.3
+    b64 = base64.b64encode(_npy(x)).decode()
+    forms = [
+        (json.dumps({"x": x.tolist(), "mask": mask.tolist()}).encode(), JSON),
+        (json.dumps({"x": {"npy_b64": b64}, "mask": mask.astype(int).tolist()}).encode(), JSON),
+    ]
+    buf = io.BytesIO()
+    np.savez(buf, x=x, mask=mask)
+    forms.append((buf.getvalue(), NPZ))
+    for body, kind in forms:
+        item = decode_request(body, kind, info)
+        assert item.squeeze and item.x.shape == (1, 5, 64) and item.x.dtype == np.float32
+        np.testing.assert_array_equal(item.x[0], x)
+        np.testing.assert_array_equal(item.mask[0], mask)
+        assert item.binary == (kind != JSON)
+    item = decode_request(_npy(x[None]), NPY, info)
+    assert not item.squeeze and item.binary and item.mask is None
+    # The Accept header picks the answer's format whatever the request's was.
+    assert decode_request(_npy(x), NPY, info, accept=JSON).binary is False
+    assert decode_request(forms[0][0], JSON, info, accept=NPY).binary is True
+
+
+BAD = [
+    (b"{not json", JSON, 400, "not JSON"),
+    (b"[1, 2]", JSON, 400, "send an object"),
+    (json.dumps({"x": [[1.0] * 64], "y": 1}).encode(), JSON, 400, "unknown field"),
+    (json.dumps({"x": [[1.0] * 64, [1.0] * 63]}).encode(), JSON, 400, "ragged"),
+    (json.dumps({"x": [["a"] * 64]}).encode(), JSON, 400, "numbers"),
+    (json.dumps({"x": [[1.0] * 63]}).encode(), JSON, 400, "width 63"),
+    (json.dumps({"x": [1.0] * 64}).encode(), JSON, 400, "shape (64,)"),
+    (json.dumps({"context": [[1.0] * 64]}).encode(), JSON, 400, "x is required"),
+    (json.dumps({"x": [[1.0] * 64], "mask": [[2]]}).encode(), JSON, 400, "true/false"),
+    (json.dumps({"x": [[1.0] * 64] * 3, "mask": [[True] * 4]}).encode(), JSON, 400, "does not broadcast"),
+    (json.dumps({"x": [[1.0] * 64], "context": [[1.0] * 64]}).encode(), JSON, 400, "self-attention"),
+    (json.dumps({"x": {"npy_b64": "***"}}).encode(), JSON, 400, "base64"),
+    (b"garbage", NPY, 400, "not a .npy"),
+    (_npy(np.zeros((2, 64), np.float64)), NPY, 400, "dtype float64"),
+    (_npy(np.zeros((2, 64), np.int32)), NPY, 400, "dtype int32"),
+    (_npy(np.zeros((0, 3, 64), np.float32)), NPY, 400, "empty"),
+    (_npy(np.full((2, 64), np.nan, np.float32)), NPY, 400, "NaN"),
+    (_npy(np.zeros((1, 2, 3, 64), np.float32)), NPY, 400, "shape (1, 2, 3, 64)"),
+    (_npy(np.zeros((1, 300, 64), np.float32)), NPY, 413, "at most 256"),
+    (b"x", "text/plain", 415, "content type"),
+]
+
+
+@pytest.mark.parametrize("body,kind,status,words", BAD, ids=[f"{b[3]}" for b in BAD])
+def test_bad_requests_get_one_line_and_a_4xx(sessions, body, kind, status, words):
+    info = _info(sessions["masked"], max_tokens=256)
+    with pytest.raises(RequestError) as e:
+        decode_request(body, kind, info)
+    assert e.value.status == status
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_too_large_is_refused_from_the_npy_header_alone(sessions):
+    info = _info(sessions["masked"], max_tokens=256)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (4, 1000, 64)})
+    with pytest.raises(RequestError) as e:
+        decode_request(head.getvalue(), NPY, info)  # no data at all: the header is enough
+    assert e.value.status == 413
+
+
+def test_model_specific_inputs_are_checked(sessions):
+    with pytest.raises(RequestError, match="takes no mask"):
+        check_arrays({"x": np.zeros((1, 3, 64), np.float32), "mask": np.ones((3, 3), bool)}, _info(sessions["causal"]))
+    with pytest.raises(RequestError, match="cross-attention model: send context"):
+        check_arrays({"x": np.zeros((1, 3, 64), np.float32)}, _info(sessions["cross"]))
+    with pytest.raises(RequestError, match="context has shape"):
+        check_arrays(
+            {"x": np.zeros((2, 3, 64), np.float32), "context": np.zeros((1, 4, 48), np.float32)},
+            _info(sessions["cross"]),
+        )
+
+
+# -- batching ----------------------------------------------------------------------------------
+
+
+def _alone(sess, it: Item):
+    out = sess.run(it.x, it.context, it.mask)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def test_padded_batch_equals_each_request_alone(sessions):
+    sess = sessions["masked"]
+    info = _info(sess)
+    rng = np.random.default_rng(1)
+    items = []
+    for b, t in ((1, 3), (2, 9), (1, 1), (3, 6)):
+        x = rng.standard_normal((b, t, 64)).astype(np.float32)
+        mask = rng.random((b, t, t)) > 0.4
+        mask[..., 0] = True
+        items.append(check_arrays({"x": x, "mask": mask if t > 1 else None}, info))
+    results = run_batch(sess, items, info)
+    for it, res in zip(items, results):
+        _close(res[0], _alone(sess, it)[0])
+
+
+def test_cross_attention_pads_queries_and_keys_and_cuts_the_weights(sessions):
+    sess = sessions["cross"]
+    info = _info(sess)
+    rng = np.random.default_rng(2)
+    items = [
+        check_arrays(
+            {
+                "x": rng.standard_normal((1, t, 64)).astype(np.float32),
+                "context": rng.standard_normal((1, s, 48)).astype(np.float32),
+            },
+            info,
+        )
+        for t, s in ((2, 7), (5, 3), (4, 11))
+    ]
+    for it, (y, attn) in zip(items, run_batch(sess, items, info)):
+        want_y, want_attn = _alone(sess, it)
+        _close(y, want_y)
+        _close(attn, want_attn)
+        np.testing.assert_allclose(attn.sum(-1), 1.0, rtol=1e-5)  # padded keys got no weight
+
+
+def test_a_model_without_a_mask_batches_equal_lengths_only(sessions):
+    sess = sessions["causal"]
+    info = _info(sess)
+    rng = np.random.default_rng(3)
+    items = [check_arrays({"x": rng.standard_normal((1, t, 64)).astype(np.float32)}, info) for t in (4, 7, 4, 7, 2)]
+    for it, res in zip(items, run_batch(sess, items, info)):
+        _close(res[0], _alone(sess, it)[0])
+
+
+def test_answers_keep_the_request_shape_and_format(sessions):
+    info = _info(sessions["masked"])
+    item = check_arrays({"x": np.ones((3, 64), np.float32)}, info)
+    y = np.arange(3 * 64, dtype=np.float32).reshape(1, 3, 64)
+    body, kind = encode_response(item, (y,), ("y",))
+    assert kind == JSON and np.asarray(json.loads(body)["y"]).shape == (3, 64)
+    item.binary = True
+    body, kind = encode_response(item, (y,), ("y",))
+    assert kind == NPY and np.load(io.BytesIO(body)).shape == (3, 64)
+
+
+def test_a_decode_model_is_refused_with_not_yet(sessions):
+    class DecodeLike:  # what an OnnxSession over a KV-cache export will report
+        spec = sessions["masked"].spec
+        path = "decode.onnx"
+        input_names = ["x", "past_key", "past_value"]
+        output_names = ["y", "present_key", "present_value"]
+        dtype = np.float32
+
+    with pytest.raises(ServeError, match="not supported yet"):
+        ModelInfo.of(DecodeLike())
+
+
+def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
+    with pytest.raises(ServeError, match="replicas=0"):
+        start(models["masked"], replicas=0)
+    with pytest.raises(ServeError, match="provider='gpu'"):
+        start(models["masked"], provider="gpu")
+    with pytest.raises(FileNotFoundError, match="attnzoo export"):
+        start(tmp_path / "missing.onnx")
+
+
+def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
+    from export.cli import main
+
+    assert main(["serve", "no-such-block"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "neither an .onnx file nor a zoo name" in err and len(err.splitlines()) == 1
+
+
+# -- through Ray Serve -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(models, request):
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def stop():
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+    request.addfinalizer(stop)
+    dep = start(models["masked"], port=free_port(), max_batch=8, batch_wait_ms=30, max_tokens=4096, app="test-serve")
+    assert dep.url.startswith("http://127.0.0.1:")
+    return dep
+
+
+def test_health_and_metadata(server, models):
+    with Client(server.url) as c:
+        assert c.health()
+        meta = c.metadata()
+    assert meta["name"] == "mha-combined-bias" and meta["spec"]["d_model"] == 64
+    assert meta["provider"] == "cpu" and meta["lowering"] and meta["inputs"] == ["x", "mask"]
+    assert meta["max_batch"] == 8 and meta["max_tokens"] == 4096
+
+
+def test_concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions):
+    sess = sessions["masked"]
+    rng = np.random.default_rng(4)
+    cases = []
+    for i, t in enumerate((3, 17, 1, 8, 12, 5, 30, 2)):
+        x = rng.standard_normal((t, 64)).astype(np.float32)
+        mask = rng.random((t, t)) > 0.3
+        mask[:, 0] = True
+        cases.append((x, mask if i % 2 else None, i % 3 != 0))
+    results: list = [None] * len(cases)
+    barrier = threading.Barrier(len(cases))
+
+    def one(i):
+        x, mask, binary = cases[i]
+        with Client(server.url, binary=binary) as c:
+            barrier.wait()
+            reply = c.predict_reply(x, mask=mask)
+            results[i] = reply
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cases))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    from export.serve import decode_reply
+
+    for (x, mask, binary), reply in zip(cases, results):
+        assert reply is not None and reply.status == 200, reply
+        assert reply.headers["content-type"].startswith(NPY if binary else JSON)
+        want = sess.run(x[None], mask=None if mask is None else mask[None])[0]
+        _close(decode_reply(reply), want)
+        assert reply.timing("model-ms") > 0 and reply.timing("queue-ms") >= 0
+    # Sent together, at least some were answered from one padded batch.
+    assert max(int(r.headers["x-attnzoo-batch"]) for r in results) > 1
+
+
+def test_bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions):
+    with Client(server.url) as c:
+        for body, kind, status, words in BAD:
+            if status == 413:
+                continue  # the server's max_tokens differs; checked below
+            reply = c.request("POST", "/predict", body, {"Content-Type": kind})
+            assert reply.status == status, (words, reply.status, reply.body)
+            assert words.encode() in reply.body
+        reply = c.request("POST", "/predict", _npy(np.zeros((1, 4097, 64), np.float32)), {"Content-Type": NPY})
+        assert reply.status == 413
+        assert c.request("GET", "/nowhere").status == 404
+        assert c.request("PUT", "/predict", b"").status == 405
+        assert c.request("POST", "/elsewhere", b"{}").status == 404
+        with pytest.raises(ClientError, match="HTTP 400: x has width 5"):
+            c.predict(np.zeros((2, 5), np.float32))
+        x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+        _close(c.predict(x), sessions["masked"].run(x[None])[0])
+        assert c.retried == 0  # 4xx answers are final, never retried
+
+
+def test_the_client_retries_once_then_says_what_failed():
+    c = Client(f"http://127.0.0.1:{free_port()}/", retries=1, timeout=2)
+    with pytest.raises(ConnectionError, match="failed"):
+        c.predict(np.zeros((2, 64), np.float32))
+    assert c.retried == 1
+    assert not Client(f"http://127.0.0.1:{free_port()}/", retries=0).health()
+    with pytest.raises(ValueError, match="http URL"):
+        Client("ftp://example/")
