@@ -110,7 +110,8 @@ def check(
     masked = case == "masked"
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
     need_weights = masked and lowering == "decomposed"
-    reason = why_not(lowering, need_weights=need_weights)
+    spec_for_check = zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
+    reason = why_not(lowering, spec_for_check, need_weights=need_weights)
     if reason:
         row.reason = reason
         return row

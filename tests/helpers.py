@@ -35,8 +35,10 @@ def small_overrides(name: str) -> dict[str, Any]:
     out: dict[str, Any] = {"d_model": 64, "heads": heads, "kv_heads": kv, "d_k": 16, "d_v": None}
     if s.is_cross:
         out["d_context"] = 48
-    if s.rope_dim is not None:
-        out["rope_dim"] = max(2, round(s.rope_dim / s.d_k_ * 16 / 2) * 2)
+    if s.rope_dim is not None:  # partial rotary: 16 rotated dims (what GroupQueryAttention's rotary
+        # accepts), in heads widened to keep the preset's rotated fraction
+        out["rope_dim"] = 16
+        out["d_k"] = max(18, round(16 * s.d_k_ / s.rope_dim / 2) * 2)
     if s.window is not None:
         out["window"] = 3
     if s.softcap is not None:

@@ -302,6 +302,13 @@ class Rotary(Modifier):
         part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
         return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{', interleaved' if spec.rope_interleaved else ''})"
 
+    @classmethod
+    def why_not(cls, spec: AttentionSpec, lowering: str) -> str | None:
+        rd = cls.rotated(spec)
+        if lowering == "ort-gqa" and (rd // 2) % 8:
+            return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
+        return None
+
     def cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32."""
         angles = rearrange(pos.to(self.inv_freq.dtype), "b t -> b 1 t 1") * self.inv_freq

@@ -1,0 +1,189 @@
+"""The `ort-gqa` lowering: ONNX Runtime's com.microsoft GroupQueryAttention, built node by node.
+
+torch has no op that exports to GroupQueryAttention and onnxscript's ORT fusion rules match
+transformers' graphs (with a KV cache), not a zoo block, so the graph is written here from
+the block's weights, with the axis vocabulary as dim names:
+
+    x (b t c) -> MatMul(+bias) -> Q (b t (h dk)), K (b t (g dk)), V (b t (g dv))
+              -> QK-norm (plain ops, fp32 for half inputs)
+              -> GroupQueryAttention(num_heads=h, kv_num_heads=g, scale, softcap,
+                                     local_window_size=window, do_rotary with cos/sin caches
+                                     computed in the graph for positions 0..t-1,
+                                     attention_bias = ALiBi + user mask)     (b t (h dv))
+              -> head_mask, zero rows where no key is allowed -> MatMul(+bias) -> y (b t c)
+
+The op is always causal, self-attention, d_v = d_k; its rotary wants rope_dim/2 a multiple of 8.
+Conventions measured on onnxruntime 1.31.1 CPU against the eager block (tests keep them):
+local_window_size = W attends to W keys, itself included (the zoo's `window`); softcap is
+applied before the bias; a row whose bias is all -inf gives 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import zoo
+
+from .io import TensorIO
+
+OPSET = 18
+MS_DOMAIN = "com.microsoft"
+ROTARY_MULTIPLE = 16  # the kernel wants cos_cache's width rope_dim / 2 to be a multiple of 8
+_ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+_NP_TYPE = {"float32": np.float32, "float16": np.float16}
+
+
+def why_not(spec: zoo.AttentionSpec, *, need_weights: bool = False) -> str | None:
+    """The one-line reason GroupQueryAttention cannot express `spec`, or None."""
+    if need_weights:
+        return "com.microsoft GroupQueryAttention does not output the softmax weights"
+    if spec.is_cross:
+        return "com.microsoft GroupQueryAttention is self-attention only (no cross-attention context)"
+    if not spec.causal:
+        return "com.microsoft GroupQueryAttention is causal only; the block has causal=False"
+    if spec.d_v_ != spec.d_k_:
+        return f"com.microsoft GroupQueryAttention needs d_v == d_k (the block has d_k={spec.d_k_}, d_v={spec.d_v_})"
+    return None
+
+
+class _Graph:
+    """A small node list with fresh names, for building one graph by hand."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.np = _NP_TYPE[dtype]
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._n = 0
+
+    def _name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def const(self, value, hint: str = "c", dtype=None) -> str:
+        name = self._name(hint)
+        arr = np.asarray(value, dtype=dtype if dtype is not None else self.np)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def ints(self, value, hint: str = "i") -> str:
+        return self.const(value, hint, np.int64)
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, domain: str = "", name: str | None = None, **attrs):
+        outs = [name] if name and outputs == 1 else [self._name(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))
+        return outs[0] if outputs == 1 else outs
+
+
+def _linear(g: _Graph, x: str, w, b, hint: str, out: str | None = None) -> str:
+    """x @ w.T (+ b) for an nn.Linear-style weight (out, in)."""
+    y = g.op("MatMul", x, g.const(w.T, hint + "_w"), name=None if b is not None else out)
+    return g.op("Add", y, g.const(b, hint + "_b"), name=out) if b is not None else y
+
+
+def _rms(g: _Graph, x: str, weight, eps: float) -> str:
+    """x / sqrt(mean(x^2, last axis) + eps) * weight, in fp32 for a half-precision graph."""
+    xf = g.op("Cast", x, to=TensorProto.FLOAT) if g.dtype != "float32" else x
+    ms = g.op("ReduceMean", g.op("Mul", xf, xf), g.ints([-1]), keepdims=1)
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(eps, "eps", np.float32))))
+    y = g.op("Mul", g.op("Mul", xf, inv), g.const(weight, "norm_w", np.float32))
+    return g.op("Cast", y, to=_ONNX_TYPE[g.dtype]) if g.dtype != "float32" else y
+
+
+def _per_head(g: _Graph, x: str, heads: int, fn) -> str:
+    """Apply fn over each head's d of x (b t (n d)): reshape to (b t n d) and back."""
+    split = g.op("Reshape", x, g.ints([0, 0, heads, -1]))
+    return g.op("Reshape", fn(split), g.ints([0, 0, -1]))
+
+
+def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs: list[TensorIO]) -> onnx.ModelProto:
+    """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y)."""
+    spec = module.spec
+    reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
+    if reason:
+        raise ValueError(reason)
+    h, kv = spec.heads, spec.kv_heads_
+    p = zoo.get_projections(module)
+
+    def arr(t):
+        return None if t is None else t.detach().cpu().double().numpy()
+
+    g = _Graph(dtype)
+    names = {io.name for io in ins}
+    q = _linear(g, "x", arr(p.w_q), arr(p.b_q), "q")
+    k = _linear(g, "x", arr(p.w_k), arr(p.b_k), "k")
+    v = _linear(g, "x", arr(p.w_v), arr(p.b_v), "v")
+    if spec.qk_norm == "full":
+        q, k = _rms(g, q, arr(p.q_norm), spec.qk_norm_eps), _rms(g, k, arr(p.k_norm), spec.qk_norm_eps)
+    elif spec.qk_norm == "head":
+        q = _per_head(g, q, h, lambda t: _rms(g, t, arr(p.q_norm), spec.qk_norm_eps))
+        k = _per_head(g, k, kv, lambda t: _rms(g, t, arr(p.k_norm), spec.qk_norm_eps))
+
+    # Lengths: every row holds all t positions (seqlens_k = total length - 1, per row).
+    shape = g.op("Shape", "x")
+    b = g.op("Gather", shape, g.ints([0]), axis=0)  # (1,)
+    t = g.op("Gather", shape, g.ints(1), axis=0)  # scalar
+    seqlens = g.op("Expand", g.op("Cast", g.op("Sub", t, g.ints(1)), to=TensorProto.INT32), b)
+    total = g.op("Cast", t, to=TensorProto.INT32)
+    pos = g.op("Cast", g.op("Range", g.ints(0), t, g.ints(1)), to=TensorProto.FLOAT)  # (t,)
+
+    attrs: dict = {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)}
+    cos = sin = ""
+    if spec.rope_theta is not None:
+        inv_freq = zoo.modifiers.Rotary.frequencies(spec).numpy()
+        angles = g.op("Mul", g.op("Unsqueeze", pos, g.ints([1])), g.const(inv_freq, "inv_freq", np.float32))
+        cos, sin = g.op("Cos", angles), g.op("Sin", angles)  # (t, rope_dim / 2): the kernel's caches
+        if dtype != "float32":
+            cos, sin = g.op("Cast", cos, to=_ONNX_TYPE[dtype]), g.op("Cast", sin, to=_ONNX_TYPE[dtype])
+        attrs.update(do_rotary=1, rotary_interleaved=int(spec.rope_interleaved))
+    if spec.window is not None:
+        attrs["local_window_size"] = spec.window
+    if spec.softcap is not None:
+        attrs["softcap"] = float(spec.softcap)
+
+    # attention_bias (b|1, h|1, t, t): ALiBi slopes * (j - i), and the user mask as 0 / -inf.
+    bias = None
+    rel = None
+    if spec.alibi or "mask" in names:
+        rel = g.op("Sub", g.op("Unsqueeze", pos, g.ints([1])), g.op("Unsqueeze", pos, g.ints([0])))  # i - j (t, t)
+    if spec.alibi:
+        slopes = g.const(arr(p.alibi_slopes).reshape(1, h, 1, 1), "alibi_slopes", np.float32)
+        bias = g.op("Mul", slopes, g.op("Neg", g.op("Unsqueeze", rel, g.ints([0, 1]))))
+    if "mask" in names:
+        neg = g.op("Where", "mask", g.const(0.0, "zero", np.float32), g.const(-np.inf, "neg_inf", np.float32))
+        neg = g.op("Unsqueeze", neg, g.ints([1]))  # (b 1 t t)
+        bias = neg if bias is None else g.op("Add", bias, neg)
+    if bias is not None and dtype != "float32":
+        bias = g.op("Cast", bias, to=_ONNX_TYPE[dtype])
+
+    inputs = [q, k, v, "", "", seqlens, total, cos, sin]
+    if bias is not None:
+        inputs += ["", bias]  # position_ids (unused: positions follow seqlens_k), attention_bias
+    while inputs and inputs[-1] == "":
+        inputs.pop()
+    z = g.op("GroupQueryAttention", *inputs, outputs=3, domain=MS_DOMAIN, **attrs)[0]  # (b t (h dv))
+
+    if "mask" in names:
+        # A query row with no allowed key (user mask & causal & window) gets Z = 0, as in eager torch.
+        allowed = g.op("And", "mask", g.op("GreaterOrEqual", rel, g.const(0.0, "zero", np.float32)))
+        if spec.window is not None:
+            allowed = g.op("And", allowed, g.op("Less", rel, g.const(float(spec.window), "window", np.float32)))
+        has_key = g.op("ReduceMax", g.op("Cast", allowed, to=TensorProto.INT32), g.ints([-1]), keepdims=1)
+        z = g.op("Where", g.op("Cast", has_key, to=TensorProto.BOOL), z, g.const(0.0, "zero"))
+    if "head_mask" in names:
+        z = _per_head(g, z, h, lambda t_: g.op("Mul", t_, g.op("Unsqueeze", "head_mask", g.ints([1, 3]))))
+    _linear(g, z, arr(p.w_o), arr(p.b_o), "o", out="y")
+
+    def value_info(io: TensorIO):
+        elem = TensorProto.BOOL if io.kind == "bool" else _ONNX_TYPE[dtype]
+        return helper.make_tensor_value_info(io.name, elem, list(io.shape(spec)))
+
+    graph = helper.make_graph(
+        g.nodes, "attnzoo_ort_gqa", [value_info(io) for io in ins], [value_info(io) for io in outs], g.inits
+    )
+    # IR 10: what onnxruntime-gpu (which trails onnxruntime) accepts; onnx's default may be newer.
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)], ir_version=10
+    )

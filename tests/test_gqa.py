@@ -1,0 +1,61 @@
+"""The ort-gqa lowering's conventions, each pinned by a test (they were measured, and releases move)."""
+
+import numpy as np
+import pytest
+import torch
+
+import zoo
+from export import OnnxSession, export_onnx
+from export.lowering import why_not
+
+
+def _run(tmp_path, block, x, **kw):
+    r = export_onnx(block, tmp_path / "g.onnx", lowering="ort-gqa", overwrite=True, **kw)
+    assert r.op_counts.get("com.microsoft::GroupQueryAttention") == 1
+    return OnnxSession(r.path, provider="cpu", verbose=False)
+
+
+def test_local_window_size_is_window_keys_itself_included(tmp_path):
+    """local_window_size = W: query i sees keys i-W+1..i, the zoo's (and HF's) `window`."""
+    block = zoo.create("mha-separate-bias", causal=True, window=4).eval()
+    x = torch.randn(1, 12, 64)
+    sess = _run(tmp_path, block, x)
+    torch.testing.assert_close(sess.run(x), block(x), rtol=1e-4, atol=1e-5)
+    wider = zoo.create("mha-separate-bias", causal=True, window=5).eval()
+    wider.load_state_dict(block.state_dict())
+    assert (wider(x) - block(x)).abs().max() > 1e-3  # W and W+1 differ at this length
+
+
+def test_softcap_before_the_mask_and_empty_rows_are_zero(tmp_path):
+    block = zoo.create("gqa", d_model=128, causal=True, softcap=0.3, rope_theta=1e4).eval()  # d_k 16
+    x = torch.randn(2, 9, 128) * 3
+    sess = _run(tmp_path, block, x, with_mask=True)
+    mask = torch.rand(2, 9, 9) > 0.3
+    mask[..., 0] = True
+    mask[1, 4] = False  # a query row with no allowed key
+    y = sess.run(x, mask=mask)
+    y_ref = block(x, mask=mask[:, None])
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
+    b_o = block.out_proj.bias.detach() if block.spec.bias else torch.zeros(128)
+    torch.testing.assert_close(y[1, 4], b_o)  # Z = 0: y is W_O's bias
+
+
+def test_why_not_names_what_the_op_cannot_do():
+    assert "causal only" in why_not("ort-gqa", zoo.spec("mha-separate-bias"))
+    assert "cross-attention" in why_not("ort-gqa", zoo.spec("cross-attention"))
+    assert "d_v == d_k" in why_not("ort-gqa", zoo.spec("mha-separate-bias-dv", causal=True))
+    assert "multiple of 8" in why_not("ort-gqa", zoo.spec("phi-2", rope_dim=8))
+    assert why_not("ort-gqa", zoo.spec("phi-2")) is None  # 32 rotated dims: 16 pairs
+    assert why_not("ort-gqa", zoo.spec("gemma-2-9b")) is None
+    with pytest.raises(ValueError, match="cannot express"):
+        export_onnx("mha-separate-bias", "/tmp/never.onnx", lowering="ort-gqa")
+
+
+def test_fp16_graph(tmp_path):
+    block = zoo.create("qwen3-8b", d_model=64, heads=4, kv_heads=2, d_k=16).eval()
+    r = export_onnx(block, tmp_path / "h.onnx", lowering="ort-gqa", dtype="float16")
+    sess = OnnxSession(r.path, provider="cpu", verbose=False)
+    x = np.random.randn(1, 7, 64).astype(np.float16)
+    y = sess.run(x)
+    ref = block(torch.from_numpy(x).float()).detach().numpy()
+    assert np.abs(y.astype(np.float32) - ref).max() < 4e-3
