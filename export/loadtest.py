@@ -98,8 +98,9 @@ class Level:
                 "mean": round(mean_lat, 3),
                 "max": round(lat[-1], 3) if lat else None,
             },
-            # Where a request's time goes (means over answered good requests): the ORT run of
-            # its batch, waiting for the batch, and the rest (HTTP, proxy, routing, (de)coding).
+            # Where a request's time goes (means over answered good requests): the ORT run of its
+            # batch, the batch queue (forming, and behind the batch running), and the rest (HTTP,
+            # Ray's proxy and routing, body (de)coding, the client's own threads).
             "time_split_ms": {
                 "model": round(mean_model, 3),
                 "batch_wait": round(mean_queue, 3),
@@ -475,8 +476,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"{report['levels'][0]['concurrency']}: {report['speedup']}x"
         )
     lines.append(
-        "times in ms, means over answered good requests: model = the ORT run of its batch, "
-        "wait = gathering the batch, engine = the rest (HTTP, proxy, routing, decoding)"
+        "times in ms, means over answered good requests: model = the ORT run of its batch, wait = in the "
+        "batch queue (forming, and behind the running batch), engine = the rest (HTTP, Ray's proxy and "
+        "routing, body decoding, the client)"
     )
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ import http.client
 import io
 import json
 import os
+import shutil
 import tempfile
 import time
 import urllib.parse
@@ -432,7 +433,11 @@ class OnnxServer:
         folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
         path = folder / f"{name}.onnx"
         path.write_bytes(model_bytes)
-        self.sess = OnnxSession(path, provider=provider, threads=threads, verbose=False)
+        try:
+            self.sess = OnnxSession(path, provider=provider, threads=threads, verbose=False)
+        finally:
+            # ONNX Runtime holds the model in memory now; replicas come and go, their files need not.
+            shutil.rmtree(folder, ignore_errors=True)
         self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch)
         self.max_body = max_body
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
