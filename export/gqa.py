@@ -64,8 +64,9 @@ class _Graph:
 
     def const(self, value, hint: str = "c", dtype=None) -> str:
         name = self._name(hint)
-        arr = np.asarray(value, dtype=dtype if dtype is not None else self.np)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        # np.array copies into C order and keeps a scalar 0-d (ascontiguousarray would make it 1-d).
+        arr = np.array(value, dtype=dtype if dtype is not None else self.np, order="C")
+        self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
     def ints(self, value, hint: str = "i") -> str:
@@ -121,13 +122,30 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         q = _per_head(g, q, h, lambda t: _rms(g, t, arr(p.q_norm), spec.qk_norm_eps))
         k = _per_head(g, k, kv, lambda t: _rms(g, t, arr(p.k_norm), spec.qk_norm_eps))
 
-    # Lengths: every row holds all t positions (seqlens_k = total length - 1, per row).
+    # Lengths and positions. Full sequence: s = t keys at positions 0..t-1. Decode: the cache holds
+    # p positions, this call adds t, so s = p + t; with a key_mask (left padding) a row's positions
+    # count its real keys. seqlens_k = s - 1 per row; GQA right-aligns the t queries on the s keys.
     shape = g.op("Shape", "x")
     b = g.op("Gather", shape, g.ints([0]), axis=0)  # (1,)
     t = g.op("Gather", shape, g.ints(1), axis=0)  # scalar
-    seqlens = g.op("Expand", g.op("Cast", g.op("Sub", t, g.ints(1)), to=TensorProto.INT32), b)
-    total = g.op("Cast", t, to=TensorProto.INT32)
-    pos = g.op("Cast", g.op("Range", g.ints(0), t, g.ints(1)), to=TensorProto.FLOAT)  # (t,)
+    decode = "past_key" in names
+    past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
+    total = g.op("Add", past_len, t) if decode else t
+    seqlens = g.op("Expand", g.op("Cast", g.op("Sub", total, g.ints(1)), to=TensorProto.INT32), b)
+    total_i32 = g.op("Cast", total, to=TensorProto.INT32)
+    all_pos = g.op("Range", g.ints(0), total, g.ints(1))  # (s,) int64
+
+    def last_t(k_pos: str) -> str:  # the new positions: k_pos[:, p:s]
+        start, end = g.op("Unsqueeze", past_len, g.ints([0])), g.op("Unsqueeze", total, g.ints([0]))
+        return g.op("Slice", k_pos, start, end, g.ints([1]))
+
+    if "key_mask" in names:
+        k_pos = g.op("Sub", g.op("CumSum", g.op("Cast", "key_mask", to=TensorProto.INT64), g.ints(1)), g.ints(1))
+        q_pos = last_t(k_pos)
+    else:
+        k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
+        q_pos = last_t(k_pos) if decode else k_pos
+    pos = g.op("Cast", all_pos, to=TensorProto.FLOAT)  # rows of the rotary caches
 
     attrs: dict = {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)}
     cos = sin = ""
@@ -145,29 +163,41 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
 
     # attention_bias (b|1, h|1, t, t): ALiBi slopes * (j - i), and the user mask as 0 / -inf.
     bias = None
+    masked = "mask" in names or "key_mask" in names
     rel = None
-    if spec.alibi or "mask" in names:
-        rel = g.op("Sub", g.op("Unsqueeze", pos, g.ints([1])), g.op("Unsqueeze", pos, g.ints([0])))  # i - j (t, t)
+    if spec.alibi or masked:  # i - j for every (query, key) pair: (b|1, t, s)
+        rel = g.op(
+            "Cast",
+            g.op("Sub", g.op("Unsqueeze", q_pos, g.ints([2])), g.op("Unsqueeze", k_pos, g.ints([1]))),
+            to=TensorProto.FLOAT,
+        )
     if spec.alibi:
         slopes = g.const(arr(p.alibi_slopes).reshape(1, h, 1, 1), "alibi_slopes", np.float32)
-        bias = g.op("Mul", slopes, g.op("Neg", g.op("Unsqueeze", rel, g.ints([0, 1]))))
-    if "mask" in names:
-        neg = g.op("Where", "mask", g.const(0.0, "zero", np.float32), g.const(-np.inf, "neg_inf", np.float32))
-        neg = g.op("Unsqueeze", neg, g.ints([1]))  # (b 1 t t)
+        bias = g.op("Mul", slopes, g.op("Neg", g.op("Unsqueeze", rel, g.ints([1]))))
+    user_mask = "mask" if "mask" in names else None
+    if "key_mask" in names:
+        user_mask = g.op("Unsqueeze", "key_mask", g.ints([1]))  # (b 1 s): the same for every query
+    if user_mask is not None:
+        neg = g.op("Where", user_mask, g.const(0.0, "zero", np.float32), g.const(-np.inf, "neg_inf", np.float32))
+        neg = g.op("Unsqueeze", neg, g.ints([1]))  # (b 1 t|1 s)
+        if "key_mask" in names:  # the op wants the bias's t axis whole: broadcast it over rel's
+            neg = g.op("Add", neg, g.op("Mul", g.op("Unsqueeze", rel, g.ints([1])), g.const(0.0, "zero", np.float32)))
         bias = neg if bias is None else g.op("Add", bias, neg)
     if bias is not None and dtype != "float32":
         bias = g.op("Cast", bias, to=_ONNX_TYPE[dtype])
 
-    inputs = [q, k, v, "", "", seqlens, total, cos, sin]
-    if bias is not None:
-        inputs += ["", bias]  # position_ids (unused: positions follow seqlens_k), attention_bias
+    past = ["past_key", "past_value"] if decode else ["", ""]
+    inputs = [q, k, v, *past, seqlens, total_i32, cos, sin, "", bias or ""]
     while inputs and inputs[-1] == "":
         inputs.pop()
-    z = g.op("GroupQueryAttention", *inputs, outputs=3, domain=MS_DOMAIN, **attrs)[0]  # (b t (h dv))
+    z, present_k, present_v = g.op("GroupQueryAttention", *inputs, outputs=3, domain=MS_DOMAIN, **attrs)
+    if decode:
+        g.op("Identity", present_k, name="present_key")
+        g.op("Identity", present_v, name="present_value")
 
-    if "mask" in names:
+    if masked:
         # A query row with no allowed key (user mask & causal & window) gets Z = 0, as in eager torch.
-        allowed = g.op("And", "mask", g.op("GreaterOrEqual", rel, g.const(0.0, "zero", np.float32)))
+        allowed = g.op("And", user_mask, g.op("GreaterOrEqual", rel, g.const(0.0, "zero", np.float32)))
         if spec.window is not None:
             allowed = g.op("And", allowed, g.op("Less", rel, g.const(float(spec.window), "window", np.float32)))
         has_key = g.op("ReduceMax", g.op("Cast", allowed, to=TensorProto.INT32), g.ints([-1]), keepdims=1)

@@ -15,7 +15,7 @@ import zoo
 @dataclass(frozen=True)
 class TensorIO:
     name: str
-    axes: tuple[str, ...]  # "b", "t", "s" are dynamic; others are resolved from the spec
+    axes: tuple[str, ...]  # "b", "t", "s", "p" are dynamic; others are resolved from the spec
     kind: str  # "float" (the model's dtype) or "bool"
     doc: str
 
@@ -25,6 +25,9 @@ class TensorIO:
             "c": spec.d_model,
             "c_ctx": spec.d_context or 0,
             "h": spec.heads,
+            "g": spec.kv_heads_,
+            "dk": spec.d_k_,
+            "dv": spec.d_v_,
         }
         return tuple(fixed.get(a, a) for a in self.axes)
 
@@ -41,7 +44,20 @@ HEAD_MASK = TensorIO("head_mask", ("b", "h"), "float", "scales each head's outpu
 Y = TensorIO("y", ("b", "t", "c"), "float", "the block's output")
 ATTN = TensorIO("attn", ("b", "h", "t", "s"), "float", "attention weights A, rows sum to 1")
 
-DYNAMIC_AXES = ("b", "t", "s")
+
+# Incremental decoding: the cache holds p earlier positions; this call adds t, so s = p + t keys.
+PAST_KEY = TensorIO("past_key", ("b", "g", "p", "dk"), "float", "keys of the p earlier positions (after RoPE)")
+PAST_VALUE = TensorIO("past_value", ("b", "g", "p", "dv"), "float", "values of the p earlier positions")
+KEY_MASK = TensorIO("key_mask", ("b", "s"), "bool", "True = a real key (left padding), over all p + t positions")
+PRESENT_KEY = TensorIO("present_key", ("b", "g", "s", "dk"), "float", "past_key followed by this call's keys")
+PRESENT_VALUE = TensorIO("present_value", ("b", "g", "s", "dv"), "float", "past_value followed by this call's values")
+
+
+def decode_interface(spec: zoo.AttentionSpec, *, with_key_mask: bool) -> tuple[list[TensorIO], list[TensorIO]]:
+    """(inputs, outputs) of a token-by-token model: x, past_key, past_value [, key_mask] ->
+    y, present_key, present_value. p may be 0 (an empty past tensor)."""
+    ins = [X, PAST_KEY, PAST_VALUE] + ([KEY_MASK] if with_key_mask else [])
+    return ins, [Y, PRESENT_KEY, PRESENT_VALUE]
 
 
 def interface(

@@ -130,7 +130,9 @@ class _ExportBlock(nn.Module):
         return self.block(x, context, mask, need_weights=self.need_weights, head_mask=head_mask)
 
 
-def why_not(lowering: str, spec: zoo.AttentionSpec | None = None, *, need_weights: bool = False) -> str | None:
+def why_not(
+    lowering: str, spec: zoo.AttentionSpec | None = None, *, need_weights: bool = False, decode: bool = False
+) -> str | None:
     """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
 
     The modifiers (zoo/modifiers.py) each say what a lowering cannot do for them.
@@ -146,6 +148,10 @@ def why_not(lowering: str, spec: zoo.AttentionSpec | None = None, *, need_weight
         return f"{op} does not output the softmax weights; use lowering='decomposed' for need_weights"
     if spec is None:
         return None
+    if decode:
+        reason = decode_why_not(spec)
+        if reason:
+            return reason
     if lowering == "ort-gqa":
         from . import gqa
 
@@ -166,15 +172,23 @@ def export_onnx(
     with_head_mask: bool = False,
     overwrite: bool = False,
     provider: str = "cpu",
+    decode: bool = False,
     **overrides: Any,
 ) -> ExportResult:
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
 
     `model_or_name` is a registered name (with spec-field `overrides`) or a module.
     `provider` only steers lowering="auto" (the measured-fastest lowering differs by provider).
+    decode=True writes a token-by-token model (io.decode_interface): x, past_key, past_value
+    [, key_mask (b, p+t) with with_mask=True] -> y, present_key, present_value, with b, t and the
+    past length p dynamic (p = 0 allowed).
     """
     started = time.perf_counter()
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
+    if not isinstance(decode, bool):
+        raise zoo.InputTypeError(f"decode={decode!r} must be True or False")
+    if decode and (need_weights or with_head_mask):
+        raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
     if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
         _check_export_fits(zoo.spec(model_or_name, **overrides), dtype)
     module, name = _resolve_module(model_or_name, overrides)
@@ -186,10 +200,15 @@ def export_onnx(
         raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
     ensure_writable_parent(path)
 
+    if decode:
+        reason = decode_why_not(module.spec)
+        if reason:
+            raise ExportError(f"cannot export a decode model: {reason}")
+        order = DECODE_PREFERENCE[provider]
     if lowering == "auto":
-        candidates = [lw for lw in order if why_not(lw, module.spec, need_weights=need_weights) is None]
+        candidates = [lw for lw in order if why_not(lw, module.spec, need_weights=need_weights, decode=decode) is None]
     else:
-        reason = why_not(lowering, module.spec, need_weights=need_weights)
+        reason = why_not(lowering, module.spec, need_weights=need_weights, decode=decode)
         if reason:
             raise ExportError(f"lowering={lowering!r} cannot express this request: {reason}")
         candidates = [lowering]
@@ -198,7 +217,10 @@ def export_onnx(
     last_error: ExportError | None = None
     for lw in candidates:
         try:
-            model, ins, outs = _lower(module, lw, dtype, need_weights, with_mask, with_head_mask)
+            if decode:
+                model, ins, outs = _lower_decode(module, lw, dtype, with_mask)
+            else:
+                model, ins, outs = _lower(module, lw, dtype, need_weights, with_mask, with_head_mask)
         except ExportError as e:
             if lowering != "auto":
                 raise
@@ -215,7 +237,7 @@ def export_onnx(
             notes.append("the combined projection is inside ONNX Runtime's packed Attention node")
         elif counts.get("MatMul", 0) >= 3:
             notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
-    _set_metadata(model, name, module.spec, lw, dtype)
+    _set_metadata(model, name, module.spec, lw, dtype, decode=decode)
     external = _save_atomic(model, path, module, dtype, overwrite=overwrite)
     return ExportResult(
         path=path,
@@ -457,6 +479,111 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
     return model, ins, outs
 
 
+# Which lowering a decode model takes under "auto", fastest first (`attnzoo bench --decode`).
+DECODE_PREFERENCE = {
+    "cpu": ("ort-gqa", "onnx-attention", "decomposed", "ort-mha"),
+    "cuda": ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+}
+# Example sizes for tracing a decode model: p past positions, all >= 2 and all different.
+EXAMPLE_P = 3
+
+
+def decode_why_not(spec: zoo.AttentionSpec) -> str | None:
+    """Why a block cannot decode token by token, or None."""
+    if spec.is_cross:
+        return "decoding with a KV cache is for causal self-attention; this block is cross-attention"
+    if not spec.causal:
+        return "decoding with a KV cache is for causal self-attention; this block has causal=False"
+    return None
+
+
+class _DecodeBlock(nn.Module):
+    """block.decode with named inputs for torch.export."""
+
+    def __init__(self, block: zoo.MultiHeadAttention) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, past_key, past_value, key_mask=None):
+        return self.block.decode(x, past_key, past_value, key_mask=key_mask)
+
+
+def _lower_decode(module, lowering, dtype, with_key_mask):
+    """A token-by-token model of `module`: (onnx_ir model, inputs, outputs)."""
+    import onnx_ir as ir
+
+    from .io import decode_interface
+
+    spec = module.spec
+    ins, outs = decode_interface(spec, with_key_mask=with_key_mask)
+    if lowering == "ort-gqa":
+        from . import gqa
+
+        model = ir.from_proto(gqa.build(module, dtype, ins, outs))
+        _check_interface(model, ins, outs, spec)
+        return model, ins, outs
+    block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
+    block.fused = lowering != "decomposed"
+    block.share_kv = False
+    if lowering == "ort-mha" and spec.layout == "combined":
+        block = zoo.to_separate(block)
+    torch_dtype = DTYPES[dtype]
+    b, t, p = EXAMPLE_B, EXAMPLE_T, EXAMPLE_P
+    example = {
+        "x": torch.randn(b, t, spec.d_model).to(torch_dtype),
+        "past_key": torch.randn(b, spec.kv_heads_, p, spec.d_k_).to(torch_dtype),
+        "past_value": torch.randn(b, spec.kv_heads_, p, spec.d_v_).to(torch_dtype),
+    }
+    dim_b, dim_t, dim_p = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("p", min=0)
+    dynamic_shapes = {
+        "x": {0: dim_b, 1: dim_t},
+        "past_key": {0: dim_b, 2: dim_p},
+        "past_value": {0: dim_b, 2: dim_p},
+    }
+    if with_key_mask:
+        key_mask = torch.ones(b, p + t, dtype=torch.bool)
+        key_mask[0, :2] = False  # left padding in the example, so no branch on it is taken
+        example["key_mask"] = key_mask
+        # s = p + t: a sum of two dims, which torch.export's Dim cannot declare; AUTO infers it.
+        dynamic_shapes["key_mask"] = {0: dim_b, 1: torch.export.Dim.AUTO}
+    try:
+        with _quiet():
+            program = torch.onnx.export(
+                _DecodeBlock(block).eval(),
+                (),
+                kwargs=example,
+                dynamo=True,
+                opset_version=OPSET[lowering],
+                dynamic_shapes=dynamic_shapes,
+                output_names=[io.name for io in outs],
+                optimize=True,
+                verbose=False,
+                report=False,
+            )
+    except Exception as e:  # torch's exporter raises many types; name the request in one
+        raise _export_failure(lowering, e) from e
+    model = program.model
+    counts = op_counts(model)
+    if lowering == "onnx-attention" and counts.get("Attention", 0) != 1:
+        raise ExportError(f"expected one ONNX Attention node, found op counts {counts}")
+    if lowering == "ort-mha":
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        with _quiet():
+            model, _ = optimize_for_ort(model)
+        counts = op_counts(model)
+        if sum(counts.get(op, 0) for op in FUSED_OPS) != 1 or counts.get("Softmax", 0):
+            raise ExportError(
+                f"onnxscript's ORT rewriter did not fuse this decode block into one fused attention node "
+                f"(op counts after rewrite: {counts}); use lowering='ort-gqa', 'onnx-attention' or 'decomposed'"
+            )
+    # torch names derived dims by their formulas ("p + t", "s73"): give them the vocabulary's names.
+    for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
+        value.shape = ir.Shape([d if isinstance(d, int) else d for d in io.shape(spec)])
+    _check_interface(model, ins, outs, spec)
+    return model, ins, outs
+
+
 def op_counts(model) -> dict[str, int]:
     """{'MatMul': 4, 'com.microsoft::MultiHeadAttention': 1, ...} for an onnx_ir or onnx model."""
     import onnx
@@ -485,9 +612,10 @@ def _check_interface(model, ins: list[TensorIO], outs: list[TensorIO], spec) -> 
                 raise ExportError(f"{io.name}: axis {w!r} was baked in as {d} (shape {dims}); it must stay dynamic")
 
 
-def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtype: str) -> None:
+def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtype: str, *, decode: bool) -> None:
     model.metadata_props.update(
         {
+            "attnzoo.kind": "decode" if decode else "full",
             "attnzoo.name": name,
             "attnzoo.spec": json.dumps(spec.to_dict(), sort_keys=True),
             "attnzoo.parameters": str(zoo.count_parameters(spec)),

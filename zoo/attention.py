@@ -151,6 +151,89 @@ class MultiHeadAttention(nn.Module):
             return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=score_map)
         return fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa), None
 
+    # -- incremental decoding ----------------------------------------------------------------
+
+    def decode(
+        self,
+        x: Tensor,
+        past_key: Tensor | None = None,
+        past_value: Tensor | None = None,
+        *,
+        key_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One call of generation against a KV cache: x (b t c) holds positions p..p+t-1.
+
+        past_key (b g p dk) and past_value (b g p dv) are the keys and values of the earlier
+        positions as a previous call returned them (after QK-norm and RoPE); None means p = 0.
+        Returns y (b t c) and the present cache (b g p+t dk), (b g p+t dv): the past followed by
+        this call's keys and values. key_mask (b p+t) bool, True = a real key, serves batched
+        rows of different lengths (left padding): a row's positions count its real keys only, so
+        each row computes what it would alone, and a row with no real key gets Z = 0.
+
+        The cache keeps every position, also under a sliding window (the mask hides keys older
+        than the window), so decoding in any split gives exactly the rows of `block(x_all)`.
+        """
+        s = self.spec
+        p = self._check_decode(x, past_key, past_value, key_mask)
+        t = x.shape[1]
+        if key_mask is None:
+            k_pos = torch.arange(p + t, device=x.device)[None]
+        else:
+            k_pos = key_mask.long().cumsum(-1) - 1  # a row's n-th real key sits at position n - 1
+        q_pos = k_pos[:, p:]
+        q, k, v = self.project(x)
+        for mod in self.mods.values():
+            q, k = mod.qk_merged(q, k)
+        q = rearrange(q, SPLIT_HEADS, h=s.heads)
+        k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
+        v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
+        for mod in self.mods.values():
+            q, k = mod.qk_heads(q, k, q_pos, q_pos)
+        if p:
+            k = torch.cat((past_key, k), dim=2)
+            v = torch.cat((past_value, v), dim=2)
+        allowed, bias = self._resolve_mask(None, t, p + t, x, q_pos, k_pos)
+        if key_mask is not None:
+            allowed = allowed & rearrange(key_mask, "b s -> b 1 1 s")
+        z, _ = self.attend(q, k, v, allowed, bias)
+        return self.out_proj(rearrange(z, MERGE_HEADS)), k, v
+
+    def _check_decode(self, x: Tensor, past_key: Tensor | None, past_value: Tensor | None, key_mask) -> int:
+        """Validate a decode call; returns the past length p."""
+        s = self.spec
+        if s.is_cross or not s.causal:
+            kind = "cross-attention" if s.is_cross else "non-causal"
+            raise InputError(f"decode() needs a causal self-attention block; this one is {kind} ({s.describe()})")
+        self._check_inputs(x, None, None, None)
+        b = x.shape[0]
+        if (past_key is None) != (past_value is None):
+            raise InputError("pass past_key and past_value together (or neither, for an empty cache)")
+        p = 0
+        if past_key is not None:
+            for name, past, d in (("past_key", past_key, s.d_k_), ("past_value", past_value, s.d_v_)):
+                if not isinstance(past, Tensor):
+                    raise InputTypeError(f"{name} must be a torch.Tensor, got {type(past).__name__}")
+                want = f"(b={b}, g={s.kv_heads_}, p, {'dk' if name == 'past_key' else 'dv'}={d})"
+                if past.dim() != 4 or past.shape[0] != b or past.shape[1] != s.kv_heads_ or past.shape[3] != d:
+                    raise InputError(f"{name} has shape {tuple(past.shape)}; expected {want}")
+                if past.dtype != x.dtype or past.device != x.device:
+                    raise InputTypeError(f"{name} is {past.dtype} on {past.device}; x is {x.dtype} on {x.device}")
+            if past_key.shape[2] != past_value.shape[2]:
+                raise InputError(
+                    f"past_key holds {past_key.shape[2]} positions but past_value {past_value.shape[2]}; "
+                    f"they must be the same cache"
+                )
+            p = past_key.shape[2]
+        if key_mask is not None:
+            if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
+                raise InputTypeError("key_mask must be a bool torch.Tensor (True = a real key) of shape (b, p+t)")
+            want = (b, p + x.shape[1])
+            if tuple(key_mask.shape) != want:
+                raise InputError(f"key_mask has shape {tuple(key_mask.shape)}; expected (b, p+t) = {want}")
+            if key_mask.device != x.device:
+                raise InputTypeError(f"key_mask is on {key_mask.device}; x is on {x.device}")
+        return p
+
     # -- masks ---------------------------------------------------------------------------
 
     def _positions(self, positions: Tensor | None, x: Tensor) -> Tensor | None:
@@ -188,22 +271,29 @@ class MultiHeadAttention(nn.Module):
         return any(name in self.mods for name in ("window", "alibi"))
 
     def _resolve_mask(
-        self, mask: Tensor | None, t: int, s_len: int, x: Tensor, pos: Tensor | None = None
+        self,
+        mask: Tensor | None,
+        t: int,
+        s_len: int,
+        x: Tensor,
+        pos: Tensor | None = None,
+        k_pos: Tensor | None = None,
     ) -> tuple[Tensor | None, Tensor | None]:
         """(allowed, bias): a bool mask of allowed keys and/or an additive float bias."""
         allowed = None
         bias = None
+        k_pos = pos if k_pos is None else k_pos  # self-attention: the keys are the queries' positions
         if self.spec.causal:
             if pos is None:
                 allowed = torch.ones(t, s_len, dtype=torch.bool, device=x.device).tril()
             else:
-                allowed = rearrange(pos, "b t -> b 1 t 1") >= rearrange(pos, "b s -> b 1 1 s")
+                allowed = rearrange(pos, "b t -> b 1 t 1") >= rearrange(k_pos, "b s -> b 1 1 s")
         if pos is not None:
             for mod in self.mods.values():
-                extra = mod.score_allowed(pos, pos)
+                extra = mod.score_allowed(pos, k_pos)
                 if extra is not None:
                     allowed = extra if allowed is None else allowed & extra
-                add = mod.score_bias(pos, pos, x.dtype)
+                add = mod.score_bias(pos, k_pos, x.dtype)
                 if add is not None:
                     bias = add if bias is None else bias + add
         if mask is not None:
