@@ -128,7 +128,7 @@ def server(model, request):
     )
 
 
-def test_short_load_with_malformed_requests_every_answer_checked(server, model, tmp_path):
+def _short_load_with_malformed_requests_every_answer_checked(server, model, tmp_path) -> None:
     from export.cli import main
 
     out = tmp_path / "load.json"
@@ -161,7 +161,7 @@ def test_short_load_with_malformed_requests_every_answer_checked(server, model, 
     assert "throughput at concurrency 8 / 1" in format_report(report)
 
 
-def test_a_killed_replica_is_replaced_and_requests_still_succeed(server, model):
+def _a_killed_replica_is_replaced_and_requests_still_succeed(server, model) -> None:
     report = loadtest(
         server.url,
         concurrency=[4],
@@ -178,3 +178,10 @@ def test_a_killed_replica_is_replaced_and_requests_still_succeed(server, model):
     assert lv["kill"]["recovered_s"] is not None and lv["kill"]["recovered_s"] < 30, lv["kill"]
     assert lv["good_ok"] >= 0.99 * lv["good"] and lv["good_wrong"] == 0, lv
     assert lv["bad_4xx"] == lv["bad"]
+
+
+def test_load_then_a_killed_replica(server, model, tmp_path):
+    """One test, so that pytest-xdist cannot split the Ray part over workers (each would start
+    its own Ray): a short checked load with malformed requests, then a replica killed mid-run."""
+    _short_load_with_malformed_requests_every_answer_checked(server, model, tmp_path)
+    _a_killed_replica_is_replaced_and_requests_still_succeed(server, model)

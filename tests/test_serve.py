@@ -273,12 +273,12 @@ def server(models, request):
             ray.shutdown()
 
     request.addfinalizer(stop)
-    dep = start(models["masked"], port=free_port(), max_batch=8, batch_wait_ms=30, max_tokens=4096, app="test-serve")
+    dep = start(models["masked"], port=free_port(), max_batch=8, batch_wait_ms=100, max_tokens=4096, app="test-serve")
     assert dep.url.startswith("http://127.0.0.1:")
     return dep
 
 
-def test_health_and_metadata(server, models):
+def _health_and_metadata(server) -> None:
     with Client(server.url) as c:
         assert c.health()
         meta = c.metadata()
@@ -287,7 +287,7 @@ def test_health_and_metadata(server, models):
     assert meta["max_batch"] == 8 and meta["max_tokens"] == 4096
 
 
-def test_concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions):
+def _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions) -> None:
     sess = sessions["masked"]
     rng = np.random.default_rng(4)
     cases = []
@@ -323,7 +323,7 @@ def test_concurrent_requests_of_different_lengths_are_batched_and_exact(server, 
     assert max(int(r.headers["x-attnzoo-batch"]) for r in results) > 1
 
 
-def test_bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions):
+def _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions) -> None:
     with Client(server.url) as c:
         for body, kind, status, words in BAD:
             if status == 413:
@@ -341,6 +341,15 @@ def test_bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sess
         x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
         _close(c.predict(x), sessions["masked"].run(x[None])[0])
         assert c.retried == 0  # 4xx answers are final, never retried
+
+
+def test_through_ray_serve(server, sessions):
+    """One test, so that pytest-xdist cannot split the Ray part over workers (each would start
+    its own Ray); each step names what it checks."""
+    _health_and_metadata(server)
+    _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions)
+    _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions)
+    _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions)  # still whole
 
 
 def test_the_client_retries_once_then_says_what_failed():
