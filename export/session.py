@@ -248,7 +248,7 @@ class OnnxSession:
                 fix = f"; re-export with {hint}" if hint else ""
                 raise RunInputError(f"this model has no {name!r} input (inputs: {self.input_names}){fix}")
             if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
-                raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+                raise zoo.InputTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
         if x is None:
             raise RunInputError("x is required")
         if "context" in self._inputs and context is None:
@@ -258,7 +258,7 @@ class OnnxSession:
         for name in ("context", "mask", "head_mask"):
             v = given[name]
             if v is not None and isinstance(v, torch.Tensor) != (lib is torch):
-                raise TypeError(
+                raise zoo.InputTypeError(
                     f"x is a {'torch tensor' if lib is torch else 'numpy array'} but {name} is not; pass one kind"
                 )
         self._check_float("x", x, 3, want_dtype)
@@ -310,13 +310,15 @@ class OnnxSession:
                 raise RunInputError(f"{name} has shape {shape}; the model takes {list(io.shape)}")
         got_dtype = v.dtype if isinstance(v, np.ndarray) else v.dtype
         if _np_of(got_dtype) != want:
-            raise TypeError(f"{name} has dtype {got_dtype}; this model takes {want} (convert with .astype/.to)")
+            raise zoo.InputTypeError(
+                f"{name} has dtype {got_dtype}; this model takes {want} (convert with .astype/.to)"
+            )
 
     def _mask(self, mask, b, t, s, lib):
         if mask is None:
             return lib.ones((b, t, s), dtype=lib.bool_ if lib is np else torch.bool)
         if _np_of(mask.dtype) != np.bool_:
-            raise TypeError(f"mask has dtype {mask.dtype}; the ONNX mask is bool (True = may attend)")
+            raise zoo.InputTypeError(f"mask has dtype {mask.dtype}; the ONNX mask is bool (True = may attend)")
         shape = tuple(mask.shape)
         if len(shape) == 4:  # (b|1, 1, t, s): the exported mask is shared by all heads
             if shape[1] != 1:

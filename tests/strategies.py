@@ -1,0 +1,78 @@
+"""Hypothesis strategies for the fuzzers: valid specs, shapes and masks, drawn small.
+
+`specs()` is the one place that says what a valid spec looks like to the fuzzers; a new spec
+field (a modifier) is added here once and every fuzzer draws it.
+
+Budget: FUZZ_EXAMPLES examples per fuzz test (derandomized, so a CI failure reproduces);
+ATTNZOO_FUZZ_EXAMPLES=500 runs the long version (README, "Tests").
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import zoo
+
+
+def fuzz_settings(examples: int) -> settings:
+    """`examples` by default, ATTNZOO_FUZZ_EXAMPLES when set; derandomized; no deadline (the
+    first call of a shape compiles kernels and would trip one)."""
+    n = int(os.environ.get("ATTNZOO_FUZZ_EXAMPLES", examples))
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=True)
+
+
+@st.composite
+def specs(draw, *, cross: bool | None = None) -> zoo.AttentionSpec:
+    """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
+    causal (self-attention only), cross-attention, scale. Small, so a forward costs little."""
+    heads = draw(st.integers(1, 4))
+    kv_heads = draw(st.sampled_from([g for g in range(1, heads + 1) if heads % g == 0]))
+    d_k = draw(st.one_of(st.none(), st.integers(1, 12)))
+    d_model = draw(st.sampled_from([heads * w for w in (2, 4, 8)]) if d_k is None else st.integers(2, 40))
+    d_v = draw(st.one_of(st.none(), st.integers(1, 12)))
+    is_cross = draw(st.booleans()) if cross is None else cross
+    fields = dict(
+        d_model=d_model,
+        heads=heads,
+        kv_heads=None if kv_heads == heads else kv_heads,
+        d_k=d_k,
+        d_v=d_v,
+        layout=draw(st.sampled_from(["separate", "combined"])),
+        bias=draw(st.booleans()),
+        causal=False if is_cross else draw(st.booleans()),
+        d_context=draw(st.integers(2, 24)) if is_cross else None,
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+    )
+    # New modifier fields (rotary, ALiBi, window, softcap, QK-norm) go here, drawn with the
+    # same care: values that bite at the shapes below (t, s <= 9).
+    return zoo.AttentionSpec(**fields)
+
+
+@st.composite
+def shapes(draw) -> tuple[int, int, int]:
+    """(b, t, s), each 1..9 with 1 drawn often (t = 1 and b = 1 are the edge cases that break)."""
+    dim = st.one_of(st.just(1), st.integers(1, 9))
+    return draw(dim), draw(dim), draw(dim)
+
+
+def bool_mask(draw, b: int, t: int, s: int, *, empty_row: bool) -> torch.Tensor:
+    """(b, 1, t, s) bool, True = may attend; with `empty_row`, query row 0 of batch 0 has no key."""
+    bits = draw(st.lists(st.booleans(), min_size=b * t * s, max_size=b * t * s))
+    mask = torch.tensor(bits, dtype=torch.bool).reshape(b, 1, t, s)
+    if empty_row:
+        mask[0, 0, 0, :] = False
+    return mask
+
+
+def float_mask(draw, b: int, t: int, s: int) -> torch.Tensor:
+    """(b, 1, t, s) additive: finite values and -inf, possibly whole rows of -inf."""
+    value = st.one_of(st.floats(-5.0, 5.0), st.just(float("-inf")))
+    vals = draw(st.lists(value, min_size=b * t * s, max_size=b * t * s))
+    mask = torch.tensor(vals, dtype=torch.float32).reshape(b, 1, t, s)
+    if draw(st.booleans()):
+        mask[-1, 0, -1, :] = float("-inf")
+    return mask

@@ -1,0 +1,210 @@
+"""Fuzz the command line's flags and the public API's arguments with wrong types, NaN, inf,
+huge, empty and negative values. The only acceptable outcomes: a result, or one clear line
+(at the CLI: exit 2 and one line on stderr; in Python: an AttnzooError, or an OSError for a
+path, whose text is one line). Never a traceback, a crash, a hang or a silent wrong answer.
+
+The expensive step after validation (tracing an export, measuring a benchmark, the parity
+matrix) is replaced by a sentinel: reaching it means every check let the input through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import fuzz_settings
+
+import zoo
+from export import OnnxSession, export_onnx
+from export import bench as bench_mod
+from export import lowering as lowering_mod
+from export import parity as parity_mod
+from export.cli import build_parser, main
+
+COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench")
+BAD_TEXT = ["", " ", "nan", "NaN", "inf", "-inf", "-1", "0", "-0", "1e20", "1" * 40, "abc", "1.5", "0x10", "None", "2"]
+BAD_VALUES = [None, "", "no", "nan", float("nan"), float("inf"), -1, 0, 10**30, 1.5, True, [], {}, b"x", object()]
+
+
+class Reached(Exception):
+    """The input passed every check and reached the expensive step."""
+
+
+def _reach(*a, **kw):
+    raise Reached
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return export_onnx("mha-causal", tmp_path_factory.mktemp("fz") / "m.onnx", lowering="decomposed").path
+
+
+def _flags(command: str) -> list[argparse.Action]:
+    """The options of `command` that take a value, read from the parser (new flags included)."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [a for a in sub.choices[command]._actions if a.option_strings and a.nargs != 0 and a.dest != "help"]
+
+
+BASE = {
+    "list": [],
+    "show": ["mha-causal"],
+    "audit": ["mha-causal"],
+    "export": ["mha-causal", "-o", "{tmp}/x.onnx"],
+    "run": ["{model}", "--repeats", "1"],
+    "parity": ["mha-causal"],
+    "bench": ["mha-causal", "--seq", "2"],
+}
+
+
+def _run_cli(argv: list[str]) -> tuple[int | str, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            rc: int | str = main(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 2
+        except Reached:
+            rc = "reached"
+    return rc, err.getvalue()
+
+
+@fuzz_settings(150)
+@given(command=st.sampled_from(COMMANDS), data=st.data())
+def test_every_cli_flag_gives_a_result_or_one_line(command, data, model_path, tmp_path_factory, monkeypatch_module):
+    flags = _flags(command)
+    argv = [a.format(tmp=tmp_path_factory.getbasetemp(), model=model_path) for a in BASE[command]]
+    for _ in range(data.draw(st.integers(1, 2))):
+        if flags and data.draw(st.booleans()):
+            action = data.draw(st.sampled_from(flags))
+            value = data.draw(st.sampled_from(BAD_TEXT + ["d_model=nan", "heads=0", "=", "d_model=1e40", "x=1"]))
+            argv += [action.option_strings[-1], value]
+        elif argv:  # the positional argument (a name, a pattern, a path)
+            argv[0] = data.draw(st.sampled_from(BAD_TEXT + ["*", "mha-*", "/nonexistent.onnx", "a" * 300]))
+    rc, err = _run_cli(argv)
+    assert "Traceback" not in err, (argv, err)
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1, (argv, err)
+    else:
+        assert rc in (0, 1, "reached"), (argv, rc, err)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(lowering_mod, "_lower", _reach)  # export: after every argument check
+    mp.setattr(bench_mod, "export_lowerings", _reach)  # bench: after flags, spec, sizes
+    mp.setattr(parity_mod, "run_parity", _reach)  # parity: after pattern and providers
+    yield mp
+    mp.undo()
+
+
+def _one_line_or_result(call):
+    """Run call(); return its result, or None when it refused with one clear line."""
+    try:
+        return call()
+    except Reached:
+        return None
+    except (zoo.AttnzooError, OSError) as e:
+        text = str(e)
+        assert text and "\n" not in text.strip(), repr(text)
+        return None
+
+
+@fuzz_settings(120)
+@given(field=st.sampled_from(list(zoo.AttentionSpec.__dataclass_fields__)), value=st.sampled_from(BAD_VALUES))
+def test_spec_overrides(field, value):
+    s = _one_line_or_result(lambda: zoo.spec("mha-causal", **{field: value}))
+    if s is not None:
+        assert getattr(s, field) == value or (isinstance(value, float) and math.isnan(value))
+        if zoo.count_parameters(s) < 10**6:  # a small valid spec builds and runs
+            y = zoo.create("mha-causal", **{field: value})(torch.randn(1, 3, s.d_model))
+            assert y.shape == (1, 3, s.d_model)
+
+
+@fuzz_settings(120)
+@given(arg=st.sampled_from(["x", "context", "mask", "head_mask"]), data=st.data())
+def test_forward_arguments(arg, data):
+    m = zoo.create("mha-causal").eval()
+    good = {"x": torch.randn(2, 3, 64), "context": None, "mask": None, "head_mask": None}
+    bad = data.draw(
+        st.sampled_from(
+            [
+                None,
+                3,
+                "x",
+                [1.0, 2.0],
+                np.zeros((2, 3, 64), np.float32),
+                torch.zeros(2, 3, 64, dtype=torch.int64),
+                torch.zeros(2, 3, 64, dtype=torch.float64),
+                torch.zeros(0, 3, 64),
+                torch.zeros(2, 3),
+                torch.zeros(2, 3, 65),
+                torch.full((3, 3), float("nan")),
+                torch.zeros(5, 3, 3),
+                torch.ones(4, dtype=torch.int32),
+                torch.ones(7),
+            ]
+        )
+    )
+    good[arg] = bad
+    y = _one_line_or_result(lambda: m(good["x"], good["context"], good["mask"], head_mask=good["head_mask"]))
+    if y is not None:  # accepted: then it must be a real answer of the right shape
+        assert y.shape == good["x"].shape and torch.isfinite(y).all(), (arg, bad)
+
+
+@fuzz_settings(120)
+@given(arg=st.sampled_from(["path", "lowering", "dtype", "need_weights", "with_mask", "overwrite", "provider", "set"]))
+def test_export_onnx_arguments(arg, tmp_path_factory, monkeypatch_module):
+    for value in BAD_VALUES:
+        kw = {"lowering": "decomposed", "overwrite": True}
+        path = tmp_path_factory.getbasetemp() / "api.onnx"
+        if arg == "path":
+            path = value
+        elif arg == "set":
+            kw["d_model"] = value
+        else:
+            kw[arg] = value
+        _one_line_or_result(lambda p=path, k=kw: export_onnx("mha-causal", p, **k))
+
+
+@fuzz_settings(60)
+@given(arg=st.sampled_from(["provider", "threads", "path"]), value=st.sampled_from(BAD_VALUES + [10**9, "gpu"]))
+def test_session_arguments(arg, value, model_path):
+    kw = {"path": model_path, "provider": "cpu", "threads": None, arg: value}
+    sess = _one_line_or_result(lambda: OnnxSession(kw.pop("path"), verbose=False, **kw))
+    if sess is not None:
+        assert sess.provider == "cpu"
+
+
+@fuzz_settings(80)
+@given(arg=st.sampled_from(["x", "mask"]), data=st.data())
+def test_session_run_arguments(arg, data, model_path):
+    sess = OnnxSession(model_path, "cpu", verbose=False)
+    bad = data.draw(
+        st.sampled_from(
+            [
+                3,
+                "x",
+                [1.0],
+                torch.zeros(0, 3, 64),
+                torch.zeros(2, 0, 64),
+                torch.zeros(2, 3, 65),
+                torch.zeros(2, 3, 64, dtype=torch.float64),
+                np.zeros((2, 3, 64), np.int64),
+                torch.zeros(2, 3),
+                torch.zeros(10**5, 10**5, 64, device="meta"),
+                torch.ones(3, 3, dtype=torch.bool),
+            ]
+        )
+    )
+    call = (lambda: sess.run(bad)) if arg == "x" else (lambda: sess.run(torch.randn(2, 3, 64), mask=bad))
+    y = _one_line_or_result(call)
+    if y is not None:
+        assert torch.isfinite(torch.as_tensor(np.asarray(y))).all()
