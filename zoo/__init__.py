@@ -18,6 +18,12 @@ from .accounting import (
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
 from .errors import ArgumentError, AttnzooError, InputTypeError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
+
+# transformers is imported inside from_hf/to_hf only: `import zoo` works without it.
+from .hf import HFConversionError as HFConversionError
+from .hf import HFTypeError as HFTypeError
+from .hf import from_hf as from_hf
+from .hf import to_hf as to_hf
 from .registry import (
     DuplicateNameError,
     Entry,

@@ -1,0 +1,442 @@
+"""zoo.from_hf / zoo.to_hf against transformers' own models.
+
+Each case builds a tiny model from a config with random weights (no download), runs it with
+its own masks (causal, sliding window, right padding), captures one attention module's input
+and output with forward hooks, and compares the converted zoo block: eager torch and every
+ONNX lowering that can express the block, at max abs error <= 1e-5 (fp32). Round trip:
+to_hf(from_hf(m), a fresh copy of m) computes m's output.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import zoo
+from export import OnnxSession, export_onnx
+from export.lowering import LOWERINGS, why_not
+
+transformers = pytest.importorskip("transformers", reason="transformers is in the [hf] and [test] extras")
+
+ATOL = 1e-5  # fp32
+B, T, VOCAB = 2, 10, 50  # T > every window below, so the windows matter
+WINDOW = 4
+SMALL = dict(hidden_size=64, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB)
+
+
+@dataclass
+class Case:
+    """make() -> (model, attention module, model kwargs); padding: right-pad the second row."""
+
+    make: Callable[[], tuple[nn.Module, nn.Module, dict]]
+    padding: bool = True
+    output_is_dense_of: Callable[[nn.Module], nn.Module] | None = None  # BERT: the output dense
+    residual_kwarg: str | None = None  # BLOOM adds this argument to its output
+    spec_checks: dict | None = None  # spec fields the block must hold (the config made concrete)
+    variant: bool = False  # a second case of a family: its torch-exported lowerings run only when slow
+
+
+def _ids(keep: Tensor | None = None) -> dict:
+    g = torch.Generator().manual_seed(1)
+    # use_cache=False: the captured call is replayed in the round trip, and a cache would grow
+    out = {"input_ids": torch.randint(0, VOCAB, (B, T), generator=g), "use_cache": False}
+    if keep is not None:
+        out["attention_mask"] = keep.long()
+    return out
+
+
+def _keep() -> Tensor:
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[1, T - 3 :] = False  # right padding: the last three keys of row 1
+    return keep
+
+
+def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter random (HF initializes biases to 0 and norms to 1, which would hide their bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            centre = 1.0 if "norm" in name.lower() else 0.0  # norm weights near 1, the rest near 0
+            p.copy_(centre + 0.15 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def _causal_lm(cls_name: str, config_name: str, layer: Callable[[nn.Module], nn.Module], **cfg):
+    def make():
+        config = getattr(transformers, config_name)(attn_implementation="eager", **cfg)
+        model = _randomize(getattr(transformers, cls_name)(config))
+        return model, layer(model), _ids(_keep())
+
+    return make
+
+
+def _bert():
+    cfg = transformers.BertConfig(**SMALL, num_hidden_layers=1, max_position_embeddings=32, attn_implementation="eager")
+    model = _randomize(transformers.BertModel(cfg, add_pooling_layer=False))
+    return model, model.encoder.layer[0].attention, _ids(_keep())
+
+
+def _gpt2():
+    # layer 1 with scale_attn_by_inverse_layer_idx: its scale is 1/sqrt(d)/2, not the default
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=32, scale_attn_by_inverse_layer_idx=True
+    )
+    cfg._attn_implementation = "eager"
+    model = _randomize(transformers.GPT2Model(cfg))
+    return model, model.h[1].attn, _ids(_keep())
+
+
+def _vit():
+    cfg = transformers.ViTConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        qkv_bias=False,  # no q/k/v biases but an o_proj bias: the block holds zeros there
+        attn_implementation="eager",
+    )
+    model = _randomize(transformers.ViTModel(cfg, add_pooling_layer=False))
+    pixels = torch.randn(B, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    return model, model.layers[0].attention, {"pixel_values": pixels}
+
+
+def _bloom(heads: int, width: int):
+    def make():
+        cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=width, n_layer=1, n_head=heads)
+        cfg._attn_implementation = "eager"
+        model = _randomize(transformers.BloomModel(cfg))
+        return model, model.h[0].self_attention, _ids(_keep())
+
+    return make
+
+
+LLAMA = dict(SMALL, num_hidden_layers=1, num_key_value_heads=2, max_position_embeddings=64)
+
+CASES: dict[str, Case] = {
+    "bert": Case(_bert, output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": False}),
+    "gpt2": Case(_gpt2, spec_checks={"layout": "combined", "scale": 0.125}),
+    "llama": Case(
+        _causal_lm(
+            "LlamaModel",
+            "LlamaConfig",
+            lambda m: m.layers[0].self_attn,
+            **LLAMA,
+            attention_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        ),
+        spec_checks={"kv_heads": 2, "rope_theta": 500000.0, "bias": True},
+    ),
+    "mistral": Case(
+        _causal_lm("MistralModel", "MistralConfig", lambda m: m.layers[0].self_attn, **LLAMA, sliding_window=WINDOW),
+        spec_checks={"window": WINDOW},
+    ),
+    # Gemma-2: layer 0 slides, layer 1 is global; a small cap so that tanh bends the scores
+    "gemma2-sliding": Case(
+        _causal_lm(
+            "Gemma2Model",
+            "Gemma2Config",
+            lambda m: m.layers[0].self_attn,
+            **dict(LLAMA, num_hidden_layers=2),
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=1.5,
+            sliding_window=WINDOW,
+        ),
+        spec_checks={"window": WINDOW, "softcap": 1.5, "scale": 24**-0.5},
+    ),
+    "gemma2-global": Case(
+        _causal_lm(
+            "Gemma2Model",
+            "Gemma2Config",
+            lambda m: m.layers[1].self_attn,
+            **dict(LLAMA, num_hidden_layers=2),
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=1.5,
+            sliding_window=WINDOW,
+        ),
+        spec_checks={"window": None, "softcap": 1.5},
+        variant=True,
+    ),
+    "qwen3": Case(
+        _causal_lm("Qwen3Model", "Qwen3Config", lambda m: m.layers[0].self_attn, **LLAMA, head_dim=16),
+        spec_checks={"qk_norm": "head"},
+    ),
+    "olmo2": Case(
+        _causal_lm("Olmo2Model", "Olmo2Config", lambda m: m.layers[0].self_attn, **LLAMA),
+        spec_checks={"qk_norm": "full", "qk_norm_eps": 1e-5},
+    ),
+    "bloom": Case(_bloom(4, 64), residual_kwarg="residual", spec_checks={"alibi": True, "layout": "combined"}),
+    # 6 heads: not a power of two, where BLOOM's slopes take every other slope of the next power
+    "bloom-6-heads": Case(_bloom(6, 48), residual_kwarg="residual", spec_checks={"alibi": True}, variant=True),
+    "gpt-neox": Case(
+        _causal_lm(
+            "GPTNeoXModel",
+            "GPTNeoXConfig",
+            lambda m: m.layers[0].attention,
+            **SMALL,
+            num_hidden_layers=1,
+            max_position_embeddings=64,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+        spec_checks={"rope_dim": 4, "layout": "combined"},
+    ),
+    "phi": Case(
+        _causal_lm("PhiModel", "PhiConfig", lambda m: m.layers[0].self_attn, **LLAMA),
+        spec_checks={"rope_dim": 8, "kv_heads": 2},
+    ),
+    "vit": Case(_vit, padding=False, spec_checks={"causal": False, "bias": True}),
+}
+
+
+@dataclass
+class Captured:
+    model: nn.Module
+    module: nn.Module
+    args: tuple
+    kwargs: dict
+    x: Tensor  # (b t c) the module's input
+    y: Tensor  # (b t c) what the zoo block must give
+    full: Tensor  # the module's own first output (BERT: after LayerNorm; BLOOM: with the residual)
+    keep: Tensor | None  # (b s) True = real token
+
+
+_CACHE: dict[str, Captured] = {}
+
+
+def capture(name: str) -> Captured:
+    """Run the real model once and keep the attention module's input and output."""
+    if name in _CACHE:
+        return _CACHE[name]
+    case = CASES[name]
+    torch.manual_seed(0)
+    model, module, inputs = case.make()
+    seen: dict = {}
+
+    def pre(mod, args, kwargs):
+        seen["args"], seen["kwargs"] = args, dict(kwargs)
+
+    def post(mod, args, kwargs, out):
+        seen["full"] = out[0] if isinstance(out, tuple) else out
+
+    hooks = [
+        module.register_forward_pre_hook(pre, with_kwargs=True),
+        module.register_forward_hook(post, with_kwargs=True),
+    ]
+    if case.output_is_dense_of is not None:
+        hooks.append(case.output_is_dense_of(module).register_forward_hook(lambda m, a, out: seen.update(dense=out)))
+    with torch.no_grad():
+        model(**inputs)
+    for h in hooks:
+        h.remove()
+    args, kwargs = seen["args"], seen["kwargs"]
+    x = args[0] if args else kwargs["hidden_states"]
+    y = seen.get("dense", seen["full"])
+    if case.residual_kwarg:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        y = y - bound.arguments[case.residual_kwarg]
+    keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else None
+    _CACHE[name] = Captured(model, module, args, kwargs, x, y, seen["full"], keep)
+    return _CACHE[name]
+
+
+def _key_mask(keep: Tensor | None) -> Tensor | None:
+    return None if keep is None else keep[:, None, None, :]  # (b 1 1 s): padding hides keys
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_eager_parity(name):
+    c = capture(name)
+    block = zoo.from_hf(c.module)
+    for field, value in (CASES[name].spec_checks or {}).items():
+        got = getattr(block.spec, field)
+        assert got == pytest.approx(value) if isinstance(value, float) else got == value, (field, got, value)
+    with torch.no_grad():
+        y = block(c.x, mask=_key_mask(c.keep))
+    err = (y - c.y).abs().max().item()
+    scale = c.y.abs().max().item()
+    assert err <= ATOL, f"{name}: eager max abs err {err:.2e} (output max {scale:.2f}) > {ATOL}"
+    print(f"{name}: eager max abs err {err:.2e} (output max {scale:.2f})")
+
+
+# torch's exporter takes seconds per lowering on 2 cores: the default run exports every case
+# under one torch-exported lowering (rotating, so that each appears) plus ort-gqa (built node by
+# node, fast) where it applies; the rest of the case x lowering matrix is marked slow.
+TORCH_EXPORTED = [lw for lw in LOWERINGS if lw != "ort-gqa"]
+
+
+def _split_lowerings(name: str, block: zoo.MultiHeadAttention) -> tuple[list[str], list[str]]:
+    """(fast, slow) lowerings that can express the block."""
+    allowed = [lw for lw in LOWERINGS if why_not(lw, block.spec) is None]
+    rotation = list(CASES).index(name) % len(TORCH_EXPORTED)
+    preferred = TORCH_EXPORTED[rotation:] + TORCH_EXPORTED[:rotation]
+    first = next(lw for lw in preferred if lw in allowed)
+    fast = [lw for lw in allowed if (lw == first and not CASES[name].variant) or lw not in TORCH_EXPORTED]
+    return fast, [lw for lw in allowed if lw not in fast]
+
+
+def _onnx_check(name: str, tmp_path, which: int) -> None:
+    c = capture(name)
+    block = zoo.from_hf(c.module)
+    assert why_not("decomposed", block.spec) is None  # the plain lowering expresses every block
+    lowerings = _split_lowerings(name, block)[which]
+    if not lowerings:
+        pytest.skip(f"{name}: no further lowering can express {block.spec.describe()}")
+    errs = {}
+    b, t = c.x.shape[:2]
+    mask = None if c.keep is None else c.keep[:, None, :].expand(b, t, t).contiguous()
+    for lw in lowerings:
+        path = tmp_path / f"{name}-{lw}.onnx"
+        export_onnx(block, path, lowering=lw, with_mask=mask is not None)
+        y = OnnxSession(str(path), "cpu").run(c.x, mask=mask)
+        errs[lw] = (torch.as_tensor(y) - c.y).abs().max().item()
+    msg = ", ".join(f"{lw} {e:.2e}" for lw, e in errs.items())
+    assert max(errs.values()) <= ATOL, f"{name}: ONNX Runtime max abs err {msg} (> {ATOL})"
+    print(f"{name}: ONNX Runtime max abs err {msg}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_onnx_parity(name, tmp_path):
+    _onnx_check(name, tmp_path, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_onnx_parity_every_lowering(name, tmp_path):
+    _onnx_check(name, tmp_path, 1)
+
+
+def _replay(module: nn.Module, c: Captured) -> Tensor:
+    with torch.no_grad():
+        out = module(*c.args, **c.kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_round_trip(name):
+    """to_hf(from_hf(m), fresh) makes fresh compute m's output; the fresh weights all get overwritten."""
+    c = capture(name)
+    block = zoo.from_hf(c.module)
+    fresh = _randomize(copy.deepcopy(c.module), seed=7)
+    if CASES[name].output_is_dense_of is not None:  # BERT's LayerNorm is outside the block: keep m's
+        fresh.output.LayerNorm.load_state_dict(c.module.output.LayerNorm.state_dict())
+    assert (_replay(fresh, c) - c.full).abs().max().item() > 1e-3  # fresh really differs before
+    assert zoo.to_hf(block, fresh) is fresh
+    err = (_replay(fresh, c) - c.full).abs().max().item()
+    assert err <= 1e-6, f"{name}: round trip max abs err {err:.2e}"
+    # and back again: the same block
+    again = zoo.from_hf(fresh)
+    for (k, v), (k2, v2) in zip(block.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+
+
+def test_round_trip_from_the_other_layout():
+    """A separate-layout block goes into BLOOM's fused projection, a combined one into LLaMA's."""
+    bloom, llama = capture("bloom"), capture("llama")
+    for c in (bloom, llama):
+        block = zoo.from_hf(c.module)
+        other = zoo.to_separate(block) if block.spec.layout == "combined" else zoo.to_combined(block)
+        fresh = _randomize(copy.deepcopy(c.module), seed=3)
+        zoo.to_hf(other, fresh)
+        err = (_replay(fresh, c) - c.full).abs().max().item()
+        assert err <= 1e-6, f"{type(c.module).__name__}: max abs err {err:.2e}"
+
+
+def test_bert_causal_decoder():
+    """A BERT decoder layer (is_decoder=True) is causal, and so is its block."""
+    cfg = transformers.BertConfig(
+        **SMALL, num_hidden_layers=1, max_position_embeddings=32, is_decoder=True, attn_implementation="eager"
+    )
+    layer = transformers.BertModel(cfg).encoder.layer[0].attention
+    assert zoo.from_hf(layer).spec.causal is True
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+def test_unsupported_class_is_named():
+    with pytest.raises(zoo.HFTypeError, match=r"Linear is not a supported .*supported: BertAttention, GPT2Attention"):
+        zoo.from_hf(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="expected a transformers attention module, got str"):
+        zoo.from_hf("LlamaAttention")
+
+
+def test_a_part_of_a_block_points_to_the_whole():
+    bert = capture("bert").module
+    with pytest.raises(zoo.HFTypeError, match="BertSelfAttention: pass its parent BertAttention"):
+        zoo.from_hf(bert.self)
+
+
+def test_rope_scaling_is_refused():
+    cfg = transformers.LlamaConfig(
+        **LLAMA, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    )
+    attn = transformers.LlamaModel(cfg).layers[0].self_attn
+    with pytest.raises(zoo.HFConversionError, match="rope_type='linear'"):
+        zoo.from_hf(attn)
+
+
+def test_phi_layernorm_on_qk_is_refused():
+    cfg = transformers.PhiConfig(**LLAMA, qk_layernorm=True)
+    attn = transformers.PhiModel(cfg).layers[0].self_attn
+    with pytest.raises(zoo.HFConversionError, match="qk_layernorm=True"):
+        zoo.from_hf(attn)
+
+
+def test_mismatched_block_is_refused_with_the_fields():
+    mistral = capture("mistral").module
+    llama_block = zoo.from_hf(capture("llama").module)
+    with pytest.raises(
+        zoo.HFConversionError, match=r"rope_theta: block 500000.0 vs module 10000.0; window: block None vs module 4"
+    ):
+        zoo.to_hf(llama_block, mistral)
+    with pytest.raises(ValueError, match="does not fit this MistralAttention"):
+        zoo.to_hf(zoo.create("mha-causal", d_model=64, heads=4), mistral)
+    with pytest.raises(TypeError, match="expected a zoo MultiHeadAttention block, got Linear"):
+        zoo.to_hf(nn.Linear(4, 4), mistral)
+
+
+def test_bias_the_module_cannot_hold_is_refused():
+    """ViT without qkv_bias: the block's zero q/k/v biases are fine, a nonzero one is not."""
+    c = capture("vit")
+    block = zoo.from_hf(c.module)
+    with torch.no_grad():
+        block.q_proj.bias[0] = 0.5
+    with pytest.raises(zoo.HFConversionError, match="q_proj has no bias in the module but the block's is nonzero"):
+        zoo.to_hf(block, copy.deepcopy(c.module))
+
+
+def test_permuted_alibi_heads_do_not_fit_bloom():
+    c = capture("bloom")
+    block = zoo.permute_heads(zoo.from_hf(c.module), [1, 0, 2, 3])
+    with pytest.raises(zoo.HFConversionError, match="ALiBi slopes are not BLOOM's"):
+        zoo.to_hf(block, copy.deepcopy(c.module))
+
+
+def test_permuted_heads_round_trip_where_the_module_can_hold_them():
+    """LLaMA holds any head order: a permuted block written back computes the same function."""
+    c = capture("llama")
+    block = zoo.permute_heads(zoo.from_hf(c.module), [1, 0, 3, 2])  # swaps within each kv group
+    fresh = zoo.to_hf(block, copy.deepcopy(c.module))
+    err = (_replay(fresh, c) - c.full).abs().max().item()
+    assert err <= ATOL, f"permuted heads: max abs err {err:.2e}"
+
+
+def test_zoo_imports_without_transformers():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"  # any import of it now fails
+        "import zoo; assert callable(zoo.from_hf) and callable(zoo.to_hf); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
