@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -236,12 +238,25 @@ def _silence_stdout() -> None:
         pass
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM (`kill`, a CI timeout) unwinds like Ctrl-C, so temp files and folders are removed;
+    Python's default is to die on the spot. Returns the handler to restore (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done, 1 a check failed, 2 a mistake (one line on stderr;
     the library's AttnzooError or an OSError), 130 interrupted, 141 the reader closed the pipe.
     Anything else is a bug in attnzoo and keeps its traceback."""
     prog = "attnzoo"
     verbose = False
+    old_term = _sigterm_as_interrupt()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -265,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{prog}: error: out of memory: {_one_line(e)}; ask for a smaller size", file=sys.stderr)
         return 2
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
 
 
 if __name__ == "__main__":

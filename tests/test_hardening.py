@@ -393,6 +393,22 @@ def test_7_allocation_failure_that_still_happens_is_one_line(monkeypatch, capsys
     assert "out of memory" in one_line_error(capsys, ["list"])
 
 
+def test_7_onnx_runtime_allocation_failure_is_a_resource_error(models, monkeypatch):
+    sess = OnnxSession(models["decomposed"], "cpu", verbose=False)
+
+    class FakeOrt:
+        def run(self, *a, **kw):
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running "
+                "MatMul node. Failed to allocate memory for requested buffer of size 1099511627776\nmore"
+            )
+
+    monkeypatch.setattr(sess, "_sess", FakeOrt())
+    with pytest.raises(zoo.ResourceError, match="ran out of memory") as ei:
+        sess.run(torch.randn(1, 2, 64))
+    assert "\n" not in str(ei.value)
+
+
 def _with_func(parser: argparse.ArgumentParser, func):
     parser.set_defaults(func=func)
     for action in parser._subparsers._group_actions:
