@@ -529,17 +529,19 @@ class Deployment:
     replicas: int
     provider: str
     model: Path
-    started_ray: bool
+    started_ray: bool  # this process connected to Ray in `start`
+    own_cluster: bool = False  # ...and the cluster is its own (embedded), not one it joined
 
     def shutdown(self) -> None:
-        """Delete the application; stop Serve and Ray when `start` started them."""
+        """Delete the application; stop Serve and Ray when they are this process's own (a joined
+        cluster keeps running, with its other applications)."""
+        import ray
         from ray import serve
 
         serve.delete(self.app)
-        if self.started_ray:
-            import ray
-
+        if self.own_cluster:
             serve.shutdown()
+        if self.started_ray:
             ray.shutdown()
 
 
@@ -585,6 +587,11 @@ def start(
     probe = OnnxSession(path, provider="cpu", verbose=False)
     ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
+    if address is None:
+        # Embedded: everything runs here, so what would only fail (or hang) later is checked now.
+        if provider == "cuda" and not cuda_status()[0]:
+            raise ServeError(f"provider='cuda' asked for, but {cuda_status()[1]}; use --provider cpu")
+        _check_port_free(host, port)
     if provider == "auto":
         provider = "cuda" if cuda_status()[0] else "cpu"
 
@@ -594,33 +601,60 @@ def start(
     started_ray = False
     if not ray.is_initialized():
         # "local": a Ray of our own, never a stray cluster that ray.init() would otherwise find.
-        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
+        try:
+            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
+        except ConnectionError as e:
+            raise ServeError(f"cannot join the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
         started_ray = True
-    serve.start(http_options={"host": host, "port": port})
-    options: dict[str, Any] = {"num_cpus": cpus_per_replica}
-    if provider == "cuda":
-        options["num_gpus"] = 1
-    deployment = serve.deployment(
-        OnnxServer,
-        name="onnx",
-        num_replicas=replicas,
-        ray_actor_options=options,
-        # Room for a full batch waiting while another runs, per replica.
-        max_ongoing_requests=max(2 * max_batch, 8),
-        health_check_period_s=2,
-    )
-    handle = deployment.bind(
-        path.read_bytes(),
-        path.stem,
-        provider=provider,
-        max_batch=max_batch,
-        batch_wait_ms=batch_wait_ms,
-        max_tokens=max_tokens,
-        max_body=max_body,
-        threads=threads,
-    )
-    serve.run(handle, name=app, route_prefix="/", blocking=False)
-    return Deployment(f"http://{host}:{port}/", app, replicas, provider, path, started_ray)
+    own_cluster = started_ray and address is None
+    try:
+        if provider == "cuda" and ray.cluster_resources().get("GPU", 0) < 1:
+            raise ServeError("provider='cuda' asks one GPU per replica, but this Ray cluster has no GPU")
+        serve.start(http_options={"host": host, "port": port})
+        options: dict[str, Any] = {"num_cpus": cpus_per_replica}
+        if provider == "cuda":
+            options["num_gpus"] = 1
+        deployment = serve.deployment(
+            OnnxServer,
+            name="onnx",
+            num_replicas=replicas,
+            ray_actor_options=options,
+            # Room for a full batch waiting while another runs, per replica.
+            max_ongoing_requests=max(2 * max_batch, 8),
+            health_check_period_s=2,
+        )
+        handle = deployment.bind(
+            path.read_bytes(),
+            path.stem,
+            provider=provider,
+            max_batch=max_batch,
+            batch_wait_ms=batch_wait_ms,
+            max_tokens=max_tokens,
+            max_body=max_body,
+            threads=threads,
+        )
+        try:
+            serve.run(handle, name=app, route_prefix="/", blocking=False)
+        except Exception as e:  # noqa: BLE001 - Ray reports a replica that failed to start this way
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]
+            raise ServeError(f"the deployment did not start: {lines[-1] if lines else type(e).__name__}") from e
+    except BaseException:
+        if started_ray:
+            if own_cluster:
+                serve.shutdown()
+            ray.shutdown()
+        raise
+    return Deployment(f"http://{host}:{port}/", app, replicas, provider, path, started_ray, own_cluster)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
 
 
 def replica_states(app: str = "attnzoo") -> dict[str, int]:

@@ -240,6 +240,16 @@ def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
         start(models["masked"], provider="gpu")
     with pytest.raises(FileNotFoundError, match="attnzoo export"):
         start(tmp_path / "missing.onnx")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ServeError, match="pick another --port"):
+            start(models["masked"], port=busy.getsockname()[1])
+    from export.session import cuda_status
+
+    if not cuda_status()[0]:  # embedded with no working CUDA: refused now, not a replica waiting for a GPU
+        with pytest.raises(ServeError, match="provider='cuda'"):
+            start(models["masked"], provider="cuda")
 
 
 def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
