@@ -35,8 +35,10 @@ _ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 _NP_TYPE = {"float32": np.float32, "float16": np.float16}
 
 
-def why_not(spec: zoo.AttentionSpec, *, need_weights: bool = False) -> str | None:
-    """The one-line reason GroupQueryAttention cannot express `spec`, or None."""
+def why_not(spec: zoo.AttentionSpec, *, need_weights: bool = False, dtype: str | None = None) -> str | None:
+    """The one-line reason GroupQueryAttention cannot express `spec` (in `dtype`), or None."""
+    if dtype == "float16" and spec.d_k_ % 16:
+        return f"com.microsoft GroupQueryAttention in fp16 needs d_k a multiple of 16 (the block has d_k={spec.d_k_})"
     if need_weights:
         return "com.microsoft GroupQueryAttention does not output the softmax weights"
     if spec.is_cross:

@@ -131,7 +131,12 @@ class _ExportBlock(nn.Module):
 
 
 def why_not(
-    lowering: str, spec: zoo.AttentionSpec | None = None, *, need_weights: bool = False, decode: bool = False
+    lowering: str,
+    spec: zoo.AttentionSpec | None = None,
+    *,
+    need_weights: bool = False,
+    decode: bool = False,
+    dtype: str | None = None,
 ) -> str | None:
     """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
 
@@ -155,7 +160,7 @@ def why_not(
     if lowering == "ort-gqa":
         from . import gqa
 
-        reason = gqa.why_not(spec)
+        reason = gqa.why_not(spec, dtype=dtype)
         if reason:
             return reason
     return zoo.modifiers.why_not(spec, lowering)
@@ -206,9 +211,13 @@ def export_onnx(
             raise ExportError(f"cannot export a decode model: {reason}")
         order = DECODE_PREFERENCE[provider]
     if lowering == "auto":
-        candidates = [lw for lw in order if why_not(lw, module.spec, need_weights=need_weights, decode=decode) is None]
+        candidates = [
+            lw
+            for lw in order
+            if why_not(lw, module.spec, need_weights=need_weights, decode=decode, dtype=dtype) is None
+        ]
     else:
-        reason = why_not(lowering, module.spec, need_weights=need_weights, decode=decode)
+        reason = why_not(lowering, module.spec, need_weights=need_weights, decode=decode, dtype=dtype)
         if reason:
             raise ExportError(f"lowering={lowering!r} cannot express this request: {reason}")
         candidates = [lowering]

@@ -111,7 +111,7 @@ def check(
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
     need_weights = masked and lowering == "decomposed"
     spec_for_check = zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
-    reason = why_not(lowering, spec_for_check, need_weights=need_weights)
+    reason = why_not(lowering, spec_for_check, need_weights=need_weights, dtype=dtype)
     if reason:
         row.reason = reason
         return row
@@ -195,6 +195,103 @@ def check(
             row.reason = "the eager output is constant at every shape: nothing was compared"
         elif sess.provider != provider:
             row.status, row.reason = "FAIL", f"ran on {sess.provider}, not {provider}"
+    return row
+
+
+# Decode parity: a prompt of PROMPT positions, then STEPS single-token steps; batch 1, and
+# batch 3 with rows left-padded by PADS positions (ragged lengths through the key mask).
+PROMPT, STEPS = 7, 25
+PADS = (0, 5, 2)
+
+
+def check_decode(
+    name_or_module: str | zoo.MultiHeadAttention,
+    lowering: str,
+    *,
+    dtype: str = "float32",
+    provider: str = "cpu",
+    workdir: str | Path | None = None,
+    seed: int = 0,
+    **overrides,
+) -> ParityRow:
+    """Export a decode model and run a prompt then single-token steps under ONNX Runtime (the cache
+    kept by the runtime); every row must match the eager full forward of that row alone.
+
+    Batch 1, then batch 3 with left padding (key_mask); the export traced b=2, t=5, p=3, so every
+    run here is at shapes it never saw (p = 0 for the prompt, p >= 7 for the steps, t = 7 and 1).
+    A miss is a FAIL naming the batch, the step and the max error.
+    """
+    name = name_or_module if isinstance(name_or_module, str) else "custom"
+    row = ParityRow(name, lowering, provider, dtype, "decode", "SKIP")
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider={provider!r} is not one of {PROVIDERS}")
+    spec = zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
+    reason = why_not(lowering, spec, decode=True, dtype=dtype)
+    if reason:
+        row.reason = reason
+        return row
+    if provider == "cuda":
+        ok, why = cuda_status()
+        if not ok:
+            row.status, row.reason = "FAIL", f"provider cuda asked for, but {why}"
+            return row
+    torch.manual_seed(seed)
+    if isinstance(name_or_module, str):
+        module = zoo.create(name_or_module, **overrides).eval()
+    elif overrides:
+        raise TypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
+    else:
+        module = name_or_module
+    tol = TOLERANCE[dtype]
+    ref_module = _reference_module(module, dtype, "cpu")
+    n = PROMPT + STEPS
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        path = Path(tmp) / f"{name}-{lowering}-{dtype}-decode.onnx"
+        try:
+            export_onnx(module, path, lowering=lowering, dtype=dtype, decode=True, with_mask=True)
+        except ExportError as e:
+            row.status, row.reason = "FAIL", f"export failed: {e}"
+            return row
+        try:
+            sess = OnnxSession(path, provider=provider, verbose=False)
+        except SessionError as e:
+            text = str(e)
+            if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
+                row.reason = f"ONNX Runtime {provider} has no {dtype} kernel: {text.split(': ', 2)[-1][:160]}"
+                return row
+            row.status, row.reason = "FAIL", text
+            return row
+        worst_abs = worst_rel = 0.0
+        for pads in ((0,), PADS):
+            b = len(pads)
+            x = torch.randn(b, n, spec.d_model)
+            key_mask = torch.ones(b, n, dtype=torch.bool)
+            for r, pad in enumerate(pads):
+                key_mask[r, :pad] = False
+            with torch.no_grad():  # each row alone, unpadded; its padded positions have no key: y = b_O
+                ref = torch.zeros(b, n, spec.d_model)
+                for r, pad in enumerate(pads):
+                    ref[r, pad:] = ref_module(x[r : r + 1, pad:].to(torch.float32))[0]
+                    ref[r, :pad] = ref_module.out_proj.bias if spec.bias else 0.0
+            xd = x.to(DTYPES[dtype])
+            try:
+                y0, pk, pv = sess.decode(xd[:, :PROMPT], key_mask=key_mask[:, :PROMPT])
+                ys, pk, pv = sess.generate_steps(xd[:, PROMPT:], pk, pv, key_mask=key_mask)
+            except Exception as e:  # noqa: BLE001 - a runtime failure is a FAIL with its text
+                row.status, row.reason = "FAIL", f"run failed at batch {b}: {str(e)[:200]}"
+                return row
+            got = torch.cat([y0, ys], 1).float()
+            for step in range(STEPS + 1):  # step 0 is the prompt
+                cols = slice(0, PROMPT) if step == 0 else slice(PROMPT + step - 1, PROMPT + step)
+                a, rel, ok = errors(got[:, cols].numpy(), ref[:, cols].numpy(), tol)
+                worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+                if not ok:
+                    where = "the prompt" if step == 0 else f"step {step} (position {PROMPT + step - 1})"
+                    row.status, row.max_abs, row.max_rel = "FAIL", worst_abs, worst_rel
+                    row.reason = f"batch {b}, {where}: max abs {a:.2e} outside rtol={tol.rtol:g}, atol={tol.atol:g}"
+                    return row
+            row.shapes += STEPS + 1
+        row.max_abs, row.max_rel, row.status = worst_abs, worst_rel, "PASS"
     return row
 
 

@@ -216,6 +216,11 @@ class OnnxSession:
         On CUDA, torch tensors are bound in place (no host round trip); on the CPU they are
         passed as zero-copy numpy views and the outputs come back as tensors over ORT's arrays.
         """
+        if self.is_decode:
+            raise RunInputError(
+                f"{self.path} is a token-by-token model: use sess.decode(x, past_key, past_value) "
+                f"or sess.generate_steps(x_steps)"
+            )
         feeds = self._prepare(x, context, mask, head_mask)
         if isinstance(x, torch.Tensor):
             if self.io_binding:
@@ -398,6 +403,25 @@ class OnnxSession:
                 node = ev["name"].rsplit("_kernel_time", 1)[0]
                 seen.setdefault(node, NodePlacement(node, args.get("op_name", "?"), args["provider"]))
         return list(seen.values())
+
+    # -- token by token (models exported with decode=True; export/decoding.py) ---------------
+
+    @property
+    def is_decode(self) -> bool:
+        """True for a token-by-token model (inputs x, past_key, past_value [, key_mask])."""
+        return "past_key" in self._inputs
+
+    def decode(self, x, past_key=None, past_value=None, key_mask=None):
+        """One call: x (b t c) at positions p..p+t-1 -> (y, present_key, present_value)."""
+        from .decoding import decode
+
+        return decode(self, x, past_key, past_value, key_mask)
+
+    def generate_steps(self, x_steps, past_key=None, past_value=None, key_mask=None):
+        """x_steps (b k c) fed one position at a time, the cache kept by the runtime -> (y (b k c), cache)."""
+        from .decoding import generate_steps
+
+        return generate_steps(self, x_steps, past_key, past_value, key_mask)
 
     @staticmethod
     def summarize_placements(placements: list[NodePlacement]) -> dict[str, dict[str, int]]:

@@ -38,7 +38,7 @@ def small_overrides(name: str) -> dict[str, Any]:
     if s.rope_dim is not None:  # partial rotary: 16 rotated dims (what GroupQueryAttention's rotary
         # accepts), in heads widened to keep the preset's rotated fraction
         out["rope_dim"] = 16
-        out["d_k"] = max(18, round(16 * s.d_k_ / s.rope_dim / 2) * 2)
+        out["d_k"] = max(32, -(-16 * s.d_k_ // s.rope_dim // 16) * 16)  # a multiple of 16 (fp16 GQA)
     if s.window is not None:
         out["window"] = 3
     if s.softcap is not None:

@@ -1,7 +1,7 @@
 import pytest
+from helpers import ALL_NAMES, small_overrides
 
 import zoo
-from helpers import ALL_NAMES, small_overrides
 from export.cli import main
 from zoo.audit import run_audit
 

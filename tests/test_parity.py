@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import zoo
-from helpers import ALL_NAMES, BIG_NAMES, small_overrides
 from export.lowering import LOWERINGS
 from export.parity import SHAPES, TOLERANCE, check, errors, format_matrix
+from helpers import ALL_NAMES, BIG_NAMES, small_overrides
 
 # the export traced (b, t, s) = (2, 5, 7); the parity grid must avoid it and cover t = 1, b = 1
 assert all((b, t) != (2, 5) for b, t, _ in SHAPES)

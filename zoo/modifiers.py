@@ -128,7 +128,9 @@ def relative_positions_audit(m: nn.Module, x: Tensor, what: str) -> tuple[str, b
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis, in fp32 for half inputs (as HF does)."""
     xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    # Written as a division, not rsqrt: torch's ONNX optimizer fuses the rsqrt form into an opset-23
+    # RMSNormalization node whose fp16 output type fails onnx's checker.
+    y = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.to(y.dtype)).to(x.dtype)
 
 
