@@ -193,6 +193,48 @@ CASES: dict[str, Case] = {
         _causal_lm("PhiModel", "PhiConfig", lambda m: m.layers[0].self_attn, **LLAMA),
         spec_checks={"rope_dim": 8, "kv_heads": 2},
     ),
+    # Falcon-7B's multi-query layout, with biases; and Falcon-40B's grouped one (2 kv heads)
+    "falcon-mq": Case(
+        _causal_lm(
+            "FalconModel",
+            "FalconConfig",
+            lambda m: m.h[0].self_attention,
+            **SMALL,
+            num_hidden_layers=1,
+            multi_query=True,
+            bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        spec_checks={"kv_heads": 1, "layout": "combined", "bias": True},
+    ),
+    "falcon-grouped": Case(
+        _causal_lm(
+            "FalconModel",
+            "FalconConfig",
+            lambda m: m.h[0].self_attention,
+            **SMALL,
+            num_hidden_layers=1,
+            new_decoder_architecture=True,
+            num_kv_heads=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        spec_checks={"kv_heads": 2, "bias": False},
+        variant=True,
+    ),
+    "falcon-mha": Case(
+        _causal_lm(
+            "FalconModel",
+            "FalconConfig",
+            lambda m: m.h[0].self_attention,
+            **SMALL,
+            num_hidden_layers=1,
+            multi_query=False,
+            bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        spec_checks={"kv_heads": None, "layout": "combined"},
+        variant=True,
+    ),
     "vit": Case(_vit, padding=False, spec_checks={"causal": False, "bias": True}),
 }
 
@@ -440,3 +482,93 @@ def test_zoo_imports_without_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# -- the presets named after real models hold what from_hf reads from those models' configs ----
+
+PRESET_MODULES = {
+    "bert-base": ("bert", "BertAttention", "BertConfig", dict(hidden_size=768, num_attention_heads=12)),
+    "gpt2-small": ("gpt2", "GPT2Attention", "GPT2Config", dict(n_embd=768, n_head=12)),
+    "llama-3-8b": (
+        "llama",
+        "LlamaAttention",
+        "LlamaConfig",
+        dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0),
+    ),
+    "mistral-7b": (
+        "mistral",
+        "MistralAttention",
+        "MistralConfig",
+        dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, sliding_window=4096),
+    ),
+    "gemma-2-9b": (
+        "gemma2",
+        "Gemma2Attention",
+        "Gemma2Config",
+        dict(
+            hidden_size=3584,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            attn_logit_softcapping=50.0,
+            sliding_window=4096,
+        ),
+    ),
+    "qwen3-8b": (
+        "qwen3",
+        "Qwen3Attention",
+        "Qwen3Config",
+        dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6),
+    ),
+    "olmo-2-7b": (
+        "olmo2",
+        "Olmo2Attention",
+        "Olmo2Config",
+        dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, rope_theta=500000.0, rms_norm_eps=1e-6),
+    ),
+    "bloom-560m": ("bloom", "BloomAttention", "BloomConfig", dict(hidden_size=1024, n_head=16)),
+    "gpt-neox-20b": (
+        "gpt_neox",
+        "GPTNeoXAttention",
+        "GPTNeoXConfig",
+        dict(hidden_size=6144, num_attention_heads=64, rotary_pct=0.25, rotary_emb_base=10000),
+    ),
+    "phi-2": (
+        "phi",
+        "PhiAttention",
+        "PhiConfig",
+        dict(hidden_size=2560, num_attention_heads=32, num_key_value_heads=32, partial_rotary_factor=0.4),
+    ),
+    "falcon-7b": (
+        "falcon",
+        "FalconAttention",
+        "FalconConfig",
+        dict(hidden_size=4544, num_attention_heads=71, multi_query=True, bias=False),
+    ),
+    "vit-b16": ("vit", "ViTAttention", "ViTConfig", dict(hidden_size=768, num_attention_heads=12, qkv_bias=True)),
+}
+
+
+def _resolved(s: zoo.AttentionSpec) -> dict:
+    """Every field with its default made concrete, so d_k=None and d_k=d_model/heads compare equal."""
+    rope_dim = None if s.rope_theta is None else (s.rope_dim or s.d_k_)
+    return dict(s.to_dict(), d_k=s.d_k_, d_v=s.d_v_, kv_heads=s.kv_heads_, scale=s.scale_, rope_dim=rope_dim)
+
+
+@pytest.mark.parametrize("preset", list(PRESET_MODULES))
+def test_preset_matches_the_real_config(preset):
+    """Full-size modules on the meta device (no memory): the preset is what from_hf reads."""
+    import importlib
+
+    family, cls, config_cls, values = PRESET_MODULES[preset]
+    config = getattr(transformers, config_cls)(**values)
+    module_cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), cls)
+    takes_layer = "layer_idx" in inspect.signature(module_cls.__init__).parameters
+    with torch.device("meta"):
+        module = module_cls(config, layer_idx=0) if takes_layer else module_cls(config)
+    got = zoo.hf.spec_from_hf(module)
+    want = zoo.spec(preset)
+    got_r, want_r = _resolved(got.replace(layout=want.layout)), _resolved(want)
+    diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
+    assert not diff, f"{preset}: from_hf reads / preset holds {diff}"

@@ -334,6 +334,85 @@ def _fused_write(m: nn.Module, spec: AttentionSpec, p: Projections) -> None:
     _write_linear(m.dense, p.w_o, p.b_o, "dense")
 
 
+# Falcon: one query_key_value in one of three row layouts, rotary (ALiBi Falcon is refused).
+#   multi_query (Falcon-7B):          [Q (h d) | K (d) | V (d)]: the zoo's combined layout with g = 1
+#   new_decoder_architecture (40B):   per kv group, its r = h/g query heads then K then V: (g (r+2) d)
+#   neither:                          (h 3 d), as BLOOM's
+FALCON_GROUPED = "(g m d) c -> g m d c"
+
+
+def _falcon_layout(m: nn.Module) -> str:
+    if m.new_decoder_architecture:
+        return "grouped"
+    return "multi_query" if m.multi_query else "per_head"
+
+
+def _falcon_read(m: nn.Module) -> tuple[AttentionSpec, Projections]:
+    cfg = m.config
+    if getattr(cfg, "alibi", False):
+        raise HFConversionError(
+            "FalconAttention with alibi=True: Falcon adds its ALiBi bias before scaling the scores "
+            "(slopes / sqrt(d)) and takes dropout there; convert rotary Falcon models only"
+        )
+    c, heads, d = m.hidden_size, m.num_heads, m.head_dim
+    w, b = _read_linear(m.query_key_value)
+    wo, bo = _read_linear(m.dense)
+    layout = _falcon_layout(m)
+    kv = 1 if layout == "multi_query" else (m.num_kv_heads if layout == "grouped" else heads)
+    if layout == "per_head":
+        wq, wk, wv = rearrange(w, PER_HEAD_QKV, r=3, h=heads)
+        bq, bk, bv = rearrange(b, PER_HEAD_QKV_BIAS, r=3, h=heads) if b is not None else (None, None, None)
+    elif layout == "multi_query":
+        wq, wk, wv = w.split([heads * d, d, d])
+        bq, bk, bv = b.split([heads * d, d, d]) if b is not None else (None, None, None)
+    else:
+        r = heads // kv
+
+        def split(t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            t4 = rearrange(t if t.dim() == 2 else t[:, None], FALCON_GROUPED, g=kv, m=r + 2, d=d)
+            q = rearrange(t4[:, :r], "g r d c -> (g r d) c")
+            k, v = (rearrange(t4[:, i], "g d c -> (g d) c") for i in (r, r + 1))
+            return (q, k, v) if t.dim() == 2 else (q[:, 0], k[:, 0], v[:, 0])
+
+        wq, wk, wv = split(w)
+        bq, bk, bv = split(b) if b is not None else (None, None, None)
+    bias, (bq, bk, bv, bo) = _complete_biases([bq, bk, bv, bo], [wq, wk, wv, wo])
+    spec = AttentionSpec(
+        d_model=c,
+        heads=heads,
+        d_k=_d_k(c, heads, d),
+        kv_heads=_kv(heads, kv),
+        layout="combined",
+        bias=bias,
+        causal=True,
+        scale=_scale(m.inv_norm_factor, d),
+        **_rope(m, d, partial=False),
+    )
+    return spec, Projections(wq, wk, wv, wo, bq, bk, bv, bo)
+
+
+def _falcon_write(m: nn.Module, spec: AttentionSpec, p: Projections) -> None:
+    layout = _falcon_layout(m)
+    r = spec.group_size
+
+    def fuse(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if layout == "per_head":
+            pattern = ZOO_TO_PER_HEAD if q.dim() == 2 else ZOO_TO_PER_HEAD_BIAS
+            return rearrange(torch.stack([q, k, v]), pattern, h=spec.heads)
+        if layout == "multi_query":
+            return torch.cat([q, k, v])
+        col = q.dim() == 1  # biases as one-column weights
+        q, k, v = (t[:, None] if col else t for t in (q, k, v))
+        q4 = rearrange(q, "(g r d) c -> g r d c", g=spec.kv_heads_, r=r)
+        k4, v4 = (rearrange(t, "(g d) c -> g 1 d c", g=spec.kv_heads_) for t in (k, v))
+        t = rearrange(torch.cat([q4, k4, v4], dim=1), "g m d c -> (g m d) c")
+        return t[:, 0] if col else t
+
+    b = fuse(p.b_q, p.b_k, p.b_v) if p.b_q is not None else None
+    _write_linear(m.query_key_value, fuse(p.w_q, p.w_k, p.w_v), b, "query_key_value")
+    _write_linear(m.dense, p.w_o, p.b_o, "dense")
+
+
 # ViT: ViTAttention q_proj, k_proj, v_proj (biases iff qkv_bias), o_proj; bidirectional.
 
 
@@ -376,6 +455,7 @@ FAMILIES: tuple[_Family, ...] = (
         _fused_write,
         "the whole module (BLOOM: without the residual it adds), with ALiBi / rotary and the causal mask",
     ),
+    _Family(("FalconAttention",), _falcon_read, _falcon_write, "the whole module, rotary Falcon (MQA, GQA or MHA)"),
     _Family(("ViTAttention",), _vit_read, _vit_write, "the whole module (bidirectional)"),
 )
 _BY_CLASS = {name: fam for fam in FAMILIES for name in fam.classes}
@@ -414,6 +494,11 @@ def _derive(module: nn.Module) -> tuple[_Family, AttentionSpec, Projections]:
     return fam, spec, p
 
 
+def spec_from_hf(module: nn.Module) -> AttentionSpec:
+    """The spec from_hf would give `module`, without copying weights (works on the meta device)."""
+    return _derive(module)[1]
+
+
 def from_hf(module: nn.Module) -> MultiHeadAttention:
     """A zoo block computing what the transformers attention `module` computes, weights copied.
 
@@ -429,6 +514,8 @@ def from_hf(module: nn.Module) -> MultiHeadAttention:
                             slopes. BloomAttention adds its `residual` argument to its output;
                             the block does not: bloom(x, residual=r, ...)[0] == block(x) + r
       GPTNeoXAttention      fused QKV rows (h r d) as BLOOM's; partial rotary
+      FalconAttention       rotary Falcon: multi-query [Q|K|V] rows, grouped (g (r+2) d) rows
+                            (new_decoder_architecture) or (h r d) rows; ALiBi Falcon is refused
       ViTAttention          the whole module, bidirectional
 
     Dropout is not modelled: the block equals the module in eval mode. Positions for RoPE/ALiBi
@@ -470,4 +557,4 @@ def to_hf(block: MultiHeadAttention, module: nn.Module) -> nn.Module:
     return module
 
 
-__all__ = ["HFConversionError", "HFTypeError", "from_hf", "supported_classes", "to_hf"]
+__all__ = ["HFConversionError", "HFTypeError", "from_hf", "spec_from_hf", "supported_classes", "to_hf"]
