@@ -28,6 +28,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         with_head_mask=args.head_mask,
         overwrite=args.force,
         provider=args.target,
+        decode=args.decode,
         **parse_overrides(args.set),
     )
     print(result.summary())
@@ -55,6 +56,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--ctx-seq {args.ctx_seq}: {args.path} is self-attention (its keys are x itself, s = t); "
             f"give -s only for cross-attention models"
         )
+    if sess.is_decode:
+        return _run_decode(sess, args)
     sess.check_size(args.batch, args.seq, args.ctx_seq or args.seq)  # before the inputs are made
     ins, _ = interface(
         spec,
@@ -108,6 +111,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if finite else 1
 
 
+def _run_decode(sess, args: argparse.Namespace) -> int:
+    """A prompt of --seq positions, then --steps single-token steps; per-token latency."""
+    import numpy as np
+
+    spec = sess.spec
+    b, t, steps = args.batch, args.seq, args.steps
+    sess.check_size(b, t + steps, t + steps)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((b, t + steps, spec.d_model)).astype(sess.dtype)
+    sess.generate_steps(x[:, : min(steps, 4) or 1])  # warm-up (first runs allocate)
+    t0 = time.perf_counter()
+    y0, pk, pv = sess.decode(x[:, :t])
+    prompt_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    ys, pk, pv = sess.generate_steps(x[:, t:], pk, pv)
+    step_ms = (time.perf_counter() - t0) * 1e3 / max(steps, 1)
+    finite = bool(np.isfinite(y0).all() and np.isfinite(ys).all())
+    name = sess.metadata.get("attnzoo.name", "?")
+    print(f"model     {args.path}: {name}, decode, lowering {sess.metadata.get('attnzoo.lowering', '?')}, {sess.dtype}")
+    print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
+    print(f"prompt    x ({b}, {t}, {spec.d_model}) with an empty cache: {prompt_ms:.3f} ms")
+    print(
+        f"steps     {steps} x (b={b}, t=1), cache {t} -> {t + steps} positions {tuple(pk.shape)}: "
+        f"{step_ms:.3f} ms per token ({1e3 / step_ms * b if step_ms else float('inf'):,.0f} tokens/s)"
+    )
+    print(f"finite    {finite}")
+    return 0 if finite else 1
+
+
 def cmd_parity(args: argparse.Namespace) -> int:
     from .parity import CASES, format_matrix, run_parity
     from .session import cuda_status
@@ -125,7 +157,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
         if not ok:  # asked for by name: a run that tests nothing must not pass
             raise CliError(f"--provider cuda: {why}; drop it, or use --provider auto to include CUDA where it works")
     dtypes = args.dtype or ["float32"]
-    cases = args.case or list(CASES)
+    cases = ["decode"] if args.decode else (args.case or list(CASES))
     names = zoo.names(args.pattern)
     if not names:
         raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
@@ -186,6 +218,12 @@ def add_commands(sub, with_set, positive, int_list) -> None:
         choices=TARGETS,
         help="the provider lowering=auto optimises for (default cpu)",
     )
+    sp.add_argument(
+        "--decode",
+        action="store_true",
+        help="a token-by-token model with a KV cache: inputs x, past_key, past_value (+ key_mask with --mask); "
+        "outputs y, present_key, present_value",
+    )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)
     sp.set_defaults(func=cmd_export)
@@ -199,6 +237,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--repeats", type=positive, default=20)
     sp.add_argument("--threads", type=positive, default=None)
     sp.add_argument("--placement", action="store_true", help="profile once and print the provider of each op")
+    sp.add_argument("--steps", type=positive, default=32, help="decode models: single-token steps after the prompt")
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser("parity", help="eager vs ONNX Runtime for every matching variant (exit 1 on FAIL)")
@@ -212,6 +251,12 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     )
     sp.add_argument("--dtype", action="append", choices=["float32", "float16"], help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
+    sp.add_argument(
+        "--decode",
+        action="store_true",
+        help="check token-by-token decode exports instead: a prompt of 7 then 25 single steps, batch 1 and 3 "
+        "(left-padded), against the eager full forward (non-causal blocks are SKIP)",
+    )
     sp.add_argument("--json", help="also write the rows as JSON")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     with_set(sp)

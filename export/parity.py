@@ -305,7 +305,8 @@ def run_parity(
     progress: Callable[[ParityRow], None] | None = None,
     **overrides,
 ) -> list[ParityRow]:
-    """The parity matrix for every registered name matching `pattern`."""
+    """The parity matrix for every registered name matching `pattern` ("decode" in `cases`: the
+    token-by-token check, check_decode)."""
     names = zoo.names(pattern)
     if not names:
         raise ValueError(f"no attention block matches {pattern!r}; see `attnzoo list`")
@@ -315,7 +316,10 @@ def run_parity(
             for prov in providers:
                 for dt in dtypes:
                     for case in cases:
-                        row = check(name, lw, case=case, dtype=dt, provider=prov, **overrides)
+                        if case == "decode":
+                            row = check_decode(name, lw, dtype=dt, provider=prov, **overrides)
+                        else:
+                            row = check(name, lw, case=case, dtype=dt, provider=prov, **overrides)
                         rows.append(row)
                         if progress:
                             progress(row)

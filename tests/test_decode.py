@@ -159,3 +159,19 @@ def test_decode_export_refuses_what_it_cannot_be(tmp_path):
         export_onnx("mha-separate-bias", tmp_path / "a.onnx", decode=True)
     with pytest.raises(ValueError, match="need_weights"):
         export_onnx("mha-causal", tmp_path / "b.onnx", decode=True, need_weights=True)
+
+
+def test_cli_export_run_parity_decode(tmp_path, capsys):
+    from export.cli import main
+
+    path = tmp_path / "m.onnx"
+    sets = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]
+    assert main(["export", "gemma-2-9b", *sets, "--decode", "-o", str(path)]) == 0
+    assert "present_key float32[b, 2, s, 16]" in capsys.readouterr().out
+    assert main(["run", str(path), "-b", "2", "-t", "5", "--steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "ms per token" in out and "finite    True" in out
+    assert main(["parity", "gemma-2-9b", "--decode", "--lowering", "ort-gqa", "-q", *sets]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+    assert main(["export", "mha-separate-bias", "--decode", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "causal self-attention" in capsys.readouterr().err
