@@ -85,7 +85,14 @@ def _bert():
 def _gpt2():
     # layer 1 with scale_attn_by_inverse_layer_idx: its scale is 1/sqrt(d)/2, not the default
     cfg = transformers.GPT2Config(
-        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=32, scale_attn_by_inverse_layer_idx=True
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=32,
+        scale_attn_by_inverse_layer_idx=True,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     cfg._attn_implementation = "eager"
     model = _randomize(transformers.GPT2Model(cfg))
@@ -169,6 +176,21 @@ CASES: dict[str, Case] = {
     "qwen3": Case(
         _causal_lm("Qwen3Model", "Qwen3Config", lambda m: m.layers[0].self_attn, **LLAMA, head_dim=16),
         spec_checks={"qk_norm": "head"},
+    ),
+    # Qwen3's sliding layers (layer i slides when i >= max_window_layers)
+    "qwen3-sliding": Case(
+        _causal_lm(
+            "Qwen3Model",
+            "Qwen3Config",
+            lambda m: m.layers[0].self_attn,
+            **LLAMA,
+            head_dim=16,
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            max_window_layers=0,
+        ),
+        spec_checks={"qk_norm": "head", "window": WINDOW},
+        variant=True,
     ),
     "olmo2": Case(
         _causal_lm("Olmo2Model", "Olmo2Config", lambda m: m.layers[0].self_attn, **LLAMA),
@@ -307,6 +329,13 @@ def test_eager_parity(name):
     scale = c.y.abs().max().item()
     assert err <= ATOL, f"{name}: eager max abs err {err:.2e} (output max {scale:.2f}) > {ATOL}"
     print(f"{name}: eager max abs err {err:.2e} (output max {scale:.2f})")
+    # the window and the cap bite at these sizes: the block without them misses the reference
+    for field in ("window", "softcap"):
+        if getattr(block.spec, field) is not None:
+            without = zoo.heads.build(block.spec.replace(**{field: None}), zoo.get_projections(block))
+            with torch.no_grad():
+                miss = (without(c.x, mask=_key_mask(c.keep)) - c.y).abs().max().item()
+            assert miss > 1e-3, f"{name}: {field} makes no difference here ({miss:.1e})"
 
 
 # torch's exporter takes seconds per lowering on 2 cores: the default run exports every case
@@ -431,6 +460,18 @@ def test_phi_layernorm_on_qk_is_refused():
     attn = transformers.PhiModel(cfg).layers[0].self_attn
     with pytest.raises(zoo.HFConversionError, match="qk_layernorm=True"):
         zoo.from_hf(attn)
+
+
+def test_other_unexpressible_configs_are_refused():
+    gemma = transformers.Gemma2Config(**LLAMA, head_dim=16, use_bidirectional_attention=True)
+    with pytest.raises(zoo.HFConversionError, match="use_bidirectional_attention=True"):
+        zoo.from_hf(transformers.Gemma2Model(gemma).layers[0].self_attn)
+    falcon = transformers.FalconConfig(**SMALL, num_hidden_layers=1, alibi=True)
+    with pytest.raises(zoo.HFConversionError, match="FalconAttention with alibi=True"):
+        zoo.from_hf(transformers.FalconModel(falcon).h[0].self_attention)
+    gpt2 = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=1, n_head=4, add_cross_attention=True)
+    with pytest.raises(zoo.HFConversionError, match="is_cross_attention=True"):
+        zoo.from_hf(transformers.GPT2Model(gpt2).h[0].crossattention)
 
 
 def test_mismatched_block_is_refused_with_the_fields():
