@@ -40,6 +40,7 @@ JSON = "application/json"
 FIELDS = ("x", "context", "mask", "head_mask")
 DEFAULT_MAX_TOKENS = 65_536  # b*t per request; 64 x 1024 is a large but sane single request
 DEFAULT_MAX_BODY = 256 * 2**20
+PAD_FACTOR = 2.0  # a request is padded to at most twice its length (see length_groups)
 
 
 class ServeError(AttnzooError, ValueError):
@@ -319,15 +320,37 @@ def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray
 
     Returns, per item, (y (b_i t_i c),) or (y, attn (b_i h t_i s_i)) when the model outputs weights.
     """
-    groups: dict[tuple[int, int] | None, list[int]] = {}
-    for i, it in enumerate(items):
-        # Without a mask input, padding would change the answer: only equal lengths share a run.
-        groups.setdefault(None if info.has_mask else (it.t, it.s), []).append(i)
     out: list[tuple[np.ndarray, ...] | None] = [None] * len(items)
-    for idx in groups.values():
+    for idx in length_groups(items, has_mask=info.has_mask):
         for i, res in zip(idx, _run_padded(sess, [items[i] for i in idx], info)):
             out[i] = res
     return out  # type: ignore[return-value]
+
+
+def length_groups(items: list[Item], *, has_mask: bool, pad_factor: float = PAD_FACTOR) -> list[list[int]]:
+    """Indices of `items` that share one model run.
+
+    Without a mask input, padding would change the answer: only equal (t, s) share a run. With
+    one, lengths within `pad_factor` of each other do: padding a 16-position request to 128
+    would cost 8x its projections (and 64x its scores), more than a second run costs.
+    """
+    if not has_mask:
+        same: dict[tuple[int, int], list[int]] = {}
+        for i, it in enumerate(items):
+            same.setdefault((it.t, it.s), []).append(i)
+        return list(same.values())
+    groups: list[list[int]] = []
+    t_min = s_min = s_max = 0
+    for i in sorted(range(len(items)), key=lambda k: (items[k].t, items[k].s)):
+        it = items[i]
+        s_lo, s_hi = (min(s_min, it.s), max(s_max, it.s)) if groups else (it.s, it.s)
+        if groups and it.t <= pad_factor * t_min and s_hi <= pad_factor * s_lo:
+            groups[-1].append(i)
+            s_min, s_max = s_lo, s_hi
+        else:
+            groups.append([i])
+            t_min, s_min, s_max = it.t, it.s, it.s
+    return groups
 
 
 def pad_batch(items: list[Item], info: ModelInfo) -> dict[str, np.ndarray]:
@@ -477,7 +500,8 @@ class OnnxServer:
         if not (path == "/" or path.endswith("/predict")):
             return PlainTextResponse(f"no such path {path}; POST to / or /predict", 404)
         try:
-            size = int(request.headers.get("content-length") or 0)
+            declared = request.headers.get("content-length") or "0"
+            size = int(declared) if declared.isdigit() else 0  # a bad header: the body's length decides
             if size > self.max_body:
                 raise RequestError(f"the body is {size} bytes; this server takes at most {self.max_body}", 413)
             body = await request.body()
@@ -832,6 +856,7 @@ __all__ = [
     "check_arrays",
     "decode_request",
     "encode_response",
+    "length_groups",
     "pad_batch",
     "replica_states",
     "run_batch",

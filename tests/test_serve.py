@@ -30,6 +30,7 @@ from export.serve import (
     check_arrays,
     decode_request,
     encode_response,
+    length_groups,
     run_batch,
     start,
 )
@@ -186,6 +187,16 @@ def test_padded_batch_equals_each_request_alone(sessions):
     results = run_batch(sess, items, info)
     for it, res in zip(items, results):
         _close(res[0], _alone(sess, it)[0])
+
+
+def test_lengths_share_a_run_only_within_twice_each_other(sessions):
+    info = _info(sessions["masked"])
+    items = [check_arrays({"x": np.zeros((1, t, 64), np.float32)}, info) for t in (16, 20, 31, 33, 64, 65, 128, 3)]
+    groups = length_groups(items, has_mask=True)
+    assert [[items[i].t for i in g] for g in groups] == [[3], [16, 20, 31], [33, 64, 65], [128]]
+    assert sorted(i for g in groups for i in g) == list(range(len(items)))
+    twice = items[:3] * 2  # without a mask only equal lengths share a run
+    assert [[twice[i].t for i in g] for g in length_groups(twice, has_mask=False)] == [[16, 16], [20, 20], [31, 31]]
 
 
 def test_cross_attention_pads_queries_and_keys_and_cuts_the_weights(sessions):
