@@ -504,6 +504,16 @@ def test_permuted_alibi_heads_do_not_fit_bloom():
         zoo.to_hf(block, copy.deepcopy(c.module))
 
 
+def test_a_zoo_made_alibi_block_goes_into_bloom():
+    """A block from the registry (the zoo's own slopes, not copied from BLOOM) fits BLOOM."""
+    c = capture("bloom-6-heads")
+    block = zoo.create("bloom-560m", d_model=48, heads=6)
+    fresh = zoo.to_hf(block, copy.deepcopy(c.module))
+    bound = inspect.signature(fresh.forward).bind(*c.args, **c.kwargs)
+    err = (_replay(fresh, c) - bound.arguments["residual"] - block(c.x, mask=_key_mask(c.keep))).abs().max().item()
+    assert err <= ATOL, f"zoo-made ALiBi block in BLOOM: max abs err {err:.2e}"
+
+
 def test_permuted_heads_round_trip_where_the_module_can_hold_them():
     """LLaMA holds any head order: a permuted block written back computes the same function."""
     c = capture("llama")
