@@ -49,8 +49,9 @@ from typing import Any
 
 import zoo
 
-PATHS = ("eager-explicit", "eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha")
-LOWERING_OF = {"ort-decomposed": "decomposed", "ort-onnx-attention": "onnx-attention", "ort-mha": "ort-mha"}
+PATHS = ("eager-explicit", "eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
+# path -> lowering: "ort-decomposed" runs lowering "decomposed"; "ort-mha" and "ort-gqa" keep their names
+LOWERING_OF = {p: p if p in ("ort-mha", "ort-gqa") else p[len("ort-") :] for p in PATHS if p.startswith("ort-")}
 BASELINE = "eager-sdpa"
 DEFAULT_NAME = "transformer-base"
 DEFAULT_SEQ = (1, 16, 512, 4096)
@@ -83,7 +84,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class Job:
-    """One measurement, run in a fresh worker process. kind: "path" | "roofline" | "overhead"."""
+    """One measurement, run in a fresh worker process. kind: "path" | "roofline" | "overhead" | "decode"
+    (for "decode", `seq` is the past length p)."""
 
     kind: str
     runtime: str  # "torch" | "ort"
@@ -420,6 +422,10 @@ def run_worker(job: Job) -> dict[str, Any]:
         return _roofline(job)
     if job.kind == "overhead":
         return _overhead(job)
+    if job.kind == "decode":  # per-token decode timing (export/bench_decode.py)
+        from .bench_decode import measure_decode
+
+        return measure_decode(job)
     raise BenchError(f"unknown job kind {job.kind!r}")
 
 
@@ -1016,6 +1022,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of latency and memory against T")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="per-token decode latency instead: eager block.decode vs each decode lowering's generate_steps",
+    )
+    parser.add_argument(
+        "--past",
+        type=_int_list,
+        action="extend",
+        metavar="LIST",
+        help="with --decode: past lengths, e.g. 128,1024,4096,16384 (the default)",
+    )
 
 
 PLOT_FORMATS = ("png", "svg", "pdf")
@@ -1058,6 +1076,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         if out:
             ensure_writable_parent(Path(out))
     budget = Budget(args.warmup, args.repeats, args.min_repeats, args.budget)
+    if args.decode:
+        return _run_decode_from_args(args, budget)
+    if args.past:
+        raise BenchError("--past goes with --decode (past lengths of the KV cache)")
     report = benchmark(
         args.name,
         overrides=parse_overrides(args.set),
@@ -1082,6 +1104,34 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(why or f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
     failed = [r for r in report["rows"] if r["status"] == "error"]
     return 1 if failed else 0
+
+
+def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
+    from .bench_decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table, write_decode_json
+    from .cli import parse_overrides
+
+    if args.seq or args.plot:
+        raise BenchError("--decode measures t = 1 per step: give past lengths with --past (no --seq, no --plot)")
+    paths = [p for p in args.paths if p in DECODE_PATHS] if args.paths != list(PATHS) else list(DECODE_PATHS)
+    report = benchmark_decode(
+        args.name,
+        overrides=parse_overrides(args.set),
+        provider=args.provider,
+        dtype=args.dtype,
+        batches=args.batch or [1],
+        pasts=args.past or list(DEFAULT_PAST),
+        paths=paths,
+        threads=args.threads,
+        budget=budget,
+        timeout=args.timeout,
+        retries=args.retries,
+        progress=not args.no_progress,
+    )
+    print(format_decode_table(report))
+    if args.json:
+        write_decode_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 1 if any(not r.get("ok") for r in report["rows"]) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,223 @@
+"""Per-token decode benchmark: eager `block.decode` (SDPA, fed its own present step by step)
+side by side with each decode lowering's `OnnxSession.generate_steps` under ONNX Runtime.
+
+    attnzoo bench gpt2-small --decode --past 128,1024,4096,16384 --batch 1,8
+
+For every (batch b, past length p) and path, a fresh worker process (export/bench.py's) builds a
+random cache of p positions, then times calls that each feed STEPS single tokens starting from
+that cache (the cache grows to p + STEPS inside the call). Reported: milliseconds per token,
+tokens/s (b tokens per step), and the peak memory a call adds over the worker's baseline (the
+cache of p positions already counted in the baseline): O(p) for a path that copies the cache
+once per step, O(p^2) for one that builds a (t, p) or (p, p) tensor it should not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zoo
+
+from .bench import (
+    BenchError,
+    Budget,
+    Job,
+    PeakMemory,
+    _torch_setup,
+    default_threads,
+    machine_info,
+    measure,
+    time_calls,
+    versions,
+)
+
+DECODE_PATHS = ("eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
+BASELINE = "eager-sdpa"
+LOWERING_OF = {p: p if p in ("ort-mha", "ort-gqa") else p[len("ort-") :] for p in DECODE_PATHS if p != BASELINE}
+DEFAULT_PAST = (128, 1024, 4096, 16384)
+STEPS = 16  # single-token steps per timed call
+
+
+def measure_decode(job: Job) -> dict[str, Any]:
+    """In a worker: ms per token for one (path, b, p)."""
+    torch, device, dtype, sync = _torch_setup(job)
+    spec = zoo.spec(job.name, **job.overrides)
+    b, p = job.batch, job.seq
+    past_key = torch.randn(b, spec.kv_heads_, p, spec.d_k_, device=device, dtype=dtype)
+    past_value = torch.randn(b, spec.kv_heads_, p, spec.d_v_, device=device, dtype=dtype)
+    x = torch.randn(b, STEPS, spec.d_model, device=device, dtype=dtype)
+    if job.runtime == "torch":
+        block = zoo.create(job.name, **job.overrides).to(device=device, dtype=dtype).eval()
+
+        def call() -> None:
+            k, v = past_key, past_value
+            for i in range(STEPS):
+                _, k, v = block.decode(x[:, i : i + 1], k, v)
+
+        where = f"torch {job.provider}"
+    else:
+        from .session import OnnxSession
+
+        sess = OnnxSession(
+            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
+        )
+        if job.provider == "cpu":
+            x, past_key, past_value = x.numpy(), past_key.numpy(), past_value.numpy()
+
+        def call() -> None:
+            sess.generate_steps(x, past_key, past_value)
+
+        where = f"onnxruntime {sess.provider}"
+    call()  # warm: kernels, arenas and thread pools exist before the baseline
+    sync()
+    peak = PeakMemory(job.provider, job.runtime)
+    peak.start()
+    out = time_calls(call, sync, job.budget, after_each=peak.sample)
+    out.update(peak.stop())
+    out["ms_per_token"] = out["median_ms"] / STEPS
+    out["ran_on"] = where
+    return out
+
+
+def benchmark_decode(
+    name: str,
+    *,
+    overrides: dict[str, Any],
+    provider: str,
+    dtype: str,
+    batches: list[int],
+    pasts: list[int],
+    paths: list[str],
+    threads: int | None,
+    budget: Budget,
+    timeout: float,
+    retries: int,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Export each decode lowering once, then measure every (path, b, p) in its own worker."""
+    from tqdm import tqdm
+
+    from .lowering import why_not
+
+    spec = zoo.spec(name, **overrides)
+    unknown = sorted(set(paths) - set(DECODE_PATHS))
+    if unknown:
+        raise BenchError(f"unknown decode path(s) {unknown}; choose from {', '.join(DECODE_PATHS)}")
+    if not spec.causal or spec.is_cross:
+        raise BenchError(f"{name} is not causal self-attention ({spec.describe()}): it has no decode to measure")
+    threads = threads or default_threads()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="attnzoo-bench-decode-") as tmp:
+        models: dict[str, str | None] = {}
+        skipped: dict[str, str] = {}
+        for path in paths:
+            if path == BASELINE:
+                continue
+            lowering = LOWERING_OF[path]
+            reason = why_not(lowering, spec, decode=True, dtype=dtype)
+            if reason:
+                skipped[path] = reason
+                continue
+            from .lowering import export_onnx
+
+            started = time.perf_counter()
+            try:
+                export_onnx(
+                    name, Path(tmp) / f"{lowering}.onnx", lowering=lowering, dtype=dtype, decode=True, **overrides
+                )
+            except zoo.AttnzooError as e:
+                skipped[path] = f"export failed: {str(e).splitlines()[0][:200]}"
+                continue
+            models[path] = str(Path(tmp) / f"{lowering}.onnx")
+            if progress:
+                print(f"exported {path} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        jobs = [(path, b, p) for b in batches for p in pasts for path in paths if path == BASELINE or path in models]
+        bar = tqdm(total=len(jobs), desc="decode bench", unit="run", file=sys.stderr, disable=not progress)
+        for path, b, p in jobs:
+            bar.set_postfix_str(f"{path} b={b} p={p}")
+            job = Job(
+                kind="decode",
+                runtime="torch" if path == BASELINE else "ort",
+                provider=provider,
+                dtype=dtype,
+                threads=threads,
+                budget=budget,
+                path=path,
+                name=name,
+                overrides=overrides,
+                model=models.get(path, ""),
+                batch=b,
+                seq=p,
+            )
+            result = measure(job, timeout, retries)
+            rows.append({"path": path, "batch": b, "past": p, **result})
+            bar.update()
+        bar.close()
+    for row in rows:
+        base = next(
+            (r for r in rows if r["path"] == BASELINE and r["batch"] == row["batch"] and r["past"] == row["past"]),
+            None,
+        )
+        if row.get("ok") and base and base.get("ok"):
+            row["speedup_vs_eager"] = base["ms_per_token"] / row["ms_per_token"]
+    return {
+        "kind": "decode",
+        "name": name,
+        "spec": spec.to_dict(),
+        "describe": spec.describe(),
+        "provider": provider,
+        "dtype": dtype,
+        "threads": threads,
+        "steps_per_call": STEPS,
+        "skipped": skipped,
+        "rows": rows,
+        "machine": machine_info(),
+        "versions": versions(),
+    }
+
+
+def format_decode_table(report: dict[str, Any]) -> str:
+    """A markdown table: one row per (b, p, path), then the linearity of each path in p."""
+    lines = [
+        f"decode: {report['name']} ({report['describe']}), {report['provider']} {report['dtype']}, "
+        f"{report['threads']} threads, {report['steps_per_call']} single-token steps per call",
+        "",
+        "| B | past | path | ms/token | tokens/s | added MB | x eager |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in report["rows"]:
+        if not r.get("ok"):
+            lines.append(f"| {r['batch']} | {r['past']} | {r['path']} | error: {r.get('error', '?')} | | | |")
+            continue
+        mem = r.get("peak_added_mb")
+        lines.append(
+            f"| {r['batch']} | {r['past']} | {r['path']} | {r['ms_per_token']:.3f} | "
+            f"{1e3 * r['batch'] / r['ms_per_token']:,.0f} | {'' if mem is None else f'{mem:.1f}'} | "
+            f"{r.get('speedup_vs_eager', float('nan')):.2f} |"
+        )
+    for path, why in report["skipped"].items():
+        lines.append(f"| | | {path} | skipped: {why} | | | |")
+    growth = []
+    for path in dict.fromkeys(r["path"] for r in report["rows"]):
+        for b in sorted({r["batch"] for r in report["rows"]}):
+            ok = {
+                r["past"]: r["ms_per_token"]
+                for r in report["rows"]
+                if r["path"] == path and r["batch"] == b and r.get("ok")
+            }
+            if len(ok) >= 2:
+                lo, hi = min(ok), max(ok)
+                growth.append(f"{path} b={b}: x{ok[hi] / ok[lo]:.2f} from past {lo} to {hi} (x{hi / lo:g} positions)")
+    if growth:
+        lines += ["", "per-token time growth with the past:"] + [f"  {g}" for g in growth]
+    return "\n".join(lines)
+
+
+def write_decode_json(report: dict[str, Any], path: str) -> None:
+    from .lowering import write_atomic
+
+    write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str)))
