@@ -76,10 +76,15 @@ def _causal_lm(cls_name: str, config_name: str, layer: Callable[[nn.Module], nn.
     return make
 
 
-def _bert():
-    cfg = transformers.BertConfig(**SMALL, num_hidden_layers=1, max_position_embeddings=32, attn_implementation="eager")
-    model = _randomize(transformers.BertModel(cfg, add_pooling_layer=False))
-    return model, model.encoder.layer[0].attention, _ids(_keep())
+def _bert(is_decoder: bool = False):
+    def make():
+        cfg = transformers.BertConfig(
+            **SMALL, num_hidden_layers=1, max_position_embeddings=32, is_decoder=is_decoder, attn_implementation="eager"
+        )
+        model = _randomize(transformers.BertModel(cfg, add_pooling_layer=False))
+        return model, model.encoder.layer[0].attention, _ids(_keep())
+
+    return make
 
 
 def _gpt2():
@@ -128,7 +133,10 @@ def _bloom(heads: int, width: int):
 LLAMA = dict(SMALL, num_hidden_layers=1, num_key_value_heads=2, max_position_embeddings=64)
 
 CASES: dict[str, Case] = {
-    "bert": Case(_bert, output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": False}),
+    "bert": Case(_bert(), output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": False}),
+    "bert-decoder": Case(
+        _bert(is_decoder=True), output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": True}, variant=True
+    ),
     "gpt2": Case(_gpt2, spec_checks={"layout": "combined", "scale": 0.125}),
     "llama": Case(
         _causal_lm(
@@ -360,6 +368,8 @@ def _onnx_check(name: str, tmp_path, which: int) -> None:
     assert why_not("decomposed", block.spec) is None  # the plain lowering expresses every block
     lowerings = _split_lowerings(name, block)[which]
     if not lowerings:
+        if which == 0:
+            pytest.skip(f"{name}: a second case of its family; its exports run under -m slow")
         pytest.skip(f"{name}: no further lowering can express {block.spec.describe()}")
     errs = {}
     b, t = c.x.shape[:2]
@@ -419,15 +429,6 @@ def test_round_trip_from_the_other_layout():
         zoo.to_hf(other, fresh)
         err = (_replay(fresh, c) - c.full).abs().max().item()
         assert err <= 1e-6, f"{type(c.module).__name__}: max abs err {err:.2e}"
-
-
-def test_bert_causal_decoder():
-    """A BERT decoder layer (is_decoder=True) is causal, and so is its block."""
-    cfg = transformers.BertConfig(
-        **SMALL, num_hidden_layers=1, max_position_embeddings=32, is_decoder=True, attn_implementation="eager"
-    )
-    layer = transformers.BertModel(cfg).encoder.layer[0].attention
-    assert zoo.from_hf(layer).spec.causal is True
 
 
 # -- refusals ------------------------------------------------------------------------------------
