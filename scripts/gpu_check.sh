@@ -7,6 +7,8 @@
 # 2. the CUDA-marked tests (eager CUDA vs ORT CUDA, every variant x lowering, fp32 and fp16);
 # 3. which provider each lowering's nodes actually ran on (a silent CPU fallback shows);
 # 4. the benchmark on CUDA in fp16, up to T = 16384;
+# 5. decode on CUDA: parity (a prompt then single tokens, ragged batch) for each decode lowering,
+#    and the per-token benchmark of a LLaMA-style GQA block;
 # everything under $OUT (default ./gpu-out), a short table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,13 +30,13 @@ print("ORT CUDA:", cuda_status())
 PY
 
 echo "== 2. CUDA-marked tests"
-timeout 240 $py -m pytest -m cuda -q -p no:cacheprovider -n 8 tests/test_parity.py tests/test_session.py \
+timeout 240 $py -m pytest -m cuda -q -p no:cacheprovider -n 8 tests/test_parity.py tests/test_session.py tests/test_decode.py \
   2>&1 | tee "$OUT/cuda-tests.log" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== 3. node placement per lowering (transformer-base, fp16)"
 : > "$OUT/placement.txt"
-for lw in decomposed onnx-attention ort-mha; do
+for lw in decomposed onnx-attention ort-mha; do  # ort-gqa needs a causal block: in step 5
   f="$OUT/tb-$lw.onnx"
   timeout 120 $py -m export.cli export transformer-base -o "$f" --lowering "$lw" --dtype float16 --force >/dev/null \
     && timeout 60 $py -m export.cli run "$f" --provider cuda --batch 1 --seq 2048 --repeats 10 --placement \
@@ -46,6 +48,16 @@ echo "== 4. benchmark on CUDA, fp16"
 timeout 300 $py scripts/bench.py transformer-base --provider cuda --dtype float16 --batch 1 \
   --seq 1,16,512,2048,4096,8192,16384 --json "$OUT/bench-cuda.json" --plot "$OUT/bench-cuda.png" \
   2>"$OUT/bench-cuda.err" | tee "$OUT/bench-cuda.md"
+
+echo "== 5. decode on CUDA, fp16 (llama-3-8b at 1024 wide: GQA + RoPE; gemma-2-9b adds window + softcap)"
+: > "$OUT/decode-parity.md"
+for name in llama-3-8b gemma-2-9b; do
+  timeout 120 $py -m export.cli parity "$name" --decode --provider cuda --dtype float16 -q \
+    --set d_model=1024 --set heads=8 --set kv_heads=2 --set d_k=128 2>&1 | tee -a "$OUT/decode-parity.md" | tail -8
+done
+timeout 300 $py scripts/bench.py llama-3-8b --decode --provider cuda --dtype float16 --batch 1,8 \
+  --past 128,1024,4096,16384 --json "$OUT/bench-decode-cuda.json" 2>"$OUT/bench-decode-cuda.err" \
+  | tee "$OUT/bench-decode-cuda.md"
 
 echo "== summary"
 grep -E "ORT CUDA" "$OUT/versions.txt"
