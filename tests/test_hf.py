@@ -624,3 +624,10 @@ def test_preset_matches_the_real_config(preset):
     got_r, want_r = _resolved(got.replace(layout=want.layout)), _resolved(want)
     diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
     assert not diff, f"{preset}: from_hf reads / preset holds {diff}"
+
+
+def test_every_supported_class_has_a_parity_case():
+    """As optimum does for its exporters: a class from_hf accepts without a case here fails."""
+    tested = {type(capture(name).module).__name__ for name in CASES}
+    missing = sorted(set(zoo.hf.supported_classes()) - tested)
+    assert not missing, f"supported by from_hf but not tested against its model: {missing}"

@@ -468,9 +468,9 @@ _PARTS = {
 }
 
 
-def supported_classes() -> list[str]:
-    """The transformers attention classes from_hf / to_hf accept."""
-    return [name for fam in FAMILIES for name in fam.classes]
+def supported_classes() -> dict[str, str]:
+    """The transformers attention classes from_hf / to_hf accept, each with what the block covers."""
+    return {name: fam.covers for fam in FAMILIES for name in fam.classes}
 
 
 def _family(module: object) -> _Family:
