@@ -1,0 +1,43 @@
+"""`attnzoo bench --decode`: a short real run (tiny block, two past lengths), and its refusals."""
+
+import json
+
+import pytest
+
+from export.bench_decode import format_decode_table
+from export.cli import main
+
+TINY = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]
+QUICK = ["--budget", "0.05", "--min-repeats", "1", "--warmup", "1", "--retries", "0", "--no-progress"]
+
+
+def test_decode_bench_runs(tmp_path, capsys):
+    """Eager and the fused lowering, two past lengths: each in its own worker, every row measured."""
+    out = tmp_path / "d.json"
+    paths = ["--paths", "eager-sdpa,ort-gqa"]
+    code = main(["bench", "llama-3-8b", *TINY, "--decode", "--past", "8,32", *paths, *QUICK, "--json", str(out)])
+    assert code == 0, capsys.readouterr()
+    report = json.loads(out.read_text())
+    assert {r["path"] for r in report["rows"]} == {"eager-sdpa", "ort-gqa"}
+    assert all(r["ok"] and r["ms_per_token"] > 0 for r in report["rows"])
+    assert {r["past"] for r in report["rows"]} == {8, 32}
+    assert all(r["speedup_vs_eager"] > 0 for r in report["rows"])
+    text = capsys.readouterr().out
+    assert "ms/token" in text and "per-token time growth" in text
+    assert format_decode_table(report).count("| 1 | 32 |") == 2
+
+
+def test_decode_bench_refusals(capsys):
+    assert main(["bench", "mha-separate-bias", "--decode", "--past", "8", *QUICK]) == 2
+    assert "not causal self-attention" in capsys.readouterr().err
+    assert main(["bench", "mha-causal", "--past", "8", *QUICK]) == 2
+    assert "--past goes with --decode" in capsys.readouterr().err
+    assert main(["bench", "mha-causal", "--decode", "--seq", "8", *QUICK]) == 2
+    assert "--decode measures t = 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "x"])
+def test_decode_bench_past_must_be_positive(bad, capsys):
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal: one line, exit 2
+        main(["bench", "mha-causal", "--decode", "--past", bad, *QUICK])
+    assert e.value.code == 2 and "positive integers" in capsys.readouterr().err or bad == "x"
