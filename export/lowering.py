@@ -395,9 +395,11 @@ def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, s
         return zoo.create(model_or_name, **overrides).eval(), model_or_name
     if isinstance(model_or_name, zoo.MultiHeadAttention):
         if overrides:
-            raise TypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
+            raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
         return model_or_name, "custom"
-    raise TypeError(f"export_onnx takes a zoo name or a zoo.MultiHeadAttention, got {type(model_or_name).__name__}")
+    raise zoo.InputTypeError(
+        f"export_onnx takes a zoo name or a zoo.MultiHeadAttention, got {type(model_or_name).__name__}"
+    )
 
 
 def _type_name(io: TensorIO, dtype: str) -> str:

@@ -104,9 +104,9 @@ def check(
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     row = ParityRow(name, lowering, provider, dtype, case, "SKIP")
     if case not in CASES:
-        raise ValueError(f"case={case!r} is not one of {CASES}")
+        raise zoo.ArgumentError(f"case={case!r} is not one of {CASES}")
     if provider not in PROVIDERS:
-        raise ValueError(f"provider={provider!r} is not one of {PROVIDERS}")
+        raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     masked = case == "masked"
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
     need_weights = masked and lowering == "decomposed"
@@ -124,7 +124,7 @@ def check(
     if isinstance(name_or_module, str):
         module = zoo.create(name_or_module, **overrides).eval()
     elif overrides:
-        raise TypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
+        raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
     else:
         module = name_or_module
     spec = module.spec
@@ -224,7 +224,7 @@ def check_decode(
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     row = ParityRow(name, lowering, provider, dtype, "decode", "SKIP")
     if provider not in PROVIDERS:
-        raise ValueError(f"provider={provider!r} is not one of {PROVIDERS}")
+        raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
     reason = why_not(lowering, spec, decode=True, dtype=dtype)
     if reason:
@@ -239,7 +239,7 @@ def check_decode(
     if isinstance(name_or_module, str):
         module = zoo.create(name_or_module, **overrides).eval()
     elif overrides:
-        raise TypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
+        raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
     else:
         module = name_or_module
     tol = TOLERANCE[dtype]
@@ -309,7 +309,7 @@ def run_parity(
     token-by-token check, check_decode)."""
     names = zoo.names(pattern)
     if not names:
-        raise ValueError(f"no attention block matches {pattern!r}; see `attnzoo list`")
+        raise zoo.UnknownNameError(f"no attention block matches {pattern!r}; see `attnzoo list`")
     rows = []
     for name in names:
         for lw in lowerings:
