@@ -167,6 +167,16 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
+    return v
+
+
 def _nonneg(text: str) -> float:
     try:
         v = float(text)
@@ -225,8 +235,8 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--kill-after", type=_nonneg, default=None, help="kill one replica this many seconds in")
     sp.add_argument("--ray-address", default="auto", help="the Ray cluster of the server (for --kill-after)")
     sp.add_argument("--app", default="attnzoo", help="the Ray Serve application name (for --kill-after)")
-    sp.add_argument("--retries", type=int, default=1, help="client retries of a failed request (default 1)")
-    sp.add_argument("--warmup", type=int, default=8, help="uncounted requests first (default 8)")
+    sp.add_argument("--retries", type=_count, default=1, help="client retries of a failed request (default 1)")
+    sp.add_argument("--warmup", type=_count, default=8, help="uncounted requests first (default 8)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--json", help="also write the report as JSON")
     sp.set_defaults(func=cmd_loadtest)

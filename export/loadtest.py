@@ -400,6 +400,8 @@ def loadtest(
         raise LoadTestError(f"requests={requests!r} must be positive")
     if not 0 <= bad_fraction < 1:
         raise LoadTestError(f"bad_fraction={bad_fraction!r} must be in [0, 1)")
+    if retries < 0 or warmup < 0:
+        raise LoadTestError(f"retries={retries!r} and warmup={warmup!r} must be >= 0")
     if not seqs or any(t < 1 for t in seqs):
         raise LoadTestError(f"seqs={seqs!r}: give positive lengths, e.g. 16,32,64,128")
     client = Client(url, retries=retries)

@@ -738,6 +738,10 @@ class Client:
     """
 
     def __init__(self, url: str, *, binary: bool = True, timeout: float = 60.0, retries: int = 1) -> None:
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries={retries!r} must be an integer >= 0")
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} must be positive (seconds)")
         u = urllib.parse.urlsplit(url)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"url={url!r}: give an http URL such as http://127.0.0.1:8000/")

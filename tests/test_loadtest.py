@@ -90,6 +90,8 @@ def test_bad_options_are_refused_before_any_traffic():
         loadtest("http://127.0.0.1:1/", concurrency=[0], requests=1, seqs=[4])
     with pytest.raises(LoadTestError, match="bad_fraction"):
         loadtest("http://127.0.0.1:1/", concurrency=[1], requests=1, seqs=[4], bad_fraction=1.5)
+    with pytest.raises(LoadTestError, match="retries=-1"):
+        loadtest("http://127.0.0.1:1/", concurrency=[1], requests=1, seqs=[4], retries=-1)
 
 
 def test_no_server_is_one_line_at_the_cli(capsys):

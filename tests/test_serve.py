@@ -389,3 +389,5 @@ def test_the_client_retries_once_then_says_what_failed():
     assert not Client(f"http://127.0.0.1:{free_port()}/", retries=0).health()
     with pytest.raises(ValueError, match="http URL"):
         Client("ftp://example/")
+    with pytest.raises(ValueError, match="retries=-1"):
+        Client("http://127.0.0.1:1/", retries=-1)
