@@ -440,6 +440,7 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
         return model, ins, outs
     block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
     block.fused = lowering != "decomposed"
+    block.sdpa_fp32 = lowering == "onnx-attention"  # ORT's CPU Attention overflows fp16 Q K^T (README)
     # GQA: repeat K and V in the graph rather than export SDPA's enable_gqa. ORT 1.31's CPU
     # Attention op with native kv heads measured slower and +47% memory (gqa-decoder-4096,
     # T=2048: 1746 ms, +1208 MB against 1619 ms, +822 MB); the ORT rewriter expands them anyway.
@@ -535,6 +536,7 @@ def _lower_decode(module, lowering, dtype, with_key_mask):
         return model, ins, outs
     block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
     block.fused = lowering != "decomposed"
+    block.sdpa_fp32 = lowering == "onnx-attention"  # ORT's CPU Attention overflows fp16 Q K^T (README)
     block.share_kv = False
     if lowering == "ort-mha" and spec.layout == "combined":
         block = zoo.to_separate(block)

@@ -18,7 +18,7 @@ MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_ad
 def test_bench_runs_on_a_tiny_shape(tmp_path, capsys):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = [
-        "mha-separate-bias",
+        "mha-causal",  # causal: every path, ort-gqa included, can express it
         "--seq",
         "8",
         "--warmup",

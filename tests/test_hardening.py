@@ -202,7 +202,9 @@ def test_3_eager_fp16_is_finite_on_both_paths(models, scale):
 # input: (largest k within tolerance, a k past the limit, what happens there).
 FP16_LIMITS = {
     "decomposed-fp16": (15000.0, 20000.0, "inf"),  # the fp16 projections overflow: fp16's range
-    "onnx-attention-fp16": (250.0, 300.0, "inf"),  # ORT's CPU Attention forms Q K^T in fp16
+    # ORT's CPU Attention forms Q K^T in fp16 (inf at 300x); the export hands it fp32 Q, K, V
+    # (MultiHeadAttention.sdpa_fp32), so only the fp16 projections limit it, as for decomposed.
+    "onnx-attention-fp16": (15000.0, 20000.0, "inf"),
     "ort-mha-masked-fp16": (250.0, 300.0, "wrong"),  # finite, but far off
 }
 CAUSAL = torch.ones(7, 7, dtype=torch.bool).tril()

@@ -54,6 +54,10 @@ class MultiHeadAttention(nn.Module):
         self.spec = spec
         self.fused = fused
         self.share_kv = True
+        # Hand SDPA fp32 copies of half-precision Q, K and V (and cast Z back). Off in eager torch,
+        # whose SDPA accumulates in fp32 anyway; the onnx-attention export turns it on, because ONNX
+        # Runtime's CPU Attention kernel forms Q K^T in fp16 and overflows at inputs ~300x a unit normal.
+        self.sdpa_fp32 = False
         s = spec
         q_width, k_width, v_width = s.heads * s.d_k_, s.kv_heads_ * s.d_k_, s.kv_heads_ * s.d_v_
         if s.layout == "separate":
@@ -149,6 +153,12 @@ class MultiHeadAttention(nn.Module):
             v = repeat(v, "b g s d -> b (g r) s d", r=s.group_size)
         if explicit:
             return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=score_map)
+        if self.sdpa_fp32 and q.dtype in (torch.float16, torch.bfloat16):
+            half = q.dtype
+            q, k, v = q.float(), k.float(), v.float()
+            bias = None if bias is None else bias.float()
+            z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa)
+            return z.to(half), None
         return fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa), None
 
     # -- incremental decoding ----------------------------------------------------------------

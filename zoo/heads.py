@@ -81,6 +81,7 @@ def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | Non
     m = MultiHeadAttention(spec, fused=like.fused if like is not None else True)
     if like is not None:
         m.share_kv = like.share_kv
+        m.sdpa_fp32 = like.sdpa_fp32
     ref = like.out_proj.weight if like is not None else p.w_o
     m = m.to(device=ref.device, dtype=ref.dtype)
     with torch.no_grad():
