@@ -441,6 +441,14 @@ def test_unsupported_class_is_named():
         zoo.from_hf("LlamaAttention")
 
 
+def test_a_whole_layer_points_to_its_attention():
+    layer = capture("llama").model.layers[0]
+    with pytest.raises(
+        zoo.HFTypeError, match=r"LlamaDecoderLayer is not .*it holds self_attn \(LlamaAttention\): pass"
+    ):
+        zoo.from_hf(layer)
+
+
 def test_a_part_of_a_block_points_to_the_whole():
     bert = capture("bert").module
     with pytest.raises(zoo.HFTypeError, match="BertSelfAttention: pass its parent BertAttention"):

@@ -481,8 +481,10 @@ def _family(module: object) -> _Family:
         raise HFTypeError(f"{name}: {_PARTS[name]}")
     fam = _BY_CLASS.get(name)
     if fam is None or not type(module).__module__.startswith("transformers."):
+        inside = [f"{n} ({_cls(c)})" for n, c in module.named_modules() if _cls(c) in _BY_CLASS][:2]
+        hint = f"; it holds {', '.join(inside)}: pass that" if inside else ""
         raise HFTypeError(
-            f"{type(module).__module__}.{name} is not a supported transformers attention module; "
+            f"{type(module).__module__}.{name} is not a supported transformers attention module{hint}; "
             f"supported: {', '.join(supported_classes())}"
         )
     return fam
