@@ -19,7 +19,10 @@ def close(a, b, tol=1e-6):
     "fields, match",
     [
         (dict(window=4), "needs causal"),
-        (dict(window=0, causal=True), "positive integer"),
+        (dict(window=0, causal=True), "integer in 1..2"),
+        (dict(window=2**40, causal=True), "integer in 1..2"),
+        (dict(rope_theta=1e30), "rope_theta"),
+        (dict(softcap=1e30), "softcap"),
         (dict(rope_theta=1e4, rope_dim=7), "even"),
         (dict(rope_theta=1e4, rope_dim=32), "even integer in 2..d_k=16"),
         (dict(rope_theta=1e4, d_context=32), "cross-attention"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from . import modifiers
-from .errors import ArgumentError
+from .errors import ArgumentError, InputTypeError
 from .spec import AttentionSpec
 
 FLOP_CONVENTION = (
@@ -65,7 +65,7 @@ def count_parameters(spec_or_module: AttentionSpec | nn.Module) -> int:
         return parameter_breakdown(spec_or_module).total
     if isinstance(spec_or_module, nn.Module):
         return sum(p.numel() for p in spec_or_module.parameters())
-    raise TypeError(f"count_parameters takes an AttentionSpec or nn.Module, got {type(spec_or_module).__name__}")
+    raise InputTypeError(f"count_parameters takes an AttentionSpec or nn.Module, got {type(spec_or_module).__name__}")
 
 
 @dataclass(frozen=True)

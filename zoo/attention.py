@@ -21,7 +21,9 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from . import modifiers
+from .accounting import count_parameters
 from .errors import AttnzooError, InputTypeError
+from .limits import check_fits
 from .spec import AttentionSpec
 
 SPLIT_HEADS = "b t (h d) -> b h t d"
@@ -50,7 +52,11 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, spec: AttentionSpec, *, fused: bool = True) -> None:
         super().__init__()
         if not isinstance(spec, AttentionSpec):
-            raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+            raise InputTypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+        # A block past the machine's memory is refused before torch tries to allocate it (on the
+        # meta device nothing is allocated: `show` counts any size that way).
+        if torch.get_default_device().type != "meta":
+            check_fits(count_parameters(spec) * 4, f"a block of {count_parameters(spec):,} parameters (fp32)")
         self.spec = spec
         self.fused = fused
         self.share_kv = True

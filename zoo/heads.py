@@ -15,6 +15,7 @@ from einops import rearrange
 from torch import Tensor
 
 from .attention import MultiHeadAttention
+from .errors import ArgumentError, InputTypeError
 from .spec import AttentionSpec
 
 
@@ -39,7 +40,7 @@ class Projections:
 
 def _require_module(m: object) -> MultiHeadAttention:
     if not isinstance(m, MultiHeadAttention):
-        raise TypeError(f"expected a zoo MultiHeadAttention module, got {type(m).__name__}")
+        raise InputTypeError(f"expected a zoo MultiHeadAttention module, got {type(m).__name__}")
     return m
 
 
@@ -130,11 +131,11 @@ def _head_indices(values: Sequence[int] | Tensor, what: str) -> list[int]:
     if isinstance(values, Tensor):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, set, frozenset, range)):
-        raise TypeError(f"{what} must be a sequence of head indices, got {values!r}")
+        raise InputTypeError(f"{what} must be a sequence of head indices, got {values!r}")
     out = []
     for v in values:
         if isinstance(v, bool) or not (isinstance(v, int) or (hasattr(v, "__index__") and not isinstance(v, float))):
-            raise TypeError(f"{what} must hold integer head indices, got {v!r} in {values!r}")
+            raise InputTypeError(f"{what} must hold integer head indices, got {v!r} in {values!r}")
         out.append(int(v))
     return out
 
@@ -142,7 +143,7 @@ def _head_indices(values: Sequence[int] | Tensor, what: str) -> list[int]:
 def _check_perm(perm: Sequence[int] | Tensor, n: int, what: str) -> list[int]:
     perm = _head_indices(perm, what)
     if sorted(perm) != list(range(n)):
-        raise ValueError(f"{what}={perm} is not a permutation of range({n})")
+        raise ArgumentError(f"{what}={perm} is not a permutation of range({n})")
     return perm
 
 
@@ -188,7 +189,7 @@ def kv_permutation_for(spec: AttentionSpec, perm: Sequence[int]) -> list[int]:
     for j in range(spec.kv_heads_):
         groups = {perm[r] // gs for r in range(j * gs, (j + 1) * gs)}
         if len(groups) != 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"perm={list(perm)} splits a GQA group: with heads={spec.heads}, "
                 f"kv_heads={spec.kv_heads_} each block of {gs} new heads must come from one "
                 f"kv group, but new heads {j * gs}..{(j + 1) * gs - 1} come from groups {sorted(groups)}"
@@ -219,16 +220,16 @@ def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttenti
     """
     s = _require_module(m).spec
     if s.qk_norm == "full":
-        raise ValueError(
+        raise ArgumentError(
             "prune_heads cannot apply with qk_norm='full': its RMS runs over all heads together, so "
             "removing a head changes every other head's normalisation (zeroing with head_mask is exact; "
             "pruning would be a different function)"
         )
     drop = sorted(set(_head_indices(heads, "heads")))
     if any(r < 0 or r >= s.heads for r in drop):
-        raise ValueError(f"heads={list(heads)} has indices outside range({s.heads})")
+        raise ArgumentError(f"heads={list(heads)} has indices outside range({s.heads})")
     if len(drop) >= s.heads:
-        raise ValueError(f"cannot prune all {s.heads} heads; keep at least one")
+        raise ArgumentError(f"cannot prune all {s.heads} heads; keep at least one")
     keep = [r for r in range(s.heads) if r not in set(drop)]
     gs = s.group_size
     # Under GQA the survivors must still form equal blocked groups: drop whole groups, or the
@@ -237,7 +238,7 @@ def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttenti
     kv_keep = [j for j, n in per_group.items() if n > 0]
     sizes = {per_group[j] for j in kv_keep}
     if len(sizes) != 1:
-        raise ValueError(
+        raise ArgumentError(
             f"heads={drop} leaves GQA groups of unequal sizes "
             f"{ {j: per_group[j] for j in kv_keep} }; with kv_heads={s.kv_heads_} drop whole "
             f"groups or the same number of heads from every group"

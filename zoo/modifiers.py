@@ -165,8 +165,8 @@ class QKNorm(Modifier):
         if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
             raise SpecError(f"qk_norm={spec.qk_norm!r} is not one of None, 'head' (per head over d_k), 'full' (h*d_k)")
         eps = spec.qk_norm_eps
-        if not _is_number(eps) or eps <= 0:
-            raise SpecError(f"qk_norm_eps={eps!r} must be a positive finite number (e.g. 1e-6)")
+        if not _is_number(eps) or not 0 < eps <= 1:
+            raise SpecError(f"qk_norm_eps={eps!r} must be a number in (0, 1] (e.g. 1e-6)")
 
     @classmethod
     def parameters_added(cls, spec: AttentionSpec) -> int:
@@ -284,8 +284,8 @@ class Rotary(Modifier):
                     f"positions: set rope_theta (e.g. 10000.0)"
                 )
             return
-        if not _is_number(spec.rope_theta) or spec.rope_theta <= 1:
-            raise SpecError(f"rope_theta={spec.rope_theta!r} must be a finite number > 1 (e.g. 10000.0)")
+        if not _is_number(spec.rope_theta) or not 1 < spec.rope_theta <= 1e12:
+            raise SpecError(f"rope_theta={spec.rope_theta!r} must be a number in (1, 1e12] (e.g. 10000.0)")
         if spec.is_cross:
             raise SpecError(
                 f"rope_theta={spec.rope_theta} with d_context={spec.d_context}: rotary positions need query and "
@@ -431,8 +431,8 @@ class Window(Modifier):
         w = spec.window
         if w is None:
             return
-        if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
-            raise SpecError(f"window={w!r} must be a positive integer (keys seen, itself included) or None")
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 < w < 2**31:
+            raise SpecError(f"window={w!r} must be an integer in 1..2**31-1 (keys seen, itself included) or None")
         if not spec.causal:
             raise SpecError(f"window={w} needs causal=True (a sliding window looks back only); set causal=true")
 
@@ -483,8 +483,8 @@ class Softcap(Modifier):
     @classmethod
     def check(cls, spec: AttentionSpec) -> None:
         c = spec.softcap
-        if c is not None and (not _is_number(c) or c <= 0):
-            raise SpecError(f"softcap={c!r} must be a positive finite number (Gemma-2 uses 50.0) or None")
+        if c is not None and (not _is_number(c) or not 0 < c <= 1e4):
+            raise SpecError(f"softcap={c!r} must be a number in (0, 1e4] (Gemma-2 uses 50.0) or None")
 
     @classmethod
     def describe(cls, spec: AttentionSpec) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention import MultiHeadAttention
-from .errors import AttnzooError
+from .errors import ArgumentError, AttnzooError, InputTypeError
 from .spec import AttentionSpec, SpecError, field_names
 
 if sys.version_info >= (3, 11):
@@ -80,7 +80,7 @@ def unregister(name: str) -> None:
 def names(pattern: str = "*") -> list[str]:
     """Sorted registered names matching an fnmatch pattern, e.g. names('mha-*')."""
     if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a string such as 'mha-*', got {type(pattern).__name__}")
+        raise InputTypeError(f"pattern must be a string such as 'mha-*', got {type(pattern).__name__}")
     _ensure_loaded()
     return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
 
@@ -113,13 +113,13 @@ def load_presets(directory: str | Path) -> list[str]:
 def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
     fields = {k: kw.pop(k) for k in list(kw) if k not in ("description", "reference", "source")}
     if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t"):
-        raise ValueError(f"name={name!r} must be a non-empty string without spaces or wildcards")
+        raise ArgumentError(f"name={name!r} must be a non-empty string without spaces or wildcards")
     if spec is None:
         spec = AttentionSpec(**fields)
     elif fields:
-        raise TypeError(f"give either a spec or spec fields for {name!r}, not both ({sorted(fields)})")
+        raise InputTypeError(f"give either a spec or spec fields for {name!r}, not both ({sorted(fields)})")
     if not isinstance(spec, AttentionSpec):
-        raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+        raise InputTypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
     if name in _REGISTRY:
         raise DuplicateNameError(f"{name!r} is already registered (from {_REGISTRY[name].source}); pick another name")
     e = Entry(name=name, spec=spec, **kw)
@@ -129,7 +129,7 @@ def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
 
 def _lookup(name: str) -> Entry:
     if not isinstance(name, str):
-        raise TypeError(f"name must be a string, got {type(name).__name__}")
+        raise InputTypeError(f"name must be a string, got {type(name).__name__}")
     try:
         return _REGISTRY[name]
     except KeyError:
