@@ -1,8 +1,8 @@
 import pytest
 import torch
-from helpers import ALL_NAMES
 
 import zoo
+from helpers import ALL_NAMES
 from zoo import AttentionSpec
 
 

@@ -1,8 +1,8 @@
 import pytest
-from helpers import ALL_NAMES, small_overrides
 
 import zoo
 from export.cli import main
+from helpers import ALL_NAMES, small_overrides
 from zoo.audit import run_audit
 
 

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from export import bench
+from export.bench.command import _int_list
 
 ROW_KEYS = {"batch", "seq", "path", "lowering", "auto", "flops", "status"}
 MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_added_mb", "speedup_vs_sdpa"}
@@ -72,7 +73,7 @@ def test_bench_rejects_an_unknown_path(capsys):
 
 @pytest.mark.parametrize("text, want", [("1,16 512", [1, 16, 512]), ("4", [4])])
 def test_int_lists(text, want):
-    assert bench._int_list(text) == want
+    assert _int_list(text) == want
 
 
 def test_cuda_request_fails_in_one_line_without_cuda(capsys):

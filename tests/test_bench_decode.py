@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from export.bench_decode import format_decode_table
+from export.bench.decode import format_decode_table
 from export.cli import main
 
 TINY = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]

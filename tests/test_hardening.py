@@ -449,17 +449,18 @@ def test_8_bench_flags_are_checked_before_any_work(capsys, flags, match):
 
 
 def test_8_roofline_is_sized_to_the_dtype_and_machine():
-    from export import bench
+    from export.bench import jobs as bench
+    from export.bench.worker import _roofline
 
     job = bench.Job("roofline", "torch", "cpu", "float16", 1, bench.Budget(1, 3, 1, 0.05), seq=0)
-    out = bench._roofline(job)
+    out = _roofline(job)
     n = out["n"]
     assert bench.ROOFLINE_MIN <= n <= bench.ROOFLINE_SIZE["cpu"] and n & (n - 1) == 0
     assert out["gflops"] > 0
 
 
 def test_8_sigterm_unwinds_like_ctrl_c():
-    from export.bench import _terminate_as_interrupt
+    from export.bench.plan import _terminate_as_interrupt
 
     with pytest.raises(KeyboardInterrupt), _terminate_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
@@ -470,7 +471,7 @@ def test_8_sigterm_unwinds_like_ctrl_c():
 def test_8_stale_bench_folders_are_swept(tmp_path, monkeypatch):
     import tempfile
 
-    from export import bench
+    from export.bench import plan as bench
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     old, young = tmp_path / "attnzoo-bench-old", tmp_path / "attnzoo-bench-young"

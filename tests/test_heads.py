@@ -1,8 +1,8 @@
 import pytest
 import torch
-from helpers import ALL_NAMES, create, make_inputs
 
 import zoo
+from helpers import ALL_NAMES, create, make_inputs
 from zoo.audit import valid_permutation
 
 

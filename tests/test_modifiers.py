@@ -173,3 +173,13 @@ def test_describe_and_show_name_the_modifiers():
     assert "softcap=50" in s.describe() and "window=4096" in s.describe()
     text = show_spec("qwen3-8b", zoo.spec("qwen3-8b"))
     assert "qk_norm" in text and "256" in text  # 2 * d_k QK-norm weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_rotary_angles_stay_fp32_in_any_dtype(dtype):
+    """block.half() used to round the rotary frequencies: angles off by ~1 rad at position 40000."""
+    rot = zoo.create("llama-3-8b", d_model=64, heads=4, kv_heads=2, d_k=16).to(dtype).mods["rope"]
+    pos = torch.tensor([[5000, 40000]])
+    cos, _ = rot.cos_sin(pos, torch.float32)
+    inv = 1 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    assert torch.equal(cos[0, 0], (pos[..., None].float() * inv).cos()[0])

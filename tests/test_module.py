@@ -1,8 +1,8 @@
 import pytest
 import torch
-from helpers import ALL_NAMES, create, make_inputs
 
 import zoo
+from helpers import ALL_NAMES, create, make_inputs
 from zoo import InputError
 
 RTOL, ATOL = 1e-5, 1e-5  # fp32 eager vs eager: two orders of summation, nothing more

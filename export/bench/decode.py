@@ -22,18 +22,10 @@ from typing import Any
 
 import zoo
 
-from .bench import (
-    BenchError,
-    Budget,
-    Job,
-    PeakMemory,
-    _torch_setup,
-    default_threads,
-    machine_info,
-    measure,
-    time_calls,
-    versions,
-)
+from .jobs import BenchError, Budget, Job
+from .plan import default_threads, machine_info, versions
+from .timing import PeakMemory, time_calls
+from .worker import _torch_setup, measure
 
 DECODE_PATHS = ("eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
 BASELINE = "eager-sdpa"
@@ -60,7 +52,7 @@ def measure_decode(job: Job) -> dict[str, Any]:
 
         where = f"torch {job.provider}"
     else:
-        from .session import OnnxSession
+        from ..session import OnnxSession
 
         sess = OnnxSession(
             job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
@@ -101,7 +93,7 @@ def benchmark_decode(
     """Export each decode lowering once, then measure every (path, b, p) in its own worker."""
     from tqdm import tqdm
 
-    from .lowering import why_not
+    from ..lowering import why_not
 
     spec = zoo.spec(name, **overrides)
     unknown = sorted(set(paths) - set(DECODE_PATHS))
@@ -122,7 +114,7 @@ def benchmark_decode(
             if reason:
                 skipped[path] = reason
                 continue
-            from .lowering import export_onnx
+            from ..lowering import export_onnx
 
             started = time.perf_counter()
             try:
@@ -218,6 +210,6 @@ def format_decode_table(report: dict[str, Any]) -> str:
 
 
 def write_decode_json(report: dict[str, Any], path: str) -> None:
-    from .lowering import write_atomic
+    from ..lowering import write_atomic
 
     write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str)))

@@ -1,0 +1,85 @@
+"""Side-by-side benchmark of one attention block: eager torch against the ONNX Runtime lowerings.
+
+    attnzoo bench transformer-base --batch 1 --seq 1,16,512,4096 --json b.json --plot b.png
+    attnzoo bench gpt2-small --decode --past 128,1024,4096,16384      (decode.py: per-token latency)
+
+For every shape (b, t) in batch x seq, every path that can express the spec runs:
+
+    eager-explicit       zoo block, fused=False (einsum scores, written-out softmax, einsum)
+    eager-sdpa           zoo block, fused=True (F.scaled_dot_product_attention): the baseline
+    ort-decomposed       export lowering "decomposed" under ONNX Runtime
+    ort-onnx-attention   export lowering "onnx-attention" (the standard Attention op)
+    ort-mha              export lowering "ort-mha" (com.microsoft MultiHeadAttention)
+    ort-gqa              export lowering "ort-gqa" (com.microsoft GroupQueryAttention; causal only)
+
+Each (path, shape) runs in its own fresh subprocess (`python -m export.bench --worker JOB`),
+so its memory is measured in isolation, and is timed in that same subprocess:
+
+    setup     model (or session) built, inputs x (b t c) made, one call at (1, 1) so thread
+              pools and lazily loaded kernels exist
+    baseline  RSS now; the peak is reset (/proc/self/clear_refs 5 resets VmHWM on Linux)
+    warm-up   calls at (b, t), then timed calls until `repeats`, or `min_repeats` and `budget` s
+    peak      VmHWM - baseline: everything the calls add, ONNX Runtime's arena growth included
+              (taking the baseline after the warm-up would hide the arena, which keeps its peak)
+
+On CUDA the peak is torch.cuda.max_memory_allocated above the baseline for eager paths, and
+for ONNX Runtime (whose allocations torch cannot see) the fall of cudaMemGetInfo's free bytes
+from the baseline, sampled after every call: that is ORT's CUDA arena growth, which rounds
+up (by default to the next power of two), so it is an upper bound.
+
+FLOPs come from zoo.flops (matmuls only, see zoo.FLOP_CONVENTION). The roofline is a large
+matrix product measured in the same run through each runtime: torch for the eager paths, an
+ONNX MatMul model (IR 10, opset 18) through the same OnnxSession for the ORT paths.
+
+The package, split by what changes together:
+
+    jobs.py      the vocabulary: paths, budget, one job, the error
+    timing.py    timing and memory inside a worker
+    worker.py    worker processes (`python -m export.bench --worker JOB`), roofline, overhead
+    plan.py      exports, the jobs of a run, the rows
+    report.py    markdown table, JSON, plot
+    decode.py    the per-token decode benchmark on the same workers
+    command.py   `attnzoo bench`'s arguments
+
+Nothing here imports the CLI's modules but for the override parsing, lazily.
+"""
+
+from __future__ import annotations
+
+from .command import add_arguments, run_from_args
+from .jobs import BASELINE, DEFAULT_NAME, DEFAULT_SEQ, LOWERING_OF, PATHS, BenchError, Budget, Job
+from .plan import benchmark, default_threads, machine_info, versions
+from .report import format_table, plot, write_json
+from .worker import measure, run_worker, spawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`attnzoo bench ARGS...` from Python (and `--worker JOB`, one measurement)."""
+    from .__main__ import main as run
+
+    return run(argv)
+
+
+__all__ = [
+    "BASELINE",
+    "DEFAULT_NAME",
+    "DEFAULT_SEQ",
+    "LOWERING_OF",
+    "PATHS",
+    "BenchError",
+    "Budget",
+    "Job",
+    "add_arguments",
+    "benchmark",
+    "default_threads",
+    "format_table",
+    "machine_info",
+    "main",
+    "measure",
+    "plot",
+    "run_from_args",
+    "run_worker",
+    "spawn",
+    "versions",
+    "write_json",
+]

@@ -1,0 +1,204 @@
+"""`attnzoo bench`'s arguments and their checks; runs the full-sequence or the decode benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from .jobs import CONTENDED, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
+from .plan import benchmark
+from .report import PLOT_FORMATS, format_table, plot, write_json
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(p) for p in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers, e.g. 1,16,512") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512")
+    return values
+
+
+def _path_list(text: str) -> list[str]:
+    return [p for p in text.replace(",", " ").split() if p]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `attnzoo bench` options (also `python -m export.bench` and scripts/bench.py)."""
+    parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
+    if "--set" not in parser._option_string_actions:  # the CLI may have added it already
+        parser.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a spec field, e.g. --set heads=4 (repeatable)",
+        )
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="where to run (default cpu)")
+    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    parser.add_argument(
+        "--batch",
+        "-b",
+        type=_int_list,
+        action="extend",
+        metavar="LIST",
+        help="batch sizes, e.g. 1,4 (default 1)",
+    )
+    parser.add_argument(
+        "--seq",
+        "-t",
+        type=_int_list,
+        action="extend",
+        metavar="LIST",
+        help=f"sequence lengths (default {','.join(map(str, DEFAULT_SEQ))})",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch and ONNX Runtime intra-op threads (default: every usable core)",
+    )
+    parser.add_argument(
+        "--paths", type=_path_list, default=list(PATHS), metavar="LIST", help=f"a subset of {','.join(PATHS)}"
+    )
+    parser.add_argument("--warmup", type=int, default=Budget.warmup, help="warm-up calls (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=Budget.repeats, help="timed calls at most (default %(default)s)")
+    parser.add_argument(
+        "--min-repeats",
+        type=int,
+        default=Budget.min_repeats,
+        help="timed calls at least (default %(default)s)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=Budget.seconds,
+        metavar="SECONDS",
+        help="stop timing a path after this long, once --min-repeats are done (default %(default)s)",
+    )
+    parser.add_argument(
+        "--roofline-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="n of the n^3 matmul roofline (default 2048 on cpu, 8192 on cuda)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help=f"re-measure a path while other processes use over {CONTENDED} CPUs (default %(default)s)",
+    )
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement process")
+    parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of latency and memory against T")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="per-token decode latency instead: eager block.decode vs each decode lowering's generate_steps",
+    )
+    parser.add_argument(
+        "--past",
+        type=_int_list,
+        action="extend",
+        metavar="LIST",
+        help="with --decode: past lengths, e.g. 128,1024,4096,16384 (the default)",
+    )
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag in range and finite, and the plot's name says its format."""
+    ints = {
+        "--threads": (args.threads, 1, 1024),
+        "--warmup": (args.warmup, 0, 10**6),
+        "--repeats": (args.repeats, 1, 10**7),
+        "--min-repeats": (args.min_repeats, 1, 10**7),
+        "--retries": (args.retries, 0, 100),
+        "--roofline-size": (args.roofline_size, 1, 65536),
+    }
+    for flag, (value, low, high) in ints.items():
+        if value is not None and not low <= value <= high:
+            raise BenchError(f"{flag} {value} is outside {low}..{high}")
+    if args.min_repeats > args.repeats:
+        raise BenchError(f"--min-repeats {args.min_repeats} is more than --repeats {args.repeats}")
+    for flag, value in (("--budget", args.budget), ("--timeout", args.timeout)):
+        if not math.isfinite(value) or value <= 0:
+            raise BenchError(f"{flag} {value} must be a positive number of seconds")
+    if args.timeout < args.budget:
+        raise BenchError(
+            f"--timeout {args.timeout:g} s is shorter than --budget {args.budget:g} s: every path would time out"
+        )
+    if args.plot and Path(args.plot).suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise BenchError(f"--plot {args.plot}: name a .png, .svg or .pdf file (the suffix is the format)")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """`attnzoo bench`: measure, print the markdown table, write JSON and the plot."""
+    from ..cli import parse_overrides
+
+    _check_flags(args)
+    from ..lowering import ensure_writable_parent
+
+    for out in (args.json, args.plot):  # fail now, not after minutes of measuring
+        if out:
+            ensure_writable_parent(Path(out))
+    budget = Budget(args.warmup, args.repeats, args.min_repeats, args.budget)
+    if args.decode:
+        return _run_decode_from_args(args, budget)
+    if args.past:
+        raise BenchError("--past goes with --decode (past lengths of the KV cache)")
+    report = benchmark(
+        args.name,
+        overrides=parse_overrides(args.set),
+        provider=args.provider,
+        dtype=args.dtype,
+        batches=args.batch or [1],
+        seqs=args.seq or list(DEFAULT_SEQ),
+        threads=args.threads,
+        paths=args.paths,
+        budget=budget,
+        roofline_size=args.roofline_size,
+        timeout=args.timeout,
+        retries=args.retries,
+        progress=not args.no_progress,
+    )
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        why = plot(report, args.plot)
+        print(why or f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
+    failed = [r for r in report["rows"] if r["status"] == "error"]
+    return 1 if failed else 0
+
+
+def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
+    from ..cli import parse_overrides
+    from .decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table, write_decode_json
+
+    if args.seq or args.plot:
+        raise BenchError("--decode measures t = 1 per step: give past lengths with --past (no --seq, no --plot)")
+    paths = [p for p in args.paths if p in DECODE_PATHS] if args.paths != list(PATHS) else list(DECODE_PATHS)
+    report = benchmark_decode(
+        args.name,
+        overrides=parse_overrides(args.set),
+        provider=args.provider,
+        dtype=args.dtype,
+        batches=args.batch or [1],
+        pasts=args.past or list(DEFAULT_PAST),
+        paths=paths,
+        threads=args.threads,
+        budget=budget,
+        timeout=args.timeout,
+        retries=args.retries,
+        progress=not args.no_progress,
+    )
+    print(format_decode_table(report))
+    if args.json:
+        write_decode_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 1 if any(not r.get("ok") for r in report["rows"]) else 0

@@ -1,0 +1,98 @@
+"""The benchmark's vocabulary: its paths, its budget, one measurement job, its error."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import zoo
+
+PATHS = ("eager-explicit", "eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
+
+
+# path -> lowering: "ort-decomposed" runs lowering "decomposed"; "ort-mha" and "ort-gqa" keep their names
+LOWERING_OF = {p: p if p in ("ort-mha", "ort-gqa") else p[len("ort-") :] for p in PATHS if p.startswith("ort-")}
+
+
+BASELINE = "eager-sdpa"
+
+
+DEFAULT_NAME = "transformer-base"
+
+
+DEFAULT_SEQ = (1, 16, 512, 4096)
+
+
+# The largest n of the n x n x n roofline product; the worker sizes it down to the dtype and
+# the machine (fp16 matmuls on a CPU without fp16 units run ~400x slower than fp32: a
+# 2048^3 product took 43 s on a 2-core VM), so that one product takes about ROOFLINE_CALL_S.
+ROOFLINE_SIZE = {"cpu": 2048, "cuda": 8192}
+
+
+ROOFLINE_MIN = 256
+
+
+ROOFLINE_CALL_S = 0.05
+
+
+RESULT_MARK = "ATTNZOO-BENCH-RESULT "  # the worker's one line of JSON on stdout
+
+
+MB = 1e6
+
+
+CONTENDED = 0.2  # CPUs' worth of other work during a measurement above which it is retried
+
+
+class BenchError(zoo.AttnzooError, ValueError):
+    """A benchmark request that cannot run here (bad option, no CUDA, unknown path)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many calls to make: `warmup` calls (and at least 0.2 s of them, but no more than half
+    of `seconds` once one is done), then timed calls for `seconds`, at least `min_repeats` and
+    at most `repeats`. Short shapes get thousands of calls, long ones `min_repeats`."""
+
+    warmup: int = 3
+    repeats: int = 2000
+    min_repeats: int = 3
+    seconds: float = 2.0
+
+
+DEFAULT_BUDGET = Budget()
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement, run in a fresh worker process. kind: "path" | "roofline" | "overhead" | "decode"
+    (for "decode", `seq` is the past length p)."""
+
+    kind: str
+    runtime: str  # "torch" | "ort"
+    provider: str  # "cpu" | "cuda"
+    dtype: str
+    threads: int
+    budget: Budget
+    path: str = ""
+    name: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    model: str = ""  # ONNX file for ORT jobs
+    batch: int = 1
+    seq: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        raw = json.loads(text)
+        raw["budget"] = Budget(**raw["budget"])
+        return cls(**raw)
+
+
+TEMP_PREFIX = "attnzoo-"  # bench and roofline folders in the system temp dir
+
+
+_STALE_SECONDS = 3600

@@ -1,0 +1,358 @@
+"""Planning a run: export each lowering once, lay out the jobs, measure them, assemble the rows."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zoo
+
+from .jobs import (
+    _STALE_SECONDS,
+    BASELINE,
+    DEFAULT_BUDGET,
+    DEFAULT_NAME,
+    DEFAULT_SEQ,
+    LOWERING_OF,
+    PATHS,
+    ROOFLINE_SIZE,
+    TEMP_PREFIX,
+    BenchError,
+    Budget,
+    Job,
+)
+from .worker import _identity_model, measure
+
+
+@dataclass
+class Export:
+    """One lowering exported once per spec (dynamic b and t: one file serves every shape)."""
+
+    lowering: str
+    path: str | None
+    reason: str | None = None
+    op_counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def export_lowerings(
+    name: str, overrides: dict[str, Any], dtype: str, folder: Path, lowerings: Sequence[str]
+) -> dict[str, Export]:
+    """{lowering: Export}; a lowering that cannot express the spec gets path None and the reason."""
+    from ..lowering import ExportError, export_onnx
+
+    out = {}
+    for lw in lowerings:
+        try:
+            r = export_onnx(name, folder / f"{lw}.onnx", lowering=lw, dtype=dtype, overwrite=True, **overrides)
+        except ExportError as e:
+            out[lw] = Export(lw, None, str(e).splitlines()[0])
+            continue
+        out[lw] = Export(lw, str(r.path), op_counts=r.op_counts, seconds=r.seconds)
+    return out
+
+
+def auto_lowering(provider: str, spec: zoo.AttentionSpec, exports: dict[str, Export]) -> str | None:
+    """What export_onnx(lowering="auto", provider=...) picks (no mask input): the first that exports."""
+    from ..lowering import auto_order
+
+    order = auto_order(provider, spec, with_mask=False)
+    return next((lw for lw in order if lw in exports and exports[lw].path), None)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "logical_cpus": os.cpu_count(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+        info["memory_gb"] = round(kb / 1e6, 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    if hasattr(os, "sched_getaffinity"):
+        info["usable_cpus"] = len(os.sched_getaffinity(0))
+    return info
+
+
+def versions() -> dict[str, str]:
+    import importlib
+
+    out = {"attnzoo": zoo.__version__}
+    for mod in ("torch", "onnxruntime", "onnx", "onnxscript", "numpy"):
+        try:
+            out[mod] = importlib.import_module(mod).__version__
+        except ImportError:
+            out[mod] = "missing"
+    import torch
+
+    out["torch_cuda"] = str(torch.version.cuda)
+    return out
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _jobs(
+    args_name: str,
+    overrides: dict[str, Any],
+    provider: str,
+    dtype: str,
+    threads: int,
+    budget: Budget,
+    paths: Sequence[str],
+    exports: dict[str, Export],
+    shapes: Sequence[tuple[int, int]],
+) -> list[Job]:
+    jobs = []
+    for b, t in shapes:
+        for p in paths:
+            lw = LOWERING_OF.get(p)
+            if lw and not exports[lw].path:
+                continue  # n/a: filled in from the export's reason
+            jobs.append(
+                Job(
+                    "path",
+                    "ort" if lw else "torch",
+                    provider,
+                    dtype,
+                    threads,
+                    budget,
+                    path=p,
+                    name=args_name,
+                    overrides=overrides,
+                    model=exports[lw].path if lw else "",
+                    batch=b,
+                    seq=t,
+                )
+            )
+    return jobs
+
+
+def benchmark(
+    name: str = DEFAULT_NAME,
+    *,
+    overrides: dict[str, Any] | None = None,
+    provider: str = "cpu",
+    dtype: str = "float32",
+    batches: Sequence[int] = (1,),
+    seqs: Sequence[int] = DEFAULT_SEQ,
+    threads: int | None = None,
+    paths: Sequence[str] = PATHS,
+    budget: Budget = DEFAULT_BUDGET,
+    roofline_size: int | None = None,
+    timeout: float = 1800.0,
+    retries: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Measure every path on every (b, t); the report as a JSON-ready dict (see write_json)."""
+    from tqdm import tqdm
+
+    overrides = dict(overrides or {})
+    threads = threads or default_threads()
+    spec = zoo.spec(name, **overrides)  # raises on a bad name or override, before any work
+    _check_request(provider, dtype, paths)
+    shapes = [(b, t) for b in batches for t in seqs]
+    if roofline_size is not None and (not isinstance(roofline_size, int) or roofline_size < 1):
+        raise BenchError(f"roofline_size={roofline_size!r} must be a positive integer, or None to size it here")
+    n = roofline_size or 0  # 0: the worker sizes it to the dtype and the machine
+    runtimes = sorted({"ort" if p in LOWERING_OF else "torch" for p in paths})
+    _check_fits(spec, shapes, dtype)
+    _sweep_stale_temp()
+    with _terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}bench-") as tmp:
+        folder = Path(tmp)
+        lowerings = [LOWERING_OF[p] for p in paths if p in LOWERING_OF]
+        with tqdm(
+            total=len(lowerings),
+            desc="export",
+            unit="model",
+            file=sys.stderr,
+            disable=not progress,
+            leave=False,
+        ) as bar:
+            exports = {}
+            for lw in lowerings:
+                bar.set_postfix_str(lw)
+                exports.update(export_lowerings(name, overrides, dtype, folder, [lw]))
+                bar.update()
+        calib = [
+            Job(
+                "roofline",
+                rt,
+                provider,
+                dtype,
+                threads,
+                budget,
+                seq=n,
+            )
+            for rt in runtimes
+        ]
+        if "ort" in runtimes:
+            ident = str(_identity_model(spec.d_model, dtype, folder))
+            calib += [
+                Job("overhead", "ort", provider, dtype, threads, budget, model=ident, batch=b, seq=t)
+                for b, t in shapes
+                if t <= 16
+            ]
+        jobs = _jobs(name, overrides, provider, dtype, threads, budget, paths, exports, shapes)
+        results: list[tuple[Job, dict[str, Any]]] = []
+        with tqdm(total=len(calib) + len(jobs), desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
+            for job in calib + jobs:
+                bar.set_postfix_str(
+                    f"B={job.batch} T={job.seq} {job.path}" if job.kind == "path" else f"{job.kind} {job.runtime}"
+                )
+                results.append((job, measure(job, timeout, retries)))
+                bar.update()
+    roofline = {j.runtime: r for j, r in results if j.kind == "roofline"}
+    overhead = [{"batch": j.batch, "seq": j.seq, **r} for j, r in results if j.kind == "overhead"]
+    measured = {(j.batch, j.seq, j.path): r for j, r in results if j.kind == "path"}
+    rows = _rows(spec, shapes, paths, exports, measured, roofline, provider)
+    return {
+        "schema": "attnzoo.bench/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "machine": machine_info(),
+        "versions": versions(),
+        "config": {
+            "name": name,
+            "overrides": overrides,
+            "spec": spec.to_dict(),
+            "provider": provider,
+            "dtype": dtype,
+            "threads": threads,
+            "batch": list(batches),
+            "seq": list(seqs),
+            "paths": list(paths),
+            "budget": asdict(budget),
+            "flop_convention": zoo.FLOP_CONVENTION,
+        },
+        "exports": {lw: asdict(e) for lw, e in exports.items()},
+        "auto_lowering": auto_lowering(provider, spec, exports),
+        "roofline": roofline,
+        "ort_call_overhead": overhead,
+        "rows": rows,
+    }
+
+
+def _sweep_stale_temp() -> None:
+    """Remove bench temp folders older than an hour: what a SIGKILLed run (which runs no
+    cleanup) left behind. Younger ones may be another run's, still working."""
+    import shutil
+
+    now = time.time()
+    for pattern in (f"{TEMP_PREFIX}bench-*", f"{TEMP_PREFIX}roofline-*"):
+        for p in Path(tempfile.gettempdir()).glob(pattern):
+            try:
+                if p.is_dir() and not p.is_symlink() and now - p.stat().st_mtime > _STALE_SECONDS:
+                    shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+
+
+class _terminate_as_interrupt:
+    """SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so temp folders and worker processes
+    are cleaned up; Python's default for SIGTERM is to die on the spot."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False
+
+
+def _check_fits(spec: zoo.AttentionSpec, shapes: Sequence[tuple[int, int]], dtype: str) -> None:
+    """Refuse shapes that cannot fit in memory even on the leanest path (SDPA, no score tensor)."""
+    from zoo.accounting import working_set_bytes
+    from zoo.limits import check_fits
+
+    itemsize = 2 if dtype == "float16" else 4
+    for b, t in shapes:
+        need = working_set_bytes(spec, b, t, t if spec.is_cross else None, itemsize=itemsize)
+        check_fits(need, f"benchmarking {spec.describe()} at b={b}, t={t}")
+
+
+def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown:
+        raise BenchError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+    if not paths:
+        raise BenchError(f"no path to run; choose from {', '.join(PATHS)}")
+    if dtype not in ("float32", "float16"):
+        raise BenchError(f"dtype={dtype!r} is not float32 or float16")
+    if provider not in ROOFLINE_SIZE:
+        raise BenchError(f"provider={provider!r} is not cpu or cuda")
+    if provider == "cuda":
+        import torch
+
+        from ..session import cuda_status
+
+        ok, why = cuda_status()
+        if not ok and any(p in LOWERING_OF for p in paths):
+            raise BenchError(f"--provider cuda: {why}")
+        if not torch.cuda.is_available() and any(p not in LOWERING_OF for p in paths):
+            raise BenchError("--provider cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+
+
+def _rows(spec: zoo.AttentionSpec, shapes, paths, exports, measured, roofline, provider) -> list[dict[str, Any]]:
+    """One row per (b, t, path), with the derived figures: GFLOP/s, roofline share, vs SDPA."""
+    auto = auto_lowering(provider, spec, exports)
+    rows = []
+    for b, t in shapes:
+        flop = zoo.flops(spec, b, t).total
+        base = measured.get((b, t, BASELINE), {})
+        for p in paths:
+            lw = LOWERING_OF.get(p)
+            row: dict[str, Any] = {
+                "batch": b,
+                "seq": t,
+                "path": p,
+                "lowering": lw,
+                "auto": lw is not None and lw == auto,
+                "flops": flop,
+            }
+            if lw and not exports[lw].path:
+                rows.append({**row, "status": "n/a", "note": exports[lw].reason})
+                continue
+            r = measured.get((b, t, p), {"ok": False, "error": "not run"})
+            if not r.get("ok"):
+                rows.append({**row, "status": "error", "note": r.get("error")})
+                continue
+            row.update({k: v for k, v in r.items() if k != "ok"}, status="ok")
+            row["gflops"] = flop / (r["median_ms"] / 1e3) / 1e9
+            peak = roofline.get("ort" if lw else "torch", {})
+            row["roofline_fraction"] = row["gflops"] / peak["gflops"] if peak.get("ok") else None
+            if base.get("ok"):
+                row["speedup_vs_sdpa"] = base["median_ms"] / r["median_ms"]
+                pm, bm = r.get("peak_added_mb"), base.get("peak_added_mb")
+                # below ~1 MB the added peak is page-granular noise; a ratio of noise says nothing
+                row["mem_vs_sdpa"] = pm / bm if pm is not None and bm and bm >= 1.0 else None
+            rows.append(row)
+    return rows
