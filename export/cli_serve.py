@@ -22,19 +22,22 @@ def _need(module: str, what: str) -> None:
         raise CliError(f"{what} needs the serve extra ({module} is not installed): pip install 'attnzoo[serve]'")
 
 
-def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder: Path) -> Path:
-    """An .onnx path as given, or a zoo name exported with the mask input (so batches can pad)."""
+def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder: Path, decode: bool) -> Path:
+    """An .onnx path as given, or a zoo name exported with the mask input (so batches can pad;
+    for a decode model, the key_mask)."""
     path = Path(target)
     if path.suffix == ".onnx" or path.exists():
-        if overrides:
-            raise CliError("--set applies to a zoo name, not to an .onnx file")
+        if overrides or decode:
+            raise CliError("--set and --decode apply to a zoo name, not to an .onnx file")
         return path
     if target not in zoo.names():
         raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
     from .lowering import export_onnx
 
     out = folder / f"{target}.onnx"
-    result = export_onnx(target, out, lowering=lowering, dtype=dtype, with_mask=True, overwrite=True, **overrides)
+    result = export_onnx(
+        target, out, lowering=lowering, dtype=dtype, with_mask=True, decode=decode, overwrite=True, **overrides
+    )
     print(result.summary())
     return out
 
@@ -44,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import start
 
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
-        path = _model_path(args.model, parse_overrides(args.set), args.lowering, args.dtype, Path(tmp))
+        path = _model_path(args.model, parse_overrides(args.set), args.lowering, args.dtype, Path(tmp), args.decode)
         dep = start(
             path,
             replicas=args.replicas,
@@ -58,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             threads=args.threads,
             cpus_per_replica=args.cpus_per_replica,
             app=args.app,
+            route_prefix=args.route_prefix,
         )
         try:
             print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
@@ -203,6 +207,8 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")
+    sp.add_argument("--route-prefix", default="/", help="URL prefix of this application (default /)")
+    sp.add_argument("--decode", action="store_true", help="when exporting a name: the token-by-token model")
     sp.add_argument("--duration", type=_nonneg, default=None, help="stop after this many seconds (default: Ctrl-C)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help="when exporting a name")
     sp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="when exporting a name")

@@ -37,7 +37,8 @@ from zoo import AttnzooError
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
 JSON = "application/json"
-FIELDS = ("x", "context", "mask", "head_mask")
+FIELDS = ("x", "context", "mask", "head_mask", "past_key", "past_value", "key_mask")
+DECODE_FIELDS = ("past_key", "past_value", "key_mask")
 DEFAULT_MAX_TOKENS = 65_536  # b*t per request; 64 x 1024 is a large but sane single request
 DEFAULT_MAX_BODY = 256 * 2**20
 PAD_FACTOR = 2.0  # a request is padded to at most twice its length (see length_groups)
@@ -68,6 +69,12 @@ class ModelInfo:
     outputs: tuple[str, ...]
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_rows: int = 1024
+    # A decode (KV-cache) model: x, past_key (b g p dk), past_value (b g p dv) [, key_mask (b s)].
+    decode: bool = False
+    kv_heads: int = 0
+    d_k: int = 0
+    d_v: int = 0
+    has_key_mask: bool = False
 
     @classmethod
     def of(cls, sess, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_rows: int = 1024) -> ModelInfo:
@@ -75,11 +82,9 @@ class ModelInfo:
         spec = sess.spec
         if spec is None:
             raise ServeError(f"{sess.path} carries no attnzoo spec metadata; serve a model written by `attnzoo export`")
-        if any(n.startswith("past") for n in sess.input_names):
-            raise ServeError(
-                f"{sess.path} is a decode (KV-cache) model: serving decode models is not supported yet "
-                "(the cache would have to be passed in and out per request); serve the prompt model"
-            )
+        decode = "past_key" in sess.input_names
+        if decode and "past_value" not in sess.input_names:
+            raise ServeError(f"{sess.path} has past_key but no past_value input; export it with attnzoo --decode")
         return cls(
             d_model=spec.d_model,
             d_context=spec.d_context,
@@ -90,6 +95,11 @@ class ModelInfo:
             outputs=tuple(sess.output_names),
             max_tokens=max_tokens,
             max_rows=max_rows,
+            decode=decode,
+            kv_heads=spec.kv_heads_,
+            d_k=spec.d_k_,
+            d_v=spec.d_v_,
+            has_key_mask="key_mask" in sess.input_names,
         )
 
 
@@ -101,6 +111,9 @@ class Item:
     context: np.ndarray | None = None
     mask: np.ndarray | None = None
     head_mask: np.ndarray | None = None
+    past_key: np.ndarray | None = None  # decode models: (b g p dk), (b g p dv), key_mask (b p+t)
+    past_value: np.ndarray | None = None
+    key_mask: np.ndarray | None = None
     squeeze: bool = False  # x came as (t, c): answer (t, c)
     binary: bool = False  # answer as .npy/.npz
     enqueued: float = field(default_factory=time.perf_counter)
@@ -116,6 +129,11 @@ class Item:
     @property
     def s(self) -> int:
         return self.context.shape[1] if self.context is not None else self.x.shape[1]
+
+    @property
+    def p(self) -> int:
+        """Cached positions a decode request brings (0 for a prompt, or any full-sequence model)."""
+        return self.past_key.shape[2] if self.past_key is not None else 0
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -182,7 +200,7 @@ def _json_array(name: str, value: Any) -> np.ndarray:
         raise RequestError(f"{name} is a ragged list; every row must have the same length") from None
     if arr.dtype == object:
         raise RequestError(f"{name} is a ragged or mixed list; send a rectangular list of numbers")
-    if name == "mask":
+    if name in ("mask", "key_mask"):
         if arr.dtype.kind in "iu" and arr.size and not np.isin(arr, (0, 1)).all():
             raise RequestError("mask must be true/false (or 0/1), True = may attend")
         if arr.dtype.kind not in "biu":
@@ -259,6 +277,11 @@ def check_arrays(arrays: dict[str, np.ndarray], info: ModelInfo, *, loose: set[s
             413,
         )
     x = _float(x, "x", info.dtype, "x" in loose)
+    if info.decode:
+        return _check_decode(arrays, info, x, squeeze, loose)
+    given = sorted(k for k in DECODE_FIELDS if arrays.get(k) is not None)
+    if given:
+        raise RequestError(f"{', '.join(given)}: this is a full-sequence model; a KV cache needs a decode export")
     context = arrays.get("context")
     if info.d_context is None:
         if context is not None:
@@ -303,6 +326,46 @@ def check_arrays(arrays: dict[str, np.ndarray], info: ModelInfo, *, loose: set[s
     return Item(x=x, context=context, mask=mask, head_mask=head_mask, squeeze=squeeze)
 
 
+def _check_decode(arrays: dict[str, np.ndarray], info: ModelInfo, x: np.ndarray, squeeze: bool, loose) -> Item:
+    """A decode request: x (b t c) and its cache past_key/past_value ((g p d) or (b g p d); none
+    for a prompt) and key_mask ((s,) or (b, s), s = p + t)."""
+    given = sorted(k for k in ("context", "mask", "head_mask") if arrays.get(k) is not None)
+    if given:
+        raise RequestError(f"{', '.join(given)}: a decode model takes x, past_key, past_value and key_mask")
+    b, t, _ = x.shape
+    pk, pv = arrays.get("past_key"), arrays.get("past_value")
+    if (pk is None) != (pv is None):
+        raise RequestError("send past_key and past_value together (or neither, for a prompt)")
+    past = {}
+    for name, a, d in (("past_key", pk, info.d_k), ("past_value", pv, info.d_v)):
+        want = f"({'' if squeeze else f'{b}, '}{info.kv_heads}, p, {d})"
+        if a is None:
+            past[name] = np.zeros((b, info.kv_heads, 0, d), info.dtype)
+            continue
+        a = a[None] if squeeze and a.ndim == 3 else a
+        if a.ndim != 4 or a.shape[0] != b or a.shape[1] != info.kv_heads or a.shape[3] != d:
+            raise RequestError(f"{name} has shape {tuple(arrays[name].shape)}; send {want}")
+        past[name] = _float(a, name, info.dtype, name in loose)
+    p = past["past_key"].shape[2]
+    if past["past_value"].shape[2] != p:
+        raise RequestError(f"past_key holds {p} positions but past_value {past['past_value'].shape[2]}")
+    if b * (p + t) > info.max_tokens:
+        raise RequestError(
+            f"b*(p+t) = {b}*{p + t} cached and new positions; at most {info.max_tokens} per request", 413
+        )
+    key_mask = arrays.get("key_mask")
+    if key_mask is not None:
+        if not info.has_key_mask:
+            raise RequestError("this model takes no key_mask (it was exported without --mask)")
+        if key_mask.dtype != np.bool_:
+            raise RequestError(f"key_mask has dtype {key_mask.dtype}; send bool (True = a real key)")
+        km = key_mask[None] if squeeze and key_mask.ndim == 1 else key_mask
+        if km.shape != (b, p + t):
+            raise RequestError(f"key_mask has shape {tuple(key_mask.shape)}; send (b, p+t) = {(b, p + t)}")
+        key_mask = km
+    return Item(x=x, past_key=past["past_key"], past_value=past["past_value"], key_mask=key_mask, squeeze=squeeze)
+
+
 def _float(a: np.ndarray, name: str, dtype: np.dtype, loose: bool) -> np.ndarray:
     if not loose and a.dtype != dtype:
         raise RequestError(f"{name} has dtype {a.dtype}; this model takes {dtype} (convert with .astype)")
@@ -321,10 +384,40 @@ def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray
     Returns, per item, (y (b_i t_i c),) or (y, attn (b_i h t_i s_i)) when the model outputs weights.
     """
     out: list[tuple[np.ndarray, ...] | None] = [None] * len(items)
+    if info.decode:
+        # A cache cannot be padded without shifting positions: equal (t, p) share a run.
+        same: dict[tuple[int, int], list[int]] = {}
+        for i, it in enumerate(items):
+            same.setdefault((it.t, it.p), []).append(i)
+        for idx in same.values():
+            for i, res in zip(idx, _run_decode([items[i] for i in idx], sess, info)):
+                out[i] = res
+        return out  # type: ignore[return-value]
     for idx in length_groups(items, has_mask=info.has_mask):
         for i, res in zip(idx, _run_padded(sess, [items[i] for i in idx], info)):
             out[i] = res
     return out  # type: ignore[return-value]
+
+
+def _run_decode(items: list[Item], sess, info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
+    """Items of equal (t, p) as one `sess.decode` call: (y, present_key, present_value) each."""
+    key_mask = None
+    if info.has_key_mask:
+        key_mask = np.concatenate(
+            [it.key_mask if it.key_mask is not None else np.ones((it.rows, it.p + it.t), bool) for it in items]
+        )
+    y, pk, pv = sess.decode(
+        np.concatenate([it.x for it in items]),
+        np.concatenate([it.past_key for it in items]),
+        np.concatenate([it.past_value for it in items]),
+        key_mask,
+    )
+    results, r = [], 0
+    for it in items:
+        rows = slice(r, r + it.rows)
+        results.append((y[rows], pk[rows], pv[rows]))
+        r += it.rows
+    return results
 
 
 def length_groups(items: list[Item], *, has_mask: bool, pad_factor: float = PAD_FACTOR) -> list[list[int]]:
@@ -488,7 +581,12 @@ class OnnxServer:
     async def __call__(self, request):
         from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-        path = request.url.path.rstrip("/") or "/"
+        # Below a route prefix ("/decode"), Serve passes the prefix as the ASGI root_path.
+        path = request.url.path
+        root = (request.scope.get("root_path") or "").rstrip("/")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        path = path.rstrip("/") or "/"
         if request.method == "GET":
             if path.endswith("/healthz"):
                 return PlainTextResponse("ok")
@@ -584,8 +682,9 @@ def start(
     threads: int | None = None,
     cpus_per_replica: float = 1.0,
     app: str = "attnzoo",
+    route_prefix: str = "/",
 ) -> Deployment:
-    """Serve the .onnx file `model` with Ray Serve at http://host:port/ and return at once.
+    """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
     address None: start Ray on this machine (or use the Ray this process already joined);
     otherwise join that cluster ("auto", or "HOST:6379"). With provider "cuda" each replica asks
@@ -611,16 +710,19 @@ def start(
     probe = OnnxSession(path, provider="cpu", verbose=False)
     ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
+    if not route_prefix.startswith("/"):
+        raise ServeError(f"route_prefix={route_prefix!r} must start with '/'")
+    import ray
+    from ray import serve
+
     if address is None:
         # Embedded: everything runs here, so what would only fail (or hang) later is checked now.
         if provider == "cuda" and not cuda_status()[0]:
             raise ServeError(f"provider='cuda' asked for, but {cuda_status()[1]}; use --provider cpu")
-        _check_port_free(host, port)
+        if not ray.is_initialized():  # else Serve may already listen there, for another application
+            _check_port_free(host, port)
     if provider == "auto":
         provider = "cuda" if cuda_status()[0] else "cpu"
-
-    import ray
-    from ray import serve
 
     started_ray = False
     if not ray.is_initialized():
@@ -658,7 +760,7 @@ def start(
             threads=threads,
         )
         try:
-            serve.run(handle, name=app, route_prefix="/", blocking=False)
+            serve.run(handle, name=app, route_prefix=route_prefix, blocking=False)
         except Exception as e:  # noqa: BLE001 - Ray reports a replica that failed to start this way
             lines = [ln for ln in str(e).splitlines() if ln.strip()]
             raise ServeError(f"the deployment did not start: {lines[-1] if lines else type(e).__name__}") from e
@@ -668,7 +770,8 @@ def start(
                 serve.shutdown()
             ray.shutdown()
         raise
-    return Deployment(f"http://{host}:{port}/", app, replicas, provider, path, started_ray, own_cluster)
+    url = f"http://{host}:{port}{route_prefix.rstrip('/')}/"
+    return Deployment(url, app, replicas, provider, path, started_ray, own_cluster)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -809,9 +912,14 @@ class Client:
             raise ClientError(reply)
         return json.loads(reply.body)
 
-    def encode(self, x, context=None, mask=None, head_mask=None) -> tuple[bytes, str]:
-        """(body, content type) of one request in this client's format."""
-        arrays = {k: np.asarray(v) for k, v in zip(FIELDS, (x, context, mask, head_mask)) if v is not None}
+    def encode(self, x, context=None, mask=None, head_mask=None, **cache) -> tuple[bytes, str]:
+        """(body, content type) of one request in this client's format; `cache` holds a decode
+        model's past_key, past_value and key_mask."""
+        unknown = sorted(set(cache) - set(DECODE_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown request field(s) {unknown}; a request has {', '.join(FIELDS)}")
+        given = {"x": x, "context": context, "mask": mask, "head_mask": head_mask, **cache}
+        arrays = {k: np.asarray(v) for k, v in given.items() if v is not None}
         if not self.binary:
             return json.dumps({k: v.tolist() for k, v in arrays.items()}).encode(), JSON
         buf = io.BytesIO()
@@ -824,6 +932,15 @@ class Client:
     def predict_reply(self, x, context=None, mask=None, head_mask=None) -> Reply:
         body, kind = self.encode(x, context, mask, head_mask)
         return self.request("POST", "/predict", body, {"Content-Type": kind})
+
+    def decode(self, x, past_key=None, past_value=None, key_mask=None):
+        """A decode model's step: x (t c) or (b t c) and the cache from the last answer (None for a
+        prompt) -> (y, present_key, present_value); pass the presents back as the next past."""
+        body, kind = self.encode(x, past_key=past_key, past_value=past_value, key_mask=key_mask)
+        reply = self.request("POST", "/predict", body, {"Content-Type": kind})
+        if not reply.ok:
+            raise ClientError(reply)
+        return decode_reply(reply)
 
     def predict(self, x, context=None, mask=None, head_mask=None):
         """y like x ((t c) or (b t c)); (y, attn) when the model outputs weights. Raises ClientError."""

@@ -240,16 +240,84 @@ def test_answers_keep_the_request_shape_and_format(sessions):
     assert kind == NPY and np.load(io.BytesIO(body)).shape == (3, 64)
 
 
-def test_a_decode_model_is_refused_with_not_yet(sessions):
-    class DecodeLike:  # what an OnnxSession over a KV-cache export will report
-        spec = sessions["masked"].spec
-        path = "decode.onnx"
-        input_names = ["x", "past_key", "past_value"]
-        output_names = ["y", "present_key", "present_value"]
-        dtype = np.float32
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    """A token-by-token export (x, past_key, past_value, key_mask -> y, present_key, present_value)."""
+    path = tmp_path_factory.mktemp("serve_decode") / "decode.onnx"
+    export_onnx("mha-causal", path, decode=True, with_mask=True)
+    return OnnxSession(path, provider="cpu", verbose=False)
 
-    with pytest.raises(ServeError, match="not supported yet"):
-        ModelInfo.of(DecodeLike())
+
+def test_a_decode_model_takes_its_cache_in_and_out(decoder):
+    info = _info(decoder)
+    assert info.decode and info.has_key_mask and (info.kv_heads, info.d_k, info.d_v) == (4, 16, 16)
+    rng = np.random.default_rng(6)
+    prompt = rng.standard_normal((5, 64)).astype(np.float32)
+    item = decode_request(json.dumps({"x": prompt.tolist()}).encode(), JSON, info)  # no past: a prompt
+    ((y, pk, pv),) = run_batch(decoder, [item], info)
+    want = decoder.decode(prompt[None])
+    for got, w in zip((y, pk, pv), want):
+        _close(got, w)
+    body, kind = encode_response(item, (y, pk, pv), info.outputs)
+    assert kind == JSON and np.asarray(json.loads(body)["present_key"]).shape == (4, 5, 16)
+
+    # The next step sends the presents back as its past, as .npz; two such steps and two prompts
+    # (one with a key mask) share a batch, each answered as if alone.
+    step = rng.standard_normal((1, 64)).astype(np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, x=step, past_key=pk[0], past_value=pv[0])
+    items = [decode_request(buf.getvalue(), NPZ, info) for _ in range(2)]
+    key_mask = np.array([[False, True, True, True, True]])
+    items += [check_arrays({"x": prompt[None]}, info), check_arrays({"x": prompt[None], "key_mask": key_mask}, info)]
+    results = run_batch(decoder, items, info)
+    alone = [
+        decoder.decode(step[None], pk, pv),
+        decoder.decode(step[None], pk, pv),
+        decoder.decode(prompt[None]),
+        decoder.decode(prompt[None], key_mask=key_mask),
+    ]
+    for res, want in zip(results, alone):
+        for got, w in zip(res, want):
+            _close(got, w)
+    assert results[0][1].shape == (1, 4, 6, 16)  # the cache grew by the step
+
+
+DECODE_BAD = [
+    ({"x": np.zeros((1, 64), np.float32), "past_key": np.zeros((3, 2, 16), np.float32)}, "together"),
+    (
+        {
+            "x": np.zeros((1, 64), np.float32),
+            "past_key": np.zeros((3, 2, 16), np.float32),
+            "past_value": np.zeros((3, 2, 16), np.float32),
+        },
+        "past_key has shape (3, 2, 16); send (4, p, 16)",
+    ),
+    (
+        {
+            "x": np.zeros((1, 64), np.float32),
+            "past_key": np.zeros((4, 2, 16), np.float32),
+            "past_value": np.zeros((4, 3, 16), np.float32),
+        },
+        "past_key holds 2 positions but past_value 3",
+    ),
+    ({"x": np.zeros((2, 64), np.float32), "key_mask": np.ones(3, bool)}, "send (b, p+t) = (1, 2)"),
+    ({"x": np.zeros((2, 64), np.float32), "key_mask": np.ones(2, np.int8)}, "key_mask has dtype int8"),
+    ({"x": np.zeros((2, 64), np.float32), "mask": np.ones((2, 2), bool)}, "a decode model takes"),
+    ({"x": np.zeros((1, 900, 64), np.float32)}, "at most 512"),
+]
+
+
+@pytest.mark.parametrize("arrays,words", DECODE_BAD, ids=[w for _, w in DECODE_BAD])
+def test_decode_requests_are_checked(decoder, arrays, words):
+    with pytest.raises(RequestError) as e:
+        check_arrays(arrays, _info(decoder, max_tokens=512))
+    assert words in str(e.value) and 400 <= e.value.status < 500
+
+
+def test_a_cache_sent_to_a_full_sequence_model_is_refused(sessions):
+    arrays = {"x": np.zeros((1, 2, 64), np.float32), "past_key": np.zeros((1, 4, 1, 16), np.float32)}
+    with pytest.raises(RequestError, match="full-sequence model"):
+        check_arrays(arrays, _info(sessions["masked"]))
 
 
 def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
@@ -259,11 +327,16 @@ def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
         start(models["masked"], provider="gpu")
     with pytest.raises(FileNotFoundError, match="attnzoo export"):
         start(tmp_path / "missing.onnx")
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        with pytest.raises(ServeError, match="pick another --port"):
-            start(models["masked"], port=busy.getsockname()[1])
+    import ray
+
+    if not ray.is_initialized():  # the port is checked when start() is to start Ray itself
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            with pytest.raises(ServeError, match="pick another --port"):
+                start(models["masked"], port=busy.getsockname()[1])
+    with pytest.raises(ServeError, match="route_prefix='decode'"):
+        start(models["masked"], route_prefix="decode")
     from export.session import cuda_status
 
     if not cuda_status()[0]:  # embedded with no working CUDA: refused now, not a replica waiting for a GPU
@@ -372,13 +445,32 @@ def _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions
         assert c.retried == 0  # 4xx answers are final, never retried
 
 
-def test_through_ray_serve(server, sessions):
+def _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder) -> None:
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    dep = start(decoder.path, port=port, max_batch=4, batch_wait_ms=20, app="test-decode", route_prefix="/decode")
+    assert dep.url == f"http://127.0.0.1:{port}/decode/"
+    rng = np.random.default_rng(7)
+    prompt, step = rng.standard_normal((6, 64)).astype(np.float32), rng.standard_normal((1, 64)).astype(np.float32)
+    for binary in (True, False):
+        with Client(dep.url, binary=binary) as c:
+            assert c.metadata()["inputs"] == ["x", "past_key", "past_value", "key_mask"]
+            y, pk, pv = c.decode(prompt)
+            y2, pk2, pv2 = c.decode(step, pk, pv)  # the answer's cache goes back in as the past
+        want = decoder.decode(prompt[None])
+        want2 = decoder.decode(step[None], want[1], want[2])
+        for got, w in zip((y, pk, pv, y2, pk2, pv2), (*want, *want2)):
+            _close(got, w[0])
+        assert pk2.shape == (4, 7, 16)
+
+
+def test_through_ray_serve(server, sessions, decoder):
     """One test, so that pytest-xdist cannot split the Ray part over workers (each would start
     its own Ray); each step names what it checks."""
     _health_and_metadata(server)
     _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions)
     _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions)
     _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions)  # still whole
+    _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder)
 
 
 def test_the_client_retries_once_then_says_what_failed():
