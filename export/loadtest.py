@@ -173,7 +173,8 @@ def build_pool(
         body, kind = client.encode(x, context)
         want = None
         if sess is not None:
-            want = sess.run(x, context)
+            # A decode model gets prompts (no past); its answer's y is checked.
+            want = sess.decode(x) if "past_key" in sess.input_names else sess.run(x, context)
             want = want[0] if isinstance(want, tuple) else want
         good.append((body, kind, want))
     max_tokens = int(meta.get("max_tokens", 65_536))

@@ -7,6 +7,7 @@ with `attnzoo loadtest` and reported in the README; here the same checks run on 
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 
@@ -83,6 +84,17 @@ def test_answers_are_checked_only_against_the_served_file(model):
     pool = build_pool(meta, seqs=[3, 5], size=4, model=model)
     assert [want.shape for _, _, want in pool.good] == [(1, 3, 64), (1, 5, 64)] * 2
     assert set(pool.bad) == set(BAD_KINDS)
+
+
+def test_a_decode_model_is_loaded_with_prompts(tmp_path):
+    path = tmp_path / "decode.onnx"
+    export_onnx("mha-causal", path, decode=True)
+    meta = {"spec": {"d_model": 64}, "dtype": "float32", "max_tokens": 512}
+    pool = build_pool(meta, seqs=[3], size=2, model=path)
+    sess = OnnxSession(path, provider="cpu", verbose=False)
+    body, kind, want = pool.good[0]
+    x = np.load(io.BytesIO(body))
+    np.testing.assert_array_equal(want, sess.decode(x)[0])
 
 
 def test_bad_options_are_refused_before_any_traffic():
