@@ -61,3 +61,28 @@ def make_inputs(spec: zoo.AttentionSpec, b: int = 2, t: int = 5, s: int = 7, dty
     if spec.is_cross:
         return x, torch.randn(b, s, spec.d_context, dtype=dtype), s
     return x, None, t
+
+
+# The lowerings torch's exporter traces (about 2 s of CPU each); ort-gqa's graph is built by hand
+# in milliseconds, so it joins every matrix whole.
+TRACED_LOWERINGS = ("decomposed", "onnx-attention", "ort-mha")
+
+
+def matrix(names: list[str], *, rotate: int | None, lowerings=None):
+    """pytest params (name, lowering) for a parity matrix, the costly cells marked `slow`.
+
+    rotate=None: every name x every lowering, none slow. rotate=k: each name keeps one traced
+    lowering in the default run (the k-th after its own index, so the names share the three
+    lowerings out evenly) plus ort-gqa; its other traced lowerings run under `-m slow`.
+    """
+    import pytest
+
+    from export.lowering import LOWERINGS
+
+    params = []
+    for i, name in enumerate(names):
+        for lw in lowerings or LOWERINGS:
+            quick = rotate is None or lw not in TRACED_LOWERINGS or lw == TRACED_LOWERINGS[(i + rotate) % 3]
+            marks = () if quick else (pytest.mark.slow,)
+            params.append(pytest.param(name, lw, marks=marks, id=f"{name}-{lw}"))
+    return params

@@ -12,7 +12,7 @@ import zoo
 from export import OnnxSession, export_onnx
 from export.lowering import LOWERINGS
 from export.parity import check_decode
-from helpers import ALL_NAMES, create, small_overrides
+from helpers import ALL_NAMES, create, matrix, small_overrides
 
 CAUSAL = [n for n in ALL_NAMES if zoo.spec(n).causal]
 
@@ -77,7 +77,7 @@ def test_decode_bad_input_is_one_clear_error():
         m.decode(x, key_mask=torch.ones(2, 3))
 
 
-DECODE_LOWERINGS = [lw for lw in LOWERINGS]
+DECODE_LOWERINGS = list(LOWERINGS)
 
 
 def _assert_pass(row):
@@ -88,21 +88,16 @@ def _assert_pass(row):
     assert row.shapes == 2 * 26
 
 
-@pytest.mark.parametrize("lowering", DECODE_LOWERINGS)
-@pytest.mark.parametrize("name", CAUSAL)
+# Every causal preset x (ort-gqa + one traced lowering, rotating) by default; the rest -m slow.
+@pytest.mark.parametrize("name, lowering", matrix(CAUSAL, rotate=0))
 def test_decode_parity_fp32(name, lowering, tmp_path):
     _assert_pass(check_decode(name, lowering, dtype="float32", workdir=tmp_path, **small_overrides(name)))
 
 
-@pytest.mark.parametrize("name", CAUSAL)
-def test_decode_parity_fp16_ort_gqa(name, tmp_path):
-    _assert_pass(check_decode(name, "ort-gqa", dtype="float16", workdir=tmp_path, **small_overrides(name)))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lowering", [lw for lw in DECODE_LOWERINGS if lw != "ort-gqa"])
-@pytest.mark.parametrize("name", CAUSAL)
-def test_decode_parity_fp16_traced_lowerings(name, lowering, tmp_path):
+@pytest.mark.parametrize(
+    "name, lowering", matrix(CAUSAL, rotate=2, lowerings=["ort-gqa", "decomposed", "onnx-attention", "ort-mha"])
+)
+def test_decode_parity_fp16(name, lowering, tmp_path):
     _assert_pass(check_decode(name, lowering, dtype="float16", workdir=tmp_path, **small_overrides(name)))
 
 
