@@ -8,55 +8,15 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import zoo
 
+# The command-line vocabulary shared by every command module (cli_onnx, cli_heads, cli_serve):
+# they import it from cli_common, never from this module, which imports them.
+from .cli_common import CliError, _int_list, _positive  # noqa: E402
+from .names import DTYPES
 
-class CliError(zoo.AttnzooError, ValueError):
-    """A user mistake on the command line: printed as one line, exit status 2."""
-
-
-def parse_value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_overrides(items: Sequence[str] | None) -> dict[str, Any]:
-    """['d_model=256', 'heads=4'] -> {'d_model': 256, 'heads': 4}."""
-    out: dict[str, Any] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--set {item!r}: expected KEY=VALUE, e.g. --set d_model=256")
-        out[key.strip()] = parse_value(value.strip())
-    return out
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{v} must be positive")
-    return v
-
-
-def _int_list(text: str) -> list[int]:
-    values = [_positive(p) for p in text.replace(",", " ").split()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512")
-    return values
+parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
 
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
@@ -172,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", "-b", type=_positive, default=1, help="B (default 1)")
     sp.add_argument("--seq", "-t", type=_positive, default=128, help="T (default 128)")
     sp.add_argument("--ctx-seq", "-s", type=_positive, default=None, help="S for cross-attention (default T)")
-    sp.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="for the byte counts")
+    sp.add_argument("--dtype", choices=DTYPES, default="float32", help="for the byte counts")
     sp.set_defaults(func=cmd_show)
 
     sp = sub.add_parser("audit", help="the seeds' audit order as checks on a random input (exit 1 on FAIL)")

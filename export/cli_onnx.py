@@ -11,8 +11,9 @@ from pathlib import Path
 
 import zoo
 
-from .cli import CliError, parse_overrides
+from .cli_common import CliError
 from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS, ensure_writable_parent, write_atomic
+from .names import DEVICES, DTYPES, PROVIDERS
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         overwrite=args.force,
         provider=args.target,
         decode=args.decode,
-        **parse_overrides(args.set),
+        **zoo.parse_overrides(args.set),
     )
     print(result.summary())
     return 0
@@ -148,7 +149,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     providers = list(dict.fromkeys(args.provider or ["cpu"]))
     if "auto" in providers:  # CUDA where it works, said in one line where it does not
         ok, why = cuda_status()
-        providers = [p for p in providers if p != "auto"] + [p for p in ("cpu", "cuda") if p not in providers]
+        providers = [p for p in providers if p != "auto"] + [p for p in DEVICES if p not in providers]
         if not ok:
             providers.remove("cuda")
             print(f"attnzoo parity: provider auto: no CUDA ({why}); CPU only", file=sys.stderr)
@@ -180,7 +181,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
             dtypes=dtypes,
             cases=cases,
             progress=progress,
-            **parse_overrides(args.set),
+            **zoo.parse_overrides(args.set),
         )
     finally:
         bar.close()
@@ -208,7 +209,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("name")
     sp.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help=lowering_help)
-    sp.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    sp.add_argument("--dtype", default="float32", choices=DTYPES)
     sp.add_argument("--weights", action="store_true", help="also output the attention weights (decomposed only)")
     sp.add_argument("--mask", action="store_true", help="add a bool mask input (b, t, s), True = may attend")
     sp.add_argument("--head-mask", action="store_true", help="add a head_mask input (b, h)")
@@ -230,7 +231,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
 
     sp = sub.add_parser("run", help="run an exported model on random input under ONNX Runtime")
     sp.add_argument("path")
-    sp.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.add_argument("--provider", default="auto", choices=PROVIDERS)
     sp.add_argument("--batch", "-b", type=positive, default=2)
     sp.add_argument("--seq", "-t", type=positive, default=16)
     sp.add_argument("--ctx-seq", "-s", type=positive, default=None, help="S for cross-attention (default T)")
@@ -246,10 +247,10 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument(
         "--provider",
         action="append",
-        choices=["cpu", "cuda", "auto"],
+        choices=[*DEVICES, "auto"],
         help="repeatable; default cpu. cuda fails where CUDA does not work; auto adds it only where it does",
     )
-    sp.add_argument("--dtype", action="append", choices=["float32", "float16"], help="repeatable; default float32")
+    sp.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
     sp.add_argument(
         "--decode",

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import zoo
 
-from .cli import CliError, parse_overrides
+from .cli_common import CliError
 from .lowering import ensure_writable_parent, write_atomic
+from .names import DTYPES, PROVIDERS
 
 
 def _need(module: str, what: str) -> None:
@@ -47,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import start
 
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
-        path = _model_path(args.model, parse_overrides(args.set), args.lowering, args.dtype, Path(tmp), args.decode)
+        path = _model_path(args.model, zoo.parse_overrides(args.set), args.lowering, args.dtype, Path(tmp), args.decode)
         dep = start(
             path,
             replicas=args.replicas,
@@ -108,7 +109,7 @@ def cmd_triton(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         with_mask=args.mask,
         overwrite=args.force,
-        **parse_overrides(args.set),
+        **zoo.parse_overrides(args.set),
     )
     checkable = importlib.util.find_spec("tritonclient") is not None
     failed = 0
@@ -197,7 +198,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp = sub.add_parser("serve", help="serve an exported block with Ray Serve (dynamic batching, HTTP)")
     sp.add_argument("model", metavar="PATH_OR_NAME", help="an .onnx file, or a zoo name (exported with --mask first)")
     sp.add_argument("--replicas", type=positive, default=1)
-    sp.add_argument("--provider", default="cpu", choices=["auto", "cpu", "cuda"], help="cuda: one GPU per replica")
+    sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
     sp.add_argument("--batch-wait-ms", type=_nonneg, default=5.0, help="how long a batch waits to fill (default 5)")
     sp.add_argument("--port", type=positive, default=8000)
@@ -211,7 +212,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--decode", action="store_true", help="when exporting a name: the token-by-token model")
     sp.add_argument("--duration", type=_nonneg, default=None, help="stop after this many seconds (default: Ctrl-C)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help="when exporting a name")
-    sp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="when exporting a name")
+    sp.add_argument("--dtype", default="float32", choices=DTYPES, help="when exporting a name")
     with_set(sp)
     sp.set_defaults(func=cmd_serve)
 
@@ -224,7 +225,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--batch-wait-us", type=int, default=5000, help="dynamic batching queue delay (default 5000)")
     sp.add_argument("--mask", action="store_true", help="export with the bool mask input (b, t, s)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS])
-    sp.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    sp.add_argument("--dtype", default="float32", choices=DTYPES)
     sp.add_argument("--force", action="store_true", help="replace existing model folders")
     with_set(sp)
     sp.set_defaults(func=cmd_triton)

@@ -34,10 +34,11 @@ from torch import nn
 import zoo
 
 from .io import TensorIO, interface
+from .names import DEVICES, LOWERINGS
+from .names import DTYPES as DTYPE_NAMES
 
-LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
 OPSET = {"decomposed": 18, "onnx-attention": 23, "ort-mha": 18, "ort-gqa": 18}
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16)))
 # Which lowering "auto" takes, fastest first, per provider and per kind of request, from
 # `attnzoo bench` (README, "Choosing a lowering"); the first that can express it wins.
 # ORT's CPU MultiHeadAttention has a flash path only without masks: with a causal or user
@@ -49,7 +50,7 @@ AUTO_PREFERENCE = {
     ("cuda", "unmasked"): ("ort-mha", "onnx-attention", "decomposed"),
     ("cuda", "masked"): ("ort-mha", "onnx-attention", "decomposed"),
 }
-TARGETS = ("cpu", "cuda")
+TARGETS = DEVICES  # the providers lowering="auto" can optimise for
 
 
 def auto_order(provider: str, spec: zoo.AttentionSpec, *, with_mask: bool) -> tuple[str, ...]:

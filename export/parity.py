@@ -20,6 +20,7 @@ import zoo
 
 from .io import interface
 from .lowering import DTYPES, LOWERINGS, ExportError, example_inputs, export_onnx, why_not
+from .names import DEVICES
 from .session import OnnxSession, SessionError, cuda_status
 
 
@@ -39,7 +40,7 @@ TOLERANCE = {
 # traced b=2, t=5, s=7, so none of these is an export shape.
 SHAPES = [(1, 1, 5), (3, 1, 3), (1, 7, 13), (3, 7, 1), (1, 64, 33), (3, 64, 64)]
 CASES = ("plain", "masked")  # masked = bool mask (one fully masked row) + head_mask (one head zeroed)
-PROVIDERS = ("cpu", "cuda")
+PROVIDERS = DEVICES  # parity compares on a concrete device
 
 
 @dataclass

@@ -21,7 +21,8 @@ import torch
 
 import zoo
 
-PROVIDERS = ("auto", "cpu", "cuda")
+from .names import PROVIDERS
+
 _ORT_NAME = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 _NP_DTYPE = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
 _TORCH_DTYPE = {np.float32: torch.float32, np.float16: torch.float16, np.bool_: torch.bool}

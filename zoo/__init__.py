@@ -38,7 +38,7 @@ from .registry import (
     spec,
     unregister,
 )
-from .spec import AttentionSpec, SpecError
+from .spec import AttentionSpec, SpecError, parse_overrides
 from .torch_peer import from_torch_mha, to_torch_mha
 
 __version__ = "0.1.0"
@@ -70,6 +70,7 @@ __all__ = [
     "load_presets",
     "names",
     "parameter_breakdown",
+    "parse_overrides",
     "permute_heads",
     "prune_heads",
     "read_preset",

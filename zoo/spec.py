@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,3 +163,29 @@ class AttentionSpec:
 
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(AttentionSpec)]
+
+
+def parse_value(text: str) -> Any:
+    """A spec value from text: true/false, none/null, an int, a float, or the text itself."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_overrides(items: Sequence[str] | None) -> dict[str, Any]:
+    """['d_model=256', 'heads=4'] -> {'d_model': 256, 'heads': 4} (the CLI's --set KEY=VALUE)."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. --set d_model=256")
+        out[key.strip()] = parse_value(value.strip())
+    return out

@@ -7,6 +7,9 @@ import math
 import sys
 from pathlib import Path
 
+import zoo
+
+from ..names import DEVICES, DTYPES
 from .jobs import CONTENDED, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
 from .plan import benchmark
 from .report import PLOT_FORMATS, format_table, plot, write_json
@@ -36,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="KEY=VALUE",
             help="override a spec field, e.g. --set heads=4 (repeatable)",
         )
-    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="where to run (default cpu)")
-    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    parser.add_argument("--provider", choices=DEVICES, default="cpu", help="where to run (default cpu)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument(
         "--batch",
         "-b",
@@ -137,7 +140,6 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """`attnzoo bench`: measure, print the markdown table, write JSON and the plot."""
-    from ..cli import parse_overrides
 
     _check_flags(args)
     from ..lowering import ensure_writable_parent
@@ -152,7 +154,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise BenchError("--past goes with --decode (past lengths of the KV cache)")
     report = benchmark(
         args.name,
-        overrides=parse_overrides(args.set),
+        overrides=zoo.parse_overrides(args.set),
         provider=args.provider,
         dtype=args.dtype,
         batches=args.batch or [1],
@@ -177,7 +179,6 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
-    from ..cli import parse_overrides
     from .decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table, write_decode_json
 
     if args.seq or args.plot:
@@ -185,7 +186,7 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
     paths = [p for p in args.paths if p in DECODE_PATHS] if args.paths != list(PATHS) else list(DECODE_PATHS)
     report = benchmark_decode(
         args.name,
-        overrides=parse_overrides(args.set),
+        overrides=zoo.parse_overrides(args.set),
         provider=args.provider,
         dtype=args.dtype,
         batches=args.batch or [1],

@@ -14,6 +14,7 @@ from typing import Any
 
 import zoo
 
+from ..names import DTYPES
 from .jobs import (
     _STALE_SECONDS,
     BASELINE,
@@ -305,7 +306,7 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
         raise BenchError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
     if not paths:
         raise BenchError(f"no path to run; choose from {', '.join(PATHS)}")
-    if dtype not in ("float32", "float16"):
+    if dtype not in DTYPES:
         raise BenchError(f"dtype={dtype!r} is not float32 or float16")
     if provider not in ROOFLINE_SIZE:
         raise BenchError(f"provider={provider!r} is not cpu or cuda")

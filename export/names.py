@@ -1,0 +1,13 @@
+"""The names the export side offers, each spelled once: every module and every command-line
+choice reads them from here.
+
+    DEVICES     where a model runs (a concrete ONNX Runtime provider)
+    PROVIDERS   what a session may be asked for: a device, or "auto" (CUDA where it really works)
+    DTYPES      the element types a model is exported in
+    LOWERINGS   how a block becomes an ONNX graph (export/lowering.py says what each one is)
+"""
+
+DEVICES = ("cpu", "cuda")
+PROVIDERS = ("auto", *DEVICES)
+DTYPES = ("float32", "float16")
+LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
