@@ -93,7 +93,7 @@ def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     feeds = {"x": x, "past_key": pk, "past_value": pv}
     if km is not None:
         feeds["key_mask"] = km
-    outs = sess._ort_run(feeds)
+    outs = sess.run_feeds(feeds)
     return tuple(torch.from_numpy(o) for o in outs) if as_torch else tuple(outs)
 
 
@@ -111,7 +111,7 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
     device = "cuda" if sess.provider == "cuda" else "cpu"
-    binding = sess._sess.io_binding()
+    binding = sess.io_binding()
     cache_k = ort.OrtValue.ortvalue_from_numpy(pk, device, 0)
     cache_v = ort.OrtValue.ortvalue_from_numpy(pv, device, 0)
     ys = np.empty((x.shape[0], k, x.shape[2]), dtype=x.dtype)
@@ -123,7 +123,7 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
             binding.bind_cpu_input("key_mask", np.ascontiguousarray(km[:, : p + i + 1]))
         for name in ("y", "present_key", "present_value"):
             binding.bind_output(name, device)
-        sess._sess.run_with_iobinding(binding)
+        sess.run_with_iobinding(binding)
         y, cache_k, cache_v = binding.get_outputs()
         ys[:, i] = y.numpy()[:, 0]
         binding.clear_binding_inputs()

@@ -236,6 +236,20 @@ class OnnxSession:
             outs = self._ort_run({k: np.ascontiguousarray(v) for k, v in feeds.items()})
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    # -- the raw runtime, for loops that manage their own inputs (decoding, the benchmark) -----
+
+    def run_feeds(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run on numpy arrays named as the model's inputs, no checks: every output, in order."""
+        return self._ort_run(arrays)
+
+    def io_binding(self):
+        """A fresh onnxruntime IOBinding of this session (bind inputs/outputs once, run many times)."""
+        return self._sess.io_binding()
+
+    def run_with_iobinding(self, binding) -> None:
+        """Run with a binding from io_binding(); the outputs stay where they were bound."""
+        self._sess.run_with_iobinding(binding)
+
     def _ort_run(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         try:
             return self._sess.run(self._outputs, arrays)

@@ -151,14 +151,14 @@ def _overhead(job: Job) -> dict[str, Any]:
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)
     wrapped = time_calls(lambda: sess.run(x), sync, job.budget)
     y = torch.empty_like(x)
-    binding = sess._sess.io_binding()  # the raw session: bind once, run many
+    binding = sess.io_binding()  # bind once, run many
     elem = {torch.float32: "float32", torch.float16: "float16"}[dtype]
     import numpy as np
 
     for name, t in (("x", x), ("y", y)):
         bind = binding.bind_input if name == "x" else binding.bind_output
         bind(name, device.type, device.index or 0, np.dtype(elem).type, tuple(t.shape), t.data_ptr())
-    raw = time_calls(lambda: sess._sess.run_with_iobinding(binding), sync, job.budget)
+    raw = time_calls(lambda: sess.run_with_iobinding(binding), sync, job.budget)
     return {
         "session_run_ms": wrapped["median_ms"],
         "bound_run_ms": raw["median_ms"],
