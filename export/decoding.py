@@ -111,7 +111,7 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
     device = "cuda" if sess.provider == "cuda" else "cpu"
-    binding = sess.io_binding()
+    binding = sess.new_binding()
     cache_k = ort.OrtValue.ortvalue_from_numpy(pk, device, 0)
     cache_v = ort.OrtValue.ortvalue_from_numpy(pv, device, 0)
     ys = np.empty((x.shape[0], k, x.shape[2]), dtype=x.dtype)

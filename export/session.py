@@ -242,12 +242,12 @@ class OnnxSession:
         """Run on numpy arrays named as the model's inputs, no checks: every output, in order."""
         return self._ort_run(arrays)
 
-    def io_binding(self):
+    def new_binding(self):
         """A fresh onnxruntime IOBinding of this session (bind inputs/outputs once, run many times)."""
         return self._sess.io_binding()
 
     def run_with_iobinding(self, binding) -> None:
-        """Run with a binding from io_binding(); the outputs stay where they were bound."""
+        """Run with a binding from new_binding(); the outputs stay where they were bound."""
         self._sess.run_with_iobinding(binding)
 
     def _ort_run(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -151,7 +151,7 @@ def _overhead(job: Job) -> dict[str, Any]:
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)
     wrapped = time_calls(lambda: sess.run(x), sync, job.budget)
     y = torch.empty_like(x)
-    binding = sess.io_binding()  # bind once, run many
+    binding = sess.new_binding()  # bind once, run many
     elem = {torch.float32: "float32", torch.float16: "float16"}[dtype]
     import numpy as np
 
