@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_parser(cmd, help=f"(unavailable: {missing})").set_defaults(func=_no_onnx)
     else:
         cli_onnx.add_commands(sub, with_set, _positive, _int_list)
+        from . import cli_heads  # heads, importance, ablate: analysis, with ONNX latency in ablate
+
+        cli_heads.add_commands(sub, with_set, _positive, _int_list)
         from . import cli_serve  # serve, triton, loadtest: Ray/Triton are imported only when run
 
         cli_serve.add_commands(sub, with_set, _positive, _int_list)

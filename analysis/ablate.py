@@ -1,0 +1,234 @@
+"""The four head experiments of seed 000, on the same held-out data and metric.
+
+  (a) zero   heads zeroed for each input at the head-output location (head_mask = 0)
+  (b) prune  the heads physically removed at evaluation (zoo.prune_heads): same outputs as (a)
+  (c) prune + fine-tune   (b), then trained for a stated number of steps
+  (d) scratch             a model with that many fewer heads, trained from scratch
+
+Such results are evidence about one model, task, metric and procedure; the caption says which.
+ONNX latency is measured by a callback the caller passes (the CLI in `export`), since analysis
+does not import `export`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from .errors import AnalysisError
+from .importance import evaluate, mask_without
+from .tasks import TRAIN_SEED, Task, train
+
+# latency(blocks, head_masks) -> ms; blocks as Task.attention_blocks gives them.
+LatencyFn = Callable[[list[tuple[nn.Module, int, "int | None"]], list["torch.Tensor | None"]], float]
+
+FINETUNE_SEED = TRAIN_SEED + 1  # fine-tuning draws other batches than the original training
+
+
+def parse_heads(text: str, layers: int, heads: int | Sequence[int]) -> list[tuple[int, int]]:
+    """ "1.0,0.3" -> [(1, 0), (0, 3)], checked against the model's layers and heads."""
+    per_layer = [heads] * layers if isinstance(heads, int) else list(heads)
+    out = []
+    for part in re.split(r"[,\s]+", text.strip()):
+        if not part:
+            continue
+        m = re.fullmatch(r"L?(\d+)[.:H](\d+)", part, flags=re.IGNORECASE)
+        if not m:
+            raise AnalysisError(f"head {part!r} is not LAYER.HEAD, e.g. --heads 1.0,0.3")
+        layer, h = int(m.group(1)), int(m.group(2))
+        if layer >= layers:
+            raise AnalysisError(f"head {part!r}: layer {layer} does not exist; layers are 0..{layers - 1}")
+        if h >= per_layer[layer]:
+            raise AnalysisError(f"head {part!r}: layer {layer} has heads 0..{per_layer[layer] - 1}")
+        if (layer, h) not in out:
+            out.append((layer, h))
+    if not out:
+        raise AnalysisError("no heads given; pass e.g. --heads 1.0,0.3")
+    return out
+
+
+@dataclass
+class Row:
+    experiment: str
+    heads: int
+    parameters: int
+    flops: int
+    loss: float
+    metric: float
+    latency_ms: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Ablation:
+    model: str
+    pruned: list[tuple[int, int]]
+    rows: list[Row] = field(default_factory=list)
+    max_diff_zero_vs_prune: float = float("nan")
+    caption: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "pruned": [list(p) for p in self.pruned],
+            "max_diff_zero_vs_prune": self.max_diff_zero_vs_prune,
+            "caption": self.caption,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def run_ablation(
+    model: nn.Module,
+    task: Task,
+    heads: list[tuple[int, int]],
+    batches: list,
+    *,
+    finetune_steps: int,
+    scratch_steps: int,
+    latency: LatencyFn | None = None,
+    progress: Callable[[str], None] | None = None,
+    train_progress: Callable[[int, float], None] | None = None,
+) -> Ablation:
+    """The table of experiments (a)-(d) plus the full model, on the same `batches`."""
+    layers, per_layer = model.layers, model.heads_per_layer
+    drop: dict[int, list[int]] = {}
+    for layer, h in heads:
+        drop.setdefault(layer, []).append(h)
+    full = [layer for layer, d in drop.items() if len(set(d)) >= per_layer[layer]]
+    if full:
+        raise AnalysisError(
+            f"heads {', '.join(f'L{a}H{b}' for a, b in heads)} leave layer {full[0]} with no head "
+            f"(it has {per_layer[full[0]]}); a zoo block keeps at least one"
+        )
+    n_heads = sum(per_layer)
+    kept_heads = tuple(per_layer[layer] - len(set(drop.get(layer, []))) for layer in range(layers))
+    hm = mask_without(heads, (layers, model.heads))
+    result = Ablation(model=task.name, pruned=list(heads))
+
+    def lat(m: nn.Module, masks: list | None = None) -> float | None:
+        if latency is None:
+            return None
+        blocks = task.attention_blocks(m)
+        return latency(blocks, masks or [None] * len(blocks))
+
+    def step(name: str) -> None:
+        if progress:
+            progress(name)
+
+    step("full model")
+    loss, metric = evaluate(model, task, batches)
+    flops_full = task.model_flops(model)
+    result.rows.append(
+        Row("full model", n_heads, count_params(model), flops_full, loss, metric, lat(model), "as shipped")
+    )
+
+    step("(a) zero")
+    loss, metric = evaluate(model, task, batches, hm)
+    result.rows.append(
+        Row(
+            "(a) zero (head_mask)",
+            n_heads - len(heads),
+            count_params(model),
+            flops_full,
+            loss,
+            metric,
+            lat(model, [hm[layer, : per_layer[layer]] for layer in range(layers)]),
+            "heads still computed, output scaled by 0",
+        )
+    )
+
+    step("(b) prune")
+    pruned = model.prune(drop)
+    with torch.no_grad():
+        result.max_diff_zero_vs_prune = max(
+            float((task.logits(model, b, hm) - task.logits(pruned, b)).abs().max()) for b in batches
+        )
+    loss, metric = evaluate(pruned, task, batches)
+    result.rows.append(
+        Row(
+            "(b) prune at evaluation",
+            n_heads - len(heads),
+            count_params(pruned),
+            task.model_flops(pruned),
+            loss,
+            metric,
+            lat(pruned),
+            f"logits differ from (a) by at most {result.max_diff_zero_vs_prune:.1e}",
+        )
+    )
+
+    step("(c) prune + fine-tune")
+    tuned, _ = train(task, steps=finetune_steps, seed=FINETUNE_SEED, model=pruned, progress=train_progress)
+    loss, metric = evaluate(tuned, task, batches)
+    result.rows.append(
+        Row(
+            "(c) prune + fine-tune",
+            n_heads - len(heads),
+            count_params(tuned),
+            task.model_flops(tuned),
+            loss,
+            metric,
+            lat(tuned),
+            f"{finetune_steps} steps, AdamW lr {task.lr:g}, batch {task.batch}",
+        )
+    )
+
+    step("(d) fewer heads from scratch")
+    scratch, _ = train(
+        task, steps=scratch_steps, seed=TRAIN_SEED, config=task.config_with(kept_heads), progress=train_progress
+    )
+    loss, metric = evaluate(scratch, task, batches)
+    result.rows.append(
+        Row(
+            "(d) fewer heads from scratch",
+            sum(kept_heads),
+            count_params(scratch),
+            task.model_flops(scratch),
+            loss,
+            metric,
+            lat(scratch),
+            f"{scratch_steps} steps, heads per layer {list(kept_heads)}",
+        )
+    )
+    n_eval = sum(_batch_len(b) for b in batches)
+    result.caption = (
+        f"Model {task.name} ({task.description}); heads removed: "
+        f"{', '.join(f'L{layer}H{h}' for layer, h in heads)}. Task and metric: {task.procedure}; "
+        f"{n_eval} held-out examples (seed {batches_seed_note()}), the same for every row. Procedure: the "
+        f"shipped weights, one run each, no error bars; (c) fine-tunes for {finetune_steps} steps, (d) trains "
+        f"for {scratch_steps} steps from seed {TRAIN_SEED}. FLOPs: matmul FLOPs of one example. Latency: "
+        f"the attention blocks head_mask acts on, exported alone to ONNX and run under ONNX Runtime "
+        f"(median, summed over blocks)."
+    )
+    return result
+
+
+def batches_seed_note() -> str:
+    from .tasks import EVAL_SEED
+
+    return f"{EVAL_SEED}, never used in training"
+
+
+def _batch_len(batch) -> int:
+    return len(batch[0]) if isinstance(batch, tuple) else int(batch.shape[0])
+
+
+def format_table(result: Ablation, metric_name: str, loss_name: str) -> str:
+    """A Markdown table with its caption."""
+    head = f"| experiment | heads | parameters | FLOPs | {loss_name} | {metric_name} | ONNX latency | note |"
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in result.rows:
+        lat = f"{r.latency_ms:.3f} ms" if r.latency_ms is not None else "-"
+        lines.append(
+            f"| {r.experiment} | {r.heads} | {r.parameters:,} | {r.flops:,} | {r.loss:.3f} | {r.metric:.3f} | "
+            f"{lat} | {r.note} |"
+        )
+    return "\n".join(lines) + "\n\n" + result.caption

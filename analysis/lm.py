@@ -1,0 +1,231 @@
+"""A tiny language model built from zoo attention blocks, for looking at trained heads.
+
+    tokens (b t) --embed--> x (b t c)
+    per layer l:  x = x + Attn_l(LN(x), mask = P_l)       P_l (1 h t t): a learned bias per head
+                  x = x + MLP_l(LN(x))                     and offset t - s, added to the scores
+    logits = W_U LN(x)                                     (b t vocab)
+
+Positions never enter the residual stream by default (``positions="relative"``): each head
+gets a learned scalar per offset t - s, passed to the zoo block as its float ``mask`` (the
+zoo's own "added to the scores" input), so a head can prefer "one back" without any content
+channel carrying positions. ``positions="absolute"`` adds learned position embeddings to the
+residual stream instead (the textbook GPT-2 layout), kept for comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import zoo
+
+from .errors import AnalysisError
+
+POSITIONS = ("relative", "absolute")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """A tiny LM. Every default says why it is what it is."""
+
+    vocab_size: int = 128  # random-token tasks: few accidental repeats in 64 tokens, ln(128) = 4.85
+    context: int = 64  # longest sequence: a 31-token block repeated twice fits
+    d_model: int = 64  # the issue's measured size: the induction phase change in ~2,000 steps
+    layers: int = 2  # induction needs two layers (a previous-token head, then K-composition)
+    heads: tuple[int, ...] = (4, 4)  # per layer, so a pruned model is still an LMConfig
+    d_head: int = 16  # d_model / 4, fixed so that pruning keeps the surviving heads' width
+    mlp: bool = False  # attention-only, as in the induction-head papers
+    positions: str = "relative"  # "relative" (score bias per offset) or "absolute" (residual)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context", "d_model", "layers", "d_head"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise AnalysisError(f"{name}={v!r} must be a positive integer")
+        if isinstance(self.heads, int):
+            object.__setattr__(self, "heads", (self.heads,) * self.layers)
+        object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
+        if len(self.heads) != self.layers or any(h <= 0 for h in self.heads):
+            raise AnalysisError(f"heads={self.heads} must give a positive head count for each of {self.layers} layers")
+        if self.positions not in POSITIONS:
+            raise AnalysisError(f"positions={self.positions!r} is not one of {POSITIONS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["heads"] = list(self.heads)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LMConfig:
+        return cls(**{**d, "heads": tuple(d["heads"])})
+
+
+class TinyLM(nn.Module):
+    """model(tokens (b t)) -> logits (b t vocab); each layer's attention is a zoo block."""
+
+    kind = "lm"
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_embed = nn.Embedding(c.context, c.d_model) if c.positions == "absolute" else None
+        self.attn = nn.ModuleList(
+            zoo.MultiHeadAttention(zoo.AttentionSpec(d_model=c.d_model, heads=h, d_k=c.d_head, causal=True))
+            for h in c.heads
+        )
+        # One scalar per (head, offset t - s); zero = no positional preference at the start.
+        self.pos_bias = nn.ParameterList(
+            nn.Parameter(torch.zeros(h, c.context)) for h in (c.heads if c.positions == "relative" else ())
+        )
+        self.ln_attn = nn.ModuleList(nn.LayerNorm(c.d_model) for _ in c.heads)
+        self.mlps = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(c.d_model),
+                nn.Linear(c.d_model, 4 * c.d_model),
+                nn.GELU(),
+                nn.Linear(4 * c.d_model, c.d_model),
+            )
+            for _ in (c.heads if c.mlp else ())
+        )
+        self.ln_final = nn.LayerNorm(c.d_model)
+        self.unembed = nn.Linear(c.d_model, c.vocab_size)
+
+    # -- the contract ------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def context(self) -> int:
+        return self.config.context
+
+    @property
+    def layers(self) -> int:
+        return self.config.layers
+
+    @property
+    def heads(self) -> int:
+        """The most heads in any layer: the width of a head_mask row and of attention_maps' h axis."""
+        return max(self.config.heads)
+
+    @property
+    def heads_per_layer(self) -> tuple[int, ...]:
+        return self.config.heads
+
+    def forward(self, tokens: Tensor, head_mask: Tensor | Sequence[Tensor] | None = None) -> Tensor:
+        """tokens (b t) int -> logits (b t vocab).
+
+        head_mask (layers h) or (b layers h), or one (h) / (b h) tensor per layer: scales each
+        head's output Z^(r) before concatenation, as the zoo block's own head_mask does. With
+        fewer heads in a layer than model.heads, that layer reads the first entries of its row.
+        """
+        logits, _ = self._run(tokens, head_mask, need_weights=False)
+        return logits
+
+    def attention_maps(self, tokens: Tensor, head_mask: Tensor | Sequence[Tensor] | None = None) -> Tensor:
+        """tokens (b t) -> A (layers b h t t); rows sum to 1. h = model.heads: a layer with fewer
+        heads is padded with NaN maps (no such head), so scores come out NaN there too."""
+        _, maps = self._run(tokens, head_mask, need_weights=True)
+        h = self.heads
+        return torch.stack(
+            [torch.cat([a, a.new_full((a.shape[0], h - a.shape[1], *a.shape[2:]), torch.nan)], 1) for a in maps]
+        )
+
+    def attention_map_list(self, tokens: Tensor) -> list[Tensor]:
+        """One A (b h t t) per layer (works for pruned models with unequal head counts)."""
+        return self._run(tokens, None, need_weights=True)[1]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def check_tokens(self, tokens: Tensor) -> Tensor:
+        if not isinstance(tokens, Tensor):
+            tokens = torch.as_tensor(tokens)
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise AnalysisError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        if tokens.dim() != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
+            raise AnalysisError(f"tokens have shape {tuple(tokens.shape)}; expected (b, t) with b, t >= 1")
+        if tokens.shape[1] > self.context:
+            raise AnalysisError(f"{tokens.shape[1]} tokens is longer than this model's context={self.context}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise AnalysisError(f"token {bad} is outside the vocabulary 0..{self.vocab_size - 1}")
+        return tokens.long()
+
+    def _layer_masks(self, head_mask, b: int) -> list[Tensor | None]:
+        hs = self.config.heads
+        if head_mask is None:
+            return [None] * len(hs)
+        if isinstance(head_mask, Tensor):
+            if head_mask.dim() == 2 and tuple(head_mask.shape) == (len(hs), max(hs)):
+                return [head_mask[layer, :h] for layer, h in enumerate(hs)]
+            if head_mask.dim() == 3 and tuple(head_mask.shape[1:]) == (len(hs), max(hs)):
+                return [head_mask[:, layer, :h] for layer, h in enumerate(hs)]
+            raise AnalysisError(
+                f"head_mask has shape {tuple(head_mask.shape)}; expected (layers={len(hs)}, heads={max(hs)}) "
+                f"or (b, layers, heads)"
+            )
+        masks = list(head_mask)
+        if len(masks) != len(hs):
+            raise AnalysisError(f"head_mask has {len(masks)} entries; expected one per layer ({len(hs)})")
+        return masks
+
+    def position_bias(self, layer: int, t: int) -> Tensor | None:
+        """P_l (1 h t t): the learned bias of offset t - s (future cells are masked anyway)."""
+        if self.config.positions != "relative":
+            return None
+        pos = torch.arange(t, device=self.embed.weight.device)
+        offset = (pos[:, None] - pos[None, :]).clamp_min(0)
+        return self.pos_bias[layer][:, offset][None]
+
+    def _run(self, tokens: Tensor, head_mask, *, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+        tokens = self.check_tokens(tokens)
+        b, t = tokens.shape
+        x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(t, device=x.device))
+        maps = []
+        for layer, (attn, ln, hm) in enumerate(zip(self.attn, self.ln_attn, self._layer_masks(head_mask, b))):
+            out = attn(ln(x), mask=self.position_bias(layer, t), need_weights=need_weights, head_mask=hm)
+            if need_weights:
+                out, a = out
+                maps.append(a)
+            x = x + out
+            if self.config.mlp:
+                x = x + self.mlps[layer](x)
+        return self.unembed(self.ln_final(x)), maps
+
+    # -- head surgery --------------------------------------------------------------------------
+
+    def prune(self, heads: dict[int, Sequence[int]]) -> TinyLM:
+        """A smaller model with heads {layer: [head, ...]} physically removed (zoo.prune_heads)."""
+        hs = list(self.config.heads)
+        for layer, drop in heads.items():
+            hs[layer] -= len(set(drop))
+        for layer, drop in heads.items():
+            if not 0 <= layer < self.layers or any(not 0 <= r < self.config.heads[layer] for r in drop):
+                raise AnalysisError(
+                    f"cannot prune layer {layer} heads {list(drop)}: this model has heads {self.config.heads}"
+                )
+        new = TinyLM(dataclasses.replace(self.config, heads=tuple(hs)))
+        touched = tuple(f"{part}.{layer}." for layer, drop in heads.items() if drop for part in ("attn", "pos_bias"))
+        kept = {k: v for k, v in self.state_dict().items() if not (k + ".").startswith(touched)}
+        new.load_state_dict(kept, strict=False)  # everything but the pruned blocks, copied below
+        for layer, drop in heads.items():
+            if not drop:
+                continue
+            new.attn[layer] = zoo.prune_heads(self.attn[layer], list(drop))
+            if self.config.positions == "relative":
+                keep = [r for r in range(self.config.heads[layer]) if r not in set(drop)]
+                with torch.no_grad():
+                    new.pos_bias[layer].copy_(self.pos_bias[layer][keep])
+        return new

@@ -1,0 +1,134 @@
+"""Pictures: a layers x heads grid of attention maps with token labels (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from torch import Tensor
+
+from .errors import AnalysisError
+
+MAX_LABELS = 64  # beyond this many tokens, label every k-th one so the text stays readable
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise AnalysisError("pictures need matplotlib: pip install 'attnzoo[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _ticks(labels: Sequence[str] | None, n: int) -> tuple[list[int], list[str]]:
+    if labels is None:
+        labels = [str(i) for i in range(n)]
+    if len(labels) != n:
+        raise AnalysisError(f"{len(labels)} labels for an axis of {n} positions")
+    step = max(1, math.ceil(n / MAX_LABELS))
+    idx = list(range(0, n, step))
+    return idx, [str(labels[i]) for i in idx]
+
+
+def plot_attention_grid(
+    maps: Tensor,
+    path: str | os.PathLike,
+    *,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    titles: Sequence[Sequence[str]] | None = None,
+    suptitle: str | None = None,
+) -> Path:
+    """Write a PNG grid of attention maps, one panel per (layer, head).
+
+    maps: (layers h t s), or (h t s) / (b h t s) from any zoo block (b: the first item is drawn),
+    or (layers b h t s) from a model (the first batch item). titles[layer][head] under each panel.
+    """
+    maps = maps.detach().float().cpu()
+    if maps.dim() == 3:
+        maps = maps[None]
+    elif maps.dim() == 5:
+        maps = maps[:, 0]
+    if maps.dim() != 4:
+        raise AnalysisError(
+            f"maps have shape {tuple(maps.shape)}; expected (h,t,s), (layers,h,t,s) or (layers,b,h,t,s)"
+        )
+    layers, heads, t, s = maps.shape
+    qi, ql = _ticks(query_labels, t)
+    ki, kl = _ticks(key_labels, s)
+    plt = _matplotlib()
+    panel = min(8.0, max(2.6, 0.13 * max(t, s)))
+    fig, axes = plt.subplots(layers, heads, figsize=(panel * heads, panel * layers + 0.6), squeeze=False)
+    fs = max(4.0, min(8.0, 300.0 / max(len(qi), len(ki), 1)))
+    for layer in range(layers):
+        for h in range(heads):
+            ax = axes[layer][h]
+            if maps[layer, h].isnan().all():  # a layer with fewer heads than the widest one
+                ax.axis("off")
+                continue
+            ax.imshow(maps[layer, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.set_xticks(ki, kl, rotation=90, fontsize=fs)
+            ax.set_yticks(qi, ql, fontsize=fs)
+            title = f"L{layer}H{h}"
+            if titles is not None:
+                title += f"  {titles[layer][h]}"
+            ax.set_title(title, fontsize=9)
+            if h == 0:
+                ax.set_ylabel("query t", fontsize=8)
+            if layer == layers - 1:
+                ax.set_xlabel("key s", fontsize=8)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.97) if suptitle else None)
+    return _save(fig, plt, Path(path))
+
+
+def plot_curve(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    path: str | os.PathLike,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    threshold: float | None = None,
+) -> Path:
+    """A line plot (the pruning sweep), with an optional horizontal threshold line."""
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(list(xs), list(ys), marker="o")
+    if threshold is not None:
+        ax.axhline(threshold, color="gray", linestyle="--", label=f"0.9 x start = {threshold:.3f}")
+        ax.legend(fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, plt, Path(path))
+
+
+def _save(fig, plt, path: Path) -> Path:
+    if path.is_dir():
+        raise AnalysisError(f"{path} is a folder; give a file path such as {path / 'heads.png'}")
+    if not path.parent.exists():
+        raise AnalysisError(f"the folder {path.parent} does not exist; create it first")
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def score_titles(best: Sequence[Sequence[tuple[str, float]]]) -> list[list[str]]:
+    """Panel titles from `scores.best_scores`: "induction 0.83"."""
+    return [[f"{n.replace('_token', '')} {v:.2f}" if v == v else "" for n, v in row] for row in best]

@@ -1,0 +1,391 @@
+"""The trained models by name: their task, data, metric, training recipe.
+
+Each task gives the same handful of things, so importance, pruning and the ablation
+experiments are written once: fresh batches from a seed, a differentiable held-out loss
+under a head_mask (layers h), a metric, and a deterministic training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import dates
+from .errors import AnalysisError
+from .lm import LMConfig, TinyLM
+
+# Seeds: training uses TRAIN_SEED; every check of the shipped weights draws from EVAL_SEED,
+# which no training run ever used.
+TRAIN_SEED = 0
+EVAL_SEED = 12345
+THREADS = 1  # fixed, since float reductions (so the weights) depend on it; tiny models gain nothing from more
+
+
+# -- induction data ------------------------------------------------------------------------------
+
+
+def repeated_span_batch(gen: torch.Generator, n: int, vocab: int, t: int, min_span: int = 4) -> Tensor:
+    """(n t): a random prefix, then a random block of L tokens repeated to the end.
+
+    L is drawn from [min_span, t // 2] and the prefix length from [0, t - 2L] for every
+    sequence: with one fixed period a single positional head would solve the task, and a
+    1-layer control would look like an induction model.
+    """
+    tokens = torch.randint(vocab, (n, t), generator=gen)
+    for i in range(n):
+        span = int(torch.randint(min_span, t // 2 + 1, (1,), generator=gen))
+        start = int(torch.randint(0, t - 2 * span + 1, (1,), generator=gen))
+        block = tokens[i, start : start + span].clone()
+        reps = (t - start + span - 1) // span
+        tokens[i, start:] = block.repeat(reps)[: t - start]
+    return tokens
+
+
+def repeated_block(gen: torch.Generator, n: int, vocab: int, span: int) -> Tensor:
+    """(n 2*span): a random block of `span` tokens, then the same block again (the TL/ARENA recipe)."""
+    block = torch.randint(vocab, (n, span), generator=gen)
+    return torch.cat([block, block], dim=1)
+
+
+def second_copy_loss(logits: Tensor, tokens: Tensor, span: int) -> tuple[Tensor, Tensor]:
+    """Mean loss and accuracy of predicting the second copy's tokens 2..span from the positions
+    before them (the first token of the copy is not predictable, so it is left out).
+
+    logits (b 2*span vocab), tokens (b 2*span).
+    """
+    pred = logits[:, span : 2 * span - 1]
+    target = tokens[:, span + 1 : 2 * span]
+    loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1))
+    acc = (pred.argmax(-1) == target).float().mean()
+    return loss, acc
+
+
+# -- the task interface ----------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    name: str
+    description: str
+    config: Any  # LMConfig or DatesConfig
+    steps: int
+    lr: float = 1e-3
+    batch: int = 64
+    metric_name: str = "accuracy"
+    loss_name: str = "loss"
+    procedure: str = ""
+    # L1 penalty on per-head gates in [0, 1] during training (0 = no gates): from the start
+    # (gate_from None), or ramped up linearly from this fraction of the steps on; see `train`.
+    gate_l1: float = 0.0
+    gate_from: float | None = None
+    pos_lr: float = 1.0  # learning-rate multiplier of the per-head position biases
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # Set per kind below.
+    def build(self, config: Any = None) -> nn.Module:
+        raise NotImplementedError
+
+    def train_batch(self, gen: torch.Generator) -> Any:
+        raise NotImplementedError
+
+    def eval_batch(self, gen: torch.Generator, n: int) -> Any:
+        raise NotImplementedError
+
+    def train_loss(self, model: nn.Module, batch: Any, head_mask: Any = None) -> Tensor:
+        raise NotImplementedError
+
+    def eval_loss(self, model: nn.Module, batch: Any, head_mask: Any = None) -> Tensor:
+        """The held-out loss, differentiable with respect to head_mask."""
+        raise NotImplementedError
+
+    def metric(self, model: nn.Module, batch: Any, head_mask: Any = None) -> float:
+        raise NotImplementedError
+
+    def config_with(self, heads: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def logits(self, model: nn.Module, batch: Any, head_mask: Any = None) -> Tensor:
+        """The model's output on a held-out batch (for comparing zeroing with pruning)."""
+        raise NotImplementedError
+
+    def attention_blocks(self, model: nn.Module) -> list[tuple[nn.Module, int, int | None]]:
+        """The zoo blocks head_mask acts on, with the (t, s) they see on held-out data."""
+        raise NotImplementedError
+
+    def model_flops(self, model: nn.Module) -> int:
+        raise NotImplementedError
+
+
+class InductionTask(Task):
+    def build(self, config: Any = None) -> TinyLM:
+        return TinyLM(config or self.config)
+
+    @property
+    def span(self) -> int:
+        return self.config.context // 2
+
+    def train_batch(self, gen: torch.Generator) -> Tensor:
+        c = self.config
+        return repeated_span_batch(gen, self.batch, c.vocab_size, c.context)
+
+    def eval_batch(self, gen: torch.Generator, n: int) -> Tensor:
+        return repeated_block(gen, n, self.config.vocab_size, self.span)
+
+    def train_loss(self, model: TinyLM, batch: Tensor, head_mask: Any = None) -> Tensor:
+        logits = model(batch[:, :-1], head_mask=head_mask)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def eval_loss(self, model: TinyLM, batch: Tensor, head_mask: Any = None) -> Tensor:
+        return second_copy_loss(model(batch, head_mask=head_mask), batch, self.span)[0]
+
+    def metric(self, model: TinyLM, batch: Tensor, head_mask: Any = None) -> float:
+        with torch.no_grad():
+            return float(second_copy_loss(model(batch, head_mask=head_mask), batch, self.span)[1])
+
+    def config_with(self, heads: tuple[int, ...]) -> LMConfig:
+        return dataclasses.replace(self.config, heads=heads)
+
+    def logits(self, model: TinyLM, batch: Tensor, head_mask: Any = None) -> Tensor:
+        return model(batch, head_mask=head_mask)
+
+    def attention_blocks(self, model: TinyLM) -> list[tuple[nn.Module, int, int | None]]:
+        return [(block, 2 * self.span, None) for block in model.attn]
+
+    def model_flops(self, model: TinyLM) -> int:
+        """Matmul FLOPs of one held-out sequence (b=1, t=2*span): attention (zoo.flops) + unembedding."""
+        import zoo
+
+        t, c = 2 * self.span, model.config
+        total = sum(zoo.flops(block.spec, 1, t).total for block in model.attn)
+        total += 2 * t * c.d_model * c.vocab_size
+        if c.mlp:
+            total += c.layers * 2 * 2 * t * c.d_model * 4 * c.d_model
+        return total
+
+
+class DatesTask(Task):
+    def build(self, config: Any = None) -> dates.DatesModel:
+        return dates.DatesModel(config or self.config)
+
+    def _tensors(self, pairs: list[tuple[str, str]]) -> tuple[Tensor, Tensor, list[str]]:
+        src = dates.encode_sources([s for s, _ in pairs], self.config.max_source)
+        tgt = dates.DatesModel.encode_targets([t for _, t in pairs])
+        return src, tgt, [s for s, _ in pairs]
+
+    def train_batch(self, gen: torch.Generator) -> tuple[Tensor, Tensor, list[str]]:
+        return self._tensors(dates.sample_dates(gen, self.batch, split="train"))
+
+    def eval_batch(self, gen: torch.Generator, n: int) -> tuple[Tensor, Tensor, list[str]]:
+        return self._tensors(dates.sample_dates(gen, n, split="test"))
+
+    def train_loss(self, model: dates.DatesModel, batch, head_mask: Any = None) -> Tensor:
+        return self.eval_loss(model, batch, head_mask)
+
+    def eval_loss(self, model: dates.DatesModel, batch, head_mask: Any = None) -> Tensor:
+        src, tgt, _ = batch
+        logits = model(src, model.shift(tgt), head_mask=head_mask)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+    def metric(self, model: dates.DatesModel, batch, head_mask: Any = None) -> float:
+        src, tgt, _ = batch
+        was = model.training
+        model.eval()
+        try:
+            out = model.generate(src, head_mask)
+        finally:
+            model.train(was)
+        return float((out == tgt).all(dim=1).float().mean())
+
+    def config_with(self, heads: tuple[int, ...]) -> dates.DatesConfig:
+        return dataclasses.replace(self.config, cross_heads=heads)
+
+    def logits(self, model: dates.DatesModel, batch, head_mask: Any = None) -> Tensor:
+        src, tgt, _ = batch
+        return model(src, model.shift(tgt), head_mask=head_mask)
+
+    def attention_blocks(self, model: dates.DatesModel) -> list[tuple[nn.Module, int, int | None]]:
+        return [(block, dates.TARGET_LEN, 18) for block in model.dec_cross]
+
+    def model_flops(self, model: dates.DatesModel) -> int:
+        """Matmul FLOPs of teacher-forced scoring of one date (s=18, t=10): every zoo block + MLPs."""
+        import zoo
+
+        s, t, c = 18, dates.TARGET_LEN, model.config
+        total = sum(zoo.flops(b.spec, 1, s).total for b in model.enc_attn)
+        total += sum(zoo.flops(b.spec, 1, t).total for b in model.dec_self)
+        total += sum(zoo.flops(b.spec, 1, t, s).total for b in model.dec_cross)
+        total += c.encoder_layers * 2 * 2 * s * c.d_model * c.d_ff + c.decoder_layers * 2 * 2 * t * c.d_model * c.d_ff
+        total += 2 * t * c.d_model * len(dates.VOCAB)
+        return total
+
+
+# The shipped recipe; README "Heads" lists the variants tried (one run each) and what they gave.
+GATE_L1 = 0.005
+GATE_FROM = None  # the whole run
+POS_LR = 1.0
+
+TASKS: dict[str, Task] = {
+    "tiny-induction": InductionTask(
+        name="tiny-induction",
+        description="2-layer attention-only LM on random tokens with a repeated span",
+        config=LMConfig(),
+        steps=3000,
+        gate_l1=GATE_L1,
+        gate_from=GATE_FROM,
+        pos_lr=POS_LR,
+        metric_name="accuracy (2nd copy)",
+        loss_name="loss (2nd copy)",
+        procedure="held-out: a random block of 32 tokens from vocab 128, then the same block again; loss and "
+        "top-1 accuracy of predicting the second copy's tokens 2..32",
+    ),
+    "tiny-induction-1layer": InductionTask(
+        name="tiny-induction-1layer",
+        description="the 1-layer control: same data, budget and recipe as tiny-induction",
+        config=LMConfig(layers=1, heads=(4,)),
+        steps=3000,
+        gate_l1=GATE_L1,
+        gate_from=GATE_FROM,
+        pos_lr=POS_LR,
+        metric_name="accuracy (2nd copy)",
+        loss_name="loss (2nd copy)",
+        procedure="as tiny-induction",
+    ),
+    "tiny-dates": DatesTask(
+        name="tiny-dates",
+        description="encoder-decoder translating dates (3 source formats) to YYYY-MM-DD",
+        config=dates.DatesConfig(),
+        steps=1200,
+        lr=2e-3,
+        metric_name="exact match",
+        loss_name="loss (teacher-forced)",
+        procedure="held-out: dates 1900-2099 whose day number is 7 mod 10 (never trained on), in the three "
+        "source formats; greedy decoding, exact match of all 10 characters",
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise AnalysisError(f"unknown model {name!r}; known: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+# -- training --------------------------------------------------------------------------------------
+
+
+def _lr_at(step: int, steps: int, lr: float) -> float:
+    warm = min(100, steps // 10 + 1)
+    if step < warm:
+        return lr * (step + 1) / warm
+    frac = (step - warm) / max(1, steps - warm)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train(
+    task: Task,
+    *,
+    steps: int | None = None,
+    seed: int = TRAIN_SEED,
+    model: nn.Module | None = None,
+    config: Any = None,
+    lr: float | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Train (or fine-tune `model`) deterministically: fixed seed, fixed thread count.
+
+    AdamW, linear warm-up then cosine decay to 10%. Returns the model (eval mode) and a log.
+    With task.gate_l1 > 0 every head's output is scaled by a gate g in [0, 1] (the head_mask
+    location) and the loss gets gate_l1 * sum(g) (from the start, or ramped up from
+    task.gate_from of the steps on): a LASSO
+    over heads, a simple stand-in for
+    Voita et al. 2019's L0 gates. It lets one head take a job instead of every head sharing it
+    a little. At the end each gate is folded into W_O's columns of its head (exactly the same
+    function), so the saved model has no gates.
+    """
+    steps = task.steps if steps is None else steps
+    lr = task.lr if lr is None else lr
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        torch.manual_seed(seed)
+        if model is None:
+            model = task.build(config)
+        gen = torch.Generator().manual_seed(seed + 1)
+        heads = list(_heads_per_layer(model))
+        gates = [nn.Parameter(torch.ones(h)) for h in heads] if task.gate_l1 > 0 else None
+        no_decay = {id(p) for name, p in model.named_parameters() if "pos_bias" in name}
+        # Adam moves a parameter by about lr per step, so a position bias at lr 1e-3 could not
+        # grow past ~2 in a few thousand steps: too flat for a sharp previous-token head.
+        groups = [
+            {"params": [p for p in model.parameters() if id(p) not in no_decay], "weight_decay": 0.01, "scale": 1.0},
+            {"params": [p for p in model.parameters() if id(p) in no_decay], "weight_decay": 0.0, "scale": task.pos_lr},
+            {"params": gates or [], "weight_decay": 0.0, "scale": 1.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=lr)
+        model.train()
+        started, cpu0 = time.perf_counter(), time.process_time()
+        losses = []
+        for step in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(step, steps, lr) * g["scale"]
+            loss = task.train_loss(model, task.train_batch(gen), gates)
+            # The penalty starts late: a gate pushed to 0 before its head is useful never
+            # gets a gradient again, and the induction circuit forms well after the start.
+            if task.gate_from is None:
+                ramp = 1.0
+            else:
+                ramp = min(1.0, max(0.0, (step / steps - task.gate_from) / max(1e-9, 1.0 - task.gate_from)))
+            total = loss + ramp * task.gate_l1 * sum(g.sum() for g in gates) if gates else loss
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if gates:
+                with torch.no_grad():
+                    for g in gates:
+                        g.clamp_(0.0, 1.0)
+            losses.append(float(loss.detach()))
+            if progress:
+                progress(step, losses[-1])
+        model.eval()
+        if gates:
+            fold_gates(model, gates)
+        log = {
+            "steps": steps,
+            "seed": seed,
+            "lr": lr,
+            "batch": task.batch,
+            "threads": THREADS,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "cpu_s": round(time.process_time() - cpu0, 1),
+            "final_train_loss": sum(losses[-50:]) / max(1, len(losses[-50:])),
+            "gate_l1": task.gate_l1,
+            "gates": [[round(float(v), 4) for v in g.detach()] for g in gates] if gates else None,
+        }
+        return model, log
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _gated_blocks(model: nn.Module) -> list:
+    """The zoo blocks whose heads a head_mask (and so a gate) addresses."""
+    return list(model.attn) if isinstance(model, TinyLM) else list(model.dec_cross)
+
+
+def _heads_per_layer(model: nn.Module) -> tuple[int, ...]:
+    return tuple(block.spec.heads for block in _gated_blocks(model))
+
+
+def fold_gates(model: nn.Module, gates: list[Tensor]) -> None:
+    """Scale each head's columns of W_O by its gate: y = W_O (g * Z) + b, with no gate left."""
+    with torch.no_grad():
+        for block, g in zip(_gated_blocks(model), gates):
+            block.out_proj.weight.mul_(g.repeat_interleave(block.spec.d_v_)[None, :])

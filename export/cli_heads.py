@@ -1,0 +1,342 @@
+"""The analysis half of the `attnzoo` CLI: heads, importance, ablate.
+
+It lives in `export` because `ablate` measures the exported attention under ONNX Runtime;
+`analysis` itself never imports `export`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .lowering import ensure_writable_parent, write_atomic
+
+DEFAULT_DATES = ["29 August 1958", "March 3, 2041", "17/11/1907", "1 January 2000"]
+
+
+def _finite(obj: object) -> object:
+    """NaN (no such head, nothing to score) -> null: strict JSON has no NaN."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _write_json(path: str, data: object) -> None:
+    text = json.dumps(_finite(data), indent=2, default=str, allow_nan=False)
+    write_atomic(Path(path), lambda tmp: tmp.write_text(text))
+    print(f"wrote {path}")
+
+
+def _check_out(path: str | None) -> None:
+    if path:
+        ensure_writable_parent(Path(path))
+
+
+def _bar(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=quiet, leave=False)
+
+
+def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str] | None]:
+    """(b t) tokens and their labels: --tokens ids, --text ASCII characters (vocab 128 = ASCII),
+    or held-out repeated blocks."""
+    from analysis import AnalysisError
+
+    if args.tokens is not None:
+        parts = [p for p in re.split(r"[,\s]+", args.tokens.strip()) if p]
+        if not parts:
+            raise AnalysisError("--tokens is empty; give ids such as --tokens '5 9 2 5 9 2'")
+        try:
+            ids = [int(p) for p in parts]
+        except ValueError:
+            raise AnalysisError(f"--tokens {args.tokens!r}: ids must be integers, e.g. '5 9 2'") from None
+        return model.check_tokens(torch.tensor([ids])), [str(i) for i in ids]
+    if args.text is not None:
+        if not args.text:
+            raise AnalysisError("--text is empty; give some text, e.g. --text 'the cat sat. the cat sat.'")
+        bad = sorted({ch for ch in args.text if ord(ch) >= model.vocab_size})
+        if bad:
+            raise AnalysisError(
+                f"--text has characters outside the vocabulary (ids 0..{model.vocab_size - 1}, ASCII): {''.join(bad)!r}"
+            )
+        return model.check_tokens(torch.tensor([[ord(ch) for ch in args.text]])), list(args.text)
+    from analysis.importance import eval_batches
+    from analysis.tasks import get_task
+
+    tokens = eval_batches(get_task(args.name), 1, args.batch, seed=args.seed)[0]
+    return tokens, None
+
+
+def cmd_heads(args: argparse.Namespace) -> int:
+    import analysis
+    from analysis import plot, scores
+
+    _check_out(args.plot)
+    _check_out(args.json)
+    model = analysis.load(args.name)
+    if isinstance(model, analysis.DatesModel):
+        return _heads_dates(model, args)
+    tokens, labels = _lm_tokens(model, args)
+    result = scores.head_scores(model, tokens)
+    source = "your input" if labels is not None else f"{len(tokens)} held-out repeated blocks (seed {args.seed})"
+    print(f"{args.name}: head scores on {source}, {tokens.shape[1]} tokens each (NaN: no such rows)")
+    print(scores.format_scores(result))
+    if args.plot:
+        best = scores.best_scores(result)
+        maps = model.attention_maps(tokens[:1])
+        lab = labels if labels is not None else [str(i) for i in tokens[0].tolist()]
+        plot.plot_attention_grid(
+            maps,
+            args.plot,
+            query_labels=lab,
+            key_labels=lab,
+            titles=plot.score_titles(best),
+            suptitle=f"{args.name}: attention per layer x head (title: best score on {source})",
+        )
+        print(f"wrote {args.plot}")
+    if args.json:
+        _write_json(args.json, {"model": args.name, "scores": {k: v.tolist() for k, v in result.items()}})
+    return 0
+
+
+def _heads_dates(model, args: argparse.Namespace) -> int:
+    from analysis import AnalysisError, dates, plot
+
+    if args.tokens is not None:
+        raise AnalysisError("tiny-dates reads text: use --text '29 August 1958' (several: separate with ';')")
+    if args.text is not None:
+        sources = [s.strip() for s in args.text.split(";")]
+        if not any(sources):
+            raise AnalysisError("--text is empty; give a date such as --text '29 August 1958'")
+    else:
+        sources = DEFAULT_DATES
+    for s in sources:
+        dates.field_spans(s)  # a clear line for text that is not a date in a known format
+    translations = model.translate(sources)
+    maps = model.cross_attention_maps(sources, translations)
+    weights = dates.field_weights(maps, sources)
+    for s, t in zip(sources, translations):
+        print(f"{s!r:>24} -> {t}")
+    print("\ncross-attention: mean weight that the rows writing a field put on that field in the source")
+    print("head  " + "  ".join(f"{f:>6}" for f in weights))
+    for layer in range(model.layers):
+        for h in range(model.heads_per_layer[layer]):
+            print(f"L{layer}H{h}  " + "  ".join(f"{float(w[layer, h]):>6.3f}" for w in weights.values()))
+    if args.plot:
+        titles = [
+            [
+                max(((f, float(w[layer, h])) for f, w in weights.items()), key=lambda fv: fv[1])
+                for h in range(model.heads)
+            ]
+            for layer in range(model.layers)
+        ]
+        plot.plot_attention_grid(
+            maps[:, :1, :, :, : len(sources[0])],  # the batch is padded to its longest date
+            args.plot,
+            query_labels=list(translations[0]),
+            key_labels=list(sources[0]),
+            titles=[[f"{f} {v:.2f}" for f, v in row] for row in titles],
+            suptitle=f"tiny-dates cross-attention: {sources[0]!r} -> {translations[0]} (row i writes char i)",
+        )
+        print(f"wrote {args.plot}")
+    if args.json:
+        _write_json(
+            args.json,
+            {
+                "model": args.name,
+                "translations": dict(zip(sources, translations)),
+                "field_weights": {k: v.tolist() for k, v in weights.items()},
+            },
+        )
+    return 0
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    import analysis
+    from analysis import plot
+    from analysis.importance import eval_batches, head_importance, pruning_sweep, ranked_heads
+    from analysis.tasks import get_task
+
+    _check_out(args.plot)
+    _check_out(args.json)
+    model = analysis.load(args.name)
+    task = get_task(args.name)
+    batches = eval_batches(task, args.batches, args.batch, seed=args.seed)
+    bar = _bar(len(batches) + 11, "importance", args.quiet)
+    try:
+        norm, raw = head_importance(model, task, batches, progress=bar.update)
+        sweep = pruning_sweep(model, task, norm, batches, progress=bar.update)
+    finally:
+        bar.close()
+    print(f"{args.name}: head importance |dL/d head_mask| (Michel et al. 2019), normalised per layer (L2)")
+    print(f"loss: {task.loss_name} on {args.batches * args.batch} held-out examples (seed {args.seed})")
+    print("head  importance   raw |dL/dxi|")
+    for layer, h in reversed(ranked_heads(norm)):
+        print(f"L{layer}H{h}  {float(norm[layer, h]):>10.3f}   {float(raw[layer, h]):>12.3e}")
+    print(f"\npruning sweep (least important first, by head_mask; stop below 0.9 x start = {sweep.threshold:.3f})")
+    print(f"{'pruned':>7}  {task.loss_name:>22}  {task.metric_name:>20}  heads zeroed")
+    for f, p, loss, m in zip(sweep.fractions, sweep.pruned, sweep.losses, sweep.metrics):
+        names = ",".join(f"L{a}H{b}" for a, b in p) or "-"
+        print(f"{f:>7.0%}  {loss:>22.3f}  {m:>20.3f}  {names}")
+    if args.plot:
+        plot.plot_curve(
+            [100 * f for f in sweep.fractions],
+            sweep.metrics,
+            args.plot,
+            xlabel="heads zeroed, least important first (%)",
+            ylabel=task.metric_name,
+            title=f"{args.name}: pruning by importance",
+            threshold=sweep.threshold,
+        )
+        print(f"wrote {args.plot}")
+    if args.json:
+        _write_json(
+            args.json,
+            {"model": args.name, "importance": norm.tolist(), "raw": raw.tolist(), "sweep": sweep.to_dict()},
+        )
+    return 0
+
+
+class OnnxLatency:
+    """latency(blocks, head_masks) -> ms: the sum over blocks of the median ONNX Runtime CPU
+    latency of each block exported alone (b=1, its held-out t and s, one thread).
+
+    Exports are cached by (spec, head-mask input): latency does not depend on the weights, and
+    the experiments share most block shapes.
+    """
+
+    def __init__(self, repeats: int = 30) -> None:
+        self.repeats = repeats
+        self._tmp = tempfile.TemporaryDirectory(prefix="attnzoo-ablate-")
+        self._sessions: dict = {}
+
+    def _session(self, block, with_head_mask: bool):
+        from .lowering import export_onnx
+        from .session import OnnxSession
+
+        key = (block.spec, with_head_mask)
+        if key not in self._sessions:
+            path = Path(self._tmp.name) / f"block{len(self._sessions)}.onnx"
+            export_onnx(block, path, with_head_mask=with_head_mask, overwrite=True)
+            self._sessions[key] = OnnxSession(path, provider="cpu", threads=1, verbose=False)
+        return self._sessions[key]
+
+    def __call__(self, blocks, head_masks) -> float:
+        total = 0.0
+        for (block, t, s), hm in zip(blocks, head_masks):
+            sess = self._session(block, hm is not None)
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randn(1, t, block.spec.d_model, generator=gen)
+            ctx = torch.randn(1, s, block.spec.d_context, generator=gen) if block.spec.is_cross else None
+            feeds = (x, ctx, None, None if hm is None else hm[None].float())
+            sess.run(*feeds)  # warm-up: the first run allocates
+            times = []
+            for _ in range(self.repeats):
+                t0 = time.perf_counter()
+                sess.run(*feeds)
+                times.append((time.perf_counter() - t0) * 1e3)
+            total += statistics.median(times)
+        return total
+
+    def close(self) -> None:
+        self._sessions.clear()
+        self._tmp.cleanup()
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    import analysis
+    from analysis.ablate import format_table, parse_heads, run_ablation
+    from analysis.importance import eval_batches, head_importance, ranked_heads
+    from analysis.tasks import get_task
+
+    _check_out(args.json)
+    model = analysis.load(args.name)
+    task = get_task(args.name)
+    batches = eval_batches(task, args.batches, args.batch, seed=args.seed)
+    if args.heads:
+        heads = parse_heads(args.heads, model.layers, model.heads_per_layer)
+    else:
+        norm, _ = head_importance(model, task, batches)
+        heads = [ranked_heads(norm)[-1]]
+        print(f"--heads not given: removing the most important head, L{heads[0][0]}H{heads[0][1]}")
+    finetune = args.finetune_steps
+    scratch = args.scratch_steps if args.scratch_steps is not None else task.steps
+    total = 5 + finetune + scratch
+    bar = _bar(total, "ablate", args.quiet)
+
+    def progress(name: str) -> None:
+        bar.set_description(f"ablate: {name}")
+        bar.update()
+
+    latency = None if args.no_latency else OnnxLatency()
+    try:
+        result = run_ablation(
+            model,
+            task,
+            heads,
+            batches,
+            finetune_steps=finetune,
+            scratch_steps=scratch,
+            latency=latency,
+            progress=progress,
+            train_progress=lambda step, loss: bar.update(),
+        )
+    finally:
+        bar.close()
+        if latency is not None:
+            latency.close()
+    print(format_table(result, task.metric_name, task.loss_name))
+    if args.json:
+        _write_json(args.json, result.to_dict())
+    return 0
+
+
+def add_commands(sub, with_set, positive, int_list) -> None:
+    """Register heads, importance and ablate on the `attnzoo` subparsers."""
+    from analysis.tasks import EVAL_SEED, TASKS
+
+    names = ", ".join(sorted(TASKS))
+
+    def common(sp: argparse.ArgumentParser, batch: int) -> None:
+        sp.add_argument("name", help=f"a trained model: {names}")
+        sp.add_argument("--batch", type=positive, default=batch, help=f"held-out examples per batch (default {batch})")
+        sp.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the held-out data (never trained on)")
+        sp.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+    sp = sub.add_parser("heads", help="head scores (previous-token, induction, ...) and a picture of the maps")
+    common(sp, 16)
+    src = sp.add_mutually_exclusive_group()
+    src.add_argument("--text", help="LM: ASCII text (one token per character); tiny-dates: dates separated by ';'")
+    src.add_argument("--tokens", help="LM: token ids, e.g. '5 9 2 5 9 2'")
+    sp.add_argument("--plot", metavar="PNG", help="write a layers x heads grid of attention maps")
+    sp.set_defaults(func=cmd_heads)
+
+    sp = sub.add_parser("importance", help="head importance |dL/d head_mask| and a pruning sweep by importance")
+    common(sp, 64)
+    sp.add_argument("--batches", type=positive, default=4, help="held-out batches (default 4)")
+    sp.add_argument("--plot", metavar="PNG", help="draw the pruning curve")
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    sp.set_defaults(func=cmd_importance)
+
+    sp = sub.add_parser("ablate", help="zero vs prune vs prune+fine-tune vs fewer heads from scratch: one table")
+    common(sp, 64)
+    sp.add_argument("--heads", help="heads to remove as LAYER.HEAD,... (default: the most important one)")
+    sp.add_argument("--batches", type=positive, default=4, help="held-out batches (default 4)")
+    sp.add_argument("--finetune-steps", type=int, default=300, help="(c) fine-tuning steps (default 300)")
+    sp.add_argument("--scratch-steps", type=int, default=None, help="(d) training steps (default: the shipped budget)")
+    sp.add_argument("--no-latency", action="store_true", help="skip the ONNX export and latency column")
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    sp.set_defaults(func=cmd_ablate)

@@ -1,0 +1,98 @@
+"""attnzoo heads / importance / ablate, in-process through export.cli.main."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from export.cli import main
+
+
+def test_heads_scores_picture_and_json(tmp_path, capsys):
+    png, js = tmp_path / "heads.png", tmp_path / "heads.json"
+    assert main(["heads", "tiny-induction", "--batch", "4", "--plot", str(png), "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "L1H0" in out and "induction" in out
+    assert png.stat().st_size > 10_000
+    data = json.loads(js.read_text())
+    assert len(data["scores"]["induction"]) == 2 and len(data["scores"]["induction"][0]) == 4
+
+
+def test_heads_on_text_and_tokens(capsys):
+    assert main(["heads", "tiny-induction", "--text", "the cat sat on the mat. the cat sat on the mat."]) == 0
+    assert main(["heads", "tiny-induction", "--tokens", "5 9 2 7 5 9 2 7"]) == 0
+    assert "previous_token" in capsys.readouterr().out
+
+
+def test_heads_on_dates(tmp_path, capsys):
+    png = tmp_path / "dates.png"
+    assert main(["heads", "tiny-dates", "--text", "29 August 1958; 03/04/2011", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "1958-08-29" in out and "year" in out
+    assert png.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["heads", "tiny-induction", "--tokens", "5 9 200"], "outside the vocabulary"),
+        (["heads", "tiny-induction", "--tokens", "5 x"], "must be integers"),
+        (["heads", "tiny-induction", "--text", ""], "empty"),
+        (["heads", "tiny-induction", "--text", "caf\u00e9"], "outside the vocabulary"),
+        (["heads", "tiny-dates", "--text", "the 5th of May"], "not a date"),
+        (["heads", "tiny-nope"], "unknown model 'tiny-nope'"),
+        (["ablate", "tiny-induction", "--heads", "0.7", "--no-latency"], "layer 0 has heads 0..3"),
+        (["ablate", "tiny-induction", "--heads", "1.0,1.1,1.2,1.3", "--no-latency"], "leave layer 1 with no head"),
+        (["ablate", "tiny-induction", "--heads", "5.0", "--no-latency"], "layer 5 does not exist"),
+        (["ablate", "tiny-induction", "--heads", "one", "--no-latency"], "LAYER.HEAD"),
+        (["importance", "tiny-nope"], "unknown model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err and "Traceback" not in err
+
+
+def test_importance_table_and_curve(tmp_path, capsys):
+    png = tmp_path / "sweep.png"
+    assert main(["importance", "tiny-induction", "--batches", "1", "--batch", "16", "--plot", str(png), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "pruning sweep" in out and "0.9 x start" in out
+    assert png.exists()
+
+
+def test_ablate_table(tmp_path, capsys):
+    js = tmp_path / "ablate.json"
+    argv = ["ablate", "tiny-induction", "--heads", "0.1,0.2", "--batches", "1", "--batch", "8", "--no-latency"]
+    argv += ["--finetune-steps", "2", "--scratch-steps", "2", "--json", str(js), "-q"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for row in ("(a) zero", "(b) prune", "(c) prune + fine-tune", "(d) fewer heads from scratch"):
+        assert row in out
+    data = json.loads(js.read_text())
+    assert data["max_diff_zero_vs_prune"] <= 1e-5
+    rows = {r["experiment"][:3]: r for r in data["rows"]}
+    assert rows["(b)"]["parameters"] < rows["(a)"]["parameters"]
+    assert rows["(b)"]["loss"] == pytest.approx(rows["(a)"]["loss"], abs=1e-5)
+    assert rows["(d)"]["note"].endswith("heads per layer [2, 4]")
+    assert "Model tiny-induction" in data["caption"] and "metric" in data["caption"]
+
+
+def test_onnx_latency_of_blocks_with_and_without_head_mask():
+    import torch
+
+    import zoo
+    from export.cli_heads import OnnxLatency
+
+    block = zoo.create("mha-causal", d_model=32, heads=4)
+    meter = OnnxLatency(repeats=3)
+    try:
+        plain = meter([(block, 16, None)], [None])
+        masked = meter([(block, 16, None)], [torch.tensor([1.0, 0.0, 1.0, 1.0])])
+        again = meter([(block, 16, None)], [None])
+    finally:
+        meter.close()
+    assert plain > 0 and masked > 0 and again > 0
+    assert len(meter._sessions) == 0  # closed; two exports were made, one per head-mask input
