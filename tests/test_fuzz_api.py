@@ -23,9 +23,9 @@ from strategies import fuzz_settings
 
 import zoo
 from export import OnnxSession, export_onnx
-from export import bench as bench_mod
 from export import lowering as lowering_mod
 from export import parity as parity_mod
+from export.bench import plan as bench_mod
 from export.cli import build_parser, main
 
 COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench")
@@ -98,11 +98,13 @@ def test_every_cli_flag_gives_a_result_or_one_line(command, data, model_path, tm
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     mp = pytest.MonkeyPatch()
-    mp.setattr(lowering_mod, "_lower", _reach)  # export: after every argument check
-    mp.setattr(bench_mod, "export_lowerings", _reach)  # bench: after flags, spec, sizes
-    mp.setattr(parity_mod, "run_parity", _reach)  # parity: after pattern and providers
-    yield mp
-    mp.undo()
+    try:  # undo also when a setattr fails: a patch left behind would break every later test
+        mp.setattr(lowering_mod, "_lower", _reach)  # export: after every argument check
+        mp.setattr(bench_mod, "export_lowerings", _reach)  # bench: after flags, spec, sizes
+        mp.setattr(parity_mod, "run_parity", _reach)  # parity: after pattern and providers
+        yield mp
+    finally:
+        mp.undo()
 
 
 def _one_line_or_result(call):
