@@ -303,12 +303,11 @@ def train(
 
     AdamW, linear warm-up then cosine decay to 10%. Returns the model (eval mode) and a log.
     With task.gate_l1 > 0 every head's output is scaled by a gate g in [0, 1] (the head_mask
-    location) and the loss gets gate_l1 * sum(g) (from the start, or ramped up from
-    task.gate_from of the steps on): a LASSO
-    over heads, a simple stand-in for
-    Voita et al. 2019's L0 gates. It lets one head take a job instead of every head sharing it
-    a little. At the end each gate is folded into W_O's columns of its head (exactly the same
-    function), so the saved model has no gates.
+    location) and the loss gets gate_l1 * sum(g), from the start or ramped up from
+    task.gate_from of the steps on: a LASSO over heads, a simple stand-in for Voita et al.
+    2019's L0 gates, meant to let one head take a job instead of every head sharing it. At the
+    end each gate is folded into its head's columns of W_O (the same function), so the saved
+    model has no gates. task.pos_lr multiplies the learning rate of the position biases.
     """
     steps = task.steps if steps is None else steps
     lr = task.lr if lr is None else lr
@@ -322,8 +321,8 @@ def train(
         heads = list(_heads_per_layer(model))
         gates = [nn.Parameter(torch.ones(h)) for h in heads] if task.gate_l1 > 0 else None
         no_decay = {id(p) for name, p in model.named_parameters() if "pos_bias" in name}
-        # Adam moves a parameter by about lr per step, so a position bias at lr 1e-3 could not
-        # grow past ~2 in a few thousand steps: too flat for a sharp previous-token head.
+        # Adam moves a parameter by about lr per step, which caps how sharp a position bias can
+        # get in a few thousand steps; pos_lr lifts the cap (tried at 30x: README "Heads").
         groups = [
             {"params": [p for p in model.parameters() if id(p) not in no_decay], "weight_decay": 0.01, "scale": 1.0},
             {"params": [p for p in model.parameters() if id(p) in no_decay], "weight_decay": 0.0, "scale": task.pos_lr},
@@ -337,8 +336,8 @@ def train(
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, steps, lr) * g["scale"]
             loss = task.train_loss(model, task.train_batch(gen), gates)
-            # The penalty starts late: a gate pushed to 0 before its head is useful never
-            # gets a gradient again, and the induction circuit forms well after the start.
+            # A late start (gate_from) exists because a gate clamped at 0 before its head is
+            # useful never gets a gradient again, and the induction circuit forms late.
             if task.gate_from is None:
                 ramp = 1.0
             else:
