@@ -94,9 +94,15 @@ def test_decode_parity_fp32(name, lowering, tmp_path):
     _assert_pass(check_decode(name, lowering, dtype="float32", workdir=tmp_path, **small_overrides(name)))
 
 
-@pytest.mark.parametrize(
-    "name, lowering", matrix(CAUSAL, rotate=2, lowerings=["ort-gqa", "decomposed", "onnx-attention", "ort-mha"])
-)
+# fp16 decode: ort-gqa for every causal preset by default; the traced lowerings under -m slow.
+FP16_DECODE = [
+    pytest.param(n, lw, marks=() if lw == "ort-gqa" else (pytest.mark.slow,), id=f"{n}-{lw}")
+    for n in CAUSAL
+    for lw in DECODE_LOWERINGS
+]
+
+
+@pytest.mark.parametrize("name, lowering", FP16_DECODE)
 def test_decode_parity_fp16(name, lowering, tmp_path):
     _assert_pass(check_decode(name, lowering, dtype="float16", workdir=tmp_path, **small_overrides(name)))
 
