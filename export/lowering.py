@@ -210,7 +210,7 @@ def export_onnx(
         reason = decode_why_not(module.spec)
         if reason:
             raise ExportError(f"cannot export a decode model: {reason}")
-        order = DECODE_PREFERENCE[provider]
+        order = decode_order(provider, module.spec)
     if lowering == "auto":
         candidates = [
             lw
@@ -493,10 +493,24 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
 
 
 # Which lowering a decode model takes under "auto", fastest first (`attnzoo bench --decode`).
+# Measured with `attnzoo bench NAME --decode --past 128,1024,4096,16384 --batch 1,8` (README,
+# "Generation"; docs/bench/decode-*.md): on the CPU, with kv heads shared (GQA/MQA) ort-gqa is the
+# fastest at every past length, while the traced lowerings repeat K and V per query head and fall
+# behind eager; with one kv head per query head the standard Attention op is fastest (2.3x eager
+# at past 4096 for gpt2-small, ort-gqa 2.2x). CUDA: not measured yet (scripts/gpu_check.sh).
 DECODE_PREFERENCE = {
-    "cpu": ("ort-gqa", "onnx-attention", "decomposed", "ort-mha"),
-    "cuda": ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+    ("cpu", "gqa"): ("ort-gqa", "onnx-attention", "decomposed", "ort-mha"),
+    ("cpu", "mha"): ("onnx-attention", "ort-gqa", "decomposed", "ort-mha"),
+    ("cuda", "gqa"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+    ("cuda", "mha"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
 }
+
+
+def decode_order(provider: str, spec: zoo.AttentionSpec) -> tuple[str, ...]:
+    """The lowerings "auto" tries for a decode model, in order."""
+    if provider not in TARGETS:
+        raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
+    return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
 # Example sizes for tracing a decode model: p past positions, all >= 2 and all different.
 EXAMPLE_P = 3
 

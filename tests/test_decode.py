@@ -176,3 +176,12 @@ def test_cli_export_run_parity_decode(tmp_path, capsys):
     assert "1 passed, 0 failed" in capsys.readouterr().out
     assert main(["export", "mha-separate-bias", "--decode", "-o", str(tmp_path / "x.onnx")]) == 2
     assert "causal self-attention" in capsys.readouterr().err
+
+
+def test_auto_decode_lowering_follows_the_measurements(tmp_path):
+    from export.lowering import decode_order
+
+    assert decode_order("cpu", zoo.spec("llama-3-8b"))[0] == "ort-gqa"  # shared kv heads
+    assert decode_order("cpu", zoo.spec("gpt2-small"))[0] == "onnx-attention"  # one kv head per head
+    r = export_onnx("gqa", tmp_path / "a.onnx", decode=True, d_model=128)  # d_k 16: GQA's rotary-free fast path
+    assert r.lowering == "ort-gqa"
