@@ -514,6 +514,8 @@ def decode_order(provider: str, spec: zoo.AttentionSpec) -> tuple[str, ...]:
     if provider not in TARGETS:
         raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
     return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
+
+
 # Example sizes for tracing a decode model: p past positions, all >= 2 and all different.
 EXAMPLE_P = 3
 
