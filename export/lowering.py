@@ -458,38 +458,7 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
     example = example_inputs(spec, ins, DTYPES[dtype], EXAMPLE_B, EXAMPLE_T, EXAMPLE_S)
     dims = {a: torch.export.Dim(a) for a in ("b", "t", "s")}
     dynamic_shapes = {io.name: {i: dims[a] for i, a in enumerate(io.axes) if a in dims} for io in ins}
-    try:
-        with _quiet():
-            program = torch.onnx.export(
-                wrapper,
-                (),
-                kwargs=example,
-                dynamo=True,
-                opset_version=OPSET[lowering],
-                dynamic_shapes=dynamic_shapes,
-                output_names=[io.name for io in outs],
-                optimize=True,
-                verbose=False,
-                report=False,
-            )
-    except Exception as e:  # torch's exporter raises many types; name the request in one
-        raise _export_failure(lowering, e) from e
-    model = program.model
-    counts = op_counts(model)
-    if lowering == "onnx-attention" and counts.get("Attention", 0) != 1:
-        raise ExportError(f"expected one ONNX Attention node, found op counts {counts}")
-    if lowering == "ort-mha":
-        from onnxscript.rewriter.ort_fusions import optimize_for_ort
-
-        with _quiet():
-            model, _ = optimize_for_ort(model)
-        counts = op_counts(model)
-        fused = sum(counts.get(op, 0) for op in FUSED_OPS)
-        if fused != 1 or counts.get("Softmax", 0):
-            raise ExportError(
-                f"onnxscript's ORT rewriter did not fuse this block into one fused attention node "
-                f"(op counts after rewrite: {counts}); use lowering='onnx-attention' or 'decomposed'"
-            )
+    model = _trace(wrapper, example, dynamic_shapes, lowering, outs)
     # Graph inputs carry the axis vocabulary's names (torch's exporter names them after Dims).
     _check_interface(model, ins, outs, spec)
     return model, ins, outs
@@ -579,10 +548,23 @@ def _lower_decode(module, lowering, dtype, with_key_mask):
         example["key_mask"] = key_mask
         # s = p + t: a sum of two dims, which torch.export's Dim cannot declare; AUTO infers it.
         dynamic_shapes["key_mask"] = {0: dim_b, 1: torch.export.Dim.AUTO}
+    model = _trace(_DecodeBlock(block).eval(), example, dynamic_shapes, lowering, outs)
+    # torch names derived dims by their formulas ("p + t", "s73"): give them the vocabulary's names.
+    for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
+        value.shape = ir.Shape([d if isinstance(d, int) else d for d in io.shape(spec)])
+    _check_interface(model, ins, outs, spec)
+    return model, ins, outs
+
+
+def _trace(wrapper: nn.Module, example: dict, dynamic_shapes: dict, lowering: str, outs: list[TensorIO]):
+    """torch's dynamo exporter on `wrapper`, then the lowering's own step, checked by node counts:
+    onnx-attention must hold one Attention node; ort-mha is onnxscript's ORT rewrite, which must
+    leave exactly one fused attention node and no Softmax (a rewriter that matches nothing is the
+    usual failure)."""
     try:
         with _quiet():
             program = torch.onnx.export(
-                _DecodeBlock(block).eval(),
+                wrapper,
                 (),
                 kwargs=example,
                 dynamo=True,
@@ -607,14 +589,10 @@ def _lower_decode(module, lowering, dtype, with_key_mask):
         counts = op_counts(model)
         if sum(counts.get(op, 0) for op in FUSED_OPS) != 1 or counts.get("Softmax", 0):
             raise ExportError(
-                f"onnxscript's ORT rewriter did not fuse this decode block into one fused attention node "
-                f"(op counts after rewrite: {counts}); use lowering='ort-gqa', 'onnx-attention' or 'decomposed'"
+                f"onnxscript's ORT rewriter did not fuse this block into one fused attention node "
+                f"(op counts after rewrite: {counts}); use lowering='onnx-attention' or 'decomposed'"
             )
-    # torch names derived dims by their formulas ("p + t", "s73"): give them the vocabulary's names.
-    for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
-        value.shape = ir.Shape([d if isinstance(d, int) else d for d in io.shape(spec)])
-    _check_interface(model, ins, outs, spec)
-    return model, ins, outs
+    return model
 
 
 def op_counts(model) -> dict[str, int]:

@@ -89,6 +89,27 @@ def _reference_module(module: zoo.MultiHeadAttention, dtype: str, device: str) -
     return ref.to(device).eval()
 
 
+def _export_and_open(row: ParityRow, module: zoo.MultiHeadAttention, path: Path, export_kw: dict):
+    """Export with the row's lowering and dtype and open it on the row's provider; None (and the
+    row says FAIL or SKIP with the reason) when either step fails. A runtime without a kernel for
+    the dtype is a SKIP, said as such; anything else is a FAIL."""
+    try:
+        export_onnx(module, path, lowering=row.lowering, dtype=row.dtype, **export_kw)
+    except ExportError as e:
+        row.status, row.reason = "FAIL", f"export failed: {e}"
+        return None
+    try:
+        return OnnxSession(path, provider=row.provider, verbose=False)
+    except SessionError as e:
+        text = str(e)
+        if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
+            row.status = "SKIP"
+            row.reason = f"ONNX Runtime {row.provider} has no {row.dtype} kernel: {text.split(': ', 2)[-1][:160]}"
+        else:
+            row.status, row.reason = "FAIL", text
+        return None
+
+
 def check(
     name_or_module: str | zoo.MultiHeadAttention,
     lowering: str,
@@ -132,27 +153,9 @@ def check(
     tol = TOLERANCE[dtype]
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
-        try:
-            export_onnx(
-                module,
-                path,
-                lowering=lowering,
-                dtype=dtype,
-                need_weights=need_weights,
-                with_mask=masked,
-                with_head_mask=masked,
-            )
-        except ExportError as e:
-            row.status, row.reason = "FAIL", f"export failed: {e}"
-            return row
-        try:
-            sess = OnnxSession(path, provider=provider, verbose=False)
-        except SessionError as e:
-            text = str(e)
-            if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
-                row.reason = f"ONNX Runtime {provider} has no {dtype} kernel: {text.split(': ', 2)[-1][:160]}"
-                return row
-            row.status, row.reason = "FAIL", text
+        export_kw = {"need_weights": need_weights, "with_mask": masked, "with_head_mask": masked}
+        sess = _export_and_open(row, module, path, export_kw)
+        if sess is None:
             return row
         device = "cuda" if provider == "cuda" else "cpu"
         ref_module = _reference_module(module, dtype, device)
@@ -248,19 +251,8 @@ def check_decode(
     n = PROMPT + STEPS
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-decode.onnx"
-        try:
-            export_onnx(module, path, lowering=lowering, dtype=dtype, decode=True, with_mask=True)
-        except ExportError as e:
-            row.status, row.reason = "FAIL", f"export failed: {e}"
-            return row
-        try:
-            sess = OnnxSession(path, provider=provider, verbose=False)
-        except SessionError as e:
-            text = str(e)
-            if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
-                row.reason = f"ONNX Runtime {provider} has no {dtype} kernel: {text.split(': ', 2)[-1][:160]}"
-                return row
-            row.status, row.reason = "FAIL", text
+        sess = _export_and_open(row, module, path, {"decode": True, "with_mask": True})
+        if sess is None:
             return row
         worst_abs = worst_rel = 0.0
         for pads in ((0,), PADS):
