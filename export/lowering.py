@@ -434,26 +434,9 @@ def _lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
     """Trace one compute path of `module` and return (onnx_ir model, inputs, outputs)."""
     spec = module.spec
     ins, outs = interface(spec, need_weights=need_weights, with_mask=with_mask, with_head_mask=with_head_mask)
-    if lowering == "ort-gqa":  # no torch op exports to GroupQueryAttention: the graph is built by hand
-        import onnx_ir as ir
-
-        from . import gqa
-
-        model = ir.from_proto(gqa.build(module, dtype, ins, outs))
-        _check_interface(model, ins, outs, spec)
-        return model, ins, outs
-    block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
-    block.fused = lowering != "decomposed"
-    block.sdpa_fp32 = lowering == "onnx-attention"  # ORT's CPU Attention overflows fp16 Q K^T (README)
-    # GQA: repeat K and V in the graph rather than export SDPA's enable_gqa. ORT 1.31's CPU
-    # Attention op with native kv heads measured slower and +47% memory (gqa-decoder-4096,
-    # T=2048: 1746 ms, +1208 MB against 1619 ms, +822 MB); the ORT rewriter expands them anyway.
-    block.share_kv = False
-    if lowering == "ort-mha" and spec.layout == "combined":
-        # ORT's CPU MultiHeadAttention takes Q, K and V as three tensors (its packed-QKV form is
-        # not implemented on the CPU), so one MatMul + Split would copy all of Q|K|V once more.
-        # Three MatMuls compute the same function without that copy (bench: see README).
-        block = zoo.to_separate(block)
+    if lowering == "ort-gqa":
+        return _built_gqa(module, dtype, ins, outs), ins, outs
+    block = _traced_block(module, lowering, dtype)
     wrapper = _ExportBlock(block, need_weights).eval()
     example = example_inputs(spec, ins, DTYPES[dtype], EXAMPLE_B, EXAMPLE_T, EXAMPLE_S)
     dims = {a: torch.export.Dim(a) for a in ("b", "t", "s")}
@@ -518,17 +501,8 @@ def _lower_decode(module, lowering, dtype, with_key_mask):
     spec = module.spec
     ins, outs = decode_interface(spec, with_key_mask=with_key_mask)
     if lowering == "ort-gqa":
-        from . import gqa
-
-        model = ir.from_proto(gqa.build(module, dtype, ins, outs))
-        _check_interface(model, ins, outs, spec)
-        return model, ins, outs
-    block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
-    block.fused = lowering != "decomposed"
-    block.sdpa_fp32 = lowering == "onnx-attention"  # ORT's CPU Attention overflows fp16 Q K^T (README)
-    block.share_kv = False
-    if lowering == "ort-mha" and spec.layout == "combined":
-        block = zoo.to_separate(block)
+        return _built_gqa(module, dtype, ins, outs), ins, outs
+    block = _traced_block(module, lowering, dtype)
     torch_dtype = DTYPES[dtype]
     b, t, p = EXAMPLE_B, EXAMPLE_T, EXAMPLE_P
     example = {
@@ -554,6 +528,34 @@ def _lower_decode(module, lowering, dtype, with_key_mask):
         value.shape = ir.Shape([d if isinstance(d, int) else d for d in io.shape(spec)])
     _check_interface(model, ins, outs, spec)
     return model, ins, outs
+
+
+def _built_gqa(module, dtype: str, ins: list[TensorIO], outs: list[TensorIO]):
+    """ort-gqa: no torch op exports to GroupQueryAttention, so the graph is built by hand (gqa.py)."""
+    import onnx_ir as ir
+
+    from . import gqa
+
+    model = ir.from_proto(gqa.build(module, dtype, ins, outs))
+    _check_interface(model, ins, outs, module.spec)
+    return model
+
+
+def _traced_block(module: zoo.MultiHeadAttention, lowering: str, dtype: str) -> zoo.MultiHeadAttention:
+    """The copy of `module` whose eager path torch traces for `lowering`, in the export dtype."""
+    block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
+    block.fused = lowering != "decomposed"
+    block.sdpa_fp32 = lowering == "onnx-attention"  # ORT's CPU Attention overflows fp16 Q K^T (README)
+    # GQA: repeat K and V in the graph rather than export SDPA's enable_gqa. ORT 1.31's CPU
+    # Attention op with native kv heads measured slower and +47% memory (gqa-decoder-4096,
+    # T=2048: 1746 ms, +1208 MB against 1619 ms, +822 MB); the ORT rewriter expands them anyway.
+    block.share_kv = False
+    if lowering == "ort-mha" and module.spec.layout == "combined":
+        # ORT's CPU MultiHeadAttention takes Q, K and V as three tensors (its packed-QKV form is
+        # not implemented on the CPU), so one MatMul + Split would copy all of Q|K|V once more.
+        # Three MatMuls compute the same function without that copy (bench: see README).
+        block = zoo.to_separate(block)
+    return block
 
 
 def _trace(wrapper: nn.Module, example: dict, dynamic_shapes: dict, lowering: str, outs: list[TensorIO]):
