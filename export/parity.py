@@ -89,6 +89,20 @@ def _reference_module(module: zoo.MultiHeadAttention, dtype: str, device: str) -
     return ref.to(device).eval()
 
 
+def _spec_of(name_or_module: str | zoo.MultiHeadAttention, overrides: dict) -> zoo.AttentionSpec:
+    """The spec a check is about, without building the module (why_not decides first)."""
+    return zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
+
+
+def _module_of(name_or_module: str | zoo.MultiHeadAttention, overrides: dict) -> zoo.MultiHeadAttention:
+    """A fresh eval-mode block for a name (with spec overrides), or the given module as it is."""
+    if isinstance(name_or_module, str):
+        return zoo.create(name_or_module, **overrides).eval()
+    if overrides:
+        raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
+    return name_or_module
+
+
 def _export_and_open(row: ParityRow, module: zoo.MultiHeadAttention, path: Path, export_kw: dict):
     """Export with the row's lowering and dtype and open it on the row's provider; None (and the
     row says FAIL or SKIP with the reason) when either step fails. A runtime without a kernel for
@@ -132,8 +146,7 @@ def check(
     masked = case == "masked"
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
     need_weights = masked and lowering == "decomposed"
-    spec_for_check = zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
-    reason = why_not(lowering, spec_for_check, need_weights=need_weights, dtype=dtype)
+    reason = why_not(lowering, _spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype)
     if reason:
         row.reason = reason
         return row
@@ -143,12 +156,7 @@ def check(
             row.reason = why
             return row
     torch.manual_seed(seed)
-    if isinstance(name_or_module, str):
-        module = zoo.create(name_or_module, **overrides).eval()
-    elif overrides:
-        raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
-    else:
-        module = name_or_module
+    module = _module_of(name_or_module, overrides)
     spec = module.spec
     tol = TOLERANCE[dtype]
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -229,7 +237,7 @@ def check_decode(
     row = ParityRow(name, lowering, provider, dtype, "decode", "SKIP")
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
-    spec = zoo.spec(name_or_module, **overrides) if isinstance(name_or_module, str) else name_or_module.spec
+    spec = _spec_of(name_or_module, overrides)
     reason = why_not(lowering, spec, decode=True, dtype=dtype)
     if reason:
         row.reason = reason
@@ -240,12 +248,7 @@ def check_decode(
             row.status, row.reason = "FAIL", f"provider cuda asked for, but {why}"
             return row
     torch.manual_seed(seed)
-    if isinstance(name_or_module, str):
-        module = zoo.create(name_or_module, **overrides).eval()
-    elif overrides:
-        raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a module")
-    else:
-        module = name_or_module
+    module = _module_of(name_or_module, overrides)
     tol = TOLERANCE[dtype]
     ref_module = _reference_module(module, dtype, "cpu")
     n = PROMPT + STEPS

@@ -151,7 +151,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Q (b h t dk), K (b g s dk), V (b g s dv) -> Z (b h t dv) and, on the explicit path, A (b h t s)."""
         s = self.spec
-        score_map = self.mods["softcap"].score_map if "softcap" in self.mods else None
+        maps = [mod.score_map for mod in self.mods.values() if mod.needs_explicit]
+        score_map = _compose(maps) if maps else None
         explicit = need_weights or not self.fused or score_map is not None
         gqa = s.group_size > 1 and self.share_kv and not explicit
         if s.group_size > 1 and not gqa:  # blocked GQA: query head r reads kv head r // group_size
@@ -284,7 +285,7 @@ class MultiHeadAttention(nn.Module):
         return self.spec.causal and mask is None and positions is None and not self._mask_mods()
 
     def _mask_mods(self) -> bool:
-        return any(name in self.mods for name in ("window", "alibi"))
+        return any(mod.shapes_scores for mod in self.mods.values())
 
     def _resolve_mask(
         self,
@@ -409,6 +410,17 @@ class MultiHeadAttention(nn.Module):
                 )
             if head_mask.device != x.device:
                 raise InputTypeError(f"head_mask is on {head_mask.device}; x is on {x.device}")
+
+
+def _compose(maps: list[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
+    """The score maps applied in order (the modifiers' order of application)."""
+
+    def apply(scores: Tensor) -> Tensor:
+        for fn in maps:
+            scores = fn(scores)
+        return scores
+
+    return apply
 
 
 def _head_scale(head_mask: Tensor, z: Tensor) -> Tensor:

@@ -43,6 +43,8 @@ class Modifier(nn.Module):
     fields: ClassVar[tuple[str, ...]] = ()
     # A modifier SDPA cannot express (a nonlinear map of the scores) forces the explicit path.
     needs_explicit: ClassVar[bool] = False
+    # A modifier that adds a mask or bias from positions: SDPA's plain is_causal cannot stand in.
+    shapes_scores: ClassVar[bool] = False
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
@@ -375,6 +377,7 @@ class ALiBi(Modifier):
 
     name = "alibi"
     fields = ("alibi",)
+    shapes_scores = True
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -426,6 +429,7 @@ class Window(Modifier):
 
     name = "window"
     fields = ("window",)
+    shapes_scores = True
 
     @classmethod
     def active(cls, spec: AttentionSpec) -> bool:

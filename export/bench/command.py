@@ -179,7 +179,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
-    from .decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table, write_decode_json
+    from .decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table
 
     if args.seq or args.plot:
         raise BenchError("--decode measures t = 1 per step: give past lengths with --past (no --seq, no --plot)")
@@ -200,6 +200,6 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
     )
     print(format_decode_table(report))
     if args.json:
-        write_decode_json(report, args.json)
+        write_json(report, args.json)
         print(f"wrote {args.json}")
     return 1 if any(not r.get("ok") for r in report["rows"]) else 0

@@ -13,7 +13,6 @@ once per step, O(p^2) for one that builds a (t, p) or (p, p) tensor it should no
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -207,9 +206,3 @@ def format_decode_table(report: dict[str, Any]) -> str:
     if growth:
         lines += ["", "per-token time growth with the past:"] + [f"  {g}" for g in growth]
     return "\n".join(lines)
-
-
-def write_decode_json(report: dict[str, Any], path: str) -> None:
-    from ..lowering import write_atomic
-
-    write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str)))

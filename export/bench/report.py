@@ -76,7 +76,8 @@ def format_table(report: dict[str, Any]) -> str:
 def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     from ..lowering import write_atomic
 
-    write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+    # default=str: a value JSON has no type for (a path, a dtype) is written as its text
+    write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str) + "\n"))
 
 
 def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
