@@ -35,8 +35,17 @@ _ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 _NP_TYPE = {"float32": np.float32, "float16": np.float16}
 
 
-def why_not(spec: zoo.AttentionSpec, *, need_weights: bool = False, dtype: str | None = None) -> str | None:
-    """The one-line reason GroupQueryAttention cannot express `spec` (in `dtype`), or None."""
+def why_not(
+    spec: zoo.AttentionSpec, *, need_weights: bool = False, dtype: str | None = None, provider: str | None = None
+) -> str | None:
+    """The one-line reason GroupQueryAttention cannot express `spec` (in `dtype`, for `provider`), or None."""
+    if provider == "cuda" and dtype == "float32":
+        # ORT registers the CUDA kernel for MLFloat16 and BFloat16 only: an fp32 node would be
+        # placed on the CPU provider, silently, with copies in and out.
+        return (
+            "ONNX Runtime's CUDA GroupQueryAttention has float16/bfloat16 kernels only (an fp32 node would run "
+            "on the CPU); export float16 or use another lowering"
+        )
     if dtype == "float16" and spec.d_k_ % 16:
         return f"com.microsoft GroupQueryAttention in fp16 needs d_k a multiple of 16 (the block has d_k={spec.d_k_})"
     if need_weights:

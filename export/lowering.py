@@ -141,8 +141,11 @@ def why_not(
     need_weights: bool = False,
     decode: bool = False,
     dtype: str | None = None,
+    provider: str | None = None,
 ) -> str | None:
     """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
+
+    `provider` ("cpu"/"cuda"; None = any) adds what that provider's kernels cannot run.
 
     The modifiers (zoo/modifiers.py) each say what a lowering cannot do for them.
     """
@@ -164,7 +167,7 @@ def why_not(
     if lowering == "ort-gqa":
         from . import gqa
 
-        reason = gqa.why_not(spec, dtype=dtype)
+        reason = gqa.why_not(spec, dtype=dtype, provider=provider)
         if reason:
             return reason
     return zoo.modifiers.why_not(spec, lowering)
@@ -187,7 +190,8 @@ def export_onnx(
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
 
     `model_or_name` is a registered name (with spec-field `overrides`) or a module.
-    `provider` only steers lowering="auto" (the measured-fastest lowering differs by provider).
+    `provider` steers lowering="auto" (the measured-fastest lowering differs by provider), and a
+    lowering whose node that provider has no kernel for is refused (ort-gqa in fp32 on CUDA).
     decode=True writes a token-by-token model (io.decode_interface): x, past_key, past_value
     [, key_mask (b, p+t) with with_mask=True] -> y, present_key, present_value, with b, t and the
     past length p dynamic (p = 0 allowed).
@@ -218,10 +222,12 @@ def export_onnx(
         candidates = [
             lw
             for lw in order
-            if why_not(lw, module.spec, need_weights=need_weights, decode=decode, dtype=dtype) is None
+            if why_not(lw, module.spec, need_weights=need_weights, decode=decode, dtype=dtype, provider=provider) is None
         ]
     else:
-        reason = why_not(lowering, module.spec, need_weights=need_weights, decode=decode, dtype=dtype)
+        reason = why_not(
+            lowering, module.spec, need_weights=need_weights, decode=decode, dtype=dtype, provider=provider
+        )
         if reason:
             raise ExportError(f"lowering={lowering!r} cannot express this request: {reason}")
         candidates = [lowering]

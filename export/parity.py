@@ -124,6 +124,17 @@ def _export_and_open(row: ParityRow, module: zoo.MultiHeadAttention, path: Path,
         return None
 
 
+def _skipped(row: ParityRow, lowering: str, spec: zoo.AttentionSpec, **why_not_kw) -> bool:
+    """Whether the cell cannot run here (the lowering cannot express it, or CUDA was asked for
+    and does not work): row stays SKIP with the reason. Both checks answer alike."""
+    reason = why_not(lowering, spec, provider=row.provider, **why_not_kw)
+    if not reason and row.provider == "cuda":
+        ok, why = cuda_status()
+        reason = None if ok else f"provider cuda asked for, but {why}"
+    row.reason = reason or row.reason
+    return reason is not None
+
+
 def check(
     name_or_module: str | zoo.MultiHeadAttention,
     lowering: str,
@@ -146,15 +157,8 @@ def check(
     masked = case == "masked"
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
     need_weights = masked and lowering == "decomposed"
-    reason = why_not(lowering, _spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype)
-    if reason:
-        row.reason = reason
+    if _skipped(row, lowering, _spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype):
         return row
-    if provider == "cuda":
-        ok, why = cuda_status()
-        if not ok:
-            row.reason = why
-            return row
     torch.manual_seed(seed)
     module = _module_of(name_or_module, overrides)
     spec = module.spec
@@ -238,15 +242,8 @@ def check_decode(
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = _spec_of(name_or_module, overrides)
-    reason = why_not(lowering, spec, decode=True, dtype=dtype)
-    if reason:
-        row.reason = reason
+    if _skipped(row, lowering, spec, decode=True, dtype=dtype):
         return row
-    if provider == "cuda":
-        ok, why = cuda_status()
-        if not ok:
-            row.status, row.reason = "FAIL", f"provider cuda asked for, but {why}"
-            return row
     torch.manual_seed(seed)
     module = _module_of(name_or_module, overrides)
     tol = TOLERANCE[dtype]

@@ -51,6 +51,19 @@ def test_why_not_names_what_the_op_cannot_do():
         export_onnx("mha-separate-bias", "/tmp/never.onnx", lowering="ort-gqa")
 
 
+def test_cuda_has_no_fp32_kernel(tmp_path):
+    """ORT registers CUDA GroupQueryAttention for fp16/bf16 only: an fp32 ort-gqa model for CUDA is
+    refused, and auto for CUDA in fp32 takes the next lowering instead."""
+    spec = zoo.spec("llama-3-8b", d_model=64, heads=4, kv_heads=2)
+    assert "float16/bfloat16" in why_not("ort-gqa", spec, dtype="float32", provider="cuda")
+    assert why_not("ort-gqa", spec, dtype="float16", provider="cuda") is None
+    assert why_not("ort-gqa", spec, dtype="float32", provider="cpu") is None
+    with pytest.raises(ValueError, match="float16/bfloat16"):
+        export_onnx(zoo.MultiHeadAttention(spec), tmp_path / "never.onnx", lowering="ort-gqa", provider="cuda")
+    res = export_onnx(zoo.MultiHeadAttention(spec), tmp_path / "auto.onnx", decode=True, provider="cuda")
+    assert res.lowering != "ort-gqa"
+
+
 def test_fp16_graph(tmp_path):
     block = zoo.create("qwen3-8b", d_model=64, heads=4, kv_heads=2, d_k=16).eval()
     r = export_onnx(block, tmp_path / "h.onnx", lowering="ort-gqa", dtype="float16")

@@ -262,6 +262,20 @@ def test_4_parity_with_an_unusable_provider_fails(capsys):
     assert why in line
 
 
+def test_4_api_checks_skip_an_unusable_provider_alike():
+    """Without the CLI's refusal, both parity checks answer SKIP with the same reason."""
+    from export import parity
+    from export.session import cuda_status
+
+    ok, why = cuda_status()
+    if ok:
+        pytest.skip("this machine has a working CUDA provider")
+    full = parity.check("mha-causal", "decomposed", provider="cuda")
+    step = parity.check_decode("mha-causal", "decomposed", provider="cuda")
+    for row in (full, step):
+        assert row.status == "SKIP" and why in row.reason, row
+
+
 # -- 5. no-overwrite cannot be raced -------------------------------------------------------------
 
 
