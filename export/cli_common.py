@@ -8,6 +8,7 @@ are parsed by zoo.parse_overrides, next to the spec they change.
 from __future__ import annotations
 
 import argparse
+import math
 
 import zoo
 
@@ -16,14 +17,32 @@ class CliError(zoo.AttnzooError, ValueError):
     """A user mistake on the command line: printed as one line, exit status 2."""
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{v} must be positive")
-    return v
+def number_in(kind: type, low: float, *, low_open: bool = False, below: float | None = None):
+    """An argparse type: a finite `kind` (int or float) v with low <= v (low < v with low_open)
+    and v < below; each refusal is one line naming the value and the range."""
+    noun = "an integer" if kind is int else "a number"
+    if below is not None:
+        rule = f"in [{low:g}, {below:g})"
+    elif low_open:
+        rule = "positive" if low == 0 else f"> {low:g}"
+    else:
+        rule = f">= {low:g}"
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if v < low or (low_open and v == low) or (below is not None and v >= below):
+            raise argparse.ArgumentTypeError(f"{v} must be {rule}")
+        return v
+
+    return parse
+
+
+_positive = number_in(int, 0, low_open=True)
 
 
 def _int_list(text: str) -> list[int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import zoo
 
-from .cli_common import CliError
+from .cli_common import CliError, number_in
 from .lowering import ensure_writable_parent, write_atomic
 from .names import DTYPES, PROVIDERS
 
@@ -162,34 +162,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be in [0, 1)")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
-
-
-def _nonneg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
+_fraction = number_in(float, 0, below=1)
+_count = number_in(int, 0)
+_nonneg = number_in(float, 0)
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:

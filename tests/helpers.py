@@ -86,3 +86,33 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None):
             marks = () if quick else (pytest.mark.slow,)
             params.append(pytest.param(name, lw, marks=marks, id=f"{name}-{lw}"))
     return params
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bound once, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_ray(request) -> None:
+    """Start a local 2-CPU Ray for a module's Serve tests; stop Serve and Ray when it ends."""
+    import pytest
+
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def stop():
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+    request.addfinalizer(stop)

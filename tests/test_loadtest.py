@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from export.loadtest import (
 )
 from export.serve import ModelInfo, RequestError, decode_request, start
 from export.session import OnnxSession
+from helpers import free_port, local_ray
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
 
@@ -109,10 +109,7 @@ def test_bad_options_are_refused_before_any_traffic():
 def test_no_server_is_one_line_at_the_cli(capsys):
     from export.cli import main
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert main(["loadtest", f"http://127.0.0.1:{port}/", "--requests", "2", "--retries", "0"]) == 2
+    assert main(["loadtest", f"http://127.0.0.1:{free_port()}/", "--requests", "2", "--retries", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no attnzoo server answers" in err and len(err.splitlines()) == 1
 
@@ -122,23 +119,9 @@ def test_no_server_is_one_line_at_the_cli(capsys):
 
 @pytest.fixture(scope="module")
 def server(model, request):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-
-    def stop():
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-
-    request.addfinalizer(stop)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    local_ray(request)
     return start(
-        model, replicas=2, port=port, max_batch=8, batch_wait_ms=5, max_tokens=1024, app="test-load", threads=1
+        model, replicas=2, port=free_port(), max_batch=8, batch_wait_ms=5, max_tokens=1024, app="test-load", threads=1
     )
 
 

@@ -35,6 +35,7 @@ from export.serve import (
     start,
 )
 from export.session import OnnxSession
+from helpers import free_port, local_ray
 
 # Ray Serve's own pydantic models warn on import; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -355,26 +356,9 @@ def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
 # -- through Ray Serve -------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(models, request):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-
-    def stop():
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-
-    request.addfinalizer(stop)
+    local_ray(request)
     dep = start(models["masked"], port=free_port(), max_batch=8, batch_wait_ms=100, max_tokens=4096, app="test-serve")
     assert dep.url.startswith("http://127.0.0.1:")
     return dep
