@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -24,7 +24,10 @@ from .importance import evaluate, mask_without
 from .tasks import TRAIN_SEED, Task, train
 
 # latency(blocks, head_masks) -> ms; blocks as Task.attention_blocks gives them.
-LatencyFn = Callable[[list[tuple[nn.Module, int, "int | None"]], list["torch.Tensor | None"]], float]
+# latency([(blocks, head_masks), ...]) -> ms for each request: blocks as Task.attention_blocks
+# gives them, one head_mask (or None) per block. All rows are measured together at the end,
+# interleaved, so that a drift in the machine's speed does not fall on one row.
+LatencyFn = Callable[[list[tuple[list[tuple[nn.Module, int, "int | None"]], list["torch.Tensor | None"]]]], list[float]]
 
 FINETUNE_SEED = TRAIN_SEED + 1  # fine-tuning draws other batches than the original training
 
@@ -113,11 +116,12 @@ def run_ablation(
     hm = mask_without(heads, (layers, model.heads))
     result = Ablation(model=task.name, pruned=list(heads))
 
-    def lat(m: nn.Module, masks: list | None = None) -> float | None:
-        if latency is None:
-            return None
-        blocks = task.attention_blocks(m)
-        return latency(blocks, masks or [None] * len(blocks))
+    pending: list[tuple[int, list, list]] = []  # (row index, blocks, head masks) to time at the end
+
+    def lat(m: nn.Module, masks: list | None = None) -> None:
+        if latency is not None:
+            blocks = task.attention_blocks(m)
+            pending.append((len(result.rows), blocks, masks or [None] * len(blocks)))
 
     def step(name: str) -> None:
         if progress:
@@ -166,7 +170,14 @@ def run_ablation(
     )
 
     step("(c) prune + fine-tune")
-    tuned, _ = train(task, steps=finetune_steps, seed=FINETUNE_SEED, model=pruned, progress=train_progress)
+    # Fine-tuning adapts the pruned model as it is: no head gates (they shape training from scratch).
+    tuned, _ = train(
+        replace(task, gate="none"),
+        steps=finetune_steps,
+        seed=FINETUNE_SEED,
+        model=pruned,
+        progress=train_progress,
+    )
     loss, metric = evaluate(tuned, task, batches)
     result.rows.append(
         Row(
@@ -177,7 +188,7 @@ def run_ablation(
             loss,
             metric,
             lat(tuned),
-            f"{finetune_steps} steps, AdamW lr {task.lr:g}, batch {task.batch}",
+            f"{finetune_steps} steps, AdamW lr {task.lr:g}, batch {task.batch}, no gates",
         )
     )
 
@@ -198,17 +209,32 @@ def run_ablation(
             f"{scratch_steps} steps, heads per layer {list(kept_heads)}",
         )
     )
+    if pending:
+        step("ONNX latency")
+        for (i, _, _), ms in zip(pending, latency([(blocks, masks) for _, blocks, masks in pending])):
+            result.rows[i].latency_ms = ms
     n_eval = sum(_batch_len(b) for b in batches)
     result.caption = (
         f"Model {task.name} ({task.description}); heads removed: "
         f"{', '.join(f'L{layer}H{h}' for layer, h in heads)}. Task and metric: {task.procedure}; "
         f"{n_eval} held-out examples (seed {batches_seed_note()}), the same for every row. Procedure: the "
         f"shipped weights, one run each, no error bars; (c) fine-tunes for {finetune_steps} steps, (d) trains "
-        f"for {scratch_steps} steps from seed {TRAIN_SEED}. FLOPs: matmul FLOPs of one example. Latency: "
-        f"the attention blocks head_mask acts on, exported alone to ONNX and run under ONNX Runtime "
-        f"(median, summed over blocks)."
+        f"for {scratch_steps} steps from seed {TRAIN_SEED} with the shipped model's recipe{_gate_note(task)}. "
+        f"FLOPs: matmul FLOPs of one example."
     )
+    if latency is not None:
+        how = getattr(latency, "description", "")
+        result.caption += (
+            " Latency: the attention blocks head_mask acts on, exported alone to ONNX and run under ONNX Runtime"
+            + (f" ({how})." if how else ".")
+        )
     return result
+
+
+def _gate_note(task) -> str:
+    if task.gate == "none":
+        return ""
+    return f" (including its {task.gate.upper()} head gates, lambda {task.gate_lambda:g})"
 
 
 def batches_seed_note() -> str:

@@ -1,15 +1,16 @@
 """A tiny language model built from zoo attention blocks, for looking at trained heads.
 
     tokens (b t) --embed--> x (b t c)
-    per layer l:  x = x + Attn_l(LN(x), mask = P_l)       P_l (1 h t t): a learned bias per head
-                  x = x + MLP_l(LN(x))                     and offset t - s, added to the scores
-    logits = W_U LN(x)                                     (b t vocab)
+    per layer l:  x = x + Attn_l(LN(x))        Attn_l: a zoo block; rotary positions on Q and K
+                  x = x + MLP_l(LN(x))         (no MLP by default: attention only)
+    logits = W_U LN(x)                         (b t vocab)
 
-Positions never enter the residual stream by default (``positions="relative"``): each head
-gets a learned scalar per offset t - s, passed to the zoo block as its float ``mask`` (the
-zoo's own "added to the scores" input), so a head can prefer "one back" without any content
-channel carrying positions. ``positions="absolute"`` adds learned position embeddings to the
-residual stream instead (the textbook GPT-2 layout), kept for comparison.
+Positions never enter the residual stream by default (``positions="rotary"``): the zoo
+block rotates its queries and keys (``rope_theta``), so a head can attend "one back" while
+the residual stream carries tokens only, as the issue measured for shortformer-style
+positions. ``positions="relative"`` gives each head a learned scalar per offset t - s instead,
+passed as the block's float ``mask``; ``positions="absolute"`` adds learned position
+embeddings to the residual stream (the textbook GPT-2 layout). Both are kept for comparison.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from torch import Tensor, nn
 import zoo
 
 from .errors import AnalysisError
+from .gates import shut
 
-POSITIONS = ("relative", "absolute")
+POSITIONS = ("rotary", "relative", "absolute")
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,13 @@ class LMConfig:
     d_model: int = 64  # the issue's measured size: the induction phase change in ~2,000 steps
     layers: int = 2  # induction needs two layers (a previous-token head, then K-composition)
     heads: tuple[int, ...] = (4, 4)  # per layer, so a pruned model is still an LMConfig
-    d_head: int = 16  # d_model / 4, fixed so that pruning keeps the surviving heads' width
+    # Per-head width, wider than d_model / heads (the zoo's own d_k): at 16 every layer-1 head
+    # matched tokens too coarsely alone and four heads shared the induction job; fixed so that
+    # pruning keeps the surviving heads' width.
+    d_head: int = 32
     mlp: bool = False  # attention-only, as in the induction-head papers
-    positions: str = "relative"  # "relative" (score bias per offset) or "absolute" (residual)
+    positions: str = "rotary"  # "rotary" (Q and K only), "relative" (score bias per offset) or "absolute"
+    rope_theta: float = 10000.0  # with positions="rotary": the zoo block's own rope_theta
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "d_model", "layers", "d_head"):
@@ -76,7 +82,15 @@ class TinyLM(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_embed = nn.Embedding(c.context, c.d_model) if c.positions == "absolute" else None
         self.attn = nn.ModuleList(
-            zoo.MultiHeadAttention(zoo.AttentionSpec(d_model=c.d_model, heads=h, d_k=c.d_head, causal=True))
+            zoo.MultiHeadAttention(
+                zoo.AttentionSpec(
+                    d_model=c.d_model,
+                    heads=h,
+                    d_k=c.d_head,
+                    causal=True,
+                    rope_theta=c.rope_theta if c.positions == "rotary" else None,
+                )
+            )
             for h in c.heads
         )
         # One scalar per (head, offset t - s); zero = no positional preference at the start.
@@ -141,6 +155,11 @@ class TinyLM(nn.Module):
     def attention_map_list(self, tokens: Tensor) -> list[Tensor]:
         """One A (b h t t) per layer (works for pruned models with unequal head counts)."""
         return self._run(tokens, None, need_weights=True)[1]
+
+    def shut_heads(self) -> list[list[bool]]:
+        """(layers, model.heads): True for a head whose W_O columns are all zero (shut by the
+        training's L0 gates); padding entries of a layer with fewer heads are False."""
+        return [shut(block) + [False] * (self.heads - block.spec.heads) for block in self.attn]
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -63,7 +63,9 @@ def plot_attention_grid(
     ki, kl = _ticks(key_labels, s)
     plt = _matplotlib()
     panel = min(8.0, max(2.6, 0.13 * max(t, s)))
-    fig, axes = plt.subplots(layers, heads, figsize=(panel * heads, panel * layers + 0.6), squeeze=False)
+    fig, axes = plt.subplots(
+        layers, heads, figsize=(panel * heads, panel * layers + 0.6), squeeze=False, layout="constrained"
+    )
     fs = max(4.0, min(8.0, 300.0 / max(len(qi), len(ki), 1)))
     for layer in range(layers):
         for h in range(heads):
@@ -77,14 +79,13 @@ def plot_attention_grid(
             title = f"L{layer}H{h}"
             if titles is not None:
                 title += f"  {titles[layer][h]}"
-            ax.set_title(title, fontsize=9)
+            ax.set_title(title, fontsize=12)
             if h == 0:
                 ax.set_ylabel("query t", fontsize=8)
             if layer == layers - 1:
                 ax.set_xlabel("key s", fontsize=8)
     if suptitle:
-        fig.suptitle(suptitle, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.97) if suptitle else None)
+        fig.suptitle(suptitle, fontsize=14)
     return _save(fig, plt, Path(path))
 
 
@@ -129,6 +130,19 @@ def _save(fig, plt, path: Path) -> Path:
     return path
 
 
-def score_titles(best: Sequence[Sequence[tuple[str, float]]]) -> list[list[str]]:
-    """Panel titles from `scores.best_scores`: "induction 0.83"."""
-    return [[f"{n.replace('_token', '')} {v:.2f}" if v == v else "" for n, v in row] for row in best]
+def score_titles(
+    best: Sequence[Sequence[tuple[str, float]]], shut: Sequence[Sequence[bool]] | None = None
+) -> list[list[str]]:
+    """Panel titles from `scores.best_scores`: "induction 0.83"; "shut (output 0)" for a head
+    whose output is zero (`shut`, per layer and head), whose map is then not in use."""
+    return [
+        [
+            "shut (output 0)"
+            if shut is not None and shut[layer][h]
+            else f"{n.replace('_token', '')} {v:.2f}"
+            if v == v
+            else ""
+            for h, (n, v) in enumerate(row)
+        ]
+        for layer, row in enumerate(best)
+    ]

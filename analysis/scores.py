@@ -184,13 +184,19 @@ def best_scores(scores: dict[str, Tensor], names: Sequence[str] = SCORE_NAMES[:4
     return out
 
 
-def format_scores(scores: dict[str, Tensor], names: Sequence[str] = SCORE_NAMES) -> str:
-    """A plain table: one row per (layer, head), one column per score."""
+def format_scores(
+    scores: dict[str, Tensor], names: Sequence[str] = SCORE_NAMES, shut: Sequence[Sequence[bool]] | None = None
+) -> str:
+    """A plain table: one row per (layer, head), one column per score; with `shut` (per layer,
+    per head) a last column says which heads have a zero output (their maps are not in use)."""
     layers, heads = scores[names[0]].shape
-    lines = ["head  " + "  ".join(f"{n:>15}" for n in names)]
+    lines = ["head  " + "  ".join(f"{n:>15}" for n in names) + ("  output" if shut is not None else "")]
     for layer in range(layers):
         for h in range(heads):
             if all(torch.isnan(scores[n][layer, h]) for n in names):
                 continue  # no such head (a layer with fewer heads), or nothing to score
-            lines.append(f"L{layer}H{h}  " + "  ".join(f"{float(scores[n][layer, h]):>15.3f}" for n in names))
+            row = f"L{layer}H{h}  " + "  ".join(f"{float(scores[n][layer, h]):>15.3f}" for n in names)
+            if shut is not None:
+                row += "  shut" if shut[layer][h] else "  in use"
+            lines.append(row)
     return "\n".join(lines)

@@ -93,7 +93,10 @@ def cmd_heads(args: argparse.Namespace) -> int:
     result = scores.head_scores(model, tokens)
     source = "your input" if labels is not None else f"{len(tokens)} held-out repeated blocks (seed {args.seed})"
     print(f"{args.name}: head scores on {source}, {tokens.shape[1]} tokens each (NaN: no such rows)")
-    print(scores.format_scores(result))
+    shut = model.shut_heads()
+    print(scores.format_scores(result, shut=shut))
+    if any(map(any, shut)):
+        print("shut: the head's W_O columns are zero (training's L0 gates), so its map is not in use")
     if args.plot:
         best = scores.best_scores(result)
         maps = model.attention_maps(tokens[:1])
@@ -103,12 +106,12 @@ def cmd_heads(args: argparse.Namespace) -> int:
             args.plot,
             query_labels=lab,
             key_labels=lab,
-            titles=plot.score_titles(best),
+            titles=plot.score_titles(best, shut),
             suptitle=f"{args.name}: attention per layer x head (title: best score on {source})",
         )
         print(f"wrote {args.plot}")
     if args.json:
-        _write_json(args.json, {"model": args.name, "scores": {k: v.tolist() for k, v in result.items()}})
+        _write_json(args.json, {"model": args.name, "scores": {k: v.tolist() for k, v in result.items()}, "shut": shut})
     return 0
 
 
@@ -211,15 +214,22 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 
 class OnnxLatency:
-    """latency(blocks, head_masks) -> ms: the sum over blocks of the median ONNX Runtime CPU
-    latency of each block exported alone (b=1, its held-out t and s, one thread).
+    """latency([(blocks, head_masks), ...]) -> [ms, ...]: per request, the sum over its blocks of
+    the ONNX Runtime CPU latency of each block exported alone (b=1, its held-out t and s, one
+    thread). Each round times every request in turn (a median of `repeats` runs per block); a
+    request's figure is its lowest round, so that a burst of load on a shared machine, or a
+    drift in its speed, does not decide a row.
 
     Exports are cached by (spec, head-mask input): latency does not depend on the weights, and
     the experiments share most block shapes.
     """
 
-    def __init__(self, repeats: int = 30) -> None:
-        self.repeats = repeats
+    def __init__(self, repeats: int = 40, rounds: int = 5) -> None:
+        self.repeats, self.rounds = repeats, rounds
+        self.description = (
+            f"b=1, one thread; every row timed in turn, the lowest of {rounds} rounds of a median of {repeats} "
+            f"runs per block, summed over blocks"
+        )
         self._tmp = tempfile.TemporaryDirectory(prefix="attnzoo-ablate-")
         self._sessions: dict = {}
 
@@ -234,22 +244,36 @@ class OnnxLatency:
             self._sessions[key] = OnnxSession(path, provider="cpu", threads=1, verbose=False)
         return self._sessions[key]
 
-    def __call__(self, blocks, head_masks) -> float:
-        total = 0.0
-        for (block, t, s), hm in zip(blocks, head_masks):
-            sess = self._session(block, hm is not None)
-            gen = torch.Generator().manual_seed(0)
-            x = torch.randn(1, t, block.spec.d_model, generator=gen)
-            ctx = torch.randn(1, s, block.spec.d_context, generator=gen) if block.spec.is_cross else None
-            feeds = (x, ctx, None, None if hm is None else hm[None].float())
-            sess.run(*feeds)  # warm-up: the first run allocates
-            times = []
-            for _ in range(self.repeats):
-                t0 = time.perf_counter()
-                sess.run(*feeds)
-                times.append((time.perf_counter() - t0) * 1e3)
-            total += statistics.median(times)
-        return total
+    def _feeds(self, block, t: int, s: int | None, hm):
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(1, t, block.spec.d_model, generator=gen)
+        ctx = torch.randn(1, s, block.spec.d_context, generator=gen) if block.spec.is_cross else None
+        return (x, ctx, None, None if hm is None else hm[None].float())
+
+    def __call__(self, requests) -> list[float]:
+        """ms per request [(blocks, head_masks), ...], the requests measured in turn each round."""
+        prepared = []
+        for blocks, head_masks in requests:
+            runs = [
+                (self._session(b, hm is not None), self._feeds(b, t, s, hm))
+                for (b, t, s), hm in zip(blocks, head_masks)
+            ]
+            for sess, feeds in runs:
+                sess.run(*feeds)  # warm-up: the first run allocates
+            prepared.append(runs)
+        best = [float("inf")] * len(prepared)
+        for _ in range(self.rounds):
+            for i, runs in enumerate(prepared):
+                total = 0.0
+                for sess, feeds in runs:
+                    times = []
+                    for _ in range(self.repeats):
+                        t0 = time.perf_counter()
+                        sess.run(*feeds)
+                        times.append((time.perf_counter() - t0) * 1e3)
+                    total += statistics.median(times)
+                best[i] = min(best[i], total)
+        return best
 
     def close(self) -> None:
         self._sessions.clear()

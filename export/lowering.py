@@ -218,16 +218,11 @@ def export_onnx(
         if reason:
             raise ExportError(f"cannot export a decode model: {reason}")
         order = decode_order(provider, module.spec)
+    request = {"need_weights": need_weights, "decode": decode, "dtype": dtype, "provider": provider}
     if lowering == "auto":
-        candidates = [
-            lw
-            for lw in order
-            if why_not(lw, module.spec, need_weights=need_weights, decode=decode, dtype=dtype, provider=provider) is None
-        ]
+        candidates = [lw for lw in order if why_not(lw, module.spec, **request) is None]
     else:
-        reason = why_not(
-            lowering, module.spec, need_weights=need_weights, decode=decode, dtype=dtype, provider=provider
-        )
+        reason = why_not(lowering, module.spec, **request)
         if reason:
             raise ExportError(f"lowering={lowering!r} cannot express this request: {reason}")
         candidates = [lowering]

@@ -87,12 +87,15 @@ def test_onnx_latency_of_blocks_with_and_without_head_mask():
     from export.cli_heads import OnnxLatency
 
     block = zoo.create("mha-causal", d_model=32, heads=4)
-    meter = OnnxLatency(repeats=3)
+    meter = OnnxLatency(repeats=3, rounds=2)
     try:
-        plain = meter([(block, 16, None)], [None])
-        masked = meter([(block, 16, None)], [torch.tensor([1.0, 0.0, 1.0, 1.0])])
-        again = meter([(block, 16, None)], [None])
+        blocks = [(block, 16, None)]
+        plain, masked, again = meter(
+            [(blocks, [None]), (blocks, [torch.tensor([1.0, 0.0, 1.0, 1.0])]), (blocks, [None])]
+        )
+        made = len(meter._sessions)
     finally:
         meter.close()
     assert plain > 0 and masked > 0 and again > 0
-    assert len(meter._sessions) == 0  # closed; two exports were made, one per head-mask input
+    assert made == 2  # one export per head-mask input, shared by the requests with the same one
+    assert len(meter._sessions) == 0

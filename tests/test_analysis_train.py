@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from analysis import dates
+from analysis.gates import HeadGates, fold
 from analysis.importance import eval_batches, evaluate
 from analysis.tasks import get_task, train
 
@@ -40,3 +41,37 @@ def test_short_dates_budget_learns_the_task():
     ids = model.generate(batches[0][0])
     assert float((ids == batches[0][1]).float().mean()) > 0.5
     assert all(len(t) == dates.TARGET_LEN for t in model.translate(["1 May 1999"]))
+
+
+def test_l0_gates_sample_in_training_and_are_fixed_in_eval():
+    gates = HeadGates("l0", (4, 2), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        gates.params[0].copy_(torch.tensor([-8.0, 0.0, 1.0, 8.0]))
+    drawn = torch.stack([gates.gates()[0] for _ in range(400)])
+    assert drawn.min() >= 0 and drawn.max() <= 1
+    assert (drawn[:, 0] == 0).float().mean() > 0.99 and (drawn[:, 3] == 1).float().mean() > 0.99
+    assert 0.1 < (drawn[:, 1] == 0).float().mean() < 0.25  # log_alpha 0: shut when u < sigmoid(-1.6) = 0.17
+    final = gates.final()[0]
+    assert final[0] == 0 and final[3] == 1 and 0 < final[1] < final[2] < 1
+    # The penalty is the expected number of open gates: it falls as log_alpha falls.
+    p = gates.penalty()
+    with torch.no_grad():
+        gates.params[0].sub_(1.0)
+    assert gates.penalty() < p <= 6
+
+
+def test_folding_keeps_the_function_and_makes_shut_heads_uniform():
+    torch.manual_seed(0)
+    model = get_task("tiny-induction").build().eval()
+    tokens = torch.randint(model.vocab_size, (3, 20))
+    g = [torch.tensor([0.0, 1.0, 0.5, 0.0]), torch.tensor([1.0, 0.0, 1.0, 1.0])]
+    with torch.no_grad():
+        want = model(tokens, head_mask=g)
+        fold(list(model.attn), g)
+        torch.testing.assert_close(model(tokens), want, rtol=0, atol=1e-6)
+        maps = model.attention_maps(tokens)
+    t = tokens.shape[1]
+    uniform = torch.ones(t, t).tril() / torch.arange(1, t + 1)[:, None]
+    for layer, head in ((0, 0), (0, 3), (1, 1)):
+        torch.testing.assert_close(maps[layer, :, head], uniform.expand(3, t, t), rtol=0, atol=1e-6)
+    assert not torch.allclose(maps[0, :, 1], uniform.expand(3, t, t), atol=1e-3)
