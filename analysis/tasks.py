@@ -27,7 +27,8 @@ from .lm import LMConfig, TinyLM
 # which no training run ever used.
 TRAIN_SEED = 0
 EVAL_SEED = 12345
-THREADS = 1  # fixed, since float reductions (so the weights) depend on it; tiny models gain nothing from more
+# Each task trains with a fixed thread count (Task.threads), since float reductions, so the
+# weights, depend on it. tiny-induction's batched attention gains from 2 (117 -> 72 ms a step).
 
 
 # -- induction data ------------------------------------------------------------------------------
@@ -90,6 +91,7 @@ class Task:
     gate_lambda: float = 0.0
     gate_from: float = 0.0
     gate_lr: float = 0.02
+    threads: int = 1  # torch threads while training: fixed, the weights depend on it
     pos_lr: float = 1.0  # learning-rate multiplier of the per-head position biases (positions="relative")
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -243,6 +245,7 @@ TASKS: dict[str, Task] = {
         description="2-layer attention-only LM on random tokens with a repeated span",
         config=LMConfig(),
         steps=3000,
+        threads=2,
         **GATES,
         metric_name="accuracy (2nd copy)",
         loss_name="loss (2nd copy)",
@@ -254,6 +257,7 @@ TASKS: dict[str, Task] = {
         description="the 1-layer control: same data, budget and optimiser as tiny-induction, no head gates",
         config=LMConfig(layers=1, heads=(4,)),
         steps=3000,
+        threads=2,
         # No gates: at tiny-induction's lambda all four heads of a 1-layer model are shut (measured),
         # which would make "no induction head" true for no interesting reason.
         metric_name="accuracy (2nd copy)",
@@ -315,7 +319,7 @@ def train(
     steps = task.steps if steps is None else steps
     lr = task.lr if lr is None else lr
     threads = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(task.threads)
     try:
         torch.manual_seed(seed)
         if model is None:
@@ -362,7 +366,7 @@ def train(
             "seed": seed,
             "lr": lr,
             "batch": task.batch,
-            "threads": THREADS,
+            "threads": task.threads,
             "wall_s": round(time.perf_counter() - started, 1),
             "cpu_s": round(time.process_time() - cpu0, 1),
             "final_train_loss": sum(losses[-50:]) / max(1, len(losses[-50:])),

@@ -1,6 +1,6 @@
 """Train one of analysis's tiny models and write its weights: python scripts/train_tiny.py NAME.
 
-Deterministic: fixed seed and thread count (analysis.tasks.TRAIN_SEED, THREADS). The default
+Deterministic: fixed seed and thread count (analysis.tasks.TRAIN_SEED, the task's threads). The default
 output is models/NAME.pt, the file `analysis.load(NAME)` reads.
 """
 
