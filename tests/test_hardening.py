@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -590,3 +591,22 @@ def test_session_arguments_are_checked(models):
         bad = Path(models["decomposed"]).with_name("bad.onnx")
         bad.write_bytes(b"\x00not a model")
         OnnxSession(bad, "cpu")
+
+
+@pytest.mark.parametrize(
+    "kind, low, kw, text, words",
+    [
+        (int, 0, {"low_open": True}, "0", "0 must be positive"),
+        (int, 0, {"low_open": True}, "2.5", "'2.5' is not an integer"),
+        (float, 0, {}, "nan", "'nan' is not a finite number"),
+        (float, 0, {}, "-inf", "'-inf' is not a finite number"),
+        (float, 0, {"below": 1}, "1", "1.0 must be in [0, 1)"),
+        (int, 0, {}, "-1", "-1 must be >= 0"),
+    ],
+)
+def test_bounded_cli_numbers_refuse_with_the_range(kind, low, kw, text, words):
+    from export.cli_common import number_in
+
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(words)):
+        number_in(kind, low, **kw)(text)
+    assert number_in(kind, low, **kw)("0.5" if kind is float else "1") in (0.5, 1)
