@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import zoo
 
 from .errors import AnalysisError
+from .head_mask import per_layer
 
 MONTHS = [calendar.month_name[i] for i in range(1, 13)]
 FORMATS = ("D Month YYYY", "Month D, YYYY", "DD/MM/YYYY")
@@ -214,7 +215,7 @@ class DatesModel(nn.Module):
         """tgt_in (b t) (BOS + target so far) -> logits (b t vocab) and cross maps, one (b h t s) per layer."""
         t = tgt_in.shape[1]
         x = self.embed(tgt_in) + self.tgt_pos(torch.arange(t, device=tgt_in.device))
-        masks = _per_layer(head_mask, self.config.cross_heads)
+        masks = per_layer(head_mask, self.config.cross_heads, "decoder layer")
         maps = []
         for i in range(self.config.decoder_layers):
             x = x + self.dec_self[i](self.dec_ln_self[i](x))
@@ -291,24 +292,6 @@ class DatesModel(nn.Module):
             if drop:
                 new.dec_cross[layer] = zoo.prune_heads(self.dec_cross[layer], list(drop))
         return new
-
-
-def _per_layer(head_mask, heads: tuple[int, ...]) -> list[Tensor | None]:
-    if head_mask is None:
-        return [None] * len(heads)
-    if isinstance(head_mask, Tensor):
-        if head_mask.dim() == 2 and tuple(head_mask.shape) == (len(heads), max(heads)):
-            return [head_mask[layer, :h] for layer, h in enumerate(heads)]
-        if head_mask.dim() == 3 and tuple(head_mask.shape[1:]) == (len(heads), max(heads)):
-            return [head_mask[:, layer, :h] for layer, h in enumerate(heads)]
-        raise AnalysisError(
-            f"head_mask has shape {tuple(head_mask.shape)}; expected (layers={len(heads)}, heads={max(heads)}) "
-            f"or (b, layers, heads)"
-        )
-    masks = list(head_mask)
-    if len(masks) != len(heads):
-        raise AnalysisError(f"head_mask has {len(masks)} entries; expected one per decoder layer ({len(heads)})")
-    return masks
 
 
 def field_weights(maps: Tensor, sources: Sequence[str]) -> dict[str, Tensor]:

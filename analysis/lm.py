@@ -27,6 +27,7 @@ import zoo
 
 from .errors import AnalysisError
 from .gates import shut
+from .head_mask import per_layer
 
 POSITIONS = ("rotary", "relative", "absolute")
 
@@ -180,24 +181,6 @@ class TinyLM(nn.Module):
             raise AnalysisError(f"token {bad} is outside the vocabulary 0..{self.vocab_size - 1}")
         return tokens.long()
 
-    def _layer_masks(self, head_mask, b: int) -> list[Tensor | None]:
-        hs = self.config.heads
-        if head_mask is None:
-            return [None] * len(hs)
-        if isinstance(head_mask, Tensor):
-            if head_mask.dim() == 2 and tuple(head_mask.shape) == (len(hs), max(hs)):
-                return [head_mask[layer, :h] for layer, h in enumerate(hs)]
-            if head_mask.dim() == 3 and tuple(head_mask.shape[1:]) == (len(hs), max(hs)):
-                return [head_mask[:, layer, :h] for layer, h in enumerate(hs)]
-            raise AnalysisError(
-                f"head_mask has shape {tuple(head_mask.shape)}; expected (layers={len(hs)}, heads={max(hs)}) "
-                f"or (b, layers, heads)"
-            )
-        masks = list(head_mask)
-        if len(masks) != len(hs):
-            raise AnalysisError(f"head_mask has {len(masks)} entries; expected one per layer ({len(hs)})")
-        return masks
-
     def position_bias(self, layer: int, t: int) -> Tensor | None:
         """P_l (1 h t t): the learned bias of offset t - s (future cells are masked anyway)."""
         if self.config.positions != "relative":
@@ -208,12 +191,13 @@ class TinyLM(nn.Module):
 
     def _run(self, tokens: Tensor, head_mask, *, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         tokens = self.check_tokens(tokens)
-        b, t = tokens.shape
+        t = tokens.shape[1]
         x = self.embed(tokens)
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(t, device=x.device))
         maps = []
-        for layer, (attn, ln, hm) in enumerate(zip(self.attn, self.ln_attn, self._layer_masks(head_mask, b))):
+        masks = per_layer(head_mask, self.config.heads)
+        for layer, (attn, ln, hm) in enumerate(zip(self.attn, self.ln_attn, masks)):
             out = attn(ln(x), mask=self.position_bias(layer, t), need_weights=need_weights, head_mask=hm)
             if need_weights:
                 out, a = out

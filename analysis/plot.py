@@ -135,14 +135,13 @@ def score_titles(
 ) -> list[list[str]]:
     """Panel titles from `scores.best_scores`: "induction 0.83"; "shut (output 0)" for a head
     whose output is zero (`shut`, per layer and head), whose map is then not in use."""
+
+    def title(name: str, value: float, is_shut: bool) -> str:
+        if is_shut:
+            return "shut (output 0)"
+        return f"{name.replace('_token', '')} {value:.2f}" if value == value else ""  # NaN: nothing scored
+
     return [
-        [
-            "shut (output 0)"
-            if shut is not None and shut[layer][h]
-            else f"{n.replace('_token', '')} {v:.2f}"
-            if v == v
-            else ""
-            for h, (n, v) in enumerate(row)
-        ]
+        [title(n, v, shut is not None and shut[layer][h]) for h, (n, v) in enumerate(row)]
         for layer, row in enumerate(best)
     ]

@@ -325,8 +325,9 @@ def train(
         if model is None:
             model = task.build(config)
         gen = torch.Generator().manual_seed(seed + 1)
-        heads = list(_heads_per_layer(model))
-        gater = HeadGates(task.gate, heads, torch.Generator().manual_seed(seed + 2)) if task.gate != "none" else None
+        gater = None
+        if task.gate != "none":
+            gater = HeadGates(task.gate, model.heads_per_layer, torch.Generator().manual_seed(seed + 2))
         no_decay = {id(p) for name, p in model.named_parameters() if "pos_bias" in name}
         # Adam moves a parameter by about lr per step, which caps how sharp a position bias can
         # get in a few thousand steps; pos_lr lifts the cap (tried at 30x: README "Heads").
@@ -383,7 +384,3 @@ def train(
 def _gated_blocks(model: nn.Module) -> list:
     """The zoo blocks whose heads a head_mask (and so a gate) addresses."""
     return list(model.attn) if isinstance(model, TinyLM) else list(model.dec_cross)
-
-
-def _heads_per_layer(model: nn.Module) -> tuple[int, ...]:
-    return tuple(block.spec.heads for block in _gated_blocks(model))
