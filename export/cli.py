@@ -13,6 +13,7 @@ import zoo
 
 # The command-line vocabulary shared by every command module (cli_onnx, cli_heads, cli_serve):
 # they import it from cli_common, never from this module, which imports them.
+from . import interrupt
 from .cli_common import CliError, _int_list, _positive  # noqa: E402
 from .names import DTYPES
 
@@ -221,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = False
     old_term = _sigterm_as_interrupt()
     try:
-        parser = build_parser()
+        parser = build_parser()  # imports the command modules (onnx, onnxruntime, ...)
+        if interrupt.seen():  # a Ctrl-C that some import swallowed
+            raise KeyboardInterrupt
         args = parser.parse_args(argv)
         prog = f"attnzoo {args.command}"
         verbose = bool(getattr(args, "verbose", False))

@@ -1,0 +1,88 @@
+"""Ctrl-C at any moment of the CLI's startup: exit 130 and one line, never a swallowed signal.
+
+Deterministic: instead of sleeping and hoping to land inside an import, the child sends itself
+SIGINT at the moment a named module is first looked up (a finder placed first on sys.meta_path),
+so each case hits its point of startup every time, on a quiet machine or a loaded one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    target, swallow = sys.argv[1], sys.argv[2] == "swallow"
+    hits = []
+
+    class Trip:
+        def find_spec(self, name, path=None, target_module=None):
+            if name == target and not hits:
+                hits.append(name)
+                if swallow:  # what torch's C init does to an error raised while it imports numpy
+                    try:
+                        os.kill(os.getpid(), signal.SIGINT)
+                        signal.sigtimedwait([], 0) if hasattr(signal, "sigtimedwait") else None
+                        for _ in range(10**6):
+                            pass
+                    except KeyboardInterrupt:
+                        pass
+                else:
+                    os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, Trip())
+    from export.entry import main
+    rc = main(sys.argv[3:])
+    if not hits:
+        sys.exit(99)  # the point was never reached: the test's premise is wrong, not the CLI
+    sys.exit(rc)
+    """
+)
+
+# Points across startup: before torch, inside it, the command modules and what they import.
+POINTS = [
+    "numpy",
+    "torch",
+    "torch.nn",
+    "einops",
+    "zoo",
+    "export.lowering",
+    "export.cli_onnx",
+    "analysis",
+    "export.cli_serve",
+]
+
+
+def _run(target: str, mode: str, argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, target, mode, *argv],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("target", POINTS)
+def test_ctrl_c_at_each_point_of_startup_is_130_and_one_line(target):
+    p = _run(target, "raise", ["list"])
+    assert p.returncode != 99, f"startup of `attnzoo list` never imported {target}"
+    err = p.stderr.strip()
+    assert p.returncode == 130 and err == "attnzoo: interrupted", (target, p.returncode, err)
+
+
+@pytest.mark.parametrize("target", ["torch", "export.cli_onnx", "analysis"])
+def test_ctrl_c_that_an_import_swallows_still_ends_the_command(target):
+    # `audit '*'` takes a minute: a swallowed Ctrl-C used to let it run to the end with exit 0.
+    p = _run(target, "swallow", ["audit", "*"])
+    assert p.returncode != 99, f"startup of `attnzoo audit` never imported {target}"
+    err = p.stderr.strip()
+    assert p.returncode == 130 and err.endswith("interrupted") and len(err.splitlines()) == 1, (target, err)
