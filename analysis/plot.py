@@ -9,6 +9,8 @@ from pathlib import Path
 
 from torch import Tensor
 
+from zoo import files
+
 from .errors import AnalysisError
 
 MAX_LABELS = 64  # beyond this many tokens, label every k-th one so the text stays readable
@@ -114,19 +116,32 @@ def plot_curve(
     return _save(fig, plt, Path(path))
 
 
+PICTURE_FORMATS = ("png", "svg", "pdf")  # the suffix names the format written
+
+
+def picture_format(path: str | os.PathLike) -> str:
+    """The format a picture path names by its suffix (PNG for a device or pipe such as /dev/null);
+    refuses, before any work, a suffix naming no format written here, or a path that cannot be
+    written (a folder, a socket)."""
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in PICTURE_FORMATS:
+        if not files.is_special(files.resolve_output(path)):
+            raise AnalysisError(
+                f"{path}: a picture's name ends in one of {', '.join('.' + f for f in PICTURE_FORMATS)}"
+            )
+        fmt = "png"
+    files.ensure_writable_parent(path)
+    return fmt
+
+
 def _save(fig, plt, path: Path) -> Path:
-    if path.is_dir():
-        raise AnalysisError(f"{path} is a folder; give a file path such as {path / 'heads.png'}")
-    if not path.parent.exists():
-        raise AnalysisError(f"the folder {path.parent} does not exist; create it first")
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    """Written atomically in the format the suffix names (symlinks followed, /dev/null written through)."""
     try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(path)
+        fmt = picture_format(path)
+        files.write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format=fmt))
     finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo import files
+
 from .dates import DatesConfig, DatesModel
 from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
@@ -49,7 +51,7 @@ def weight_path(name: str):
 
 
 def save(model: nn.Module, name: str, path: str | Path, log: dict[str, Any] | None = None) -> Path:
-    """Write model + config atomically (temp file + rename)."""
+    """Write model + config atomically (zoo.files: temp file + rename, links followed)."""
     path = Path(path)
     payload = {
         "name": name,
@@ -58,9 +60,7 @@ def save(model: nn.Module, name: str, path: str | Path, log: dict[str, Any] | No
         "state_dict": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
         "log": dict(log or {}),
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
+    files.write_atomic(path, lambda tmp: torch.save(payload, tmp))
     return path
 
 

@@ -17,7 +17,7 @@ _LAZY = {
     "export_onnx": "export.lowering",
     "ExportResult": "export.lowering",
     "LOWERINGS": "export.lowering",
-    "ExportError": "export.lowering",
+    "ExportError": "export.errors",
     "OnnxSession": "export.session",
     "SessionError": "export.session",
     "cuda_status": "export.session",

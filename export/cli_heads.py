@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .lowering import ensure_writable_parent, write_atomic
+from zoo.files import ensure_writable_parent, write_atomic
 
 DEFAULT_DATES = ["29 August 1958", "March 3, 2041", "17/11/1907", "1 January 2000"]
 
@@ -42,6 +42,13 @@ def _write_json(path: str, data: object) -> None:
 def _check_out(path: str | None) -> None:
     if path:
         ensure_writable_parent(Path(path))
+
+
+def _check_picture(path: str | None) -> None:
+    if path:
+        from analysis.plot import picture_format
+
+        picture_format(path)
 
 
 def _bar(total: int, desc: str, quiet: bool):
@@ -84,7 +91,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
     import analysis
     from analysis import plot, scores
 
-    _check_out(args.plot)
+    _check_picture(args.plot)
     _check_out(args.json)
     model = analysis.load(args.name)
     if isinstance(model, analysis.DatesModel):
@@ -173,7 +180,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
     from analysis.importance import eval_batches, head_importance, pruning_sweep, ranked_heads
     from analysis.tasks import get_task
 
-    _check_out(args.plot)
+    _check_picture(args.plot)
     _check_out(args.json)
     model = analysis.load(args.name)
     task = get_task(args.name)

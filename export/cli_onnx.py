@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import zoo
+from zoo.files import ensure_writable_parent, write_atomic
 
 from .cli_common import CliError
-from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS, ensure_writable_parent, write_atomic
+from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
 from .names import DEVICES, DTYPES, PROVIDERS
 
 

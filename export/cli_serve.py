@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import zoo
+from zoo.files import ensure_writable_parent, write_atomic
 
 from .cli_common import CliError, number_in
-from .lowering import ensure_writable_parent, write_atomic
 from .names import DTYPES, PROVIDERS
 
 

@@ -22,7 +22,6 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,9 @@ from einops import rearrange
 from torch import nn
 
 import zoo
+from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output
 
+from .errors import ExportError
 from .io import TensorIO, interface
 from .names import DEVICES, LOWERINGS
 from .names import DTYPES as DTYPE_NAMES
@@ -74,12 +75,6 @@ EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clea
 # Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
 # constant (an example dim of 1, or two equal example dims, can be baked into the graph).
 EXAMPLE_B, EXAMPLE_T, EXAMPLE_S = 2, 5, 7
-
-
-class ExportError(zoo.AttnzooError, ValueError):
-    """A lowering cannot express a request, or its result failed a check."""
-
-    detail: str = ""  # the underlying tool's full text, when it has more than one line (CLI: --verbose)
 
 
 @dataclass
@@ -209,9 +204,10 @@ def export_onnx(
     path = Path(path)
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file path such as {path / (name + '.onnx')}")
-    if path.exists() and not overwrite:
+    target = resolve_output(path)  # symlinks followed; a device or FIFO is written through
+    if target.exists() and not overwrite and not is_special(target):
         raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
-    ensure_writable_parent(path)
+    ensure_writable_parent(target)
 
     if decode:
         reason = decode_why_not(module.spec)
@@ -252,7 +248,7 @@ def export_onnx(
         elif counts.get("MatMul", 0) >= 3:
             notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
     _set_metadata(model, name, module.spec, lw, dtype, decode=decode)
-    external = _save_atomic(model, path, module, dtype, overwrite=overwrite)
+    external = _save_atomic(model, target, module, dtype, overwrite=overwrite)
     return ExportResult(
         path=path,
         name=name,
@@ -265,7 +261,7 @@ def export_onnx(
         op_counts=counts,
         parameters=zoo.count_parameters(module),
         seconds=time.perf_counter() - started,
-        file_bytes=path.stat().st_size,
+        file_bytes=target.stat().st_size,
         external_data=external,
         notes=notes,
         module=module,
@@ -307,92 +303,6 @@ def _check_export_fits(spec: zoo.AttentionSpec, dtype: str) -> None:
         spec, EXAMPLE_B, EXAMPLE_T, EXAMPLE_S if spec.is_cross else None, score_copies=3
     )
     check_fits(need, f"exporting {spec.describe()} ({zoo.count_parameters(spec):,} parameters, {dtype})")
-
-
-_TEMP_PREFIX = ".attnzoo-"  # temp files and folders beside an output; stale ones are swept
-_STALE_SECONDS = 3600
-
-
-def ensure_writable_parent(path: Path) -> None:
-    """Create `path`'s folder if needed and check it can be written, before any long work.
-
-    The check writes (and removes) a probe file: os.access says yes to root on a read-only
-    mount, and the rename at the end must not be the first thing to find out."""
-    path = Path(path)
-    for folder in (path.parent, *path.parent.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise ExportError(f"cannot write {path}: {folder} is not a folder")
-            break
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot create the folder for {path}: {e.strerror or e}") from None
-    try:
-        fd, probe = tempfile.mkstemp(prefix=_TEMP_PREFIX + "probe-", dir=path.parent)
-    except OSError as e:
-        raise ExportError(f"cannot write {path}: {e.strerror or e} ({path.parent})") from None
-    os.close(fd)
-    os.unlink(probe)
-    _sweep_stale(path.parent)
-
-
-def _sweep_stale(folder: Path) -> None:
-    """Remove temp files/folders an earlier run left when it was killed (SIGKILL skips cleanup)."""
-    now = time.time()
-    try:
-        entries = list(folder.glob(_TEMP_PREFIX + "*"))
-    except OSError:
-        return
-    for p in entries:
-        try:
-            if now - p.lstat().st_mtime < _STALE_SECONDS:
-                continue  # maybe another process's work in progress
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-        except OSError:
-            pass
-
-
-def publish(tmp: Path, path: Path, *, overwrite: bool) -> None:
-    """Move the finished file `tmp` to `path`, atomically. Without `overwrite` the final step is
-    exclusive (a hard link, or an O_EXCL claim where links are unsupported): of two writers
-    racing for one name exactly one wins and the other gets FileExistsError."""
-    if overwrite:
-        os.replace(tmp, path)
-        return
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it") from None
-    except OSError:  # no hard links here (some network and FAT filesystems)
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it") from None
-        os.close(fd)
-        os.replace(tmp, path)  # over our own empty claim
-        return
-    os.unlink(tmp)
-
-
-def write_atomic(path: Path, write: Callable[[Path], None], *, overwrite: bool = True) -> None:
-    """write(tmp) into a temp file beside `path`, then rename it into place (no half files)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=path.suffix, dir=path.parent)
-    except OSError as e:
-        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        publish(Path(tmp), path, overwrite=overwrite)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, str]:
@@ -653,8 +563,11 @@ def _save_atomic(model, path: Path, module, dtype: str, *, overwrite: bool = Fal
     itemsize = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     big = zoo.count_parameters(module) * itemsize > EXTERNAL_DATA_BYTES
     data_name = path.name + ".data" if big else None
+    special = is_special(path)
+    if special and big:
+        raise ExportError(f"{path} is not a regular file, and this model keeps its weights in a .data file beside it")
     try:
-        tmpdir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=path.parent))
+        tmpdir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=None if special else path.parent))
     except OSError as e:
         raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
     try:

@@ -97,7 +97,9 @@ def write_repository(
     Each model folder is built beside its final place and renamed in, so a failed export leaves
     no half model that Triton would try to load.
     """
-    from .lowering import ensure_writable_parent, export_onnx
+    from zoo.files import ensure_writable_parent
+
+    from .lowering import export_onnx
 
     if not names:
         raise TritonError("give at least one zoo name (see `attnzoo list`)")

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -280,48 +279,6 @@ def test_4_api_checks_skip_an_unusable_provider_alike():
 # -- 5. no-overwrite cannot be raced -------------------------------------------------------------
 
 
-def test_5_publish_race_has_exactly_one_winner(tmp_path):
-    target = tmp_path / "same.onnx"
-    results: list[str] = []
-    barrier = threading.Barrier(8)
-
-    def writer(i: int) -> None:
-        tmp = tmp_path / f".attnzoo-w{i}"
-        tmp.write_text(f"writer {i}")
-        barrier.wait()
-        try:
-            lowering_mod.publish(tmp, target, overwrite=False)
-            results.append(f"won {i}")
-        except FileExistsError:
-            results.append("lost")
-            tmp.unlink()
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    winners = [r for r in results if r.startswith("won")]
-    assert len(winners) == 1 and results.count("lost") == 7
-    assert target.read_text() == f"writer {winners[0].split()[1]}"
-    assert not list(tmp_path.glob(".attnzoo-*"))
-
-
-def test_5_publish_without_hard_links_is_still_exclusive(tmp_path, monkeypatch):
-    def no_link(src, dst):
-        raise OSError(95, "Operation not supported")
-
-    monkeypatch.setattr(lowering_mod.os, "link", no_link)
-    target = tmp_path / "m.onnx"
-    a, b = tmp_path / ".attnzoo-a", tmp_path / ".attnzoo-b"
-    a.write_text("a")
-    b.write_text("b")
-    lowering_mod.publish(a, target, overwrite=False)
-    with pytest.raises(FileExistsError):
-        lowering_mod.publish(b, target, overwrite=False)
-    assert target.read_text() == "a"
-
-
 def test_5_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, monkeypatch):
     target = tmp_path / "same.onnx"
     real = lowering_mod._lower
@@ -336,17 +293,6 @@ def test_5_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, mo
         export_onnx("mha-separate-nobias", target, lowering="decomposed")
     assert target.read_bytes() == b"the other export's model"
     assert not list(tmp_path.glob(".attnzoo-*"))
-
-
-def test_5_stale_temp_folders_are_swept_young_ones_kept(tmp_path):
-    old, young = tmp_path / ".attnzoo-old", tmp_path / ".attnzoo-young"
-    old.mkdir()
-    young.mkdir()
-    (old / "half.onnx").write_bytes(b"killed mid-write")
-    hours_ago = time.time() - 2 * 3600
-    os.utime(old, (hours_ago, hours_ago))
-    lowering_mod.ensure_writable_parent(tmp_path / "m.onnx")
-    assert not old.exists() and young.exists()
 
 
 def test_5_unwritable_target_is_named_before_any_work(monkeypatch, capsys):

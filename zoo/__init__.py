@@ -16,7 +16,7 @@ from .accounting import (
     stage_shapes,
 )
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
-from .errors import ArgumentError, AttnzooError, InputTypeError, ResourceError
+from .errors import ArgumentError, AttnzooError, InputTypeError, OutputPathError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 
 # transformers is imported inside from_hf/to_hf only: `import zoo` works without it.
@@ -44,6 +44,7 @@ from .torch_peer import from_torch_mha, to_torch_mha
 __version__ = "0.1.0"
 
 __all__ = [
+    "OutputPathError",
     "ArgumentError",
     "AttnzooError",
     "InputTypeError",

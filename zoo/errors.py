@@ -22,4 +22,8 @@ class ResourceError(AttnzooError, ValueError):
     """A request that needs more memory than this machine has; the message gives both numbers."""
 
 
-__all__ = ["ArgumentError", "AttnzooError", "InputTypeError", "ResourceError"]
+class OutputPathError(AttnzooError, ValueError):
+    """An output path that cannot be written as asked (a folder, a socket, an unwritable place)."""
+
+
+__all__ = ["ArgumentError", "AttnzooError", "InputTypeError", "OutputPathError", "ResourceError"]

@@ -142,7 +142,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     """`attnzoo bench`: measure, print the markdown table, write JSON and the plot."""
 
     _check_flags(args)
-    from ..lowering import ensure_writable_parent
+    from zoo.files import ensure_writable_parent
 
     for out in (args.json, args.plot):  # fail now, not after minutes of measuring
         if out:

@@ -74,7 +74,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
-    from ..lowering import write_atomic
+    from zoo.files import write_atomic
 
     # default=str: a value JSON has no type for (a path, a dtype) is written as its text
     write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str) + "\n"))
@@ -129,7 +129,7 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
         fontsize=10,
     )
     fig.tight_layout()
-    from ..lowering import write_atomic
+    from zoo.files import write_atomic
 
     fmt = Path(path).suffix.lower().lstrip(".")
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format=fmt if fmt in PLOT_FORMATS else "png"))

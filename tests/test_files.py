@@ -1,0 +1,204 @@
+"""Output files (export/files.py): whole or nothing, the user's mode, links followed, special
+files written through and never replaced, exclusive publishing without --force."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+import time
+
+import pytest
+
+from zoo import files
+from zoo.errors import OutputPathError
+from zoo.files import write_atomic
+
+
+def _write(text: str):
+    return lambda tmp: tmp.write_text(text)
+
+
+def test_new_file_gets_the_umask_mode_not_the_temp_files(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "r.json", _write("{}"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o640
+
+
+def test_replaced_file_keeps_its_own_mode(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    target.chmod(0o604)
+    write_atomic(target, _write("new"))
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o604
+
+
+def test_symlink_is_followed_and_its_target_written(tmp_path):
+    real = tmp_path / "real" / "report.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_atomic(link, _write("new"))
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text() == "new"
+    assert not list(real.parent.glob(".attnzoo-*")) and not list(tmp_path.glob(".attnzoo-*"))
+
+
+def test_dangling_symlink_creates_its_target(tmp_path):
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "made.json")
+    write_atomic(link, _write("x"))
+    assert link.is_symlink() and (tmp_path / "made.json").read_text() == "x"
+
+
+def test_fifo_is_written_through_not_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, _write("through the pipe"), overwrite=False)
+    reader.join(timeout=60)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert not list(tmp_path.glob(".attnzoo-*"))
+
+
+def test_character_device_is_written_through_not_replaced():
+    before = os.stat(os.devnull)
+    write_atomic(os.devnull, _write("nothing"), overwrite=False)
+    after = os.stat(os.devnull)
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+
+
+def test_socket_and_folder_are_refused_with_one_line(tmp_path):
+    sock_path = tmp_path / "s.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock_path))
+    try:
+        with pytest.raises(OutputPathError, match="a socket"):
+            write_atomic(sock_path, _write("x"))
+    finally:
+        s.close()
+    with pytest.raises(OutputPathError, match="a folder"):
+        write_atomic(tmp_path, _write("x"))
+    with pytest.raises(OutputPathError, match="empty"):
+        files.resolve_output("")
+
+
+def test_ensure_writable_parent_names_the_users_path(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OutputPathError) as e:
+        files.ensure_writable_parent(tmp_path / "d")
+    assert str(tmp_path / "d") in str(e.value) and ".attnzoo-" not in str(e.value)
+
+
+def test_cli_json_report_to_dev_null_leaves_the_device(capsys):
+    from export.cli import main
+
+    assert main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--json", os.devnull]) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_cli_json_report_through_a_symlink(tmp_path, capsys):
+    from export.cli import main
+
+    real = tmp_path / "out.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--json", str(link)]) == 0
+    assert link.is_symlink() and json.loads(real.read_text())
+
+
+def test_publish_race_has_exactly_one_winner(tmp_path):
+    target = tmp_path / "same.onnx"
+    results: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        tmp = tmp_path / f".attnzoo-w{i}"
+        tmp.write_text(f"writer {i}")
+        barrier.wait()
+        try:
+            files.publish(tmp, target, overwrite=False)
+            results.append(f"won {i}")
+        except FileExistsError:
+            results.append("lost")
+            tmp.unlink()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if r.startswith("won")]
+    assert len(winners) == 1 and results.count("lost") == 7
+    assert target.read_text() == f"writer {winners[0].split()[1]}"
+    assert not list(tmp_path.glob(".attnzoo-*"))
+
+
+def test_publish_without_hard_links_is_still_exclusive(tmp_path, monkeypatch):
+    def no_link(src, dst):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(files.os, "link", no_link)
+    target = tmp_path / "m.onnx"
+    a, b = tmp_path / ".attnzoo-a", tmp_path / ".attnzoo-b"
+    a.write_text("a")
+    b.write_text("b")
+    files.publish(a, target, overwrite=False)
+    with pytest.raises(FileExistsError):
+        files.publish(b, target, overwrite=False)
+    assert target.read_text() == "a"
+
+
+def test_stale_temp_folders_are_swept_young_ones_kept(tmp_path):
+    old, young = tmp_path / ".attnzoo-old", tmp_path / ".attnzoo-young"
+    old.mkdir()
+    young.mkdir()
+    (old / "half.onnx").write_bytes(b"killed mid-write")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    files.ensure_writable_parent(tmp_path / "m.onnx")
+    assert not old.exists() and young.exists()
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_heads_picture_is_written_in_the_format_its_suffix_names(tmp_path, suffix, capsys):
+    from export.cli import main
+
+    out = tmp_path / f"heads{suffix}"
+    assert main(["heads", "tiny-induction", "--plot", str(out)]) == 0
+    magic = {".png": b"\x89PNG", ".svg": b"<?xml", ".pdf": b"%PDF"}[suffix]
+    assert out.read_bytes().startswith(magic)
+
+
+def test_heads_picture_to_dev_null_leaves_the_device(capsys):
+    from export.cli import main
+
+    assert main(["heads", "tiny-induction", "--plot", os.devnull]) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--json"])
+def test_heads_output_that_is_a_folder_is_refused_before_any_scoring(tmp_path, flag, monkeypatch, capsys):
+    import analysis
+    from export.cli import main
+
+    monkeypatch.setattr(analysis, "load", lambda name: pytest.fail("scored before the output was checked"))
+    assert main(["heads", "tiny-induction", flag, str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(tmp_path) in err and ".attnzoo-" not in err and len(err.splitlines()) == 1
+
+
+def test_heads_picture_with_an_unknown_suffix_is_refused(tmp_path, capsys):
+    from export.cli import main
+
+    assert main(["heads", "tiny-induction", "--plot", str(tmp_path / "x.gif")]) == 2
+    assert ".png, .svg, .pdf" in capsys.readouterr().err
