@@ -86,3 +86,38 @@ def test_cuda_request_fails_in_one_line_without_cuda(capsys):
     assert bench.main(["mha-separate-bias", "--provider", "cuda", "--seq", "8", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnzoo bench: error: --provider cuda:") and "\n" not in err
+
+
+def test_bench_from_a_plain_copy_of_the_tree_runs_that_copy(tmp_path):
+    """`python scripts/bench.py` from a checkout with nothing installed: the workers import
+    exactly the tree the parent imported (not an installed copy, not a missing module)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    copy = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pt", "*.onnx")
+    for name in ("zoo", "export", "analysis", "models", "scripts"):
+        shutil.copytree(root / name, copy / name, ignore=ignore)
+    for name in ("bench", "serve", "cli"):  # the packages the house redesign adds
+        if (root / name).is_dir():
+            shutil.copytree(root / name, copy / name, ignore=ignore)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = tmp_path / "b.json"
+    argv = ["mha-separate-nobias", "--paths", "eager-sdpa", "--seq", "4", "--warmup", "1", "--repeats", "2"]
+    argv += ["--min-repeats", "1", "--budget", "0.1", "--roofline-size", "64", "--no-progress", "--json", str(out)]
+    p = subprocess.run(
+        [sys.executable, str(copy / "scripts" / "bench.py"), *argv],
+        cwd=tmp_path,  # neither the checkout nor the copy
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+    assert {r["code_root"] for r in rows} == {str(copy.resolve())}

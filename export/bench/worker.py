@@ -203,10 +203,19 @@ def run_worker(job: Job) -> dict[str, Any]:
     raise BenchError(f"unknown job kind {job.kind!r}")
 
 
+def import_root() -> str:
+    """The folder this process imports attnzoo's packages from (a checkout or site-packages):
+    workers must run exactly this code, not another copy installed elsewhere."""
+    roots = {str(Path(sys.modules[p].__file__).resolve().parent.parent) for p in ("zoo", __name__.split(".")[0])}
+    if len(roots) != 1:
+        raise BenchError(f"zoo and the benchmark are imported from different places: {sorted(roots)}")
+    return roots.pop()
+
+
 def _worker_main(text: str) -> int:
     job = Job.from_json(text)
     try:
-        result = {"ok": True, **run_worker(job)}
+        result = {"ok": True, "code_root": import_root(), **run_worker(job)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row's note, not a crash
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         result = {"ok": False, "error": f"{type(e).__name__}: {first}"}
@@ -229,7 +238,7 @@ def measure(job: Job, timeout: float, retries: int) -> dict[str, Any]:
 
 def spawn(job: Job, timeout: float) -> dict[str, Any]:
     """Run `job` in a fresh interpreter (memory measured in isolation); its result dict."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = import_root()
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-m", "export.bench", "--worker", job.to_json()]
@@ -239,7 +248,10 @@ def spawn(job: Job, timeout: float) -> dict[str, Any]:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s (raise --timeout)"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK) :])
+            result = json.loads(line[len(RESULT_MARK) :])
+            if result.get("ok") and result.get("code_root") != root:
+                return {"ok": False, "error": f"the worker ran the code in {result.get('code_root')}, not {root}"}
+            return result
     if proc.returncode < 0:
         why = "killed (out of memory?)" if proc.returncode == -9 else f"died with signal {-proc.returncode}"
         return {"ok": False, "error": f"worker {why}"}
