@@ -30,6 +30,7 @@ from .io import TensorIO
 
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
+HEAD_MULTIPLE = 8  # "head_size must be a multiple of 8", at run time
 ROTARY_MULTIPLE = 16  # the kernel wants cos_cache's width rope_dim / 2 to be a multiple of 8
 _ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 _NP_TYPE = {"float32": np.float32, "float16": np.float16}
@@ -56,6 +57,12 @@ def why_not(
         return "com.microsoft GroupQueryAttention is causal only; the block has causal=False"
     if spec.d_v_ != spec.d_k_:
         return f"com.microsoft GroupQueryAttention needs d_v == d_k (the block has d_k={spec.d_k_}, d_v={spec.d_v_})"
+    if spec.d_k_ % HEAD_MULTIPLE:
+        # Measured on onnxruntime 1.31 CPU, fp32 too: the kernel refuses the model at run time.
+        return (
+            f"ONNX Runtime's GroupQueryAttention kernels need d_k a multiple of {HEAD_MULTIPLE} "
+            f"(the block has d_k={spec.d_k_})"
+        )
     return None
 
 

@@ -26,14 +26,17 @@ def fuzz_settings(examples: int) -> settings:
 
 
 @st.composite
-def specs(draw, *, cross: bool | None = None) -> zoo.AttentionSpec:
+def specs(
+    draw, *, cross: bool | None = None, causal: bool | None = None, d_v_equals_d_k: bool = False
+) -> zoo.AttentionSpec:
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
-    causal (self-attention only), cross-attention, scale. Small, so a forward costs little."""
+    causal (self-attention only), cross-attention, scale. Small, so a forward costs little.
+    Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
     kv_heads = draw(st.sampled_from([g for g in range(1, heads + 1) if heads % g == 0]))
-    d_k = draw(st.one_of(st.none(), st.integers(1, 12)))
-    d_model = draw(st.sampled_from([heads * w for w in (2, 4, 8)]) if d_k is None else st.integers(2, 40))
-    d_v = draw(st.one_of(st.none(), st.integers(1, 12)))
+    d_k = draw(st.one_of(st.none(), st.integers(1, 12), st.sampled_from([8, 16, 20, 24])))
+    d_model = draw(st.sampled_from([heads * w for w in (2, 4, 8, 12, 16)]) if d_k is None else st.integers(2, 40))
+    d_v = None if d_v_equals_d_k else draw(st.one_of(st.none(), st.integers(1, 12)))
     is_cross = draw(st.booleans()) if cross is None else cross
     fields = dict(
         d_model=d_model,
@@ -43,7 +46,7 @@ def specs(draw, *, cross: bool | None = None) -> zoo.AttentionSpec:
         d_v=d_v,
         layout=draw(st.sampled_from(["separate", "combined"])),
         bias=draw(st.booleans()),
-        causal=False if is_cross else draw(st.booleans()),
+        causal=False if is_cross else (draw(st.booleans()) if causal is None else causal),
         d_context=draw(st.integers(2, 24)) if is_cross else None,
         scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
     )

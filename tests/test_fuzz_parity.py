@@ -124,3 +124,30 @@ def test_nan_in_a_float_mask_is_refused_everywhere(spec, shape, data):
     for need_weights in (False, True):
         with pytest.raises(zoo.InputError, match="NaN"):
             module(torch.randn(b, t, spec.d_model), ctx, mask, need_weights=need_weights)
+
+
+@fuzz_settings(ONNX_EXAMPLES)
+@given(
+    spec=specs(cross=False, causal=True, d_v_equals_d_k=True),
+    decode=st.booleans(),
+    shape=shapes(),
+)
+def test_what_auto_picks_runs(spec, decode, shape, tmp_path_factory):
+    """`auto` only picks a lowering whose kernel runs the block: causal blocks whose head size
+    is not a multiple of 8 once exported to ort-gqa and failed at run time."""
+    from export import OnnxSession, export_onnx
+
+    module = zoo.MultiHeadAttention(spec).eval()
+    path = tmp_path_factory.mktemp("auto") / "m.onnx"
+    r = export_onnx(module, path, lowering="auto", decode=decode)
+    sess = OnnxSession(r.path, provider="cpu", verbose=False)
+    b, t, _ = shape
+    x = torch.randn(b, t, spec.d_model)
+    with torch.no_grad():
+        if decode:
+            y, _, _ = sess.decode(x)
+            want, _, _ = module.decode(x)
+        else:
+            y, want = sess.run(x), module(x)
+    tol = TOLERANCE["float32"]
+    torch.testing.assert_close(y, want, rtol=tol.rtol, atol=tol.atol)

@@ -72,3 +72,21 @@ def test_fp16_graph(tmp_path):
     y = sess.run(x)
     ref = block(torch.from_numpy(x).float()).detach().numpy()
     assert np.abs(y.astype(np.float32) - ref).max() < 4e-3
+
+
+@pytest.mark.parametrize("d_k", [4, 12, 20])
+def test_head_size_not_a_multiple_of_8_is_refused_by_name(d_k):
+    spec = zoo.spec("mha-causal", d_model=2 * d_k, heads=2, alibi=True)
+    reason = why_not("ort-gqa", spec, dtype="float32", provider="cpu")
+    assert reason and "multiple of 8" in reason and f"d_k={d_k}" in reason
+
+
+def test_auto_passes_gqa_by_for_a_head_size_its_kernel_refuses(tmp_path):
+    # ONNX Runtime accepted the model and only failed at run time: "head_size must be a multiple of 8".
+    block = zoo.create("mha-causal", d_model=24, heads=2, alibi=True).eval()  # d_k 12
+    r = export_onnx(block, tmp_path / "a.onnx", lowering="auto")
+    assert r.lowering != "ort-gqa"
+    x = torch.randn(2, 6, 24)
+    torch.testing.assert_close(
+        OnnxSession(r.path, provider="cpu", verbose=False).run(x), block(x), rtol=1e-4, atol=1e-5
+    )
