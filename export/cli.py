@@ -14,23 +14,10 @@ import zoo
 # The command-line vocabulary shared by every command module (cli_onnx, cli_heads, cli_serve):
 # they import it from cli_common, never from this module, which imports them.
 from . import interrupt
-from .cli_common import CliError, _int_list, _positive  # noqa: E402
+from .cli_common import CliError, _int_list, _positive, seed  # noqa: E402
 from .names import DTYPES
 
 parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
-
-
-SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{v} is outside 0..2**63-1")
-    return v
 
 
 # -- zoo commands --------------------------------------------------------------------------
@@ -142,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", "-b", type=_positive, default=2)
     sp.add_argument("--seq", "-t", type=_positive, default=5)
     sp.add_argument("--ctx-seq", "-s", type=_positive, default=7)
-    sp.add_argument("--seed", type=_seed, default=0, help="0..2**63-1 (default 0)")
+    sp.add_argument("--seed", type=seed, default=0, help="0..2**63-1 (default 0)")
     sp.set_defaults(func=cmd_audit)
 
     try:

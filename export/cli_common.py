@@ -21,12 +21,13 @@ def number_in(kind: type, low: float, *, low_open: bool = False, below: float | 
     """An argparse type: a finite `kind` (int or float) v with low <= v (low < v with low_open)
     and v < below; each refusal is one line naming the value and the range."""
     noun = "an integer" if kind is int else "a number"
+    show = str if kind is int else (lambda v: f"{v:g}")  # integers exactly (2**63 is not 9.22e+18)
     if below is not None:
-        rule = f"in [{low:g}, {below:g})"
+        rule = f"in [{show(low)}, {show(below)})"
     elif low_open:
-        rule = "positive" if low == 0 else f"> {low:g}"
+        rule = "positive" if low == 0 else f"> {show(low)}"
     else:
-        rule = f">= {low:g}"
+        rule = f">= {show(low)}"
 
     def parse(text: str):
         try:
@@ -43,6 +44,8 @@ def number_in(kind: type, low: float, *, low_open: bool = False, below: float | 
 
 
 _positive = number_in(int, 0, low_open=True)
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
+seed = number_in(int, 0, below=SEED_MAX + 1)
 
 
 def _int_list(text: str) -> list[int]:

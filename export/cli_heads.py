@@ -19,6 +19,11 @@ import torch
 
 from zoo.files import ensure_writable_parent, write_atomic
 
+from .cli_common import CliError, number_in, seed
+
+MAX_EXAMPLES = 4096  # held-out examples per batch: more says nothing new and only costs memory
+MAX_BATCHES = 1024
+MAX_STEPS = 10**7
 DEFAULT_DATES = ["29 August 1958", "March 3, 2041", "17/11/1907", "1 January 2000"]
 
 
@@ -70,6 +75,9 @@ def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str]
             ids = [int(p) for p in parts]
         except ValueError:
             raise AnalysisError(f"--tokens {args.tokens!r}: ids must be integers, e.g. '5 9 2'") from None
+        bad = [i for i in ids if not 0 <= i < model.vocab_size]
+        if bad:  # before torch.tensor, which overflows past 64 bits
+            raise AnalysisError(f"--tokens: {bad[0]} is not a token id of this model (0..{model.vocab_size - 1})")
         return model.check_tokens(torch.tensor([ids])), [str(i) for i in ids]
     if args.text is not None:
         if not args.text:
@@ -89,7 +97,7 @@ def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str]
 
 def cmd_heads(args: argparse.Namespace) -> int:
     import analysis
-    from analysis import plot, scores
+    from analysis import AnalysisError, plot, scores
 
     _check_picture(args.plot)
     _check_out(args.json)
@@ -97,6 +105,10 @@ def cmd_heads(args: argparse.Namespace) -> int:
     if isinstance(model, analysis.DatesModel):
         return _heads_dates(model, args)
     tokens, labels = _lm_tokens(model, args)
+    if tokens.shape[1] < 2:
+        raise AnalysisError(
+            f"{tokens.shape[1]} token: every score reads a row's weight on earlier tokens; give 2 or more"
+        )
     result = scores.head_scores(model, tokens)
     source = "your input" if labels is not None else f"{len(tokens)} held-out repeated blocks (seed {args.seed})"
     print(f"{args.name}: head scores on {source}, {tokens.shape[1]} tokens each (NaN: no such rows)")
@@ -288,6 +300,8 @@ class OnnxLatency:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    if args.heads is not None and not args.heads.strip():
+        raise CliError("--heads is empty; give LAYER.HEAD,... (e.g. --heads 1.2), or leave it out for the top head")
     import analysis
     from analysis.ablate import format_table, parse_heads, run_ablation
     from analysis.importance import eval_batches, head_importance, ranked_heads
@@ -340,11 +354,19 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     from analysis.tasks import EVAL_SEED, TASKS
 
     names = ", ".join(sorted(TASKS))
+    examples = number_in(int, 1, below=MAX_EXAMPLES + 1)
+    batches = number_in(int, 1, below=MAX_BATCHES + 1)
+    steps0, steps = number_in(int, 0, below=MAX_STEPS + 1), number_in(int, 1, below=MAX_STEPS + 1)
 
     def common(sp: argparse.ArgumentParser, batch: int) -> None:
         sp.add_argument("name", help=f"a trained model: {names}")
-        sp.add_argument("--batch", type=positive, default=batch, help=f"held-out examples per batch (default {batch})")
-        sp.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the held-out data (never trained on)")
+        sp.add_argument(
+            "--batch",
+            type=examples,
+            default=batch,
+            help=f"held-out examples per batch, 1..{MAX_EXAMPLES} (default {batch})",
+        )
+        sp.add_argument("--seed", type=seed, default=EVAL_SEED, help="seed of the held-out data, 0..2**63-1")
         sp.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
     sp = sub.add_parser("heads", help="head scores (previous-token, induction, ...) and a picture of the maps")
@@ -357,7 +379,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
 
     sp = sub.add_parser("importance", help="head importance |dL/d head_mask| and a pruning sweep by importance")
     common(sp, 64)
-    sp.add_argument("--batches", type=positive, default=4, help="held-out batches (default 4)")
+    sp.add_argument("--batches", type=batches, default=4, help=f"held-out batches, 1..{MAX_BATCHES} (default 4)")
     sp.add_argument("--plot", metavar="PNG", help="draw the pruning curve")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_importance)
@@ -365,9 +387,11 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp = sub.add_parser("ablate", help="zero vs prune vs prune+fine-tune vs fewer heads from scratch: one table")
     common(sp, 64)
     sp.add_argument("--heads", help="heads to remove as LAYER.HEAD,... (default: the most important one)")
-    sp.add_argument("--batches", type=positive, default=4, help="held-out batches (default 4)")
-    sp.add_argument("--finetune-steps", type=int, default=300, help="(c) fine-tuning steps (default 300)")
-    sp.add_argument("--scratch-steps", type=int, default=None, help="(d) training steps (default: the shipped budget)")
+    sp.add_argument("--batches", type=batches, default=4, help=f"held-out batches, 1..{MAX_BATCHES} (default 4)")
+    sp.add_argument("--finetune-steps", type=steps0, default=300, help="(c) fine-tuning steps (default 300)")
+    sp.add_argument(
+        "--scratch-steps", type=steps, default=None, help="(d) training steps (default: the shipped budget)"
+    )
     sp.add_argument("--no-latency", action="store_true", help="skip the ONNX export and latency column")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_ablate)

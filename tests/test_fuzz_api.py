@@ -13,6 +13,9 @@ import argparse
 import contextlib
 import io
 import math
+import os
+import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import fuzz_settings
 
+import analysis.ablate
+import analysis.importance
+import analysis.scores
 import zoo
 from export import OnnxSession, export_onnx
 from export import lowering as lowering_mod
@@ -28,8 +34,12 @@ from export import parity as parity_mod
 from export.bench import plan as bench_mod
 from export.cli import build_parser, main
 
-COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench")
+COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate")
+PAST_64_BITS = ["99999999999999999999999", "-99999999999999999999999", str(2**64), str(2**63)]
 BAD_TEXT = ["", " ", "nan", "NaN", "inf", "-inf", "-1", "0", "-0", "1e20", "1" * 40, "abc", "1.5", "0x10", "None", "2"]
+BAD_TEXT += PAST_64_BITS
+# Output paths a careful user tries: a device, a symlink (made by the `outputs` fixture), a folder.
+OUTPUTS = [os.devnull, "{tmp}/link.json", "{tmp}/link.png", "{tmp}"]
 BAD_VALUES = [None, "", "no", "nan", float("nan"), float("inf"), -1, 0, 10**30, 1.5, True, [], {}, b"x", object()]
 
 
@@ -60,6 +70,9 @@ BASE = {
     "run": ["{model}", "--repeats", "1"],
     "parity": ["mha-causal"],
     "bench": ["mha-causal", "--seq", "2"],
+    "heads": ["tiny-induction"],
+    "importance": ["tiny-induction", "--batches", "1", "--batch", "2", "-q"],
+    "ablate": ["tiny-induction", "--no-latency", "-q"],
 }
 
 
@@ -75,20 +88,35 @@ def _run_cli(argv: list[str]) -> tuple[int | str, str]:
     return rc, err.getvalue()
 
 
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    """A folder with symlinks to regular files, for the output-path values."""
+    tmp = tmp_path_factory.mktemp("outputs")
+    for name in ("link.json", "link.png"):
+        (tmp / f"real-{name}").write_text("old")
+        (tmp / name).symlink_to(tmp / f"real-{name}")
+    return tmp
+
+
 @fuzz_settings(150)
 @given(command=st.sampled_from(COMMANDS), data=st.data())
-def test_every_cli_flag_gives_a_result_or_one_line(command, data, model_path, tmp_path_factory, monkeypatch_module):
+def test_every_cli_flag_gives_a_result_or_one_line(
+    command, data, model_path, tmp_path_factory, outputs, monkeypatch_module
+):
     flags = _flags(command)
     argv = [a.format(tmp=tmp_path_factory.getbasetemp(), model=model_path) for a in BASE[command]]
     for _ in range(data.draw(st.integers(1, 2))):
         if flags and data.draw(st.booleans()):
             action = data.draw(st.sampled_from(flags))
-            value = data.draw(st.sampled_from(BAD_TEXT + ["d_model=nan", "heads=0", "=", "d_model=1e40", "x=1"]))
-            argv += [action.option_strings[-1], value]
+            values = BAD_TEXT + ["d_model=nan", "heads=0", "=", "d_model=1e40", "x=1"]
+            values += [o.format(tmp=outputs) for o in OUTPUTS]
+            argv += [action.option_strings[-1], data.draw(st.sampled_from(values))]
         elif argv:  # the positional argument (a name, a pattern, a path)
             argv[0] = data.draw(st.sampled_from(BAD_TEXT + ["*", "mha-*", "/nonexistent.onnx", "a" * 300]))
     rc, err = _run_cli(argv)
     assert "Traceback" not in err, (argv, err)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode), argv  # written through, never replaced
+    assert all((outputs / n).is_symlink() for n in ("link.json", "link.png")), argv
     if rc == 2:
         assert len(err.strip().splitlines()) == 1, (argv, err)
     else:
@@ -102,6 +130,9 @@ def monkeypatch_module():
         mp.setattr(lowering_mod, "_lower", _reach)  # export: after every argument check
         mp.setattr(bench_mod, "export_lowerings", _reach)  # bench: after flags, spec, sizes
         mp.setattr(parity_mod, "run_parity", _reach)  # parity: after pattern and providers
+        mp.setattr(analysis.scores, "head_scores", _reach)  # heads: after tokens and outputs
+        mp.setattr(analysis.importance, "head_importance", _reach)  # importance: after its flags
+        mp.setattr(analysis.ablate, "run_ablation", _reach)  # ablate: before any training
         yield mp
     finally:
         mp.undo()
