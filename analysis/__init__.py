@@ -11,6 +11,7 @@ Depends on `zoo`; never imported by it; does not import `export`.
 from .dates import DatesConfig, DatesModel
 from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
+from .scores import head_scores
 from .store import load, save, weight_path
 from .tasks import TASKS, get_task, train
 
@@ -22,6 +23,7 @@ __all__ = [
     "LMConfig",
     "TinyLM",
     "get_task",
+    "head_scores",
     "load",
     "save",
     "train",

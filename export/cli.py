@@ -47,11 +47,19 @@ def cmd_show(args: argparse.Namespace) -> int:
             batch=args.batch,
             seq=args.seq,
             ctx_seq=args.ctx_seq,
-            description=zoo.entry(args.name).description,
+            description=_description(args.name, spec),
             itemsize=2 if args.dtype == "float16" else 4,
         )
     )
     return 0
+
+
+def _description(name: str, spec: zoo.AttentionSpec) -> str:
+    """The preset's own words describe the preset's spec; with overrides they are marked as such."""
+    entry = zoo.entry(name)
+    if spec == entry.spec or not entry.description:
+        return entry.description
+    return f"{spec.describe()} (overridden; the preset {name} is: {entry.description})"
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -58,3 +58,11 @@ def test_audit_leaves_the_callers_module_alone():
     m = zoo.create("mha-separate-bias")
     run_audit(m)
     assert m.out_proj.weight.dtype == torch.float32 and m.training
+
+
+def test_show_with_overrides_does_not_pass_the_presets_words_off_as_the_spec(capsys):
+    assert main(["show", "gqa", "--set", "heads=2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("gqa: d_model=64 h=2 g=2") and "overridden; the preset gqa is:" in first
+    assert main(["show", "gqa"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("gqa: Grouped-query self-attention: 8 query heads")

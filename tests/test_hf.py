@@ -441,6 +441,25 @@ def test_unsupported_class_is_named():
         zoo.from_hf("LlamaAttention")
 
 
+def test_a_lookalike_class_gets_no_hint_pointing_at_itself():
+    class LlamaAttention(nn.Module):  # not transformers' own
+        pass
+
+    with pytest.raises(zoo.HFTypeError) as e:
+        zoo.from_hf(LlamaAttention())
+    assert "it holds" not in str(e.value) and "is not a supported transformers attention module" in str(e.value)
+
+
+def test_a_scale_written_out_as_the_default_fits():
+    llama = capture("llama").module
+    block = zoo.from_hf(llama)
+    spelled = zoo.MultiHeadAttention(block.spec.replace(scale=block.spec.scale_))
+    spelled.load_state_dict(block.state_dict())
+    zoo.to_hf(spelled, llama)  # "scale 0.25 vs None" before: the same number, spelled out
+    with pytest.raises(zoo.HFConversionError, match="scale"):
+        zoo.to_hf(zoo.MultiHeadAttention(block.spec.replace(scale=block.spec.scale_ * 2)), llama)
+
+
 def test_a_whole_layer_points_to_its_attention():
     layer = capture("llama").model.layers[0]
     with pytest.raises(

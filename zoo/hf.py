@@ -481,7 +481,11 @@ def _family(module: object) -> _Family:
         raise HFTypeError(f"{name}: {_PARTS[name]}")
     fam = _BY_CLASS.get(name)
     if fam is None or not type(module).__module__.startswith("transformers."):
-        inside = [f"{n} ({_cls(c)})" for n, c in module.named_modules() if _cls(c) in _BY_CLASS][:2]
+        inside = [
+            f"{n} ({_cls(c)})"
+            for n, c in module.named_modules()
+            if n and _cls(c) in _BY_CLASS and type(c).__module__.startswith("transformers.")
+        ][:2]
         hint = f"; it holds {', '.join(inside)}: pass that" if inside else ""
         raise HFTypeError(
             f"{type(module).__module__}.{name} is not a supported transformers attention module{hint}; "
@@ -543,7 +547,8 @@ def to_hf(block: MultiHeadAttention, module: nn.Module) -> nn.Module:
     if not isinstance(block, MultiHeadAttention):
         raise HFTypeError(f"expected a zoo MultiHeadAttention block, got {type(block).__name__}")
     fam, want, _ = _derive(module)
-    have = block.spec.replace(layout=want.layout, bias=want.bias)
+    # Compare values, not spellings: a scale written out as the default is the default.
+    have = block.spec.replace(layout=want.layout, bias=want.bias, scale=_scale(block.spec.scale_, block.spec.d_k_))
     if have != want:
         diffs = [
             f"{f}: block {getattr(have, f)!r} vs module {getattr(want, f)!r}"
