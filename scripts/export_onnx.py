@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
 
-from export.cli import main  # noqa: E402
+from cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["export", *sys.argv[1:]]))

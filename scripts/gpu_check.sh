@@ -38,8 +38,8 @@ echo "== 3. node placement per lowering (transformer-base, fp16)"
 : > "$OUT/placement.txt"
 for lw in decomposed onnx-attention ort-mha; do  # ort-gqa needs a causal block: in step 5
   f="$OUT/tb-$lw.onnx"
-  timeout 120 $py -m export.cli export transformer-base -o "$f" --lowering "$lw" --dtype float16 --force >/dev/null \
-    && timeout 60 $py -m export.cli run "$f" --provider cuda --batch 1 --seq 2048 --repeats 10 --placement \
+  timeout 120 $py -m cli export transformer-base -o "$f" --lowering "$lw" --dtype float16 --force >/dev/null \
+    && timeout 60 $py -m cli run "$f" --provider cuda --batch 1 --seq 2048 --repeats 10 --placement \
        2>&1 | sed "s/^/[$lw] /" | tee -a "$OUT/placement.txt"
   rm -f "$f"
 done
@@ -52,7 +52,7 @@ timeout 300 $py scripts/bench.py transformer-base --provider cuda --dtype float1
 echo "== 5. decode on CUDA, fp16 (llama-3-8b at 1024 wide: GQA + RoPE; gemma-2-9b adds window + softcap)"
 : > "$OUT/decode-parity.md"
 for name in llama-3-8b gemma-2-9b; do
-  timeout 120 $py -m export.cli parity "$name" --decode --provider cuda --dtype float16 -q \
+  timeout 120 $py -m cli parity "$name" --decode --provider cuda --dtype float16 -q \
     --set d_model=1024 --set heads=8 --set kv_heads=2 --set d_k=128 2>&1 | tee -a "$OUT/decode-parity.md" | tail -8
 done
 timeout 300 $py scripts/bench.py llama-3-8b --decode --provider cuda --dtype float16 --batch 1,8 \

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from export.cli import main
+from cli.main import main
 
 
 def test_heads_scores_picture_and_json(tmp_path, capsys):
@@ -84,7 +84,7 @@ def test_onnx_latency_of_blocks_with_and_without_head_mask():
     import torch
 
     import zoo
-    from export.cli_heads import OnnxLatency
+    from cli.cmd_heads import OnnxLatency
 
     block = zoo.create("mha-causal", d_model=32, heads=4)
     meter = OnnxLatency(repeats=3, rounds=2)

@@ -1,7 +1,7 @@
 import pytest
 
 import zoo
-from export.cli import main
+from cli.main import main
 from helpers import ALL_NAMES, small_overrides
 from zoo.audit import run_audit
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from export import bench
-from export.bench.command import _int_list
+from cli.cmd_bench import _int_list
+from cli.main import main as cli_main
 
 ROW_KEYS = {"batch", "seq", "path", "lowering", "auto", "flops", "status"}
 MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_added_mb", "speedup_vs_sdpa"}
@@ -43,7 +43,7 @@ def test_bench_runs_on_a_tiny_shape(tmp_path, capsys):
         str(out_png),
     ]
 
-    assert bench.main(argv) == 0
+    assert cli_main(["bench", *argv]) == 0
 
     report = json.loads(out_json.read_text())
     assert {"machine", "versions", "config", "exports", "auto_lowering", "roofline", "rows"} <= set(report)
@@ -69,7 +69,7 @@ def test_bench_runs_on_a_tiny_shape(tmp_path, capsys):
 
 
 def test_bench_rejects_an_unknown_path(capsys):
-    assert bench.main(["mha-separate-bias", "--paths", "eager-sdpa,nope", "--no-progress"]) == 2
+    assert cli_main(["bench", "mha-separate-bias", "--paths", "eager-sdpa,nope", "--no-progress"]) == 2
     assert "unknown path(s) nope" in capsys.readouterr().err
 
 
@@ -83,7 +83,7 @@ def test_cuda_request_fails_in_one_line_without_cuda(capsys):
 
     if cuda_status()[0]:
         pytest.skip("CUDA works here; this checks the message on a machine without it")
-    assert bench.main(["mha-separate-bias", "--provider", "cuda", "--seq", "8", "--no-progress"]) == 2
+    assert cli_main(["bench", "mha-separate-bias", "--provider", "cuda", "--seq", "8", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnzoo bench: error: --provider cuda:") and "\n" not in err
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from export.bench.decode import format_decode_table
-from export.cli import main
+from bench.decode import format_decode_table
+from cli.main import main
 
 TINY = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]
 QUICK = ["--budget", "0.05", "--min-repeats", "1", "--warmup", "1", "--retries", "0", "--no-progress"]

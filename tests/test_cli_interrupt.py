@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, Trip())
-    from export.entry import main
+    from cli.entry import main
     rc = main(sys.argv[3:])
     if not hits:
         sys.exit(99)  # the point was never reached: the test's premise is wrong, not the CLI

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from export.cli import main
+from cli.main import main
 
 HUGE = "99999999999999999999999"
 

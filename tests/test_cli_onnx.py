@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from export.cli import main
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -163,7 +163,7 @@ def test_decode_export_refuses_what_it_cannot_be(tmp_path):
 
 
 def test_cli_export_run_parity_decode(tmp_path, capsys):
-    from export.cli import main
+    from cli.main import main
 
     path = tmp_path / "m.onnx"
     sets = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]

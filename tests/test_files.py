@@ -100,14 +100,14 @@ def test_ensure_writable_parent_names_the_users_path(tmp_path):
 
 
 def test_cli_json_report_to_dev_null_leaves_the_device(capsys):
-    from export.cli import main
+    from cli.main import main
 
     assert main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--json", os.devnull]) == 0
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
 
 def test_cli_json_report_through_a_symlink(tmp_path, capsys):
-    from export.cli import main
+    from cli.main import main
 
     real = tmp_path / "out.json"
     link = tmp_path / "link.json"
@@ -171,7 +171,7 @@ def test_stale_temp_folders_are_swept_young_ones_kept(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
 def test_heads_picture_is_written_in_the_format_its_suffix_names(tmp_path, suffix, capsys):
-    from export.cli import main
+    from cli.main import main
 
     out = tmp_path / f"heads{suffix}"
     assert main(["heads", "tiny-induction", "--plot", str(out)]) == 0
@@ -180,7 +180,7 @@ def test_heads_picture_is_written_in_the_format_its_suffix_names(tmp_path, suffi
 
 
 def test_heads_picture_to_dev_null_leaves_the_device(capsys):
-    from export.cli import main
+    from cli.main import main
 
     assert main(["heads", "tiny-induction", "--plot", os.devnull]) == 0
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
@@ -189,7 +189,7 @@ def test_heads_picture_to_dev_null_leaves_the_device(capsys):
 @pytest.mark.parametrize("flag", ["--plot", "--json"])
 def test_heads_output_that_is_a_folder_is_refused_before_any_scoring(tmp_path, flag, monkeypatch, capsys):
     import analysis
-    from export.cli import main
+    from cli.main import main
 
     monkeypatch.setattr(analysis, "load", lambda name: pytest.fail("scored before the output was checked"))
     assert main(["heads", "tiny-induction", flag, str(tmp_path)]) == 2
@@ -198,7 +198,7 @@ def test_heads_output_that_is_a_folder_is_refused_before_any_scoring(tmp_path, f
 
 
 def test_heads_picture_with_an_unknown_suffix_is_refused(tmp_path, capsys):
-    from export.cli import main
+    from cli.main import main
 
     assert main(["heads", "tiny-induction", "--plot", str(tmp_path / "x.gif")]) == 2
     assert ".png, .svg, .pdf" in capsys.readouterr().err

@@ -22,17 +22,17 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import fuzz_settings
 
 import analysis.ablate
 import analysis.importance
 import analysis.scores
 import zoo
+from bench import plan as bench_mod
+from cli.main import build_parser, main
 from export import OnnxSession, export_onnx
 from export import lowering as lowering_mod
 from export import parity as parity_mod
-from export.bench import plan as bench_mod
-from export.cli import build_parser, main
+from strategies import fuzz_settings
 
 COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate")
 PAST_64_BITS = ["99999999999999999999999", "-99999999999999999999999", str(2**64), str(2**63)]

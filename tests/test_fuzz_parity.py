@@ -13,11 +13,11 @@ import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from strategies import bool_mask, float_mask, fuzz_settings, shapes, specs
 
 import zoo
 from export.lowering import LOWERINGS, why_not
 from export.parity import TOLERANCE, check
+from strategies import bool_mask, float_mask, fuzz_settings, shapes, specs
 
 # Each ONNX example is one export (~2-4 s on 2 cores); the eager ones cost milliseconds.
 ONNX_EXAMPLES = 5

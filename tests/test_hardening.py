@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 import zoo
+from bench import BenchError
+from cli.main import CliError, main
 from export import ExportError, OnnxSession, export_onnx
 from export import lowering as lowering_mod
-from export.bench import BenchError
-from export.cli import CliError, main
 from export.session import RunInputError, SessionError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,8 +410,8 @@ def test_8_bench_flags_are_checked_before_any_work(capsys, flags, match):
 
 
 def test_8_roofline_is_sized_to_the_dtype_and_machine():
-    from export.bench import jobs as bench
-    from export.bench.worker import _roofline
+    from bench import jobs as bench
+    from bench.worker import _roofline
 
     job = bench.Job("roofline", "torch", "cpu", "float16", 1, bench.Budget(1, 3, 1, 0.05), seq=0)
     out = _roofline(job)
@@ -421,7 +421,7 @@ def test_8_roofline_is_sized_to_the_dtype_and_machine():
 
 
 def test_8_sigterm_unwinds_like_ctrl_c():
-    from export.bench.plan import _terminate_as_interrupt
+    from bench.plan import _terminate_as_interrupt
 
     with pytest.raises(KeyboardInterrupt), _terminate_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
@@ -432,7 +432,7 @@ def test_8_sigterm_unwinds_like_ctrl_c():
 def test_8_stale_bench_folders_are_swept(tmp_path, monkeypatch):
     import tempfile
 
-    from export.bench import plan as bench
+    from bench import plan as bench
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     old, young = tmp_path / "attnzoo-bench-old", tmp_path / "attnzoo-bench-young"
@@ -449,7 +449,7 @@ def test_8_stale_bench_folders_are_swept(tmp_path, monkeypatch):
 
 def test_broken_pipe_is_quiet():
     p = subprocess.Popen(
-        [sys.executable, "-m", "export.entry", "list"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "cli", "list"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     p.stdout.readline()
     p.stdout.close()  # `attnzoo list | head -1`
@@ -538,7 +538,7 @@ def test_session_arguments_are_checked(models):
     ],
 )
 def test_bounded_cli_numbers_refuse_with_the_range(kind, low, kw, text, words):
-    from export.cli_common import number_in
+    from cli.common import number_in
 
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(words)):
         number_in(kind, low, **kw)(text)

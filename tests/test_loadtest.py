@@ -107,7 +107,7 @@ def test_bad_options_are_refused_before_any_traffic():
 
 
 def test_no_server_is_one_line_at_the_cli(capsys):
-    from export.cli import main
+    from cli.main import main
 
     assert main(["loadtest", f"http://127.0.0.1:{free_port()}/", "--requests", "2", "--retries", "0"]) == 2
     err = capsys.readouterr().err.strip()
@@ -126,7 +126,7 @@ def server(model, request):
 
 
 def _short_load_with_malformed_requests_every_answer_checked(server, model, tmp_path) -> None:
-    from export.cli import main
+    from cli.main import main
 
     out = tmp_path / "load.json"
     rc = main(

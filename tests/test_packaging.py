@@ -1,5 +1,5 @@
 """The wheel holds every package of the source tree, and an installed (not editable) copy
-gives every command: a package listed by hand once went missing (`export.bench`), and the
+gives every command: a package listed by hand once went missing (`bench`), and the
 installed `attnzoo bench` then said "unrecognized arguments"."""
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ def test_installed_copy_gives_every_command(wheel, tmp_path):
         timeout=600,
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    code = "import sys, zoo; from export.entry import main; print(zoo.__file__); sys.exit(main(['--help']))"
+    code = "import sys, zoo; from cli.entry import main; print(zoo.__file__); sys.exit(main(['--help']))"
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[0].startswith(str(target)), "the test imported another copy"
     assert "unavailable" not in p.stdout, p.stdout
     for command in COMMANDS:
         assert f"    {command} " in p.stdout or f"    {command}\n" in p.stdout, (command, p.stdout)
-    code = "import sys; from export.entry import main; sys.exit(main(['bench', '--help']))"
+    code = "import sys; from cli.entry import main; sys.exit(main(['bench', '--help']))"
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "--decode" in p.stdout, p.stdout + p.stderr

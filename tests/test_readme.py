@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from export.cli import build_parser
+from cli.main import build_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 TEXT = README.read_text()

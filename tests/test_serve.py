@@ -346,7 +346,7 @@ def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
 
 
 def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
-    from export.cli import main
+    from cli.main import main
 
     assert main(["serve", "no-such-block"]) == 2
     err = capsys.readouterr().err.strip()

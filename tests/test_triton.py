@@ -76,7 +76,7 @@ def test_bad_requests_are_refused_before_exporting(tmp_path):
 
 def test_cli_writes_checks_and_says_how_to_serve(tmp_path, capsys):
     """Also the other corner: no batching (the batch axis stays in dims), a mask, fp16, GPU."""
-    from export.cli import main
+    from cli.main import main
 
     argv = ["triton", "gqa", "-o", str(tmp_path / "r"), "--max-batch", "0", "--kind", "gpu", "--mask"]
     rc = main([*argv, "--dtype", "float16", "--lowering", "decomposed", "--set", "d_model=32"])

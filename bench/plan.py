@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import zoo
+from export.names import DTYPES
 
-from ..names import DTYPES
 from .jobs import (
     _STALE_SECONDS,
     BASELINE,
@@ -47,7 +47,7 @@ def export_lowerings(
     name: str, overrides: dict[str, Any], dtype: str, folder: Path, lowerings: Sequence[str]
 ) -> dict[str, Export]:
     """{lowering: Export}; a lowering that cannot express the spec gets path None and the reason."""
-    from ..lowering import ExportError, export_onnx
+    from export.lowering import ExportError, export_onnx
 
     out = {}
     for lw in lowerings:
@@ -62,7 +62,7 @@ def export_lowerings(
 
 def auto_lowering(provider: str, spec: zoo.AttentionSpec, exports: dict[str, Export]) -> str | None:
     """What export_onnx(lowering="auto", provider=...) picks (no mask input): the first that exports."""
-    from ..lowering import auto_order
+    from export.lowering import auto_order
 
     order = auto_order(provider, spec, with_mask=False)
     return next((lw for lw in order if lw in exports and exports[lw].path), None)
@@ -313,7 +313,7 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
     if provider == "cuda":
         import torch
 
-        from ..session import cuda_status
+        from export.session import cuda_status
 
         ok, why = cuda_status()
         if not ok and any(p in LOWERING_OF for p in paths):

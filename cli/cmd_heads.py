@@ -19,7 +19,7 @@ import torch
 
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .cli_common import CliError, number_in, seed
+from .common import CliError, number_in, seed
 
 MAX_EXAMPLES = 4096  # held-out examples per batch: more says nothing new and only costs memory
 MAX_BATCHES = 1024
@@ -253,8 +253,8 @@ class OnnxLatency:
         self._sessions: dict = {}
 
     def _session(self, block, with_head_mask: bool):
-        from .lowering import export_onnx
-        from .session import OnnxSession
+        from export.lowering import export_onnx
+        from export.session import OnnxSession
 
         key = (block.spec, with_head_mask)
         if key not in self._sessions:

@@ -51,7 +51,7 @@ def measure_decode(job: Job) -> dict[str, Any]:
 
         where = f"torch {job.provider}"
     else:
-        from ..session import OnnxSession
+        from export.session import OnnxSession
 
         sess = OnnxSession(
             job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
@@ -92,7 +92,7 @@ def benchmark_decode(
     """Export each decode lowering once, then measure every (path, b, p) in its own worker."""
     from tqdm import tqdm
 
-    from ..lowering import why_not
+    from export.lowering import why_not
 
     spec = zoo.spec(name, **overrides)
     unknown = sorted(set(paths) - set(DECODE_PATHS))
@@ -113,7 +113,7 @@ def benchmark_decode(
             if reason:
                 skipped[path] = reason
                 continue
-            from ..lowering import export_onnx
+            from export.lowering import export_onnx
 
             started = time.perf_counter()
             try:

@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             import numpy  # noqa: F401  # before torch, whose C init would swallow a Ctrl-C here
 
-            from .cli import main as cli_main
+            from .main import main as cli_main
         except KeyboardInterrupt:
             print("attnzoo: interrupted", file=sys.stderr)
             return 130

@@ -1,4 +1,4 @@
-"""Worker processes: each (path, shape) job runs in a fresh interpreter (`python -m export.bench
+"""Worker processes: each (path, shape) job runs in a fresh interpreter (`python -m bench
 --worker JOB`) so its memory is its own; the roofline and ORT's per-call overhead likewise."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _path_call(job: Job) -> tuple[Callable[[int, int], Callable[[], Any]], str]:
         module = module.to(device=device, dtype=dtype).eval()
         run, where = (lambda x, c: module(x, c)), f"torch {job.provider}"
     else:
-        from ..session import OnnxSession
+        from export.session import OnnxSession
 
         sess = OnnxSession(
             job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
@@ -134,7 +134,7 @@ def _matmul_call(job: Job, n: int, folder: Path) -> Callable[[], Any]:
     if job.runtime == "torch":
         w = torch.randn(n, n, device=device, dtype=dtype) / math.sqrt(n)
         return lambda: torch.matmul(x, w)
-    from ..session import OnnxSession
+    from export.session import OnnxSession
 
     model = _matmul_model(n, job.dtype, folder)
     sess = OnnxSession(model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
@@ -145,7 +145,7 @@ def _overhead(job: Job) -> dict[str, Any]:
     """Milliseconds per ORT call of an Identity model at (b, t): through OnnxSession.run, and
     through a binding made once (ONNX Runtime's own per-call cost, without our Python)."""
     torch, device, dtype, sync = _torch_setup(job)
-    from ..session import OnnxSession
+    from export.session import OnnxSession
 
     sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)
@@ -212,7 +212,7 @@ def import_root() -> str:
     return roots.pop()
 
 
-def _worker_main(text: str) -> int:
+def worker_main(text: str) -> int:
     job = Job.from_json(text)
     try:
         result = {"ok": True, "code_root": import_root(), **run_worker(job)}
@@ -241,7 +241,7 @@ def spawn(job: Job, timeout: float) -> dict[str, Any]:
     root = import_root()
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "export.bench", "--worker", job.to_json()]
+    cmd = [sys.executable, "-m", "bench", "--worker", job.to_json()]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     except subprocess.TimeoutExpired:

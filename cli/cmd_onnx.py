@@ -1,4 +1,4 @@
-"""The ONNX half of the `attnzoo` CLI: export, run, parity, bench."""
+"""The ONNX commands: export, run, parity."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 import zoo
+from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
+from export.names import DEVICES, DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .cli_common import CliError
-from .lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
-from .names import DEVICES, DTYPES, PROVIDERS
+from .common import CliError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .lowering import export_onnx
+    from export.lowering import export_onnx
 
     result = export_onnx(
         args.name,
@@ -41,9 +41,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from .io import interface
-    from .lowering import DTYPES, example_inputs
-    from .session import OnnxSession
+    from export.io import interface
+    from export.lowering import DTYPES, example_inputs
+    from export.session import OnnxSession
 
     sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
     if args.threads:
@@ -143,8 +143,8 @@ def _run_decode(sess, args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from .parity import CASES, format_matrix, run_parity
-    from .session import cuda_status
+    from export.parity import CASES, format_matrix, run_parity
+    from export.session import cuda_status
 
     lowerings = args.lowering or list(LOWERINGS)
     providers = list(dict.fromkeys(args.provider or ["cpu"]))
@@ -263,17 +263,3 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     with_set(sp)
     sp.set_defaults(func=cmd_parity)
-
-    try:
-        from . import bench
-    except ImportError as e:  # pragma: no cover - a broken install
-        missing = str(e)
-
-        def _no_bench(args: argparse.Namespace) -> int:
-            raise CliError(f"the benchmark could not be imported: {missing}")
-
-        sub.add_parser("bench", help=f"(unavailable: {missing})").set_defaults(func=_no_bench)
-    else:
-        sp = sub.add_parser("bench", help="eager torch vs every ONNX lowering: latency, GFLOP/s, memory")
-        bench.add_arguments(sp)
-        sp.set_defaults(func=bench.run_from_args)

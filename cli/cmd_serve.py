@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import zoo
+from export.names import DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .cli_common import CliError, number_in
-from .names import DTYPES, PROVIDERS
+from .common import CliError, number_in
 
 
 def _need(module: str, what: str) -> None:
@@ -33,7 +33,7 @@ def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder:
         return path
     if target not in zoo.names():
         raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
-    from .lowering import export_onnx
+    from export.lowering import export_onnx
 
     out = folder / f"{target}.onnx"
     result = export_onnx(
@@ -45,7 +45,7 @@ def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
-    from .serve import start
+    from export.serve import start
 
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         path = _model_path(args.model, zoo.parse_overrides(args.set), args.lowering, args.dtype, Path(tmp), args.decode)
@@ -89,14 +89,14 @@ def _interrupt(signum, frame) -> None:
 
 
 def _width(path: Path) -> int | str:
-    from .session import OnnxSession
+    from export.session import OnnxSession
 
     spec = OnnxSession(path, provider="cpu", verbose=False).spec
     return spec.d_model if spec else "C"
 
 
 def cmd_triton(args: argparse.Namespace) -> int:
-    from .triton import check_model, write_repository
+    from export.triton import check_model, write_repository
 
     written = write_repository(
         args.names,
@@ -127,7 +127,7 @@ def cmd_triton(args: argparse.Namespace) -> int:
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
-    from .loadtest import format_report, loadtest
+    from export.loadtest import format_report, loadtest
 
     if args.kill_after is not None:
         _need("ray", "--kill-after")
@@ -168,7 +168,7 @@ _nonneg = number_in(float, 0)
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:
-    from .lowering import LOWERINGS
+    from export.lowering import LOWERINGS
 
     sp = sub.add_parser("serve", help="serve an exported block with Ray Serve (dynamic batching, HTTP)")
     sp.add_argument("model", metavar="PATH_OR_NAME", help="an .onnx file, or a zoo name (exported with --mask first)")

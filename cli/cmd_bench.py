@@ -1,4 +1,4 @@
-"""`attnzoo bench`'s arguments and their checks; runs the full-sequence or the decode benchmark."""
+"""`attnzoo bench`: its arguments and their checks; runs the full-sequence or the decode benchmark."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import zoo
-
-from ..names import DEVICES, DTYPES
-from .jobs import CONTENDED, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
-from .plan import benchmark
-from .report import PLOT_FORMATS, format_table, plot, write_json
+from bench.jobs import CONTENDED, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
+from bench.plan import benchmark
+from bench.report import PLOT_FORMATS, format_table, plot, write_json
+from export.names import DEVICES, DTYPES
 
 
 def _int_list(text: str) -> list[int]:
@@ -30,7 +29,7 @@ def _path_list(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `attnzoo bench` options (also `python -m export.bench` and scripts/bench.py)."""
+    """The `attnzoo bench` options (also scripts/bench.py)."""
     parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
     if "--set" not in parser._option_string_actions:  # the CLI may have added it already
         parser.add_argument(
@@ -179,7 +178,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
-    from .decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table
+    from bench.decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table
 
     if args.seq or args.plot:
         raise BenchError("--decode measures t = 1 per step: give past lengths with --past (no --seq, no --plot)")
@@ -203,3 +202,9 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
         write_json(report, args.json)
         print(f"wrote {args.json}")
     return 1 if any(not r.get("ok") for r in report["rows"]) else 0
+
+
+def add_commands(sub) -> None:
+    sp = sub.add_parser("bench", help="eager torch vs every ONNX lowering: latency, GFLOP/s, memory")
+    add_arguments(sp)
+    sp.set_defaults(func=run_from_args)

@@ -12,7 +12,7 @@ For every shape (b, t) in batch x seq, every path that can express the spec runs
     ort-mha              export lowering "ort-mha" (com.microsoft MultiHeadAttention)
     ort-gqa              export lowering "ort-gqa" (com.microsoft GroupQueryAttention; causal only)
 
-Each (path, shape) runs in its own fresh subprocess (`python -m export.bench --worker JOB`),
+Each (path, shape) runs in its own fresh subprocess (`python -m bench --worker JOB`),
 so its memory is measured in isolation, and is timed in that same subprocess:
 
     setup     model (or session) built, inputs x (b t c) made, one call at (1, 1) so thread
@@ -35,30 +35,20 @@ The package, split by what changes together:
 
     jobs.py      the vocabulary: paths, budget, one job, the error
     timing.py    timing and memory inside a worker
-    worker.py    worker processes (`python -m export.bench --worker JOB`), roofline, overhead
+    worker.py    worker processes (`python -m bench --worker JOB`), roofline, overhead
     plan.py      exports, the jobs of a run, the rows
     report.py    markdown table, JSON, plot
     decode.py    the per-token decode benchmark on the same workers
-    command.py   `attnzoo bench`'s arguments
 
-Nothing here imports the CLI's modules but for the override parsing, lazily.
+Depends on `zoo` and `export`; the command line (`attnzoo bench`, cli/cmd_bench.py) drives it.
 """
 
 from __future__ import annotations
 
-from .command import add_arguments, run_from_args
 from .jobs import BASELINE, DEFAULT_NAME, DEFAULT_SEQ, LOWERING_OF, PATHS, BenchError, Budget, Job
 from .plan import benchmark, default_threads, machine_info, versions
 from .report import format_table, plot, write_json
 from .worker import measure, run_worker, spawn
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`attnzoo bench ARGS...` from Python (and `--worker JOB`, one measurement)."""
-    from .__main__ import main as run
-
-    return run(argv)
-
 
 __all__ = [
     "BASELINE",
@@ -69,15 +59,12 @@ __all__ = [
     "BenchError",
     "Budget",
     "Job",
-    "add_arguments",
     "benchmark",
     "default_threads",
     "format_table",
     "machine_info",
-    "main",
     "measure",
     "plot",
-    "run_from_args",
     "run_worker",
     "spawn",
     "versions",
