@@ -35,7 +35,9 @@ The package, split by what changes together:
 
     jobs.py      the vocabulary: paths, budget, one job, the error
     timing.py    timing and memory inside a worker
-    worker.py    worker processes (`python -m bench --worker JOB`), roofline, overhead
+    measure.py   what a worker measures: a path at a shape, a decode row, roofline, overhead
+    worker.py    worker processes (`python -m bench --worker JOB`): start, collect, retry
+    machine.py   machine facts and versions for the report
     plan.py      exports, the jobs of a run, the rows
     report.py    markdown table, JSON, plot
     decode.py    the per-token decode benchmark on the same workers
@@ -46,9 +48,11 @@ Depends on `zoo` and `export`; the command line (`attnzoo bench`, cli/cmd_bench.
 from __future__ import annotations
 
 from .jobs import BASELINE, DEFAULT_NAME, DEFAULT_SEQ, LOWERING_OF, PATHS, BenchError, Budget, Job
-from .plan import benchmark, default_threads, machine_info, versions
+from .machine import default_threads, machine_info, versions
+from .measure import run_worker
+from .plan import benchmark
 from .report import format_table, plot, write_json
-from .worker import measure, run_worker, spawn
+from .worker import measure, spawn
 
 __all__ = [
     "BASELINE",

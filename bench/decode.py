@@ -21,57 +21,9 @@ from typing import Any
 
 import zoo
 
-from .jobs import BenchError, Budget, Job
-from .plan import default_threads, machine_info, versions
-from .timing import PeakMemory, time_calls
-from .worker import _torch_setup, measure
-
-DECODE_PATHS = ("eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
-BASELINE = "eager-sdpa"
-LOWERING_OF = {p: p if p in ("ort-mha", "ort-gqa") else p[len("ort-") :] for p in DECODE_PATHS if p != BASELINE}
-DEFAULT_PAST = (128, 1024, 4096, 16384)
-STEPS = 16  # single-token steps per timed call
-
-
-def measure_decode(job: Job) -> dict[str, Any]:
-    """In a worker: ms per token for one (path, b, p)."""
-    torch, device, dtype, sync = _torch_setup(job)
-    spec = zoo.spec(job.name, **job.overrides)
-    b, p = job.batch, job.seq
-    past_key = torch.randn(b, spec.kv_heads_, p, spec.d_k_, device=device, dtype=dtype)
-    past_value = torch.randn(b, spec.kv_heads_, p, spec.d_v_, device=device, dtype=dtype)
-    x = torch.randn(b, STEPS, spec.d_model, device=device, dtype=dtype)
-    if job.runtime == "torch":
-        block = zoo.create(job.name, **job.overrides).to(device=device, dtype=dtype).eval()
-
-        def call() -> None:
-            k, v = past_key, past_value
-            for i in range(STEPS):
-                _, k, v = block.decode(x[:, i : i + 1], k, v)
-
-        where = f"torch {job.provider}"
-    else:
-        from export.session import OnnxSession
-
-        sess = OnnxSession(
-            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
-        )
-        if job.provider == "cpu":
-            x, past_key, past_value = x.numpy(), past_key.numpy(), past_value.numpy()
-
-        def call() -> None:
-            sess.generate_steps(x, past_key, past_value)
-
-        where = f"onnxruntime {sess.provider}"
-    call()  # warm: kernels, arenas and thread pools exist before the baseline
-    sync()
-    peak = PeakMemory(job.provider, job.runtime)
-    peak.start()
-    out = time_calls(call, sync, job.budget, after_each=peak.sample)
-    out.update(peak.stop())
-    out["ms_per_token"] = out["median_ms"] / STEPS
-    out["ran_on"] = where
-    return out
+from .jobs import BASELINE, DECODE_PATHS, LOWERING_OF, STEPS, BenchError, Budget, Job
+from .machine import default_threads, machine_info, versions
+from .worker import measure
 
 
 def benchmark_decode(

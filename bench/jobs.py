@@ -96,3 +96,8 @@ TEMP_PREFIX = "attnzoo-"  # bench and roofline folders in the system temp dir
 
 
 _STALE_SECONDS = 3600
+
+# The per-token decode benchmark (bench/decode.py): its paths share BASELINE and LOWERING_OF.
+DECODE_PATHS = ("eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
+DEFAULT_PAST = (128, 1024, 4096, 16384)
+STEPS = 16  # single-token steps per timed call

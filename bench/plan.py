@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -29,7 +27,9 @@ from .jobs import (
     Budget,
     Job,
 )
-from .worker import _identity_model, measure
+from .machine import default_threads, machine_info, versions
+from .measure import identity_model
+from .worker import measure
 
 
 @dataclass
@@ -66,46 +66,6 @@ def auto_lowering(provider: str, spec: zoo.AttentionSpec, exports: dict[str, Exp
 
     order = auto_order(provider, spec, with_mask=False)
     return next((lw for lw in order if lw in exports and exports[lw].path), None)
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "logical_cpus": os.cpu_count(),
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
-        info["memory_gb"] = round(kb / 1e6, 1)
-    except (OSError, IndexError, ValueError):
-        pass
-    if hasattr(os, "sched_getaffinity"):
-        info["usable_cpus"] = len(os.sched_getaffinity(0))
-    return info
-
-
-def versions() -> dict[str, str]:
-    import importlib
-
-    out = {"attnzoo": zoo.__version__}
-    for mod in ("torch", "onnxruntime", "onnx", "onnxscript", "numpy"):
-        try:
-            out[mod] = importlib.import_module(mod).__version__
-        except ImportError:
-            out[mod] = "missing"
-    import torch
-
-    out["torch_cuda"] = str(torch.version.cuda)
-    return out
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _jobs(
@@ -203,7 +163,7 @@ def benchmark(
             for rt in runtimes
         ]
         if "ort" in runtimes:
-            ident = str(_identity_model(spec.d_model, dtype, folder))
+            ident = str(identity_model(spec.d_model, dtype, folder))
             calib += [
                 Job("overhead", "ort", provider, dtype, threads, budget, model=ident, batch=b, seq=t)
                 for b, t in shapes

@@ -9,7 +9,7 @@ from typing import Any
 
 import zoo
 
-from .timing import _contended
+from .timing import contended
 
 PLOT_FORMATS = ("png", "svg", "pdf")
 
@@ -41,7 +41,7 @@ def format_table(report: dict[str, Any]) -> str:
         pct = None if r.get("roofline_fraction") is None else 100 * r["roofline_fraction"]
         lines.append(
             f"| {r['batch']} | {r['seq']} | {name} "
-            f"| {_fmt(r['median_ms'], '.3g' if r['median_ms'] < 1 else '.1f')}{'*' if _contended(r) else ''} "
+            f"| {_fmt(r['median_ms'], '.3g' if r['median_ms'] < 1 else '.1f')}{'*' if contended(r) else ''} "
             f"| {_fmt(r['gflops'], '.1f')} | {_fmt(pct, '.0f', '%')} | {_fmt(r.get('peak_added_mb'), '.1f')} "
             f"| {_fmt(r.get('speedup_vs_sdpa'), '.2f', 'x')} | {_fmt(r.get('mem_vs_sdpa'), '.2f', 'x')} |"
         )

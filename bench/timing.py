@@ -143,5 +143,5 @@ class PeakMemory:
         }
 
 
-def _contended(result: dict[str, Any]) -> bool:
+def contended(result: dict[str, Any]) -> bool:
     return (result.get("others_cpus") or 0.0) > CONTENDED

@@ -178,7 +178,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
-    from bench.decode import DECODE_PATHS, DEFAULT_PAST, benchmark_decode, format_decode_table
+    from bench.decode import benchmark_decode, format_decode_table
+    from bench.jobs import DECODE_PATHS, DEFAULT_PAST
 
     if args.seq or args.plot:
         raise BenchError("--decode measures t = 1 per step: give past lengths with --past (no --seq, no --plot)")

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import zoo
 
+from .errors import ExportError
 from .io import TensorIO
 
 OPSET = 18
@@ -122,8 +123,6 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
     if reason:
-        from .lowering import ExportError
-
         raise ExportError(f"lowering='ort-gqa' cannot express this request: {reason}")
     h, kv = spec.heads, spec.kv_heads_
     p = zoo.get_projections(module)

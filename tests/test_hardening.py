@@ -411,7 +411,7 @@ def test_8_bench_flags_are_checked_before_any_work(capsys, flags, match):
 
 def test_8_roofline_is_sized_to_the_dtype_and_machine():
     from bench import jobs as bench
-    from bench.worker import _roofline
+    from bench.measure import _roofline
 
     job = bench.Job("roofline", "torch", "cpu", "float16", 1, bench.Budget(1, 3, 1, 0.05), seq=0)
     out = _roofline(job)

@@ -22,16 +22,12 @@ from torch import Tensor, nn
 
 from . import modifiers
 from .accounting import count_parameters
-from .errors import AttnzooError, InputTypeError
+from .errors import InputError, InputTypeError
 from .limits import check_fits
 from .spec import AttentionSpec
 
 SPLIT_HEADS = "b t (h d) -> b h t d"
 MERGE_HEADS = "b h t d -> b t (h d)"
-
-
-class InputError(AttnzooError, ValueError):
-    """A tensor given to an attention module has the wrong rank, width or shape."""
 
 
 class MultiHeadAttention(nn.Module):

@@ -22,8 +22,39 @@ class ResourceError(AttnzooError, ValueError):
     """A request that needs more memory than this machine has; the message gives both numbers."""
 
 
+class SpecError(AttnzooError, ValueError):
+    """An invalid `AttentionSpec` field or combination of fields."""
+
+
+class UnknownNameError(AttnzooError, ValueError):
+    """No registered attention block has this name."""
+
+
+class DuplicateNameError(AttnzooError, ValueError):
+    """A name is registered twice."""
+
+
+class PresetFileError(AttnzooError, ValueError):
+    """A preset file in models/ is malformed; the message names the file and the field."""
+
+
+class InputError(AttnzooError, ValueError):
+    """A tensor given to an attention module has the wrong rank, width or shape."""
+
+
 class OutputPathError(AttnzooError, ValueError):
     """An output path that cannot be written as asked (a folder, a socket, an unwritable place)."""
 
 
-__all__ = ["ArgumentError", "AttnzooError", "InputTypeError", "OutputPathError", "ResourceError"]
+__all__ = [
+    "ArgumentError",
+    "AttnzooError",
+    "DuplicateNameError",
+    "InputError",
+    "InputTypeError",
+    "OutputPathError",
+    "PresetFileError",
+    "ResourceError",
+    "SpecError",
+    "UnknownNameError",
+]

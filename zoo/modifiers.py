@@ -28,7 +28,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from .spec import SpecError
+from .errors import SpecError
 
 if TYPE_CHECKING:
     from .spec import AttentionSpec

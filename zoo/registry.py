@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention import MultiHeadAttention
-from .errors import ArgumentError, AttnzooError, InputTypeError
+from .errors import ArgumentError, DuplicateNameError, InputTypeError, PresetFileError, UnknownNameError
 from .spec import AttentionSpec, SpecError, field_names
 
 if sys.version_info >= (3, 11):
@@ -29,18 +29,6 @@ _PRESET_DIRS = (
     Path(__file__).resolve().parent.parent / "models",
 )
 _TOP_LEVEL_KEYS = {"description", "reference", "spec"}
-
-
-class UnknownNameError(AttnzooError, ValueError):
-    """No registered attention block has this name."""
-
-
-class DuplicateNameError(AttnzooError, ValueError):
-    """A name is registered twice."""
-
-
-class PresetFileError(AttnzooError, ValueError):
-    """A preset file in models/ is malformed; the message names the file and the field."""
 
 
 @dataclass(frozen=True)

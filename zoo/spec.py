@@ -15,13 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AttnzooError
+from . import modifiers
+from .errors import SpecError
 
 LAYOUTS = ("separate", "combined")
-
-
-class SpecError(AttnzooError, ValueError):
-    """An invalid `AttentionSpec` field or combination of fields."""
 
 
 def _check_positive_int(name: str, value: Any, *, optional: bool = False) -> None:
@@ -93,9 +90,7 @@ class AttentionSpec:
                 raise SpecError(f"scale={self.scale!r} must be a positive number or None")
             if not math.isfinite(self.scale) or self.scale <= 0:
                 raise SpecError(f"scale={self.scale} must be a positive finite number or None")
-        from .modifiers import check_spec  # the modifiers module imports this one
-
-        check_spec(self)
+        modifiers.check_spec(self)
 
     # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
     @property
@@ -155,9 +150,7 @@ class AttentionSpec:
             parts.append("causal")
         if self.scale is not None:
             parts.append(f"scale={self.scale:g}")
-        from .modifiers import active
-
-        parts += [mod.describe(self) for mod in active(self)]
+        parts += [mod.describe(self) for mod in modifiers.active(self)]
         return " ".join(parts)
 
 
