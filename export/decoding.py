@@ -104,9 +104,8 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     takes one, is (b p+k) for the whole run. The cache stays an ONNX Runtime value on the session's
     device between steps (bound output -> bound input), never copied out until the end.
     """
-    from .session import _ort
+    import onnxruntime as ort
 
-    ort = _ort()
     as_torch = isinstance(x_steps, torch.Tensor)
     x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
