@@ -95,8 +95,6 @@ class Job:
 TEMP_PREFIX = "attnzoo-"  # bench and roofline folders in the system temp dir
 
 
-_STALE_SECONDS = 3600
-
 # The per-token decode benchmark (bench/decode.py): its paths share BASELINE and LOWERING_OF.
 DECODE_PATHS = ("eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
 DEFAULT_PAST = (128, 1024, 4096, 16384)

@@ -12,9 +12,9 @@ from typing import Any
 
 import zoo
 from export.names import DTYPES
+from zoo import files
 
 from .jobs import (
-    _STALE_SECONDS,
     BASELINE,
     DEFAULT_BUDGET,
     DEFAULT_NAME,
@@ -133,7 +133,7 @@ def benchmark(
     n = roofline_size or 0  # 0: the worker sizes it to the dtype and the machine
     runtimes = sorted({"ort" if p in LOWERING_OF else "torch" for p in paths})
     _check_fits(spec, shapes, dtype)
-    _sweep_stale_temp()
+    sweep_stale_temp()
     with _terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}bench-") as tmp:
         folder = Path(tmp)
         lowerings = [LOWERING_OF[p] for p in paths if p in LOWERING_OF]
@@ -209,19 +209,11 @@ def benchmark(
     }
 
 
-def _sweep_stale_temp() -> None:
+def sweep_stale_temp() -> None:
     """Remove bench temp folders older than an hour: what a SIGKILLed run (which runs no
     cleanup) left behind. Younger ones may be another run's, still working."""
-    import shutil
-
-    now = time.time()
-    for pattern in (f"{TEMP_PREFIX}bench-*", f"{TEMP_PREFIX}roofline-*"):
-        for p in Path(tempfile.gettempdir()).glob(pattern):
-            try:
-                if p.is_dir() and not p.is_symlink() and now - p.stat().st_mtime > _STALE_SECONDS:
-                    shutil.rmtree(p, ignore_errors=True)
-            except OSError:
-                pass
+    for kind in ("bench-", "roofline-"):
+        files.sweep_stale(Path(tempfile.gettempdir()), prefix=TEMP_PREFIX + kind)
 
 
 class _terminate_as_interrupt:

@@ -13,15 +13,7 @@ from bench.plan import benchmark
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
 from export.names import DEVICES, DTYPES
 
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(p) for p in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers, e.g. 1,16,512") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512")
-    return values
+from .common import int_list, with_set
 
 
 def _path_list(text: str) -> list[str]:
@@ -31,19 +23,13 @@ def _path_list(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `attnzoo bench` options (also scripts/bench.py)."""
     parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
-    if "--set" not in parser._option_string_actions:  # the CLI may have added it already
-        parser.add_argument(
-            "--set",
-            action="append",
-            metavar="KEY=VALUE",
-            help="override a spec field, e.g. --set heads=4 (repeatable)",
-        )
+    with_set(parser)
     parser.add_argument("--provider", choices=DEVICES, default="cpu", help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument(
         "--batch",
         "-b",
-        type=_int_list,
+        type=int_list,
         action="extend",
         metavar="LIST",
         help="batch sizes, e.g. 1,4 (default 1)",
@@ -51,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seq",
         "-t",
-        type=_int_list,
+        type=int_list,
         action="extend",
         metavar="LIST",
         help=f"sequence lengths (default {','.join(map(str, DEFAULT_SEQ))})",
@@ -104,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--past",
-        type=_int_list,
+        type=int_list,
         action="extend",
         metavar="LIST",
         help="with --decode: past lengths, e.g. 128,1024,4096,16384 (the default)",

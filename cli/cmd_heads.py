@@ -349,7 +349,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub, with_set, positive, int_list) -> None:
+def add_commands(sub) -> None:
     """Register heads, importance and ablate on the `attnzoo` subparsers."""
     from analysis.tasks import EVAL_SEED, TASKS
 

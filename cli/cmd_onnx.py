@@ -14,7 +14,7 @@ from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
 from export.names import DEVICES, DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError
+from .common import CliError, positive, with_set
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -200,7 +200,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub, with_set, positive, int_list) -> None:
+def add_commands(sub) -> None:
     lowering_help = (
         f"one of {', '.join(LOWERINGS)}, or auto (default): the measured-fastest that can express the "
         f"request (cpu: {' > '.join(AUTO_PREFERENCE[('cpu', 'unmasked')])}; "

@@ -8,7 +8,7 @@ import sys
 import zoo
 from export.names import DTYPES
 
-from .common import CliError, _positive, seed
+from .common import CliError, positive, seed, with_set
 
 parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
 
@@ -89,7 +89,7 @@ def _check_audit_fits(spec: zoo.AttentionSpec, args: argparse.Namespace) -> None
 # -- parser ----------------------------------------------------------------------------------
 
 
-def add_commands(sub, with_set) -> None:
+def add_commands(sub) -> None:
     """Register list, show and audit on the `attnzoo` subparsers."""
     sp = sub.add_parser("list", help="list registered attention blocks")
     sp.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'mha-*'")
@@ -98,17 +98,17 @@ def add_commands(sub, with_set) -> None:
     sp = sub.add_parser("show", help="spec, exact parameter count, shapes, score entries, FLOPs, bytes")
     sp.add_argument("name")
     with_set(sp)
-    sp.add_argument("--batch", "-b", type=_positive, default=1, help="B (default 1)")
-    sp.add_argument("--seq", "-t", type=_positive, default=128, help="T (default 128)")
-    sp.add_argument("--ctx-seq", "-s", type=_positive, default=None, help="S for cross-attention (default T)")
+    sp.add_argument("--batch", "-b", type=positive, default=1, help="B (default 1)")
+    sp.add_argument("--seq", "-t", type=positive, default=128, help="T (default 128)")
+    sp.add_argument("--ctx-seq", "-s", type=positive, default=None, help="S for cross-attention (default T)")
     sp.add_argument("--dtype", choices=DTYPES, default="float32", help="for the byte counts")
     sp.set_defaults(func=cmd_show)
 
     sp = sub.add_parser("audit", help="the seeds' audit order as checks on a random input (exit 1 on FAIL)")
     sp.add_argument("name", help="a name, or a pattern such as '*' to audit several")
     with_set(sp)
-    sp.add_argument("--batch", "-b", type=_positive, default=2)
-    sp.add_argument("--seq", "-t", type=_positive, default=5)
-    sp.add_argument("--ctx-seq", "-s", type=_positive, default=7)
+    sp.add_argument("--batch", "-b", type=positive, default=2)
+    sp.add_argument("--seq", "-t", type=positive, default=5)
+    sp.add_argument("--ctx-seq", "-s", type=positive, default=7)
     sp.add_argument("--seed", type=seed, default=0, help="0..2**63-1 (default 0)")
     sp.set_defaults(func=cmd_audit)

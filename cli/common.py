@@ -43,13 +43,28 @@ def number_in(kind: type, low: float, *, low_open: bool = False, below: float | 
     return parse
 
 
-_positive = number_in(int, 0, low_open=True)
+positive = number_in(int, 0, low_open=True)
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
 seed = number_in(int, 0, below=SEED_MAX + 1)
 
 
-def _int_list(text: str) -> list[int]:
-    values = [_positive(p) for p in text.replace(",", " ").split()]
+def int_list(text: str) -> list[int]:
+    """An argparse type: positive integers separated by commas or spaces, e.g. 1,16,512."""
+    values = [positive(p) for p in text.replace(",", " ").split()]
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512")
     return values
+
+
+def with_set(sp: argparse.ArgumentParser) -> None:
+    """--set KEY=VALUE, the spec overrides every command that builds a block takes."""
+    sp.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set d_model=256 --set heads=4 (repeatable)",
+    )
+
+
+# The names the command modules that still take them as arguments use (cmd_serve).
+_positive, _int_list = positive, int_list

@@ -15,7 +15,7 @@ import zoo
 # The command modules import their shared vocabulary from .common, never from this module,
 # which imports them.
 from . import interrupt
-from .common import CliError, _int_list, _positive  # noqa: E402
+from .common import CliError, _int_list, _positive, with_set
 
 parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
 
@@ -31,17 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    def with_set(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--set",
-            action="append",
-            metavar="KEY=VALUE",
-            help="override a spec field, e.g. --set d_model=256 --set heads=4 (repeatable)",
-        )
-
     from . import cmd_zoo
 
-    cmd_zoo.add_commands(sub, with_set)
+    cmd_zoo.add_commands(sub)
     try:
         from . import cmd_bench, cmd_heads, cmd_onnx, cmd_serve
     except ImportError as e:  # ONNX tooling missing: the zoo commands still work
@@ -53,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         for cmd in ("export", "run", "parity", "bench", "heads", "importance", "ablate", "serve", "triton", "loadtest"):
             sub.add_parser(cmd, help=f"(unavailable: {missing})").set_defaults(func=_no_onnx)
     else:
-        cmd_onnx.add_commands(sub, with_set, _positive, _int_list)
+        cmd_onnx.add_commands(sub)
         cmd_bench.add_commands(sub)
-        cmd_heads.add_commands(sub, with_set, _positive, _int_list)  # analysis, with ONNX latency in ablate
+        cmd_heads.add_commands(sub)  # analysis, with ONNX latency in ablate
         cmd_serve.add_commands(sub, with_set, _positive, _int_list)  # Ray/Triton are imported only when run
     return p
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cli.cmd_bench import _int_list
+from cli.common import int_list as _int_list
 from cli.main import main as cli_main
 
 ROW_KEYS = {"batch", "seq", "path", "lowering", "auto", "flops", "status"}

@@ -110,7 +110,7 @@ def test_export_script_is_the_cli(tmp_path):
 def test_help_for_every_command():
     for cmd in ([], ["list"], ["show"], ["audit"], ["export"], ["run"], ["parity"], ["bench"]):
         r = subprocess.run(
-            [sys.executable, "-m", "export.cli", *cmd, "--help"],
+            [sys.executable, "-m", "cli", *cmd, "--help"],
             capture_output=True,
             text=True,
             cwd=ROOT,

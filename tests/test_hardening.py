@@ -90,7 +90,7 @@ def test_every_user_error_class_has_one_root_and_keeps_its_builtin_base():
 
 def test_cli_shows_a_real_bug_with_its_traceback(monkeypatch):
     # Only the error root and OSError are a user's mistake; anything else is ours and must show.
-    import export.cli as cli
+    import cli.main as cli
 
     def boom(args):
         raise KeyError("a bug")
@@ -346,7 +346,7 @@ def test_7_run_past_the_machine_is_refused_before_inputs_are_made(models, capsys
 
 
 def test_7_allocation_failure_that_still_happens_is_one_line(monkeypatch, capsys):
-    import export.cli as cli
+    import cli.main as cli
 
     def oom(args):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
@@ -440,7 +440,7 @@ def test_8_stale_bench_folders_are_swept(tmp_path, monkeypatch):
     young.mkdir()
     hours_ago = time.time() - 2 * 3600
     os.utime(old, (hours_ago, hours_ago))
-    bench._sweep_stale_temp()
+    bench.sweep_stale_temp()
     assert not old.exists() and young.exists()
 
 
