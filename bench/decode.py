@@ -3,7 +3,7 @@ side by side with each decode lowering's `OnnxSession.generate_steps` under ONNX
 
     attnzoo bench gpt2-small --decode --past 128,1024,4096,16384 --batch 1,8
 
-For every (batch b, past length p) and path, a fresh worker process (export/bench.py's) builds a
+For every (batch b, past length p) and path, a fresh worker process (bench/worker.py) builds a
 random cache of p positions, then times calls that each feed STEPS single tokens starting from
 that cache (the cache grows to p + STEPS inside the call). Reported: milliseconds per token,
 tokens/s (b tokens per step), and the peak memory a call adds over the worker's baseline (the

@@ -202,7 +202,7 @@ def run_worker(job: Job) -> dict[str, Any]:
         return _roofline(job)
     if job.kind == "overhead":
         return _overhead(job)
-    if job.kind == "decode":  # per-token decode timing (export/bench_decode.py)
+    if job.kind == "decode":  # per-token decode timing (bench/decode.py)
         return measure_decode(job)
     raise BenchError(f"unknown job kind {job.kind!r}")
 

@@ -1,6 +1,6 @@
 """What every command module shares: the one-line CLI error and the argument parsers.
 
-export/cli.py builds the parser from the command modules (cli_onnx, cli_heads, cli_serve); they
+cli/main.py builds the parser from the command modules (cmd_zoo, cmd_onnx, ...); they
 import this module, never cli.py, so there is no import circle. Spec overrides (--set KEY=VALUE)
 are parsed by zoo.parse_overrides, next to the spec they change.
 """

@@ -54,9 +54,9 @@ POINTS = [
     "einops",
     "zoo",
     "export.lowering",
-    "export.cli_onnx",
+    "cli.cmd_onnx",
     "analysis",
-    "export.cli_serve",
+    "cli.cmd_serve",
 ]
 
 
@@ -79,7 +79,7 @@ def test_ctrl_c_at_each_point_of_startup_is_130_and_one_line(target):
     assert p.returncode == 130 and err == "attnzoo: interrupted", (target, p.returncode, err)
 
 
-@pytest.mark.parametrize("target", ["torch", "export.cli_onnx", "analysis"])
+@pytest.mark.parametrize("target", ["torch", "cli.cmd_onnx", "analysis"])
 def test_ctrl_c_that_an_import_swallows_still_ends_the_command(target):
     # `audit '*'` takes a minute: a swallowed Ctrl-C used to let it run to the end with exit 0.
     p = _run(target, "swallow", ["audit", "*"])
