@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from einops import rearrange
@@ -18,7 +18,7 @@ from torch import Tensor
 from . import modifiers
 from .accounting import count_parameters, parameter_breakdown
 from .attention import MERGE_HEADS, SPLIT_HEADS, MultiHeadAttention
-from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
+from .heads import Projections, get_projections, permute_heads, prune_heads, to_combined, to_separate
 
 ATOL = 1e-10  # float64 throughout; a real bug is off by far more
 
@@ -55,42 +55,76 @@ def valid_permutation(m: MultiHeadAttention, rng: random.Random) -> list[int]:
     return perm
 
 
+@dataclass
+class _Case:
+    """The audited block (float64 copy), one random input, and what the steps compute from them."""
+
+    m: MultiHeadAttention
+    x: Tensor  # (b t c)
+    ctx: Tensor | None  # (b s c_ctx) for cross-attention
+    mask: Tensor  # (b 1 t s) bool, one query row with no allowed key
+    rng: random.Random
+    p: Projections = field(init=False)
+    # filled by the steps, in order
+    refs: tuple[Tensor, Tensor, Tensor] | None = None  # Q (b h t dk), K (b g s dk), V (b g s dv)
+    y: Tensor | None = None  # the module's y (b t c) with the mask
+    attn: Tensor | None = None  # its weights (b h t s)
+    z_heads: list[Tensor] = field(default_factory=list)  # the reference Z^(r) (b t dv), r = 0..h-1
+    z_merged: Tensor | None = None  # (b t (h dv))
+
+    def __post_init__(self) -> None:
+        self.p = get_projections(self.m)
+
+    @property
+    def s(self):
+        return self.m.spec
+
+    @property
+    def src(self) -> Tensor:
+        return self.ctx if self.s.is_cross else self.x
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(b, t, s)"""
+        return self.x.shape[0], self.x.shape[1], self.src.shape[1]
+
+
 def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: int = 7, seed: int = 0) -> list[Step]:
-    """Run every step; never raises for a failed check (a FAIL step says what was off)."""
+    """Run every step, in the seeds' audit order; never raises for a failed check (a FAIL step
+    says what was off)."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     m = copy.deepcopy(m).to(torch.float64).eval()  # the caller's module stays as it was
     s = m.spec
-    b, t = batch, seq
     sl = ctx_seq if s.is_cross else seq
-    h, g, dk, dv, gs = s.heads, s.kv_heads_, s.d_k_, s.d_v_, s.group_size
-    x = torch.randn(b, t, s.d_model, dtype=torch.float64)
-    ctx = torch.randn(b, sl, s.d_context, dtype=torch.float64) if s.is_cross else None
-    src = ctx if s.is_cross else x
+    x = torch.randn(batch, seq, s.d_model, dtype=torch.float64)
+    ctx = torch.randn(batch, sl, s.d_context, dtype=torch.float64) if s.is_cross else None
     # A random padding-style mask with one query row that may attend to nothing.
-    mask = torch.rand(b, 1, t, sl) > 0.3
+    mask = torch.rand(batch, 1, seq, sl) > 0.3
     mask[..., 0] = True
-    mask[0, 0, t - 1, :] = False
-    steps: list[Step] = []
-    add = steps.append
+    mask[0, 0, seq - 1, :] = False
+    case = _Case(m, x, ctx, mask, random.Random(seed))
+    return [step for audit_step in AUDIT_ORDER for step in audit_step(case)]
 
-    # 1. dims and bias convention
-    formula, counted = count_parameters(s), count_parameters(m)
+
+def _dims(c: _Case) -> list[Step]:
+    """1. State B, T, d_model, h, d_k, d_v and the bias convention; the count checks the module."""
+    s, (b, t, sl) = c.s, c.shape
+    formula, counted = count_parameters(s), count_parameters(c.m)
     pb = parameter_breakdown(s)
-    add(
-        Step(
-            "dims and bias convention",
-            formula == counted,
-            f"B={b} T={t} S={sl} d_model={s.d_model} h={h} g={g} d_k={dk} d_v={dv} "
-            f"bias={'on (all four projections)' if s.bias else 'off'}; params formula={formula:,} "
-            f"module={counted:,} (weights {pb.weights:,} + biases {pb.biases:,}"
-            + (f" + modifier weights {pb.modifiers:,}" if pb.modifiers else "")
-            + ")",
-        )
+    detail = (
+        f"B={b} T={t} S={sl} d_model={s.d_model} h={s.heads} g={s.kv_heads_} d_k={s.d_k_} d_v={s.d_v_} "
+        f"bias={'on (all four projections)' if s.bias else 'off'}; params formula={formula:,} "
+        f"module={counted:,} (weights {pb.weights:,} + biases {pb.biases:,}"
+        + (f" + modifier weights {pb.modifiers:,}" if pb.modifiers else "")
+        + ")"
     )
+    return [Step("dims and bias convention", formula == counted, detail)]
 
-    # 2. projection widths
-    p = get_projections(m)
+
+def _widths(c: _Case) -> list[Step]:
+    """2. Verify the (combined) projection widths."""
+    s, p = c.s, c.p
+    h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
     want = {
         "W_Q": (h * dk, s.d_model),
         "W_K": (g * dk, s.d_kv_in),
@@ -99,177 +133,165 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
     }
     got = {"W_Q": p.w_q.shape, "W_K": p.w_k.shape, "W_V": p.w_v.shape, "W_O": p.w_o.shape}
     ok = all(tuple(got[k]) == want[k] for k in want)
+    extra = ""
     if s.layout == "combined":
-        lin = m.kv_proj if s.is_cross else m.qkv_proj
+        lin = c.m.kv_proj if s.is_cross else c.m.qkv_proj
         fused_out = lin.weight.shape[0]
         expect = (g * dk + g * dv) + (0 if s.is_cross else h * dk)
         ok = ok and fused_out == expect
         extra = f"; combined projection out width {fused_out} = {expect}"
-    else:
-        extra = ""
     widths = ", ".join(f"{k} {want[k][1]}->{want[k][0]}" for k in want)
-    add(Step("projection widths (in->out)", ok, widths + extra))
+    return [Step("projection widths (in->out)", ok, widths + extra)]
 
-    # 3. axis labels around split and transpose
-    q_m, k_m, v_m = m.project(x, ctx)
+
+def _per_head(x: Tensor, w: Tensor, b: Tensor | None, heads: int, d: int) -> Tensor:
+    """(b n heads d): each head's rows of w applied alone (no einops)."""
+    blocks = [_lin(x, w[r * d : (r + 1) * d], None if b is None else b[r * d : (r + 1) * d]) for r in range(heads)]
+    return torch.stack(blocks, 1)
+
+
+def _split(c: _Case) -> list[Step]:
+    """3. Label the axes before split and transpose: head r is feature block r."""
+    s, p, (b, t, sl) = c.s, c.p, c.shape
+    h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
+    q_m, k_m, v_m = c.m.project(c.x, c.ctx)
     q = rearrange(q_m, SPLIT_HEADS, h=h)
     k = rearrange(k_m, SPLIT_HEADS, h=g)
     v = rearrange(v_m, SPLIT_HEADS, h=g)
-    q_ref = torch.stack(
-        [
-            _lin(x, p.w_q[r * dk : (r + 1) * dk], None if p.b_q is None else p.b_q[r * dk : (r + 1) * dk])
-            for r in range(h)
-        ],
-        1,
+    c.refs = (
+        _per_head(c.x, p.w_q, p.b_q, h, dk),
+        _per_head(c.src, p.w_k, p.b_k, g, dk),
+        _per_head(c.src, p.w_v, p.b_v, g, dv),
     )
-    k_ref = torch.stack(
-        [
-            _lin(src, p.w_k[j * dk : (j + 1) * dk], None if p.b_k is None else p.b_k[j * dk : (j + 1) * dk])
-            for j in range(g)
-        ],
-        1,
-    )
-    v_ref = torch.stack(
-        [
-            _lin(src, p.w_v[j * dv : (j + 1) * dv], None if p.b_v is None else p.b_v[j * dv : (j + 1) * dv])
-            for j in range(g)
-        ],
-        1,
-    )
-    e = max(_err(q, q_ref), _err(k, k_ref), _err(v, v_ref))
+    e = max(_err(q, c.refs[0]), _err(k, c.refs[1]), _err(v, c.refs[2]))
     shapes_ok = q.shape == (b, h, t, dk) and k.shape == (b, g, sl, dk) and v.shape == (b, g, sl, dv)
-    add(
-        Step(
-            "axis labels: split 'b t (h d) -> b h t d'",
-            shapes_ok and e < ATOL,
-            f"Q (b t (h dk))={tuple(q_m.shape)} -> (b h t dk)={tuple(q.shape)}; "
-            f"K -> (b g s dk)={tuple(k.shape)}; V -> (b g s dv)={tuple(v.shape)}; "
-            f"head r = feature block r: max err {e:.1e}",
-        )
+    detail = (
+        f"Q (b t (h dk))={tuple(q_m.shape)} -> (b h t dk)={tuple(q.shape)}; "
+        f"K -> (b g s dk)={tuple(k.shape)}; V -> (b g s dv)={tuple(v.shape)}; "
+        f"head r = feature block r: max err {e:.1e}"
     )
+    return [Step("axis labels: split 'b t (h d) -> b h t d'", shapes_ok and e < ATOL, detail)]
 
-    # 4. inside each head: scores, mask, softmax rows, values
-    y_mod, a_mod = m(x, ctx, mask, need_weights=True)
-    # The built-in mask (causal, window) and the modifiers, written out independently.
+
+def _inside_heads(c: _Case) -> list[Step]:
+    """4. Inside each head: scores, masks, softmax rows and values, against a reference that
+    applies the modifiers from their own written-out forms (zoo/modifiers.py, reference_*)."""
+    s, p, (b, t, sl) = c.s, c.p, c.shape
+    mods = modifiers.active(s)
+    c.y, c.attn = c.m(c.x, c.ctx, c.mask, need_weights=True)
     builtin = torch.ones(t, sl, dtype=torch.bool)
     if s.causal:
         builtin = builtin.tril()
-    if s.window is not None:
-        builtin = builtin & torch.ones(t, sl, dtype=torch.bool).triu(-(s.window - 1))
-    allowed = mask.expand(b, h, t, sl) & builtin
-    _, a_nomask = m(x, ctx, need_weights=True)  # only the built-in mask applies
-    causal = builtin
-    if s.qk_norm is not None:
-        q_ref, k_ref = modifiers.QKNorm.reference(s, q_ref, k_ref, p.q_norm, p.k_norm)
-    if s.rope_theta is not None:
-        pos = torch.arange(t)[None]
-        q_ref, k_ref = modifiers.Rotary.reference(s, q_ref, pos), modifiers.Rotary.reference(s, k_ref, pos)
-    z_heads = []
-    worst = {"scores": 0.0, "weights": 0.0, "rowsum": 0.0, "masked": 0.0, "empty": 0.0}
-    for r in range(h):
-        j = r // gs  # blocked GQA
+    for mod in mods:
+        cells = mod.reference_allowed(s, t, sl)
+        builtin = builtin if cells is None else builtin & cells
+    allowed = c.mask.expand(b, s.heads, t, sl) & builtin
+    _, a_nomask = c.m(c.x, c.ctx, need_weights=True)  # only the built-in mask applies
+    q_ref, k_ref, v_ref = c.refs
+    pos = torch.arange(t)[None]
+    for mod in mods:
+        q_ref, k_ref = mod.reference_qk(s, q_ref, k_ref, p, pos)
+    worst = dict.fromkeys(("scores", "weights", "rowsum", "masked", "empty"), 0.0)
+    c.z_heads = []
+    for r in range(s.heads):
+        j = r // s.group_size  # blocked GQA
         sc = q_ref[:, r] @ k_ref[:, j].transpose(-1, -2) * s.scale_
-        if s.softcap is not None:
-            sc = s.softcap * torch.tanh(sc / s.softcap)
-        if s.alibi:
-            slope = float(p.alibi_slopes[r])
-            sc = sc + torch.tensor(
-                [[modifiers.ALiBi.reference(s, slope, i, jj) for jj in range(sl)] for i in range(t)], dtype=sc.dtype
-            )
+        for mod in mods:
+            sc = mod.reference_map(s, sc)
+        for mod in mods:
+            bias = mod.reference_bias(s, r, p, t, sl)
+            sc = sc if bias is None else sc + bias.to(sc.dtype)
         al = allowed[:, r]
-        sc_m = sc.masked_fill(~al, float("-inf"))
         has = al.any(-1, keepdim=True)
-        a = torch.where(has, torch.softmax(torch.where(has, sc_m, 0.0), -1), 0.0)
-        z_heads.append(a @ v_ref[:, j])
-        worst["weights"] = max(worst["weights"], _err(a_mod[:, r], a))
-        rows = a_mod[:, r].sum(-1)
-        worst["rowsum"] = max(worst["rowsum"], _err(rows[has[..., 0]], torch.ones_like(rows[has[..., 0]])))
-        worst["masked"] = max(worst["masked"], a_mod[:, r][~al].abs().max().item() if (~al).any() else 0.0)
-        worst["empty"] = max(worst["empty"], a_mod[:, r][~has[..., 0]].abs().max().item() if (~has).any() else 0.0)
+        a = torch.where(has, torch.softmax(torch.where(has, sc.masked_fill(~al, float("-inf")), 0.0), -1), 0.0)
+        c.z_heads.append(a @ v_ref[:, j])
+        a_mod = c.attn[:, r]
+        worst["weights"] = max(worst["weights"], _err(a_mod, a))
+        rows = a_mod.sum(-1)[has[..., 0]]
+        worst["rowsum"] = max(worst["rowsum"], _err(rows, torch.ones_like(rows)))
+        worst["masked"] = max(worst["masked"], a_mod[~al].abs().max().item() if (~al).any() else 0.0)
+        worst["empty"] = max(worst["empty"], a_mod[~has[..., 0]].abs().max().item() if (~has).any() else 0.0)
         # The module does not expose its logits; the softmax without a user mask pins the
         # scale and Q K^T (up to a per-row constant, which a softmax cannot see anyway).
-        a_plain = torch.softmax(sc.masked_fill(~causal, float("-inf")), -1)
+        a_plain = torch.softmax(sc.masked_fill(~builtin, float("-inf")), -1)
         worst["scores"] = max(worst["scores"], _err(a_plain, a_nomask[:, r]))
-    finite = bool(torch.isfinite(y_mod).all())
-    add(
+    finite = bool(torch.isfinite(c.y).all())
+    empty_rows = int((~allowed.any(-1)).sum())
+    rows_ok = worst["weights"] < ATOL and worst["rowsum"] < ATOL and worst["masked"] == 0.0 and worst["empty"] == 0.0
+    return [
         Step(
             "per head: scores Q K^T * scale",
             worst["scores"] < ATOL,
-            f"{h} heads, scale={s.scale_:.6g}, softmax(Q_r K_j^T * scale) vs module: max err {worst['scores']:.1e}",
-        )
-    )
-    empty_rows = int((~allowed.any(-1)).sum())
-    add(
+            f"{s.heads} heads, scale={s.scale_:.6g}, softmax(Q_r K_j^T * scale) vs module: "
+            f"max err {worst['scores']:.1e}",
+        ),
         Step(
             "per head: mask, softmax rows, masked weights",
-            worst["weights"] < ATOL
-            and worst["rowsum"] < ATOL
-            and worst["masked"] == 0.0
-            and worst["empty"] == 0.0
-            and finite,
+            rows_ok and finite,
             f"row sums - 1: {worst['rowsum']:.1e}; masked weights max {worst['masked']:.1e} (must be 0); "
             f"{empty_rows} fully masked rows give weights {worst['empty']:.1e}, y finite: {finite}; "
             f"weights vs reference {worst['weights']:.1e}" + ("; causal" if s.causal else ""),
-        )
-    )
+        ),
+    ]
 
-    # 5. separate vs combined
-    y_plain = m(x, ctx)
+
+def _layouts(c: _Case) -> list[Step]:
+    """5. Compare the separate and combined head results."""
+    s, m = c.s, c.m
+    y_plain = m(c.x, c.ctx)
     other = to_combined(m) if s.layout == "separate" else to_separate(m)
-    e_conv = _err(other(x, ctx), y_plain)
+    e_conv = _err(other(c.x, c.ctx), y_plain)
     back = to_separate(other) if s.layout == "separate" else to_combined(other)
     e_round = max(_err(a_, b_) for a_, b_ in zip(m.state_dict().values(), back.state_dict().values()))
-    add(
-        Step(
-            "separate vs combined",
-            e_conv < ATOL and e_round == 0.0,
-            f"{s.layout} -> {other.spec.layout}: output max err {e_conv:.1e}; round trip weights exact ({e_round:.1e})",
-        )
-    )
+    detail = f"{s.layout} -> {other.spec.layout}: output max err {e_conv:.1e}; round trip weights exact ({e_round:.1e})"
+    return [Step("separate vs combined", e_conv < ATOL and e_round == 0.0, detail)]
 
-    # 6. transpose reversed + 7. concat order
-    z_ref = torch.stack(z_heads, 1)  # (b h t dv)
-    z_merged = rearrange(z_ref, MERGE_HEADS)
-    e_rev = _err(rearrange(z_merged, SPLIT_HEADS, h=h), z_ref)
-    add(
-        Step(
-            "transpose reversed: 'b h t d -> b t (h d)'",
-            e_rev == 0.0 and z_merged.shape == (b, t, h * dv),
-            f"Z (b h t dv)={tuple(z_ref.shape)} -> (b t (h dv))={tuple(z_merged.shape)}; split(merge(Z)) == Z exactly",
-        )
-    )
-    cat = torch.cat(z_heads, -1)
-    e_cat = _err(z_merged, cat)
-    add(
-        Step(
-            "concat along the head-feature axis, in head order",
-            e_cat == 0.0,
-            f"columns [r*dv:(r+1)*dv] hold head r for r = 0..{h - 1}: max err {e_cat:.1e}",
-        )
-    )
 
-    # 8. W_O shape and selected rows of y
+def _transpose(c: _Case) -> list[Step]:
+    """6. Reverse the head-position transpose."""
+    b, t, _ = c.shape
+    z_ref = torch.stack(c.z_heads, 1)  # (b h t dv)
+    c.z_merged = rearrange(z_ref, MERGE_HEADS)
+    e_rev = _err(rearrange(c.z_merged, SPLIT_HEADS, h=c.s.heads), z_ref)
+    detail = (
+        f"Z (b h t dv)={tuple(z_ref.shape)} -> (b t (h dv))={tuple(c.z_merged.shape)}; split(merge(Z)) == Z exactly"
+    )
+    ok = e_rev == 0.0 and c.z_merged.shape == (b, t, c.s.heads * c.s.d_v_)
+    return [Step("transpose reversed: 'b h t d -> b t (h d)'", ok, detail)]
+
+
+def _concat(c: _Case) -> list[Step]:
+    """7. Concatenate along the head-feature axis in the declared order."""
+    e_cat = _err(c.z_merged, torch.cat(c.z_heads, -1))
+    detail = f"columns [r*dv:(r+1)*dv] hold head r for r = 0..{c.s.heads - 1}: max err {e_cat:.1e}"
+    return [Step("concat along the head-feature axis, in head order", e_cat == 0.0, detail)]
+
+
+def _w_o(c: _Case) -> list[Step]:
+    """8. Verify W_O: (h d_v, d_model) and selected numerical rows."""
+    s, p, (b, t, _) = c.s, c.p, c.shape
     w_o_math = p.w_o.T  # (h dv) x c
-    y_ref = _lin(z_merged, p.w_o, p.b_o)
+    y_ref = _lin(c.z_merged, p.w_o, p.b_o)
     rows = [(0, 0), (b - 1, t - 1), (b // 2, t // 2)]
-    e_rows = max(_err(y_mod[bi, ti], y_ref[bi, ti]) for bi, ti in rows)
-    e_all = _err(y_mod, y_ref)
-    add(
-        Step(
-            "W_O and selected output rows",
-            tuple(w_o_math.shape) == (h * dv, s.d_model) and e_rows < ATOL and e_all < ATOL,
-            f"W_O (h dv) x c = {tuple(w_o_math.shape)}; rows (b,t) {rows}: max err {e_rows:.1e}; whole y {e_all:.1e}",
-        )
-    )
+    e_rows = max(_err(c.y[bi, ti], y_ref[bi, ti]) for bi, ti in rows)
+    e_all = _err(c.y, y_ref)
+    ok = tuple(w_o_math.shape) == (s.heads * s.d_v_, s.d_model) and e_rows < ATOL and e_all < ATOL
+    detail = f"W_O (h dv) x c = {tuple(w_o_math.shape)}; rows (b,t) {rows}: max err {e_rows:.1e}; whole y {e_all:.1e}"
+    return [Step("W_O and selected output rows", ok, detail)]
 
-    # 9. head zeroing at the named location (Z^(r) before concat) == removing W_O rows
+
+def _zeroing(c: _Case) -> list[Step]:
+    """9a. Head zeroing at the named location (Z^(r) before concat) == removing W_O's rows;
+    pruning the head == zeroing it."""
+    s, m, p = c.s, c.m, c.p
+    h, g, gs, dv = s.heads, s.kv_heads_, s.group_size, s.d_v_
     j = h - 1
     hm = torch.ones(h, dtype=torch.float64)
     hm[j] = 0
-    y_zero = m(x, ctx, mask, head_mask=hm)
-    w_o_cut = w_o_math.clone()
+    y_zero = m(c.x, c.ctx, c.mask, head_mask=hm)
+    w_o_cut = p.w_o.T.clone()
     w_o_cut[j * dv : (j + 1) * dv] = 0
-    y_cut = z_merged @ w_o_cut + (0 if p.b_o is None else p.b_o)
+    y_cut = c.z_merged @ w_o_cut + (0 if p.b_o is None else p.b_o)
     e_zero = _err(y_zero, y_cut)
     detail = f"head_mask[{j}]=0 vs W_O rows {j * dv}..{(j + 1) * dv - 1} zeroed: max err {e_zero:.1e}"
     ok = e_zero < ATOL
@@ -280,51 +302,68 @@ def run_audit(m: MultiHeadAttention, *, batch: int = 2, seq: int = 5, ctx_seq: i
             drop = [j] if gs == 1 or g == 1 else list(range((g - 1) * gs, h))
             hm2 = torch.ones(h, dtype=torch.float64)
             hm2[drop] = 0
-            pruned = prune_heads(m, drop)
-            e_prune = _err(pruned(x, ctx, mask), m(x, ctx, mask, head_mask=hm2))
+            e_prune = _err(prune_heads(m, drop)(c.x, c.ctx, c.mask), m(c.x, c.ctx, c.mask, head_mask=hm2))
             ok = ok and e_prune < ATOL
             detail += f"; prune_heads({drop}) == zeroing them: {e_prune:.1e}"
         except ValueError as exc:  # reported, not hidden
             ok = False
             detail += f"; prune_heads failed: {exc}"
-    add(Step("zeroing a head == removing its rows of W_O", ok, detail))
+    return [Step("zeroing a head == removing its rows of W_O", ok, detail)]
 
-    # 10. permutation invariance
-    if h > 1:
-        perm = valid_permutation(m, rng)
-        pm = permute_heads(m, perm)
-        e_perm = _err(pm(x, ctx, mask), m(x, ctx, mask))
-        _, a_perm = pm(x, ctx, mask, need_weights=True)
-        e_aperm = _err(a_perm, a_mod[:, perm])
-        add(
-            Step(
-                "head permutation preserves the function",
-                e_perm < ATOL and e_aperm < ATOL,
-                f"perm={perm}"
-                + (f" (GQA groups of {gs} move whole)" if gs > 1 else "")
-                + f": y max err {e_perm:.1e}; weights follow the heads {e_aperm:.1e}",
-            )
-        )
-    else:
-        add(Step("head permutation preserves the function", True, "h=1: the only permutation is the identity"))
 
-    # 11. fused vs explicit paths
-    fused_flag = m.fused
+def _permutation(c: _Case) -> list[Step]:
+    """9b. Head permutation (with W_O's matching rows) preserves the function."""
+    title = "head permutation preserves the function"
+    if c.s.heads == 1:
+        return [Step(title, True, "h=1: the only permutation is the identity")]
+    perm = valid_permutation(c.m, c.rng)
+    pm = permute_heads(c.m, perm)
+    e_perm = _err(pm(c.x, c.ctx, c.mask), c.m(c.x, c.ctx, c.mask))
+    _, a_perm = pm(c.x, c.ctx, c.mask, need_weights=True)
+    e_aperm = _err(a_perm, c.attn[:, perm])
+    gs = c.s.group_size
+    detail = (
+        f"perm={perm}"
+        + (f" (GQA groups of {gs} move whole)" if gs > 1 else "")
+        + f": y max err {e_perm:.1e}; weights follow the heads {e_aperm:.1e}"
+    )
+    return [Step(title, e_perm < ATOL and e_aperm < ATOL, detail)]
+
+
+def _fused(c: _Case) -> list[Step]:
+    """The fast path against the explicit one."""
+    m, fused_flag = c.m, c.m.fused
     try:
         m.fused = True
-        y_f = m(x, ctx, mask)
+        y_f = m(c.x, c.ctx, c.mask)
         m.fused = False
-        y_e = m(x, ctx, mask)
+        y_e = m(c.x, c.ctx, c.mask)
     finally:
         m.fused = fused_flag
     e_fe = _err(y_f, y_e)
-    add(Step("fused (SDPA) vs explicit path", e_fe < ATOL, f"max err {e_fe:.1e}"))
+    return [Step("fused (SDPA) vs explicit path", e_fe < ATOL, f"max err {e_fe:.1e}")]
 
-    # 12+. each modifier's own property (zoo/modifiers.py)
-    for mod in modifiers.active(s):
-        title, ok, detail = mod.audit(m, x)
-        add(Step(title, ok, detail))
-    return steps
+
+def _modifier_steps(c: _Case) -> list[Step]:
+    """Each active modifier's own property (zoo/modifiers.py, `audit`)."""
+    return [Step(*mod.audit(c.m, c.x)) for mod in modifiers.active(c.s)]
+
+
+# The seeds' audit order (seed 000, "Audit Order"), then the fast path and the modifiers.
+AUDIT_ORDER = (
+    _dims,
+    _widths,
+    _split,
+    _inside_heads,
+    _layouts,
+    _transpose,
+    _concat,
+    _w_o,
+    _zeroing,
+    _permutation,
+    _fused,
+    _modifier_steps,
+)
 
 
 def format_audit(name: str, steps: list[Step]) -> str:

@@ -94,6 +94,30 @@ class Modifier(nn.Module):
 
     # -- the audit ------------------------------------------------------------------------------
 
+    # The audit's independent reference (zoo/audit.py, "inside each head"), written out without
+    # the module's code, stage by stage as the forward applies them: Q and K per head, a map of
+    # the scaled scores, a bias on them, the cells a query may see. p holds the block's weights
+    # (zoo.heads.Projections); the defaults change nothing.
+    @classmethod
+    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """q (b h t dk), k (b g s dk) -> the same after this modifier; pos (1 t) positions."""
+        return q, k
+
+    @classmethod
+    def reference_map(cls, spec: AttentionSpec, scores: Tensor) -> Tensor:
+        """One head's scaled scores (b t s), before any bias or mask."""
+        return scores
+
+    @classmethod
+    def reference_bias(cls, spec: AttentionSpec, head: int, p: Any, t: int, s: int) -> Tensor | None:
+        """An additive bias (t s) on head `head`'s scores, or None."""
+        return None
+
+    @classmethod
+    def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
+        """A bool (t s) of the cells a query may see, or None for all."""
+        return None
+
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
         """(title, ok, detail): a property of this modifier checked on block m (float64) at x (b t c)."""
@@ -225,6 +249,10 @@ class QKNorm(Modifier):
             f"{cls.parameters_added(spec):,} weights",
         )
 
+    @classmethod
+    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+        return cls.reference(spec, q, k, p.q_norm, p.k_norm)
+
     @staticmethod
     def reference(spec: AttentionSpec, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
         """Q (b h t dk), K (b g s dk) per head, written out: each row divided by its RMS."""
@@ -340,6 +368,10 @@ class Rotary(Modifier):
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
         return relative_positions_audit(m, x, "rope")
 
+    @classmethod
+    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+        return cls.reference(spec, q, pos), cls.reference(spec, k, pos)
+
     @staticmethod
     def reference(spec: AttentionSpec, x: Tensor, pos: Tensor) -> Tensor:
         """x (b n t d) rotated pair by pair, written out (no einops); angles, cos and sin in fp32
@@ -416,6 +448,11 @@ class ALiBi(Modifier):
             f"slopes {first}, ... (as a set, max err vs Press/BLOOM {err:.1e}); {detail}",
         )
 
+    @classmethod
+    def reference_bias(cls, spec: AttentionSpec, head: int, p: Any, t: int, s: int) -> Tensor | None:
+        slope = float(p.alibi_slopes[head])
+        return torch.tensor([[cls.reference(spec, slope, i, j) for j in range(s)] for i in range(t)])
+
     @staticmethod
     def reference(spec: AttentionSpec, slope: float, i: int, j: int) -> float:
         return slope * (j - i) if spec.causal else -slope * abs(i - j)
@@ -448,6 +485,10 @@ class Window(Modifier):
     @classmethod
     def describe(cls, spec: AttentionSpec) -> str:
         return f"window={spec.window}"
+
+    @classmethod
+    def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
+        return torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
 
     def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return _relative(q_pos, k_pos) < self.spec.window
@@ -513,6 +554,10 @@ class Softcap(Modifier):
     def score_map(self, scores: Tensor) -> Tensor:
         cap = self.spec.softcap
         return torch.tanh(scores / cap) * cap
+
+    @classmethod
+    def reference_map(cls, spec: AttentionSpec, scores: Tensor) -> Tensor:
+        return spec.softcap * torch.tanh(scores / spec.softcap)
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
