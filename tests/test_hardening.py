@@ -61,33 +61,6 @@ def models(tmp_path_factory):
     }
 
 
-# -- the error root ---------------------------------------------------------------------------
-
-
-def test_every_user_error_class_has_one_root_and_keeps_its_builtin_base():
-    from export.lowering import ExportError as E
-    from export.session import RunInputError as R
-    from export.session import SessionError as S
-
-    classes = {
-        zoo.SpecError: ValueError,
-        zoo.InputError: ValueError,
-        zoo.UnknownNameError: ValueError,
-        zoo.DuplicateNameError: ValueError,
-        zoo.PresetFileError: ValueError,
-        zoo.ArgumentError: ValueError,
-        zoo.InputTypeError: TypeError,
-        zoo.ResourceError: ValueError,
-        E: ValueError,
-        S: RuntimeError,
-        R: ValueError,
-        BenchError: ValueError,
-        CliError: ValueError,
-    }
-    for cls, base in classes.items():
-        assert issubclass(cls, zoo.AttnzooError) and issubclass(cls, base), cls
-
-
 def test_cli_shows_a_real_bug_with_its_traceback(monkeypatch):
     # Only the error root and OSError are a user's mistake; anything else is ours and must show.
     import cli.main as cli
