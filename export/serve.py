@@ -378,28 +378,34 @@ def _float(a: np.ndarray, name: str, dtype: np.dtype, loose: bool) -> np.ndarray
 # -- batching ----------------------------------------------------------------------------------
 
 
-def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
+def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...] | Exception]:
     """Run `items` as few padded batches as the model allows; each item's outputs, cut back.
 
-    Returns, per item, (y (b_i t_i c),) or (y, attn (b_i h t_i s_i)) when the model outputs weights.
+    Returns, per item, (y (b_i t_i c),) or (y, attn (b_i h t_i s_i)) when the model outputs weights
+    ((y, present_key, present_value) for a decode model). Each group of items that shares a run
+    succeeds or fails alone: the items of a group whose run raised get that exception in their
+    place, and the other groups' answers stand.
     """
-    out: list[tuple[np.ndarray, ...] | None] = [None] * len(items)
+    out: list[tuple[np.ndarray, ...] | Exception | None] = [None] * len(items)
     if info.decode:
         # A cache cannot be padded without shifting positions: equal (t, p) share a run.
         same: dict[tuple[int, int], list[int]] = {}
         for i, it in enumerate(items):
             same.setdefault((it.t, it.p), []).append(i)
-        for idx in same.values():
-            for i, res in zip(idx, _run_decode([items[i] for i in idx], sess, info)):
-                out[i] = res
-        return out  # type: ignore[return-value]
-    for idx in length_groups(items, has_mask=info.has_mask):
-        for i, res in zip(idx, _run_padded(sess, [items[i] for i in idx], info)):
+        groups, run = list(same.values()), _run_decode
+    else:
+        groups, run = length_groups(items, has_mask=info.has_mask), _run_padded
+    for idx in groups:
+        try:
+            results: list = run(sess, [items[i] for i in idx], info)
+        except Exception as e:  # noqa: BLE001 - this group's requests get it; the others run on
+            results = [e] * len(idx)
+        for i, res in zip(idx, results):
             out[i] = res
     return out  # type: ignore[return-value]
 
 
-def _run_decode(items: list[Item], sess, info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
+def _run_decode(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
     """Items of equal (t, p) as one `sess.decode` call: (y, present_key, present_value) each."""
     key_mask = None
     if info.has_key_mask:
@@ -611,16 +617,21 @@ class OnnxServer:
         except RequestError as e:
             return PlainTextResponse(str(e), e.status)
         item.enqueued = time.perf_counter()
+        outputs, timing = await self._batched(item)
+        if isinstance(outputs, AttnzooError):  # e.g. the padded batch would not fit in memory: try again later
+            return PlainTextResponse(f"the server cannot run this batch now: {outputs}", 503)
+        if isinstance(outputs, Exception):  # this request's group failed; the batch's other groups did not
+            first = (str(outputs).strip().splitlines() or [""])[0][:300]
+            return PlainTextResponse(f"the model run failed: {type(outputs).__name__}: {first}", 500)
         try:
-            outputs, timing = await self._batched(item)
-        except AttnzooError as e:  # e.g. the padded batch would not fit in memory: try again later
-            return PlainTextResponse(f"the server cannot run this batch now: {e}", 503)
-        body, kind = encode_response(item, outputs, self.info.outputs)
+            body, kind = encode_response(item, outputs, self.info.outputs)
+        except RequestError as e:
+            return PlainTextResponse(str(e), e.status)
         headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
         headers["x-attnzoo-replica"] = self.replica
         return Response(body, media_type=kind, headers=headers)
 
-    async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...], dict[str, float]]]:
+    async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...] | Exception, dict[str, float]]]:
         started = time.perf_counter()
         # The ORT run releases the GIL: in a thread, the replica keeps reading requests meanwhile.
         results = await asyncio.to_thread(run_batch, self.sess, items, self.info)

@@ -283,6 +283,64 @@ def test_a_decode_model_takes_its_cache_in_and_out(decoder):
     assert results[0][1].shape == (1, 4, 6, 16)  # the cache grew by the step
 
 
+@pytest.fixture(scope="module")
+def gqa_decoder(tmp_path_factory):
+    """A GroupQueryAttention decode export (ort-gqa: what `auto` picks for shared kv heads)."""
+    path = tmp_path_factory.mktemp("serve_gqa") / "gqa.onnx"
+    r = export_onnx("llama-3-8b", path, decode=True, with_mask=True, d_model=64, heads=4, kv_heads=2, d_k=16)
+    assert r.lowering == "ort-gqa"
+    return OnnxSession(path, provider="cpu", verbose=False)
+
+
+def test_ort_gqa_decode_requests_with_chunks_after_a_past_share_a_run(gqa_decoder):
+    """Equal (t, p) with t > 1 and p > 0 from several requests: the case GroupQueryAttention
+    refuses at b > 1; each answer equals its request run alone, left padding included."""
+    info = _info(gqa_decoder)
+    rng = np.random.default_rng(3)
+    items, alone = [], []
+    for r in range(3):
+        prompt = rng.standard_normal((1, 5, 64)).astype(np.float32)
+        key_mask = np.ones((1, 9), bool)
+        key_mask[0, :r] = False  # rows 1 and 2 left-padded
+        _, pk, pv = gqa_decoder.decode(prompt, key_mask=key_mask[:, :5])
+        chunk = rng.standard_normal((1, 4, 64)).astype(np.float32)
+        items.append(check_arrays({"x": chunk, "past_key": pk, "past_value": pv, "key_mask": key_mask}, info))
+        alone.append(gqa_decoder.decode(chunk, pk, pv, key_mask))
+    for res, want in zip(run_batch(gqa_decoder, items, info), alone):
+        assert not isinstance(res, Exception), res
+        for got, w in zip(res, want):
+            _close(got, w)
+
+
+def test_a_failing_group_fails_only_its_own_requests(decoder):
+    """Groups of one server batch run separately: one whose run raises answers its own requests
+    with that error, and the others are answered as if alone."""
+    info = _info(decoder)
+    rng = np.random.default_rng(4)
+    prompt = rng.standard_normal((1, 5, 64)).astype(np.float32)
+    _, pk, pv = decoder.decode(prompt)
+
+    class Flaky:  # the real session, except that a chunk of 3 after a past fails
+        def decode(self, x, past_key, past_value, key_mask=None):
+            if x.shape[1] == 3 and past_key.shape[2] > 0:
+                raise RuntimeError("the runtime refused this chunk")
+            return decoder.decode(x, past_key, past_value, key_mask)
+
+    step = rng.standard_normal((1, 1, 64)).astype(np.float32)
+    chunk = rng.standard_normal((1, 3, 64)).astype(np.float32)
+    items = [
+        check_arrays({"x": step, "past_key": pk, "past_value": pv}, info),
+        check_arrays({"x": chunk, "past_key": pk, "past_value": pv}, info),
+        check_arrays({"x": prompt}, info),
+        check_arrays({"x": chunk, "past_key": pk, "past_value": pv}, info),
+    ]
+    results = run_batch(Flaky(), items, info)
+    assert isinstance(results[1], RuntimeError) and results[3] is results[1]
+    for res, want in ((results[0], decoder.decode(step, pk, pv)), (results[2], decoder.decode(prompt))):
+        for got, w in zip(res, want):
+            _close(got, w)
+
+
 DECODE_BAD = [
     ({"x": np.zeros((1, 64), np.float32), "past_key": np.zeros((3, 2, 16), np.float32)}, "together"),
     (
