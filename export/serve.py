@@ -21,11 +21,13 @@ import hashlib
 import http.client
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
 import urllib.parse
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,7 @@ class ModelInfo:
     outputs: tuple[str, ...]
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_rows: int = 1024
+    max_body: int = DEFAULT_MAX_BODY  # bytes of a body, and of the arrays an .npz unpacks to
     # A decode (KV-cache) model: x, past_key (b g p dk), past_value (b g p dv) [, key_mask (b s)].
     decode: bool = False
     kv_heads: int = 0
@@ -77,7 +80,9 @@ class ModelInfo:
     has_key_mask: bool = False
 
     @classmethod
-    def of(cls, sess, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_rows: int = 1024) -> ModelInfo:
+    def of(
+        cls, sess, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_rows: int = 1024, max_body: int = DEFAULT_MAX_BODY
+    ) -> ModelInfo:
         """From an `OnnxSession` over an attnzoo export (its spec metadata is required)."""
         spec = sess.spec
         if spec is None:
@@ -95,6 +100,7 @@ class ModelInfo:
             outputs=tuple(sess.output_names),
             max_tokens=max_tokens,
             max_rows=max_rows,
+            max_body=max_body,
             decode=decode,
             kv_heads=spec.kv_heads_,
             d_k=spec.d_k_,
@@ -144,12 +150,12 @@ def decode_request(body: bytes, content_type: str, info: ModelInfo, accept: str 
     kind = (content_type or "").split(";")[0].strip().lower()
     loose: set[str] = set()
     if kind in ("", JSON, "text/json"):
-        arrays, loose = _from_json(body)
+        arrays, loose = _from_json(body, info)
         binary = False
     elif kind in (NPY, "application/octet-stream"):
         arrays, binary = {"x": _load_npy(body, "the body", info.max_tokens)}, True
     elif kind == NPZ:
-        arrays, binary = _from_npz(body), True
+        arrays, binary = _from_npz(body, info), True
     else:
         raise RequestError(f"content type {kind!r} is not served; send {JSON}, {NPY} or {NPZ}", 415)
     accept = (accept or "").lower()
@@ -162,7 +168,7 @@ def decode_request(body: bytes, content_type: str, info: ModelInfo, accept: str 
     return item
 
 
-def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
+def _from_json(body: bytes, info: ModelInfo) -> tuple[dict[str, np.ndarray], set[str]]:
     """(arrays, names given as JSON lists): those take the model's dtype; npy_b64 ones must match."""
     try:
         doc = json.loads(body)
@@ -170,6 +176,8 @@ def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
         raise RequestError(
             f"the body is not JSON ({e.__class__.__name__}: {str(e)[:80]}); send {{'x': [[...]]}}"
         ) from None
+    except RecursionError:  # e.g. 100000 nested '[': the parser's own depth limit
+        raise RequestError("the JSON body nests too deeply; an array is at most 4 levels deep") from None
     if not isinstance(doc, dict):
         raise RequestError(f"the JSON body is a {type(doc).__name__}; send an object such as {{'x': [[...]]}}")
     extra = sorted(set(doc) - set(FIELDS))
@@ -186,7 +194,7 @@ def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
                 raw = base64.b64decode(value["npy_b64"], validate=True)
             except ValueError:
                 raise RequestError(f"{name}: npy_b64 is not valid base64") from None
-            out[name] = _load_npy(raw, name, None)
+            out[name] = _load_npy(raw, name, info.max_tokens if name == "x" else None)
         else:
             out[name] = _json_array(name, value)
             loose.add(name)
@@ -196,6 +204,8 @@ def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
 def _json_array(name: str, value: Any) -> np.ndarray:
     try:
         arr = np.asarray(value)
+    except RecursionError:
+        raise RequestError(f"{name} nests too deeply; an array is at most 4 levels deep") from None
     except ValueError:
         raise RequestError(f"{name} is a ragged list; every row must have the same length") from None
     if arr.dtype == object:
@@ -212,44 +222,99 @@ def _json_array(name: str, value: Any) -> np.ndarray:
     return arr.astype(np.float64)
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _npy_header(f, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, bytes of data the header declares) of the .npy at f's position; f is left
+    after the header. Reads the header only (a few hundred bytes), never the data."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read:
+            raise ValueError(f"format version {version[0]}.{version[1]} is not read here; write it with np.save")
+        shape, _, dtype = read[version](f)
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/...
+        raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
+    if dtype.hasobject:
+        raise RequestError(f"{what} holds Python objects ({dtype}); send numbers")
+    return tuple(shape), dtype, math.prod(shape) * dtype.itemsize
+
+
+def _check_positions(what: str, shape: tuple[int, ...], max_positions: int | None) -> None:
+    if max_positions is not None and len(shape) >= 2 and math.prod(shape[:-1]) > max_positions:
+        raise RequestError(
+            f"{what} declares shape {shape}: {math.prod(shape[:-1])} positions; "
+            f"this server takes at most {max_positions} per request (split it)",
+            413,
+        )
+
+
 def _load_npy(raw: bytes, what: str, max_positions: int | None) -> np.ndarray:
-    """A .npy body; with max_positions, one whose header declares more b*t is refused unread."""
+    """A .npy body; with max_positions, one whose header declares more b*t is refused unread.
+    Its data must be exactly what the header declares: bytes beyond it are refused, not ignored."""
+    if raw[:4] == _ZIP_MAGIC:
+        raise RequestError(f"{what} is an .npz archive; send it as {NPZ}")
     f = io.BytesIO(raw)
-    if max_positions is not None:
-        try:
-            version = np.lib.format.read_magic(f)
-            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-            shape = read[version](f)[0] if version in read else None
-        except Exception:  # noqa: BLE001
-            shape = None  # np.load below names the problem
-        if shape and len(shape) >= 2 and int(np.prod(shape[:-1])) > max_positions:
-            raise RequestError(
-                f"{what} declares shape {tuple(shape)}: {int(np.prod(shape[:-1]))} positions; "
-                f"this server takes at most {max_positions} per request (split it)",
-                413,
-            )
-        f.seek(0)
+    shape, dtype, nbytes = _npy_header(f, what)
+    _check_positions(what, shape, max_positions)
+    carried = len(raw) - f.tell()
+    if carried != nbytes:
+        raise RequestError(
+            f"{what}: its header declares shape {shape} {dtype} ({nbytes} bytes of data) but it carries "
+            f"{carried} bytes; send exactly the array (np.save)"
+        )
+    f.seek(0)
     try:
         arr = np.load(f, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/UnpicklingError...
         raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
-    if not isinstance(arr, np.ndarray):
-        raise RequestError(f"{what} is an .npz archive; send it as {NPZ}")
     return arr
 
 
-def _from_npz(raw: bytes) -> dict[str, np.ndarray]:
+def _from_npz(raw: bytes, info: ModelInfo) -> dict[str, np.ndarray]:
+    """An .npz body. Every member's .npy header is read first (streamed: no member is inflated):
+    names, shapes, dtypes and sizes are checked against the limits before any array is unpacked,
+    so a small archive that would inflate to gigabytes is refused having cost a few kilobytes."""
+    if raw[: len(_NPY_MAGIC)] == _NPY_MAGIC:
+        raise RequestError(f"the body is a single .npy array; send it as {NPY}")
     try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-            if not hasattr(z, "files"):
-                raise RequestError(f"the body is a single .npy array; send it as {NPY}")
-            extra = sorted(set(z.files) - set(FIELDS))
-            if extra:
-                raise RequestError(f"unknown array(s) {extra} in the .npz; a request has {', '.join(FIELDS)}")
-            return {k: z[k] for k in z.files}
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            members, total = {}, 0
+            for m in z.infolist():
+                name = m.filename[:-4] if m.filename.endswith(".npy") else m.filename
+                if name not in FIELDS:
+                    raise RequestError(f"unknown array {name!r} in the .npz; a request has {', '.join(FIELDS)}")
+                if name in members:
+                    raise RequestError(f"the .npz holds {name} twice")
+                what = f"{name} in the .npz"
+                with z.open(m) as f:
+                    shape, dtype, nbytes = _npy_header(f, what)
+                    header = f.tell()
+                if name == "x":
+                    _check_positions(what, shape, info.max_tokens)
+                if m.file_size != header + nbytes:
+                    raise RequestError(
+                        f"{what}: its header declares shape {shape} {dtype} ({nbytes} bytes of data) but the "
+                        f"archive says it unpacks to {m.file_size - header}; send arrays written by np.savez"
+                    )
+                total += nbytes
+                if total > info.max_body:
+                    raise RequestError(
+                        f"the .npz's arrays declare {total}+ bytes unpacked; this server takes at most "
+                        f"{info.max_body} (split the request)",
+                        413,
+                    )
+                members[name] = m
+            out = {}
+            for name, m in members.items():
+                with z.open(m) as f:
+                    out[name] = np.lib.format.read_array(f, allow_pickle=False)
+            return out
     except RequestError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, EOFError, zlib.error, ValueError...
         raise RequestError(f"the body is not an .npz archive ({type(e).__name__}: {str(e)[:80]})") from None
 
 
@@ -510,8 +575,17 @@ def _run_padded(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarr
 
 
 def encode_response(item: Item, outputs: tuple[np.ndarray, ...], names: tuple[str, ...]) -> tuple[bytes, str]:
-    """(body, content type): .npy for y alone, .npz for y and attn, or JSON."""
+    """(body, content type): .npy for y alone, .npz for y and attn, or JSON. An output that is not
+    finite raises RequestError (422): JSON has no NaN, and no format should carry one as an answer."""
     outs = [o[0] if item.squeeze else o for o in outputs]
+    for name, o in zip(names, outs):
+        if o.dtype.kind == "f" and not np.isfinite(o).all():
+            # NaN is not JSON, and an answer of NaNs is no answer in any format.
+            raise RequestError(
+                f"the output is not finite ({name} holds NaN or infinite values, e.g. from inputs too large for "
+                f"{o.dtype}); scale the input down",
+                422,
+            )
     if item.binary:
         buf = io.BytesIO()
         if len(outs) == 1:
@@ -560,7 +634,7 @@ class OnnxServer:
         finally:
             # ONNX Runtime holds the model in memory now; replicas come and go, their files need not.
             shutil.rmtree(folder, ignore_errors=True)
-        self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch)
+        self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         self.meta = {

@@ -12,6 +12,7 @@ import io
 import json
 import socket
 import threading
+import zipfile
 
 import numpy as np
 import pytest
@@ -151,6 +152,79 @@ def test_too_large_is_refused_from_the_npy_header_alone(sessions):
     with pytest.raises(RequestError) as e:
         decode_request(head.getvalue(), NPY, info)  # no data at all: the header is enough
     assert e.value.status == 413
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    """An .npz body from raw member bytes (what np.savez writes, or not)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_an_npz_bomb_is_refused_from_its_member_headers_before_inflating(sessions, monkeypatch):
+    """A small archive whose x.npy inflates to far more than the limits: refused (413) from the
+    member's .npy header, streamed, without unpacking any array."""
+    info = _info(sessions["masked"], max_tokens=256, max_body=2**20)
+
+    def no_unpacking(*args, **kwargs):
+        raise AssertionError("an array was unpacked before the archive was checked")
+
+    monkeypatch.setattr(np.lib.format, "read_array", no_unpacking)
+    bomb = _zip({"x.npy": _npy(np.zeros((20_000, 64), np.float32))})  # 5 MB of zeros, 5 KB zipped
+    assert len(bomb) < 20_000
+    with pytest.raises(RequestError) as e:
+        decode_request(bomb, NPZ, info)
+    assert e.value.status == 413 and "x in the .npz declares shape (20000, 64)" in str(e.value)
+    # Members that are each within --max-tokens but together unpack past the body limit.
+    many = _zip({"x.npy": _npy(np.zeros((2, 64), np.float32)), "mask.npy": _npy(np.ones((1, 2, 2**21), bool))})
+    with pytest.raises(RequestError) as e:
+        decode_request(many, NPZ, info)
+    assert e.value.status == 413 and "at most 1048576" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_arrays_longer_than_their_npy_header_are_refused(sessions):
+    """A header declaring (2, 64) in front of 5000 x 64 floats: 400, never the first 2 rows."""
+    info = _info(sessions["masked"])
+    x = np.ones((2, 64), np.float32)
+    long = _npy(x) + np.zeros((5000, 64), np.float32).tobytes()
+    short = _npy(x)[:-8]
+    bodies = [
+        (long, NPY),
+        (short, NPY),
+        (json.dumps({"x": {"npy_b64": base64.b64encode(long).decode()}}).encode(), JSON),
+        (_zip({"x.npy": long}), NPZ),
+        (_zip({"x.npy": short}), NPZ),
+    ]
+    for body, kind in bodies:
+        with pytest.raises(RequestError) as e:
+            decode_request(body, kind, info)
+        assert e.value.status == 400 and "(2, 64) float32 (512 bytes of data)" in str(e.value), (kind, e.value)
+    assert decode_request(_zip({"x.npy": _npy(x)}), NPZ, info).x.shape == (1, 2, 64)  # exact: fine
+
+
+def test_deeply_nested_json_is_a_400_not_a_recursion_error(sessions):
+    info = _info(sessions["masked"])
+    for depth in (100_000, 900):
+        body = b'{"x": ' + b"[" * depth + b"]" * depth + b"}"
+        with pytest.raises(RequestError) as e:
+            decode_request(body, JSON, info)
+        assert e.value.status == 400 and "\n" not in str(e.value)
+
+
+def test_an_output_that_is_not_finite_is_a_422_not_invalid_json(sessions):
+    """{"x": [[1e30] * 64]} is finite float32 but its y overflows to NaN: JSON has no NaN."""
+    sess = sessions["masked"]
+    info = _info(sess)
+    item = decode_request(json.dumps({"x": [[1e30] * 64]}).encode(), JSON, info)
+    ((y,),) = run_batch(sess, [item], info)
+    assert not np.isfinite(y).all()
+    for binary in (False, True):
+        item.binary = binary
+        with pytest.raises(RequestError) as e:
+            encode_response(item, (y,), info.outputs)
+        assert e.value.status == 422 and "the output is not finite" in str(e.value)
 
 
 def test_model_specific_inputs_are_checked(sessions):
