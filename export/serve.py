@@ -622,8 +622,12 @@ class OnnxServer:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         max_body: int = DEFAULT_MAX_BODY,
         threads: int | None = None,
+        loopback: bool = False,
     ) -> None:
         from .session import OnnxSession
+
+        if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
+            _replica_grpc_on_loopback()
 
         # Replicas may run on other machines: the model travels as bytes, not as a path.
         folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
@@ -813,7 +817,10 @@ def start(
     if not ray.is_initialized():
         # "local": a Ray of our own, never a stray cluster that ray.init() would otherwise find.
         try:
-            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
+            if address is None:
+                init_local_ray()
+            else:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
         except ConnectionError as e:
             raise ServeError(f"cannot join the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
         started_ray = True
@@ -843,6 +850,7 @@ def start(
             max_tokens=max_tokens,
             max_body=max_body,
             threads=threads,
+            loopback=ray_on_loopback(),
         )
         try:
             serve.run(handle, name=app, route_prefix=route_prefix, blocking=False)
@@ -857,6 +865,77 @@ def start(
         raise
     url = f"http://{host}:{port}{route_prefix.rstrip('/')}/"
     return Deployment(url, app, replicas, provider, path, started_ray, own_cluster)
+
+
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def init_local_ray(**options: Any) -> None:
+    """ray.init a Ray of this process's own that listens on loopback only, without a dashboard.
+
+    Ray 2.60 binds its gRPC servers (GCS, raylet, workers) to all interfaces unless the node's
+    address is 127.0.0.1, and it rewrites a 127.0.0.1 given to ray.init to the machine's network
+    address unless clusters are turned off (ray_constants.ENABLE_RAY_CLUSTER, read from the
+    environment variable RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER). So for the length of ray.init they
+    are turned off, in this process and in the environment that Ray's daemons (and, through the
+    raylet, every worker) inherit: the node is 127.0.0.1, and its gRPC servers, agents and
+    Prometheus endpoints listen there. `options` go to ray.init (num_cpus=..., ...).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    had_env, had_flag = os.environ.get(_RAY_CLUSTER_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_RAY_CLUSTER_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+            **options,
+        )
+    finally:
+        if had_env is None:
+            os.environ.pop(_RAY_CLUSTER_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTER_ENV] = had_env
+        if had_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = had_flag
+
+
+def ray_on_loopback() -> bool:
+    """Whether the Ray this process is connected to runs on a loopback address (init_local_ray)."""
+    import ipaddress
+
+    import ray
+
+    try:
+        return ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback
+    except ValueError:
+        return False
+
+
+def _replica_grpc_on_loopback() -> None:
+    """Ray Serve 2.60 binds each replica's inter-deployment gRPC server to [::]:0 whatever the
+    node's address; on a loopback-only Ray, bind it to 127.0.0.1 instead (called in the replica's
+    process, before Serve starts that server). A Serve without that hook is left as it is."""
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    real = getattr(replica, "add_port_to_grpc_server", None)
+    if real is None or getattr(real, "attnzoo_loopback", False):
+        return
+
+    def add_port(server, address: str, *args, **kwargs):
+        host, _, port = address.rpartition(":")
+        if host in ("[::]", "0.0.0.0", ""):
+            address = f"127.0.0.1:{port}"
+        return real(server, address, *args, **kwargs)
+
+    add_port.attnzoo_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -1061,6 +1140,7 @@ __all__ = [
     "ServeError",
     "check_arrays",
     "decode_request",
+    "init_local_ray",
     "encode_response",
     "length_groups",
     "pad_batch",

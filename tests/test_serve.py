@@ -488,6 +488,45 @@ def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
 # -- through Ray Serve -------------------------------------------------------------------------
 
 
+def test_a_local_serve_keeps_ray_on_loopback(models):
+    """`attnzoo serve` without --address starts a Ray of its own: every socket that Ray's processes
+    (GCS, raylet, agents, metrics, the Serve controller, proxy and replica) listen on is loopback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from helpers import descendants, is_loopback, listening_sockets
+
+    pytest.importorskip("ray")
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "export.entry", "serve", str(models["masked"]), "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--duration", "300"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", retries=0, timeout=10)
+        ends = time.monotonic() + 240  # a generous ceiling: Ray starts in ~10-30 s on a loaded 2-core machine
+        while not client.health():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < ends, "the server did not answer /healthz within 240 s"
+            time.sleep(1)
+        client.close()
+        rows = listening_sockets(descendants(proc.pid) | {proc.pid})
+        assert any(p == port for _, p, _ in rows), rows  # the HTTP proxy is among them
+        assert len(rows) > 5, rows  # GCS, raylet, workers...: Ray's own, not only the proxy
+        open_ = [r for r in rows if not is_loopback(r[0])]
+        assert not open_, f"listening beyond loopback: {open_}"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the CLI shuts Serve and its Ray down, as on Ctrl-C
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def server(models, request):
     local_ray(request)
@@ -556,6 +595,11 @@ def _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions
         assert c.request("POST", "/elsewhere", b"{}").status == 404
         with pytest.raises(ClientError, match="HTTP 400: x has width 5"):
             c.predict(np.zeros((2, 5), np.float32))
+        deep = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        reply = c.request("POST", "/predict", deep, {"Content-Type": JSON})
+        assert reply.status == 400 and b"nests too deeply" in reply.body, reply
+        reply = c.request("POST", "/predict", json.dumps({"x": [[1e30] * 64]}).encode(), {"Content-Type": JSON})
+        assert reply.status == 422 and b"the output is not finite" in reply.body, reply
         x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
         _close(c.predict(x), sessions["masked"].run(x[None])[0])
         assert c.retried == 0  # 4xx answers are final, never retried
@@ -579,7 +623,54 @@ def _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder) -> No
         assert pk2.shape == (4, 7, 16)
 
 
-def test_through_ray_serve(server, sessions, decoder):
+def _concurrent_gqa_decode_chunks_are_batched_and_exact(server, gqa_decoder) -> None:
+    """Equal-(t, p) chunks after a past from concurrent requests share a Ray batch with single
+    tokens: every request gets a 200 and its own answer (GroupQueryAttention refuses the chunk
+    batched; the session runs it row by row)."""
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    dep = start(
+        gqa_decoder.path,
+        port=port,
+        max_batch=8,
+        batch_wait_ms=300,
+        app="test-gqa",
+        route_prefix="/gqa",
+        cpus_per_replica=0,  # the module's Ray has 2 CPUs, both taken by the other replicas
+    )
+    try:
+        rng = np.random.default_rng(8)
+        cases = []
+        for t in (3, 3, 3, 3, 1, 1):
+            prompt = rng.standard_normal((1, 5, 64)).astype(np.float32)
+            _, pk, pv = gqa_decoder.decode(prompt)
+            cases.append((rng.standard_normal((1, t, 64)).astype(np.float32), pk, pv))
+        replies: list = [None] * len(cases)
+        barrier = threading.Barrier(len(cases))
+
+        def one(i):
+            x, pk, pv = cases[i]
+            with Client(dep.url, retries=0) as c:
+                barrier.wait()
+                body, kind = c.encode(x, past_key=pk, past_value=pv)
+                replies[i] = c.request("POST", "/predict", body, {"Content-Type": kind})
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cases))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        from export.serve import decode_reply
+
+        for (x, pk, pv), reply in zip(cases, replies):
+            assert reply is not None and reply.status == 200, reply
+            for got, want in zip(decode_reply(reply), gqa_decoder.decode(x, pk, pv)):
+                _close(got, want)
+        assert max(int(r.headers["x-attnzoo-batch"]) for r in replies) > 1  # they did share batches
+    finally:
+        dep.shutdown()
+
+
+def test_through_ray_serve(server, sessions, decoder, gqa_decoder):
     """One test, so that pytest-xdist cannot split the Ray part over workers (each would start
     its own Ray); each step names what it checks."""
     _health_and_metadata(server)
@@ -587,6 +678,7 @@ def test_through_ray_serve(server, sessions, decoder):
     _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions)
     _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions)  # still whole
     _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder)
+    _concurrent_gqa_decode_chunks_are_batched_and_exact(server, gqa_decoder)
 
 
 def test_the_client_retries_once_then_says_what_failed():
