@@ -165,6 +165,18 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 _fraction = number_in(float, 0, below=1)
 _count = number_in(int, 0)
 _nonneg = number_in(float, 0)
+_port = number_in(int, 1, below=65536)
+
+
+def _http_url(text: str) -> str:
+    """An argparse type: an http URL with a host and a port in 1..65535, refused in one line."""
+    from .serve import ClientOptionError, parse_url
+
+    try:
+        parse_url(text)
+    except ClientOptionError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("url=")) from None
+    return text
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:
@@ -176,7 +188,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
     sp.add_argument("--batch-wait-ms", type=_nonneg, default=5.0, help="how long a batch waits to fill (default 5)")
-    sp.add_argument("--port", type=positive, default=8000)
+    sp.add_argument("--port", type=_port, default=8000, help="HTTP port, 1..65535 (default 8000)")
     sp.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on (default 127.0.0.1)")
     sp.add_argument("--address", default=None, help="join this Ray cluster ('auto' or HOST:PORT); default: start Ray")
     sp.add_argument("--max-tokens", type=positive, default=65_536, help="most b*t per request (larger: HTTP 413)")
@@ -206,7 +218,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.set_defaults(func=cmd_triton)
 
     sp = sub.add_parser("loadtest", help="load an `attnzoo serve` URL: throughput, p50/p95/p99, errors, faults")
-    sp.add_argument("url", help="e.g. http://127.0.0.1:8000/")
+    sp.add_argument("url", type=_http_url, help="e.g. http://127.0.0.1:8000/")
     sp.add_argument("--concurrency", type=int_list, default=[1, 16], help="levels, e.g. 1,16 (default 1,16)")
     sp.add_argument("--requests", type=positive, default=200, help="requests per level (default 200)")
     sp.add_argument("--seq", type=int_list, default=[16, 32, 64, 128], help="T of the requests (default 16,32,64,128)")

@@ -784,8 +784,10 @@ def start(
     if provider not in PROVIDERS:
         raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
     for name, v in (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port)):
-        if not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ServeError(f"{name}={v!r} must be a positive integer")
+    if port > 65535:
+        raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
     if not 0 <= batch_wait_ms <= 10_000:
         raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
     if cpus_per_replica < 0:
@@ -986,12 +988,34 @@ class Reply:
         return float(v) if v is not None else None
 
 
-class ClientError(RuntimeError):
+class ClientError(AttnzooError, RuntimeError):
     """The server answered a request with an error status (the server's line is the message)."""
 
     def __init__(self, reply: Reply) -> None:
         super().__init__(f"HTTP {reply.status}: {reply.body.decode(errors='replace').strip()[:300]}")
         self.reply = reply
+
+
+class ClientOptionError(AttnzooError, ValueError):
+    """A Client asked for with a URL or an option it cannot use."""
+
+
+def parse_url(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix) of an http URL such as http://127.0.0.1:8000/; ClientOptionError
+    (one line naming the URL) for anything else: another scheme, no host, a port out of 1..65535."""
+    fix = "give an http URL such as http://127.0.0.1:8000/"
+    if not isinstance(url, str):
+        raise ClientOptionError(f"url={url!r} is not a string; {fix}")
+    try:
+        u = urllib.parse.urlsplit(url)
+        port = u.port
+    except ValueError as e:  # "Port out of range 0-65535", "Port could not be cast to integer value"...
+        raise ClientOptionError(f"url={url!r}: {e}; {fix}") from None
+    if u.scheme != "http" or not u.hostname:
+        raise ClientOptionError(f"url={url!r}: {fix}")
+    if port == 0:
+        raise ClientOptionError(f"url={url!r}: port 0 is no server's port; {fix}")
+    return u.hostname, port or 80, u.path.rstrip("/")
 
 
 class Client:
@@ -1005,15 +1029,11 @@ class Client:
     """
 
     def __init__(self, url: str, *, binary: bool = True, timeout: float = 60.0, retries: int = 1) -> None:
-        if not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries={retries!r} must be an integer >= 0")
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout!r} must be positive (seconds)")
-        u = urllib.parse.urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"url={url!r}: give an http URL such as http://127.0.0.1:8000/")
-        self.host, self.port = u.hostname, u.port or 80
-        self.prefix = u.path.rstrip("/")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ClientOptionError(f"retries={retries!r} must be an integer >= 0")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ClientOptionError(f"timeout={timeout!r} must be positive (seconds)")
+        self.host, self.port, self.prefix = parse_url(url)
         self.binary = binary
         self.timeout = timeout
         self.retries = retries
@@ -1131,6 +1151,7 @@ def decode_reply(reply: Reply):
 __all__ = [
     "Client",
     "ClientError",
+    "ClientOptionError",
     "Deployment",
     "Item",
     "ModelInfo",
@@ -1144,6 +1165,7 @@ __all__ = [
     "encode_response",
     "length_groups",
     "pad_batch",
+    "parse_url",
     "replica_states",
     "run_batch",
     "start",

@@ -10,6 +10,7 @@ import base64
 import dataclasses
 import io
 import json
+import re
 import socket
 import threading
 import zipfile
@@ -483,6 +484,37 @@ def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
     assert main(["serve", "no-such-block"]) == 2
     err = capsys.readouterr().err.strip()
     assert "neither an .onnx file nor a zoo name" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_cli_serve_refuses_a_port_that_is_not_one_in_one_line(capsys, models, port):
+    from export.cli import main
+
+    try:
+        rc = main(["serve", str(models["masked"]), "--port", port])
+    except SystemExit as e:  # argparse's usage errors exit from inside parse_args
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--port" in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_client_and_start_refuse_bad_urls_and_ports_as_attnzoo_errors(models):
+    from zoo import AttnzooError
+
+    for url, words in (
+        ("not-a-url", "give an http URL"),
+        ("ftp://x/", "give an http URL"),
+        ("http://127.0.0.1:99999/", "Port out of range"),
+        ("http://127.0.0.1:port/", "url="),
+    ):
+        with pytest.raises(AttnzooError, match=re.escape(words)) as e:
+            Client(url)
+        assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+    with pytest.raises(AttnzooError, match="timeout"):
+        Client("http://127.0.0.1:1/", timeout=0)
+    with pytest.raises(ServeError, match="1..65535"):
+        start(models["masked"], port=99999)
+    assert issubclass(ClientError, AttnzooError) and issubclass(ClientError, RuntimeError)
 
 
 # -- through Ray Serve -------------------------------------------------------------------------
