@@ -165,6 +165,43 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 _fraction = number_in(float, 0, below=1)
 _count = number_in(int, 0)
 _nonneg = number_in(float, 0)
+_port = number_in(int, 1, below=65536)
+
+
+def _int_in(low: int, high: int):
+    """An argparse type: an integer in low..high, refused in one line naming the value and the range."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{v} must be an integer in {low}..{high}")
+        return v
+
+    return parse
+
+
+_max_batch = _int_in(0, 2**31 - 1)  # Triton's max_batch_size is int32
+_batch_wait_us = _int_in(0, 60_000_000)  # export.triton.MAX_BATCH_WAIT_US
+
+
+def _folder(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is no folder; give the model repository's path, e.g. -o model_repo")
+    return text
+
+
+def _http_url(text: str) -> str:
+    """An argparse type: an http URL with a host and a port in 1..65535, refused in one line."""
+    from .serve import ClientOptionError, parse_url
+
+    try:
+        parse_url(text)
+    except ClientOptionError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("url=")) from None
+    return text
 
 
 def add_commands(sub, with_set, positive, int_list) -> None:
@@ -176,7 +213,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
     sp.add_argument("--batch-wait-ms", type=_nonneg, default=5.0, help="how long a batch waits to fill (default 5)")
-    sp.add_argument("--port", type=positive, default=8000)
+    sp.add_argument("--port", type=_port, default=8000, help="HTTP port, 1..65535 (default 8000)")
     sp.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on (default 127.0.0.1)")
     sp.add_argument("--address", default=None, help="join this Ray cluster ('auto' or HOST:PORT); default: start Ray")
     sp.add_argument("--max-tokens", type=positive, default=65_536, help="most b*t per request (larger: HTTP 413)")
@@ -193,11 +230,15 @@ def add_commands(sub, with_set, positive, int_list) -> None:
 
     sp = sub.add_parser("triton", help="write a Triton model repository (onnxruntime backend) of zoo blocks")
     sp.add_argument("names", nargs="+", metavar="NAME")
-    sp.add_argument("-o", "--output", required=True, metavar="REPO", help="the model repository folder")
-    sp.add_argument("--max-batch", type=int, default=8, help="Triton max_batch_size; 0 = no batching (default 8)")
+    sp.add_argument("-o", "--output", type=_folder, required=True, metavar="REPO", help="the model repository folder")
+    sp.add_argument(
+        "--max-batch", type=_max_batch, default=8, help="Triton max_batch_size; 0 = no batching (default 8)"
+    )
     sp.add_argument("--instances", type=positive, default=1, help="model instances per device (default 1)")
     sp.add_argument("--kind", default="cpu", choices=["cpu", "gpu"], help="instance group kind (default cpu)")
-    sp.add_argument("--batch-wait-us", type=int, default=5000, help="dynamic batching queue delay (default 5000)")
+    sp.add_argument(
+        "--batch-wait-us", type=_batch_wait_us, default=5000, help="dynamic batching queue delay, us (default 5000)"
+    )
     sp.add_argument("--mask", action="store_true", help="export with the bool mask input (b, t, s)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS])
     sp.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -206,7 +247,7 @@ def add_commands(sub, with_set, positive, int_list) -> None:
     sp.set_defaults(func=cmd_triton)
 
     sp = sub.add_parser("loadtest", help="load an `attnzoo serve` URL: throughput, p50/p95/p99, errors, faults")
-    sp.add_argument("url", help="e.g. http://127.0.0.1:8000/")
+    sp.add_argument("url", type=_http_url, help="e.g. http://127.0.0.1:8000/")
     sp.add_argument("--concurrency", type=int_list, default=[1, 16], help="levels, e.g. 1,16 (default 1,16)")
     sp.add_argument("--requests", type=positive, default=200, help="requests per level (default 200)")
     sp.add_argument("--seq", type=int_list, default=[16, 32, 64, 128], help="T of the requests (default 16,32,64,128)")

@@ -89,12 +89,34 @@ def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) at positions p..p+t-1 -> y (b t c), present_key, present_value (b g p+t d).
     torch in -> torch out (on the CPU); numpy in -> numpy out."""
     as_torch = isinstance(x, torch.Tensor)
-    x, pk, pv, km, _ = _check(sess, x, past_key, past_value, key_mask)
+    x, pk, pv, km, p = _check(sess, x, past_key, past_value, key_mask)
+    b, t = x.shape[:2]
+    if b > 1 and t > 1 and p > 0 and chunks_one_row_at_a_time(sess):
+        # GroupQueryAttention refuses b > 1 with t > 1 and a past ("batch_size must be 1 when
+        # sequence_length > 1 and past context is given"): run each row alone. A row's positions
+        # come from its own key_mask row and its cache from its own index, so each row computes
+        # exactly what it would in a batch.
+        rows = [
+            _run(sess, x[r : r + 1], pk[r : r + 1], pv[r : r + 1], None if km is None else km[r : r + 1])
+            for r in range(b)
+        ]
+        outs = [np.concatenate(parts) for parts in zip(*rows)]
+    else:
+        outs = _run(sess, x, pk, pv, km)
+    return tuple(torch.from_numpy(o) for o in outs) if as_torch else tuple(outs)
+
+
+def chunks_one_row_at_a_time(sess: OnnxSession) -> bool:
+    """Whether `sess` must run a chunk (t > 1) after a past one row at a time: the ort-gqa
+    lowering, whose GroupQueryAttention takes b > 1 only for a prompt or a single token."""
+    return sess.metadata.get("attnzoo.lowering") == "ort-gqa"
+
+
+def _run(sess: OnnxSession, x, pk, pv, km) -> list[np.ndarray]:
     feeds = {"x": x, "past_key": pk, "past_value": pv}
     if km is not None:
         feeds["key_mask"] = km
-    outs = sess.run_feeds(feeds)
-    return tuple(torch.from_numpy(o) for o in outs) if as_torch else tuple(outs)
+    return sess.run_feeds(feeds)
 
 
 def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, key_mask=None):

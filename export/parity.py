@@ -218,6 +218,8 @@ def check(
 # batch 3 with rows left-padded by PADS positions (ragged lengths through the key mask).
 PROMPT, STEPS = 7, 25
 PADS = (0, 5, 2)
+# Then the same rows again in chunks: a prompt, then several positions at once after a past.
+CHUNKS = (4, 13, 14, PROMPT + STEPS)
 
 
 def check_decode(
@@ -233,8 +235,9 @@ def check_decode(
     """Export a decode model and run a prompt then single-token steps under ONNX Runtime (the cache
     kept by the runtime); every row must match the eager full forward of that row alone.
 
-    Batch 1, then batch 3 with left padding (key_mask); the export traced b=2, t=5, p=3, so every
-    run here is at shapes it never saw (p = 0 for the prompt, p >= 7 for the steps, t = 7 and 1).
+    Batch 1, then batch 3 with left padding (key_mask); each batch again in chunks (CHUNKS: t > 1
+    after a past, and one single token). The export traced b=2, t=5, p=3, so every run here is at
+    shapes it never saw (p = 0 for the prompt, p >= 7 for the steps, t = 7 and 1).
     A miss is a FAIL naming the batch, the step and the max error.
     """
     name = name_or_module if isinstance(name_or_module, str) else "custom"
@@ -284,6 +287,30 @@ def check_decode(
                     row.reason = f"batch {b}, {where}: max abs {a:.2e} outside rtol={tol.rtol:g}, atol={tol.atol:g}"
                     return row
             row.shapes += STEPS + 1
+            # Chunks after a past (t > 1, p > 0) at this batch, as a server batches them.
+            start, pk, pv, ys = 0, None, None, []
+            try:
+                for end in CHUNKS:
+                    y, pk, pv = sess.decode(xd[:, start:end], pk, pv, key_mask=key_mask[:, :end])
+                    ys.append(y)
+                    start = end
+            except Exception as e:  # noqa: BLE001
+                row.status, row.reason = "FAIL", f"chunked run failed at batch {b}: {str(e)[:200]}"
+                return row
+            got = torch.cat(ys, 1).float()
+            start = 0
+            for end in CHUNKS:
+                a, rel, ok = errors(got[:, start:end].numpy(), ref[:, start:end].numpy(), tol)
+                worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+                if not ok:
+                    row.status, row.max_abs, row.max_rel = "FAIL", worst_abs, worst_rel
+                    row.reason = (
+                        f"batch {b}, the chunk of positions {start}..{end - 1} after a past of {start}: "
+                        f"max abs {a:.2e} outside rtol={tol.rtol:g}, atol={tol.atol:g}"
+                    )
+                    return row
+                start = end
+            row.shapes += len(CHUNKS)
         row.max_abs, row.max_rel, row.status = worst_abs, worst_rel, "PASS"
     return row
 

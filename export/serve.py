@@ -21,11 +21,13 @@ import hashlib
 import http.client
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
 import urllib.parse
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,7 @@ class ModelInfo:
     outputs: tuple[str, ...]
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_rows: int = 1024
+    max_body: int = DEFAULT_MAX_BODY  # bytes of a body, and of the arrays an .npz unpacks to
     # A decode (KV-cache) model: x, past_key (b g p dk), past_value (b g p dv) [, key_mask (b s)].
     decode: bool = False
     kv_heads: int = 0
@@ -77,7 +80,9 @@ class ModelInfo:
     has_key_mask: bool = False
 
     @classmethod
-    def of(cls, sess, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_rows: int = 1024) -> ModelInfo:
+    def of(
+        cls, sess, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_rows: int = 1024, max_body: int = DEFAULT_MAX_BODY
+    ) -> ModelInfo:
         """From an `OnnxSession` over an attnzoo export (its spec metadata is required)."""
         spec = sess.spec
         if spec is None:
@@ -95,6 +100,7 @@ class ModelInfo:
             outputs=tuple(sess.output_names),
             max_tokens=max_tokens,
             max_rows=max_rows,
+            max_body=max_body,
             decode=decode,
             kv_heads=spec.kv_heads_,
             d_k=spec.d_k_,
@@ -144,12 +150,12 @@ def decode_request(body: bytes, content_type: str, info: ModelInfo, accept: str 
     kind = (content_type or "").split(";")[0].strip().lower()
     loose: set[str] = set()
     if kind in ("", JSON, "text/json"):
-        arrays, loose = _from_json(body)
+        arrays, loose = _from_json(body, info)
         binary = False
     elif kind in (NPY, "application/octet-stream"):
         arrays, binary = {"x": _load_npy(body, "the body", info.max_tokens)}, True
     elif kind == NPZ:
-        arrays, binary = _from_npz(body), True
+        arrays, binary = _from_npz(body, info), True
     else:
         raise RequestError(f"content type {kind!r} is not served; send {JSON}, {NPY} or {NPZ}", 415)
     accept = (accept or "").lower()
@@ -162,7 +168,7 @@ def decode_request(body: bytes, content_type: str, info: ModelInfo, accept: str 
     return item
 
 
-def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
+def _from_json(body: bytes, info: ModelInfo) -> tuple[dict[str, np.ndarray], set[str]]:
     """(arrays, names given as JSON lists): those take the model's dtype; npy_b64 ones must match."""
     try:
         doc = json.loads(body)
@@ -170,6 +176,8 @@ def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
         raise RequestError(
             f"the body is not JSON ({e.__class__.__name__}: {str(e)[:80]}); send {{'x': [[...]]}}"
         ) from None
+    except RecursionError:  # e.g. 100000 nested '[': the parser's own depth limit
+        raise RequestError("the JSON body nests too deeply; an array is at most 4 levels deep") from None
     if not isinstance(doc, dict):
         raise RequestError(f"the JSON body is a {type(doc).__name__}; send an object such as {{'x': [[...]]}}")
     extra = sorted(set(doc) - set(FIELDS))
@@ -186,7 +194,7 @@ def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
                 raw = base64.b64decode(value["npy_b64"], validate=True)
             except ValueError:
                 raise RequestError(f"{name}: npy_b64 is not valid base64") from None
-            out[name] = _load_npy(raw, name, None)
+            out[name] = _load_npy(raw, name, info.max_tokens if name == "x" else None)
         else:
             out[name] = _json_array(name, value)
             loose.add(name)
@@ -196,6 +204,8 @@ def _from_json(body: bytes) -> tuple[dict[str, np.ndarray], set[str]]:
 def _json_array(name: str, value: Any) -> np.ndarray:
     try:
         arr = np.asarray(value)
+    except RecursionError:
+        raise RequestError(f"{name} nests too deeply; an array is at most 4 levels deep") from None
     except ValueError:
         raise RequestError(f"{name} is a ragged list; every row must have the same length") from None
     if arr.dtype == object:
@@ -212,44 +222,99 @@ def _json_array(name: str, value: Any) -> np.ndarray:
     return arr.astype(np.float64)
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _npy_header(f, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, bytes of data the header declares) of the .npy at f's position; f is left
+    after the header. Reads the header only (a few hundred bytes), never the data."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read:
+            raise ValueError(f"format version {version[0]}.{version[1]} is not read here; write it with np.save")
+        shape, _, dtype = read[version](f)
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/...
+        raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
+    if dtype.hasobject:
+        raise RequestError(f"{what} holds Python objects ({dtype}); send numbers")
+    return tuple(shape), dtype, math.prod(shape) * dtype.itemsize
+
+
+def _check_positions(what: str, shape: tuple[int, ...], max_positions: int | None) -> None:
+    if max_positions is not None and len(shape) >= 2 and math.prod(shape[:-1]) > max_positions:
+        raise RequestError(
+            f"{what} declares shape {shape}: {math.prod(shape[:-1])} positions; "
+            f"this server takes at most {max_positions} per request (split it)",
+            413,
+        )
+
+
 def _load_npy(raw: bytes, what: str, max_positions: int | None) -> np.ndarray:
-    """A .npy body; with max_positions, one whose header declares more b*t is refused unread."""
+    """A .npy body; with max_positions, one whose header declares more b*t is refused unread.
+    Its data must be exactly what the header declares: bytes beyond it are refused, not ignored."""
+    if raw[:4] == _ZIP_MAGIC:
+        raise RequestError(f"{what} is an .npz archive; send it as {NPZ}")
     f = io.BytesIO(raw)
-    if max_positions is not None:
-        try:
-            version = np.lib.format.read_magic(f)
-            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-            shape = read[version](f)[0] if version in read else None
-        except Exception:  # noqa: BLE001
-            shape = None  # np.load below names the problem
-        if shape and len(shape) >= 2 and int(np.prod(shape[:-1])) > max_positions:
-            raise RequestError(
-                f"{what} declares shape {tuple(shape)}: {int(np.prod(shape[:-1]))} positions; "
-                f"this server takes at most {max_positions} per request (split it)",
-                413,
-            )
-        f.seek(0)
+    shape, dtype, nbytes = _npy_header(f, what)
+    _check_positions(what, shape, max_positions)
+    carried = len(raw) - f.tell()
+    if carried != nbytes:
+        raise RequestError(
+            f"{what}: its header declares shape {shape} {dtype} ({nbytes} bytes of data) but it carries "
+            f"{carried} bytes; send exactly the array (np.save)"
+        )
+    f.seek(0)
     try:
         arr = np.load(f, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/UnpicklingError...
         raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
-    if not isinstance(arr, np.ndarray):
-        raise RequestError(f"{what} is an .npz archive; send it as {NPZ}")
     return arr
 
 
-def _from_npz(raw: bytes) -> dict[str, np.ndarray]:
+def _from_npz(raw: bytes, info: ModelInfo) -> dict[str, np.ndarray]:
+    """An .npz body. Every member's .npy header is read first (streamed: no member is inflated):
+    names, shapes, dtypes and sizes are checked against the limits before any array is unpacked,
+    so a small archive that would inflate to gigabytes is refused having cost a few kilobytes."""
+    if raw[: len(_NPY_MAGIC)] == _NPY_MAGIC:
+        raise RequestError(f"the body is a single .npy array; send it as {NPY}")
     try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-            if not hasattr(z, "files"):
-                raise RequestError(f"the body is a single .npy array; send it as {NPY}")
-            extra = sorted(set(z.files) - set(FIELDS))
-            if extra:
-                raise RequestError(f"unknown array(s) {extra} in the .npz; a request has {', '.join(FIELDS)}")
-            return {k: z[k] for k in z.files}
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            members, total = {}, 0
+            for m in z.infolist():
+                name = m.filename[:-4] if m.filename.endswith(".npy") else m.filename
+                if name not in FIELDS:
+                    raise RequestError(f"unknown array {name!r} in the .npz; a request has {', '.join(FIELDS)}")
+                if name in members:
+                    raise RequestError(f"the .npz holds {name} twice")
+                what = f"{name} in the .npz"
+                with z.open(m) as f:
+                    shape, dtype, nbytes = _npy_header(f, what)
+                    header = f.tell()
+                if name == "x":
+                    _check_positions(what, shape, info.max_tokens)
+                if m.file_size != header + nbytes:
+                    raise RequestError(
+                        f"{what}: its header declares shape {shape} {dtype} ({nbytes} bytes of data) but the "
+                        f"archive says it unpacks to {m.file_size - header}; send arrays written by np.savez"
+                    )
+                total += nbytes
+                if total > info.max_body:
+                    raise RequestError(
+                        f"the .npz's arrays declare {total}+ bytes unpacked; this server takes at most "
+                        f"{info.max_body} (split the request)",
+                        413,
+                    )
+                members[name] = m
+            out = {}
+            for name, m in members.items():
+                with z.open(m) as f:
+                    out[name] = np.lib.format.read_array(f, allow_pickle=False)
+            return out
     except RequestError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, EOFError, zlib.error, ValueError...
         raise RequestError(f"the body is not an .npz archive ({type(e).__name__}: {str(e)[:80]})") from None
 
 
@@ -378,28 +443,34 @@ def _float(a: np.ndarray, name: str, dtype: np.dtype, loose: bool) -> np.ndarray
 # -- batching ----------------------------------------------------------------------------------
 
 
-def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
+def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...] | Exception]:
     """Run `items` as few padded batches as the model allows; each item's outputs, cut back.
 
-    Returns, per item, (y (b_i t_i c),) or (y, attn (b_i h t_i s_i)) when the model outputs weights.
+    Returns, per item, (y (b_i t_i c),) or (y, attn (b_i h t_i s_i)) when the model outputs weights
+    ((y, present_key, present_value) for a decode model). Each group of items that shares a run
+    succeeds or fails alone: the items of a group whose run raised get that exception in their
+    place, and the other groups' answers stand.
     """
-    out: list[tuple[np.ndarray, ...] | None] = [None] * len(items)
+    out: list[tuple[np.ndarray, ...] | Exception | None] = [None] * len(items)
     if info.decode:
         # A cache cannot be padded without shifting positions: equal (t, p) share a run.
         same: dict[tuple[int, int], list[int]] = {}
         for i, it in enumerate(items):
             same.setdefault((it.t, it.p), []).append(i)
-        for idx in same.values():
-            for i, res in zip(idx, _run_decode([items[i] for i in idx], sess, info)):
-                out[i] = res
-        return out  # type: ignore[return-value]
-    for idx in length_groups(items, has_mask=info.has_mask):
-        for i, res in zip(idx, _run_padded(sess, [items[i] for i in idx], info)):
+        groups, run = list(same.values()), _run_decode
+    else:
+        groups, run = length_groups(items, has_mask=info.has_mask), _run_padded
+    for idx in groups:
+        try:
+            results: list = run(sess, [items[i] for i in idx], info)
+        except Exception as e:  # noqa: BLE001 - this group's requests get it; the others run on
+            results = [e] * len(idx)
+        for i, res in zip(idx, results):
             out[i] = res
     return out  # type: ignore[return-value]
 
 
-def _run_decode(items: list[Item], sess, info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
+def _run_decode(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...]]:
     """Items of equal (t, p) as one `sess.decode` call: (y, present_key, present_value) each."""
     key_mask = None
     if info.has_key_mask:
@@ -504,8 +575,17 @@ def _run_padded(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarr
 
 
 def encode_response(item: Item, outputs: tuple[np.ndarray, ...], names: tuple[str, ...]) -> tuple[bytes, str]:
-    """(body, content type): .npy for y alone, .npz for y and attn, or JSON."""
+    """(body, content type): .npy for y alone, .npz for y and attn, or JSON. An output that is not
+    finite raises RequestError (422): JSON has no NaN, and no format should carry one as an answer."""
     outs = [o[0] if item.squeeze else o for o in outputs]
+    for name, o in zip(names, outs):
+        if o.dtype.kind == "f" and not np.isfinite(o).all():
+            # NaN is not JSON, and an answer of NaNs is no answer in any format.
+            raise RequestError(
+                f"the output is not finite ({name} holds NaN or infinite values, e.g. from inputs too large for "
+                f"{o.dtype}); scale the input down",
+                422,
+            )
     if item.binary:
         buf = io.BytesIO()
         if len(outs) == 1:
@@ -542,8 +622,12 @@ class OnnxServer:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         max_body: int = DEFAULT_MAX_BODY,
         threads: int | None = None,
+        loopback: bool = False,
     ) -> None:
         from .session import OnnxSession
+
+        if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
+            _replica_grpc_on_loopback()
 
         # Replicas may run on other machines: the model travels as bytes, not as a path.
         folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
@@ -554,7 +638,7 @@ class OnnxServer:
         finally:
             # ONNX Runtime holds the model in memory now; replicas come and go, their files need not.
             shutil.rmtree(folder, ignore_errors=True)
-        self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch)
+        self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         self.meta = {
@@ -611,16 +695,21 @@ class OnnxServer:
         except RequestError as e:
             return PlainTextResponse(str(e), e.status)
         item.enqueued = time.perf_counter()
+        outputs, timing = await self._batched(item)
+        if isinstance(outputs, AttnzooError):  # e.g. the padded batch would not fit in memory: try again later
+            return PlainTextResponse(f"the server cannot run this batch now: {outputs}", 503)
+        if isinstance(outputs, Exception):  # this request's group failed; the batch's other groups did not
+            first = (str(outputs).strip().splitlines() or [""])[0][:300]
+            return PlainTextResponse(f"the model run failed: {type(outputs).__name__}: {first}", 500)
         try:
-            outputs, timing = await self._batched(item)
-        except AttnzooError as e:  # e.g. the padded batch would not fit in memory: try again later
-            return PlainTextResponse(f"the server cannot run this batch now: {e}", 503)
-        body, kind = encode_response(item, outputs, self.info.outputs)
+            body, kind = encode_response(item, outputs, self.info.outputs)
+        except RequestError as e:
+            return PlainTextResponse(str(e), e.status)
         headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
         headers["x-attnzoo-replica"] = self.replica
         return Response(body, media_type=kind, headers=headers)
 
-    async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...], dict[str, float]]]:
+    async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...] | Exception, dict[str, float]]]:
         started = time.perf_counter()
         # The ORT run releases the GIL: in a thread, the replica keeps reading requests meanwhile.
         results = await asyncio.to_thread(run_batch, self.sess, items, self.info)
@@ -695,8 +784,10 @@ def start(
     if provider not in PROVIDERS:
         raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
     for name, v in (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port)):
-        if not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ServeError(f"{name}={v!r} must be a positive integer")
+    if port > 65535:
+        raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
     if not 0 <= batch_wait_ms <= 10_000:
         raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
     if cpus_per_replica < 0:
@@ -728,7 +819,10 @@ def start(
     if not ray.is_initialized():
         # "local": a Ray of our own, never a stray cluster that ray.init() would otherwise find.
         try:
-            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
+            if address is None:
+                init_local_ray()
+            else:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
         except ConnectionError as e:
             raise ServeError(f"cannot join the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
         started_ray = True
@@ -758,6 +852,7 @@ def start(
             max_tokens=max_tokens,
             max_body=max_body,
             threads=threads,
+            loopback=ray_on_loopback(),
         )
         try:
             serve.run(handle, name=app, route_prefix=route_prefix, blocking=False)
@@ -772,6 +867,77 @@ def start(
         raise
     url = f"http://{host}:{port}{route_prefix.rstrip('/')}/"
     return Deployment(url, app, replicas, provider, path, started_ray, own_cluster)
+
+
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def init_local_ray(**options: Any) -> None:
+    """ray.init a Ray of this process's own that listens on loopback only, without a dashboard.
+
+    Ray 2.60 binds its gRPC servers (GCS, raylet, workers) to all interfaces unless the node's
+    address is 127.0.0.1, and it rewrites a 127.0.0.1 given to ray.init to the machine's network
+    address unless clusters are turned off (ray_constants.ENABLE_RAY_CLUSTER, read from the
+    environment variable RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER). So for the length of ray.init they
+    are turned off, in this process and in the environment that Ray's daemons (and, through the
+    raylet, every worker) inherit: the node is 127.0.0.1, and its gRPC servers, agents and
+    Prometheus endpoints listen there. `options` go to ray.init (num_cpus=..., ...).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    had_env, had_flag = os.environ.get(_RAY_CLUSTER_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_RAY_CLUSTER_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+            **options,
+        )
+    finally:
+        if had_env is None:
+            os.environ.pop(_RAY_CLUSTER_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTER_ENV] = had_env
+        if had_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = had_flag
+
+
+def ray_on_loopback() -> bool:
+    """Whether the Ray this process is connected to runs on a loopback address (init_local_ray)."""
+    import ipaddress
+
+    import ray
+
+    try:
+        return ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback
+    except ValueError:
+        return False
+
+
+def _replica_grpc_on_loopback() -> None:
+    """Ray Serve 2.60 binds each replica's inter-deployment gRPC server to [::]:0 whatever the
+    node's address; on a loopback-only Ray, bind it to 127.0.0.1 instead (called in the replica's
+    process, before Serve starts that server). A Serve without that hook is left as it is."""
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    real = getattr(replica, "add_port_to_grpc_server", None)
+    if real is None or getattr(real, "attnzoo_loopback", False):
+        return
+
+    def add_port(server, address: str, *args, **kwargs):
+        host, _, port = address.rpartition(":")
+        if host in ("[::]", "0.0.0.0", ""):
+            address = f"127.0.0.1:{port}"
+        return real(server, address, *args, **kwargs)
+
+    add_port.attnzoo_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -822,12 +988,34 @@ class Reply:
         return float(v) if v is not None else None
 
 
-class ClientError(RuntimeError):
+class ClientError(AttnzooError, RuntimeError):
     """The server answered a request with an error status (the server's line is the message)."""
 
     def __init__(self, reply: Reply) -> None:
         super().__init__(f"HTTP {reply.status}: {reply.body.decode(errors='replace').strip()[:300]}")
         self.reply = reply
+
+
+class ClientOptionError(AttnzooError, ValueError):
+    """A Client asked for with a URL or an option it cannot use."""
+
+
+def parse_url(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix) of an http URL such as http://127.0.0.1:8000/; ClientOptionError
+    (one line naming the URL) for anything else: another scheme, no host, a port out of 1..65535."""
+    fix = "give an http URL such as http://127.0.0.1:8000/"
+    if not isinstance(url, str):
+        raise ClientOptionError(f"url={url!r} is not a string; {fix}")
+    try:
+        u = urllib.parse.urlsplit(url)
+        port = u.port
+    except ValueError as e:  # "Port out of range 0-65535", "Port could not be cast to integer value"...
+        raise ClientOptionError(f"url={url!r}: {e}; {fix}") from None
+    if u.scheme != "http" or not u.hostname:
+        raise ClientOptionError(f"url={url!r}: {fix}")
+    if port == 0:
+        raise ClientOptionError(f"url={url!r}: port 0 is no server's port; {fix}")
+    return u.hostname, port or 80, u.path.rstrip("/")
 
 
 class Client:
@@ -841,15 +1029,11 @@ class Client:
     """
 
     def __init__(self, url: str, *, binary: bool = True, timeout: float = 60.0, retries: int = 1) -> None:
-        if not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries={retries!r} must be an integer >= 0")
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout!r} must be positive (seconds)")
-        u = urllib.parse.urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"url={url!r}: give an http URL such as http://127.0.0.1:8000/")
-        self.host, self.port = u.hostname, u.port or 80
-        self.prefix = u.path.rstrip("/")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ClientOptionError(f"retries={retries!r} must be an integer >= 0")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ClientOptionError(f"timeout={timeout!r} must be positive (seconds)")
+        self.host, self.port, self.prefix = parse_url(url)
         self.binary = binary
         self.timeout = timeout
         self.retries = retries
@@ -967,6 +1151,7 @@ def decode_reply(reply: Reply):
 __all__ = [
     "Client",
     "ClientError",
+    "ClientOptionError",
     "Deployment",
     "Item",
     "ModelInfo",
@@ -976,9 +1161,11 @@ __all__ = [
     "ServeError",
     "check_arrays",
     "decode_request",
+    "init_local_ray",
     "encode_response",
     "length_groups",
     "pad_batch",
+    "parse_url",
     "replica_states",
     "run_batch",
     "start",

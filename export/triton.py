@@ -26,6 +26,14 @@ _TRITON_TYPE = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BO
 _ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16", 9: "TYPE_BOOL"}
 
 
+INT32_MAX = 2**31 - 1  # Triton's max_batch_size and instance count are int32
+MAX_BATCH_WAIT_US = 60_000_000  # a minute: a queue delay beyond that is a mistake, not a setting
+
+
+def _int_in(v, low: int, high: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
 class TritonError(AttnzooError, ValueError):
     """A repository that cannot be written as asked, or a config that does not fit its model."""
 
@@ -51,10 +59,14 @@ def config_text(
     """config.pbtxt for one exported model: (name, dtype, shape) per tensor, as ExportResult has."""
     if kind not in KINDS:
         raise TritonError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
-    if not isinstance(max_batch, int) or max_batch < 0:
-        raise TritonError(f"max_batch={max_batch!r} must be an integer >= 0 (0: no batching)")
-    if not isinstance(instances, int) or instances < 1:
-        raise TritonError(f"instances={instances!r} must be a positive integer")
+    if not _int_in(max_batch, 0, INT32_MAX):
+        raise TritonError(f"max_batch={max_batch!r} must be an integer in 0..{INT32_MAX} (0: no batching)")
+    if not _int_in(instances, 1, INT32_MAX):
+        raise TritonError(f"instances={instances!r} must be an integer in 1..{INT32_MAX}")
+    if not _int_in(batch_wait_us, 0, MAX_BATCH_WAIT_US):
+        raise TritonError(
+            f"batch_wait_us={batch_wait_us!r} must be an integer in 0..{MAX_BATCH_WAIT_US} (microseconds)"
+        )
 
     def tensor(n: str, dtype: str, shape: tuple[int | str, ...]) -> str:
         dims = [-1 if isinstance(d, str) else d for d in shape]
@@ -101,6 +113,8 @@ def write_repository(
 
     from .lowering import export_onnx
 
+    if not isinstance(repo, (str, os.PathLike)) or not os.fspath(repo):
+        raise TritonError(f"repo={repo!r}: give the model repository's folder, e.g. -o model_repo")
     if not names:
         raise TritonError("give at least one zoo name (see `attnzoo list`)")
     if len(set(names)) != len(names):
@@ -118,6 +132,9 @@ def write_repository(
         if (repo / n).exists() and not overwrite:
             raise FileExistsError(f"{repo / n} exists; pass overwrite=True (CLI: --force) to replace it")
     provider = "cuda" if kind == "gpu" else "cpu"
+    # Folders and files get the modes open() and mkdir() would give them (mkdtemp's is 0700).
+    umask = os.umask(0)
+    os.umask(umask)
     written = []
     for n in names:
         tmp = Path(tempfile.mkdtemp(prefix=f".{n}.", dir=repo))
@@ -140,7 +157,9 @@ def write_repository(
                 kind=kind,
                 batch_wait_us=batch_wait_us,
             )
+            _check_text(text, n)  # Triton's own schema, where installed, before anything is published
             (tmp / "config.pbtxt").write_text(text)
+            _apply_umask(tmp, umask)
             final = repo / n
             if final.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{n}.old.", dir=repo))
@@ -152,6 +171,27 @@ def write_repository(
             raise
         written.append(Written(n, final, text, result.summary()))
     return written
+
+
+def _apply_umask(folder: Path, umask: int) -> None:
+    """chmod `folder` and everything in it as mkdir (0777) and open (0666) would under `umask`."""
+    for d, _, files in os.walk(folder):
+        os.chmod(d, 0o777 & ~umask)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o666 & ~umask)
+
+
+def _check_text(text: str, name: str) -> None:
+    """Parse a config with Triton's schema when tritonclient is installed (else nothing to check)."""
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        return
+    try:
+        text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as e:
+        raise TritonError(f"the config written for {name} is not a valid Triton model config: {e}") from None
 
 
 def parse_config(path: str | os.PathLike):

@@ -107,7 +107,9 @@ def local_ray(request) -> None:
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from export.serve import init_local_ray
+
+    init_local_ray(num_cpus=2)  # on loopback only, as `attnzoo serve` starts it
 
     def stop():
         try:
@@ -116,3 +118,68 @@ def local_ray(request) -> None:
             ray.shutdown()
 
     request.addfinalizer(stop)
+
+
+def descendants(root: int) -> set[int]:
+    """The pids of every living process below `root` (from /proc; Linux)."""
+    import os
+
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        p = todo.pop()
+        for child, pp in parent.items():
+            if pp == p and child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def listening_sockets(pids) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every listening TCP socket the processes `pids` hold (/proc/net)."""
+    import os
+    import socket
+
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes[link[8:-1]] = pid
+    rows = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                    continue
+                hexip, hexport = local.split(":")
+                raw = bytes.fromhex(hexip)  # host-order 32-bit words
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                rows.append((socket.inet_ntop(family, raw), int(hexport, 16), inodes[inode]))
+    return sorted(rows)
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback

@@ -79,3 +79,35 @@ def float_mask(draw, b: int, t: int, s: int) -> torch.Tensor:
     if draw(st.booleans()):
         mask[-1, 0, -1, :] = float("-inf")
     return mask
+
+
+@st.composite
+def decode_specs(draw) -> zoo.AttentionSpec:
+    """A spec every decode lowering can take: causal self-attention, head sizes a multiple of 8
+    (GroupQueryAttention's CPU kernel refuses others), kv heads shared or not."""
+    heads = draw(st.integers(1, 4))
+    kv_heads = draw(st.sampled_from([g for g in range(1, heads + 1) if heads % g == 0]))
+    d_k = draw(st.sampled_from([8, 16]))
+    return zoo.AttentionSpec(
+        d_model=draw(st.sampled_from([16, 24, 32])),
+        heads=heads,
+        kv_heads=None if kv_heads == heads else kv_heads,
+        d_k=d_k,
+        d_v=d_k,
+        layout=draw(st.sampled_from(["separate", "combined"])),
+        bias=draw(st.booleans()),
+        causal=True,
+    )
+
+
+@st.composite
+def decode_runs(draw) -> tuple[int, list[int], list[int]]:
+    """(b, cuts, pads): b rows (2 and 3 drawn often: the batched case) decoded in the splits
+    x[:, 0:cuts[0]], x[:, cuts[0]:cuts[1]], ... (chunks of several positions after a past among
+    them), each row left-padded by pads[r] positions (key_mask False there)."""
+    b = draw(st.one_of(st.integers(2, 3), st.integers(1, 3)))
+    n = draw(st.integers(3, 12))
+    inner = draw(st.lists(st.integers(1, n - 1), min_size=1, max_size=3, unique=True))
+    cuts = [*sorted(inner), n]
+    pads = [0] + [draw(st.integers(0, n - 1)) for _ in range(b - 1)]
+    return b, cuts, pads

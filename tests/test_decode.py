@@ -85,7 +85,7 @@ def _assert_pass(row):
         assert row.reason and "\n" not in row.reason
         pytest.skip(row.reason)
     assert row.status == "PASS", f"{row.name} {row.lowering} {row.dtype}: {row.reason} (max abs {row.max_abs:.2e})"
-    assert row.shapes == 2 * 26
+    assert row.shapes == 2 * (26 + 4)  # per batch: the prompt, 25 steps, 4 chunks
 
 
 # Every causal preset x (ort-gqa + one traced lowering, rotating) by default; the rest -m slow.
@@ -153,6 +153,40 @@ def test_session_decode_api(tmp_path):
     full = export_onnx("mha-causal", tmp_path / "f.onnx", lowering="ort-gqa")
     with pytest.raises(ValueError, match="full-sequence model"):
         OnnxSession(full.path, provider="cpu", verbose=False).decode(x)
+
+
+@pytest.mark.parametrize("b", [2, 3])
+@pytest.mark.parametrize("padded", [False, True], ids=["no-key-mask", "left-padded"])
+def test_ort_gqa_runs_batched_chunks_after_a_past_as_eager_does(b, padded, tmp_path):
+    """GroupQueryAttention refuses b > 1 with t > 1 and a past; sess.decode runs such a chunk one
+    row at a time, each row with its own key_mask row, and matches eager block.decode."""
+    torch.manual_seed(0)
+    m = zoo.create("llama-3-8b", d_model=64, heads=4, kv_heads=2, d_k=16).eval()
+    r = export_onnx(m, tmp_path / "d.onnx", lowering="ort-gqa", decode=True, with_mask=True)
+    sess = OnnxSession(r.path, provider="cpu", verbose=False)
+    n = 14
+    x = torch.randn(b, n, 64)
+    key_mask = torch.ones(b, n, dtype=torch.bool)
+    if padded:
+        key_mask[1, :4] = False
+        key_mask[-1, :2] = False
+    for cuts in ([3, 8, n], [1, 2, 9, n]):  # chunks after a past, a single token among them
+        got, want, pk, pv, ek, ev, start = [], [], None, None, None, None, 0
+        for end in cuts:
+            km = key_mask[:, :end] if padded else None
+            y, pk, pv = sess.decode(x[:, start:end].numpy(), pk, pv, None if km is None else km.numpy())
+            with torch.no_grad():
+                ye, ek, ev = m.decode(x[:, start:end], ek, ev, key_mask=km)
+            got.append(y)
+            want.append(ye.numpy())
+            start = end
+        np.testing.assert_allclose(np.concatenate(got, 1), np.concatenate(want, 1), rtol=1e-4, atol=1e-5)
+        assert pk.shape == (b, 2, n, 16) and pv.shape == (b, 2, n, 16)
+        if not padded:  # without padding a key's index is its position: the caches agree too
+            np.testing.assert_allclose(pk, ek.numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(pv, ev.numpy(), rtol=1e-4, atol=1e-5)
+    y, _, _ = sess.decode(x[:, 5:], *(torch.from_numpy(a) for a in sess.decode(x[:, :5].numpy())[1:]))
+    assert isinstance(y, torch.Tensor) and y.shape == (b, n - 5, 64)  # torch in, torch out
 
 
 def test_decode_export_refuses_what_it_cannot_be(tmp_path):

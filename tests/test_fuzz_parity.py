@@ -15,9 +15,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import zoo
+from export import OnnxSession, export_onnx
 from export.lowering import LOWERINGS, why_not
 from export.parity import TOLERANCE, check
-from strategies import bool_mask, float_mask, fuzz_settings, shapes, specs
+from strategies import bool_mask, decode_runs, decode_specs, float_mask, fuzz_settings, shapes, specs
 
 # Each ONNX example is one export (~2-4 s on 2 cores); the eager ones cost milliseconds.
 ONNX_EXAMPLES = 5
@@ -47,6 +48,39 @@ def test_onnx_runtime_matches_eager(spec, lowering, dtype, case, shape_list, tmp
     if row.status == "FAIL" and "constant" in row.reason:
         return  # e.g. h = 1 with every key masked: nothing to compare, not a miss
     assert row.status == "PASS", (spec.describe(), lowering, dtype, case, shape_list, row)
+
+
+@fuzz_settings(ONNX_EXAMPLES)
+@given(spec=decode_specs(), lowering=st.sampled_from(LOWERINGS), run=decode_runs())
+def test_batched_decode_in_chunks_matches_eager(spec, lowering, run, tmp_path_factory):
+    """A decode export fed b rows in random splits (chunks after a past included), rows
+    left-padded through key_mask: each row's y is that row's eager forward alone."""
+    assume(why_not(lowering, spec, decode=True, provider="cpu") is None)
+    b, cuts, pads = run
+    module = zoo.MultiHeadAttention(spec).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp("fuzz_decode")
+    export_onnx(module, folder / "d.onnx", lowering=lowering, decode=True, with_mask=True)
+    sess = OnnxSession(folder / "d.onnx", provider="cpu", verbose=False)
+    n = cuts[-1]
+    x = torch.randn(b, n, spec.d_model)
+    key_mask = torch.ones(b, n, dtype=torch.bool)
+    for r, pad in enumerate(pads):
+        key_mask[r, :pad] = False
+    ys, pk, pv, start = [], None, None, 0
+    for end in cuts:
+        y, pk, pv = sess.decode(x[:, start:end], pk, pv, key_mask=key_mask[:, :end])
+        ys.append(y)
+        start = end
+    got = torch.cat(ys, 1)
+    with torch.no_grad():
+        for r, pad in enumerate(pads):  # a padded position has no key: y = b_O
+            want = torch.zeros(n, spec.d_model)
+            want[pad:] = module(x[r : r + 1, pad:])[0]
+            want[:pad] = module.out_proj.bias if spec.bias else 0.0
+            _close(got[r], want, torch.float32)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from export.loadtest import (
 from export.serve import ModelInfo, RequestError, decode_request, start
 from export.session import OnnxSession
 from helpers import free_port, local_ray
+from zoo import AttnzooError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
 
@@ -114,6 +116,28 @@ def test_no_server_is_one_line_at_the_cli(capsys):
     assert "no attnzoo server answers" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("not-a-url", "'not-a-url': give an http URL"),
+        ("ftp://x/", "'ftp://x/': give an http URL"),
+        ("http://127.0.0.1:99999/", "Port out of range"),
+        ("http://127.0.0.1:0/", "port 0"),
+    ],
+)
+def test_a_url_that_is_no_http_server_is_one_line_at_the_cli(capsys, url, words):
+    from export.cli import main
+
+    try:
+        rc = main(["loadtest", url, "--requests", "1"])
+    except SystemExit as e:  # argparse's usage errors exit from inside parse_args
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and words in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    with pytest.raises(AttnzooError, match=re.escape(words)):
+        loadtest(url, concurrency=[1], requests=1, seqs=[4])  # the library says the same, before any traffic
+
+
 # -- against a real deployment -----------------------------------------------------------------
 
 
@@ -172,7 +196,9 @@ def _a_killed_replica_is_replaced_and_requests_still_succeed(server, model) -> N
     )
     lv = report["levels"][0]
     assert lv["kill"]["killed"].startswith("SERVE_REPLICA::test-load#")
-    assert lv["kill"]["recovered_s"] is not None and lv["kill"]["recovered_s"] < 30, lv["kill"]
+    # Waited for, not timed: the killer polls the Serve controller for up to a generous ceiling
+    # (export.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported (README), not asserted.
+    assert lv["kill"]["recovered_s"] is not None, lv["kill"]
     assert lv["good_ok"] >= 0.99 * lv["good"] and lv["good_wrong"] == 0, lv
     assert lv["bad_4xx"] == lv["bad"]
 

@@ -10,8 +10,10 @@ import base64
 import dataclasses
 import io
 import json
+import re
 import socket
 import threading
+import zipfile
 
 import numpy as np
 import pytest
@@ -153,6 +155,79 @@ def test_too_large_is_refused_from_the_npy_header_alone(sessions):
     assert e.value.status == 413
 
 
+def _zip(members: dict[str, bytes]) -> bytes:
+    """An .npz body from raw member bytes (what np.savez writes, or not)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_an_npz_bomb_is_refused_from_its_member_headers_before_inflating(sessions, monkeypatch):
+    """A small archive whose x.npy inflates to far more than the limits: refused (413) from the
+    member's .npy header, streamed, without unpacking any array."""
+    info = _info(sessions["masked"], max_tokens=256, max_body=2**20)
+
+    def no_unpacking(*args, **kwargs):
+        raise AssertionError("an array was unpacked before the archive was checked")
+
+    monkeypatch.setattr(np.lib.format, "read_array", no_unpacking)
+    bomb = _zip({"x.npy": _npy(np.zeros((20_000, 64), np.float32))})  # 5 MB of zeros, 5 KB zipped
+    assert len(bomb) < 20_000
+    with pytest.raises(RequestError) as e:
+        decode_request(bomb, NPZ, info)
+    assert e.value.status == 413 and "x in the .npz declares shape (20000, 64)" in str(e.value)
+    # Members that are each within --max-tokens but together unpack past the body limit.
+    many = _zip({"x.npy": _npy(np.zeros((2, 64), np.float32)), "mask.npy": _npy(np.ones((1, 2, 2**21), bool))})
+    with pytest.raises(RequestError) as e:
+        decode_request(many, NPZ, info)
+    assert e.value.status == 413 and "at most 1048576" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_arrays_longer_than_their_npy_header_are_refused(sessions):
+    """A header declaring (2, 64) in front of 5000 x 64 floats: 400, never the first 2 rows."""
+    info = _info(sessions["masked"])
+    x = np.ones((2, 64), np.float32)
+    long = _npy(x) + np.zeros((5000, 64), np.float32).tobytes()
+    short = _npy(x)[:-8]
+    bodies = [
+        (long, NPY),
+        (short, NPY),
+        (json.dumps({"x": {"npy_b64": base64.b64encode(long).decode()}}).encode(), JSON),
+        (_zip({"x.npy": long}), NPZ),
+        (_zip({"x.npy": short}), NPZ),
+    ]
+    for body, kind in bodies:
+        with pytest.raises(RequestError) as e:
+            decode_request(body, kind, info)
+        assert e.value.status == 400 and "(2, 64) float32 (512 bytes of data)" in str(e.value), (kind, e.value)
+    assert decode_request(_zip({"x.npy": _npy(x)}), NPZ, info).x.shape == (1, 2, 64)  # exact: fine
+
+
+def test_deeply_nested_json_is_a_400_not_a_recursion_error(sessions):
+    info = _info(sessions["masked"])
+    for depth in (100_000, 900):
+        body = b'{"x": ' + b"[" * depth + b"]" * depth + b"}"
+        with pytest.raises(RequestError) as e:
+            decode_request(body, JSON, info)
+        assert e.value.status == 400 and "\n" not in str(e.value)
+
+
+def test_an_output_that_is_not_finite_is_a_422_not_invalid_json(sessions):
+    """{"x": [[1e30] * 64]} is finite float32 but its y overflows to NaN: JSON has no NaN."""
+    sess = sessions["masked"]
+    info = _info(sess)
+    item = decode_request(json.dumps({"x": [[1e30] * 64]}).encode(), JSON, info)
+    ((y,),) = run_batch(sess, [item], info)
+    assert not np.isfinite(y).all()
+    for binary in (False, True):
+        item.binary = binary
+        with pytest.raises(RequestError) as e:
+            encode_response(item, (y,), info.outputs)
+        assert e.value.status == 422 and "the output is not finite" in str(e.value)
+
+
 def test_model_specific_inputs_are_checked(sessions):
     with pytest.raises(RequestError, match="takes no mask"):
         check_arrays(
@@ -283,6 +358,64 @@ def test_a_decode_model_takes_its_cache_in_and_out(decoder):
     assert results[0][1].shape == (1, 4, 6, 16)  # the cache grew by the step
 
 
+@pytest.fixture(scope="module")
+def gqa_decoder(tmp_path_factory):
+    """A GroupQueryAttention decode export (ort-gqa: what `auto` picks for shared kv heads)."""
+    path = tmp_path_factory.mktemp("serve_gqa") / "gqa.onnx"
+    r = export_onnx("llama-3-8b", path, decode=True, with_mask=True, d_model=64, heads=4, kv_heads=2, d_k=16)
+    assert r.lowering == "ort-gqa"
+    return OnnxSession(path, provider="cpu", verbose=False)
+
+
+def test_ort_gqa_decode_requests_with_chunks_after_a_past_share_a_run(gqa_decoder):
+    """Equal (t, p) with t > 1 and p > 0 from several requests: the case GroupQueryAttention
+    refuses at b > 1; each answer equals its request run alone, left padding included."""
+    info = _info(gqa_decoder)
+    rng = np.random.default_rng(3)
+    items, alone = [], []
+    for r in range(3):
+        prompt = rng.standard_normal((1, 5, 64)).astype(np.float32)
+        key_mask = np.ones((1, 9), bool)
+        key_mask[0, :r] = False  # rows 1 and 2 left-padded
+        _, pk, pv = gqa_decoder.decode(prompt, key_mask=key_mask[:, :5])
+        chunk = rng.standard_normal((1, 4, 64)).astype(np.float32)
+        items.append(check_arrays({"x": chunk, "past_key": pk, "past_value": pv, "key_mask": key_mask}, info))
+        alone.append(gqa_decoder.decode(chunk, pk, pv, key_mask))
+    for res, want in zip(run_batch(gqa_decoder, items, info), alone):
+        assert not isinstance(res, Exception), res
+        for got, w in zip(res, want):
+            _close(got, w)
+
+
+def test_a_failing_group_fails_only_its_own_requests(decoder):
+    """Groups of one server batch run separately: one whose run raises answers its own requests
+    with that error, and the others are answered as if alone."""
+    info = _info(decoder)
+    rng = np.random.default_rng(4)
+    prompt = rng.standard_normal((1, 5, 64)).astype(np.float32)
+    _, pk, pv = decoder.decode(prompt)
+
+    class Flaky:  # the real session, except that a chunk of 3 after a past fails
+        def decode(self, x, past_key, past_value, key_mask=None):
+            if x.shape[1] == 3 and past_key.shape[2] > 0:
+                raise RuntimeError("the runtime refused this chunk")
+            return decoder.decode(x, past_key, past_value, key_mask)
+
+    step = rng.standard_normal((1, 1, 64)).astype(np.float32)
+    chunk = rng.standard_normal((1, 3, 64)).astype(np.float32)
+    items = [
+        check_arrays({"x": step, "past_key": pk, "past_value": pv}, info),
+        check_arrays({"x": chunk, "past_key": pk, "past_value": pv}, info),
+        check_arrays({"x": prompt}, info),
+        check_arrays({"x": chunk, "past_key": pk, "past_value": pv}, info),
+    ]
+    results = run_batch(Flaky(), items, info)
+    assert isinstance(results[1], RuntimeError) and results[3] is results[1]
+    for res, want in ((results[0], decoder.decode(step, pk, pv)), (results[2], decoder.decode(prompt))):
+        for got, w in zip(res, want):
+            _close(got, w)
+
+
 DECODE_BAD = [
     ({"x": np.zeros((1, 64), np.float32), "past_key": np.zeros((3, 2, 16), np.float32)}, "together"),
     (
@@ -353,7 +486,77 @@ def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
     assert "neither an .onnx file nor a zoo name" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_cli_serve_refuses_a_port_that_is_not_one_in_one_line(capsys, models, port):
+    from export.cli import main
+
+    try:
+        rc = main(["serve", str(models["masked"]), "--port", port])
+    except SystemExit as e:  # argparse's usage errors exit from inside parse_args
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--port" in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_client_and_start_refuse_bad_urls_and_ports_as_attnzoo_errors(models):
+    from zoo import AttnzooError
+
+    for url, words in (
+        ("not-a-url", "give an http URL"),
+        ("ftp://x/", "give an http URL"),
+        ("http://127.0.0.1:99999/", "Port out of range"),
+        ("http://127.0.0.1:port/", "url="),
+    ):
+        with pytest.raises(AttnzooError, match=re.escape(words)) as e:
+            Client(url)
+        assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+    with pytest.raises(AttnzooError, match="timeout"):
+        Client("http://127.0.0.1:1/", timeout=0)
+    with pytest.raises(ServeError, match="1..65535"):
+        start(models["masked"], port=99999)
+    assert issubclass(ClientError, AttnzooError) and issubclass(ClientError, RuntimeError)
+
+
 # -- through Ray Serve -------------------------------------------------------------------------
+
+
+def test_a_local_serve_keeps_ray_on_loopback(models):
+    """`attnzoo serve` without --address starts a Ray of its own: every socket that Ray's processes
+    (GCS, raylet, agents, metrics, the Serve controller, proxy and replica) listen on is loopback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from helpers import descendants, is_loopback, listening_sockets
+
+    pytest.importorskip("ray")
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "export.entry", "serve", str(models["masked"]), "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--duration", "300"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", retries=0, timeout=10)
+        ends = time.monotonic() + 240  # a generous ceiling: Ray starts in ~10-30 s on a loaded 2-core machine
+        while not client.health():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < ends, "the server did not answer /healthz within 240 s"
+            time.sleep(1)
+        client.close()
+        rows = listening_sockets(descendants(proc.pid) | {proc.pid})
+        assert any(p == port for _, p, _ in rows), rows  # the HTTP proxy is among them
+        assert len(rows) > 5, rows  # GCS, raylet, workers...: Ray's own, not only the proxy
+        open_ = [r for r in rows if not is_loopback(r[0])]
+        assert not open_, f"listening beyond loopback: {open_}"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the CLI shuts Serve and its Ray down, as on Ctrl-C
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -424,6 +627,11 @@ def _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions
         assert c.request("POST", "/elsewhere", b"{}").status == 404
         with pytest.raises(ClientError, match="HTTP 400: x has width 5"):
             c.predict(np.zeros((2, 5), np.float32))
+        deep = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        reply = c.request("POST", "/predict", deep, {"Content-Type": JSON})
+        assert reply.status == 400 and b"nests too deeply" in reply.body, reply
+        reply = c.request("POST", "/predict", json.dumps({"x": [[1e30] * 64]}).encode(), {"Content-Type": JSON})
+        assert reply.status == 422 and b"the output is not finite" in reply.body, reply
         x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
         _close(c.predict(x), sessions["masked"].run(x[None])[0])
         assert c.retried == 0  # 4xx answers are final, never retried
@@ -447,7 +655,54 @@ def _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder) -> No
         assert pk2.shape == (4, 7, 16)
 
 
-def test_through_ray_serve(server, sessions, decoder):
+def _concurrent_gqa_decode_chunks_are_batched_and_exact(server, gqa_decoder) -> None:
+    """Equal-(t, p) chunks after a past from concurrent requests share a Ray batch with single
+    tokens: every request gets a 200 and its own answer (GroupQueryAttention refuses the chunk
+    batched; the session runs it row by row)."""
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    dep = start(
+        gqa_decoder.path,
+        port=port,
+        max_batch=8,
+        batch_wait_ms=300,
+        app="test-gqa",
+        route_prefix="/gqa",
+        cpus_per_replica=0,  # the module's Ray has 2 CPUs, both taken by the other replicas
+    )
+    try:
+        rng = np.random.default_rng(8)
+        cases = []
+        for t in (3, 3, 3, 3, 1, 1):
+            prompt = rng.standard_normal((1, 5, 64)).astype(np.float32)
+            _, pk, pv = gqa_decoder.decode(prompt)
+            cases.append((rng.standard_normal((1, t, 64)).astype(np.float32), pk, pv))
+        replies: list = [None] * len(cases)
+        barrier = threading.Barrier(len(cases))
+
+        def one(i):
+            x, pk, pv = cases[i]
+            with Client(dep.url, retries=0) as c:
+                barrier.wait()
+                body, kind = c.encode(x, past_key=pk, past_value=pv)
+                replies[i] = c.request("POST", "/predict", body, {"Content-Type": kind})
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cases))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        from export.serve import decode_reply
+
+        for (x, pk, pv), reply in zip(cases, replies):
+            assert reply is not None and reply.status == 200, reply
+            for got, want in zip(decode_reply(reply), gqa_decoder.decode(x, pk, pv)):
+                _close(got, want)
+        assert max(int(r.headers["x-attnzoo-batch"]) for r in replies) > 1  # they did share batches
+    finally:
+        dep.shutdown()
+
+
+def test_through_ray_serve(server, sessions, decoder, gqa_decoder):
     """One test, so that pytest-xdist cannot split the Ray part over workers (each would start
     its own Ray); each step names what it checks."""
     _health_and_metadata(server)
@@ -455,6 +710,7 @@ def test_through_ray_serve(server, sessions, decoder):
     _bad_requests_through_http_are_4xx_and_the_replica_lives_on(server, sessions)
     _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sessions)  # still whole
     _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder)
+    _concurrent_gqa_decode_chunks_are_batched_and_exact(server, gqa_decoder)
 
 
 def test_the_client_retries_once_then_says_what_failed():

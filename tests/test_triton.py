@@ -91,3 +91,76 @@ def test_cli_writes_checks_and_says_how_to_serve(tmp_path, capsys):
     assert check_model(tmp_path / "r" / "gqa") == []
     assert main(argv) == 2  # the folder exists and there is no --force
     assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag, value, words",
+    [
+        ("--batch-wait-us", "-5", "--batch-wait-us: -5 must be an integer in 0..60000000"),
+        ("--max-batch", "-1", "--max-batch: -1 must be an integer in 0..2147483647"),
+        ("--batch-wait-us", "nan", "not an integer"),
+    ],
+)
+def test_a_bad_number_replaces_nothing_even_with_force(repo, capsys, flag, value, words):
+    """Refused in one line before anything is written: the valid model folder stays as it was."""
+    from export.cli import main
+
+    root, _ = repo
+    config = root / "mha-combined-bias" / "config.pbtxt"
+    before = (config.read_bytes(), config.stat().st_mtime_ns)
+    try:
+        rc = main(["triton", "mha-combined-bias", "-o", str(root), "--force", flag, value])
+    except SystemExit as e:  # argparse's usage errors exit from inside parse_args
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and words in err and len(err.splitlines()) == 1, err
+    assert (config.read_bytes(), config.stat().st_mtime_ns) == before
+
+
+def test_the_library_validates_everything_before_the_first_write(repo):
+    root, _ = repo
+    config = root / "mha-combined-bias" / "config.pbtxt"
+    before = (config.read_bytes(), config.stat().st_mtime_ns)
+    for kw, words in (
+        ({"batch_wait_us": -5}, "batch_wait_us=-5"),
+        ({"batch_wait_us": 2**64}, "batch_wait_us="),
+        ({"max_batch": 2**40}, "max_batch="),
+        ({"instances": 2**40}, "instances="),
+    ):
+        with pytest.raises(TritonError, match=words):
+            write_repository(["mha-combined-bias"], root, overwrite=True, **kw)
+    assert (config.read_bytes(), config.stat().st_mtime_ns) == before
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
+def test_an_empty_repository_path_is_refused(capsys, tmp_path, monkeypatch):
+    from export.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TritonError, match="repository's folder"):
+        write_repository(["mha-causal"], "")
+    try:
+        rc = main(["triton", "mha-causal", "-o", ""])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "-o model_repo" in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current folder
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_model_folders_and_files_get_the_users_umask(tmp_path, umask):
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        write_repository(["mha-causal"], tmp_path / "r")
+    finally:
+        os.umask(old)
+    folder = tmp_path / "r" / "mha-causal"
+    modes = {p.relative_to(folder).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in [folder, *folder.rglob("*")]}
+    want_dir, want_file = 0o777 & ~umask, 0o666 & ~umask
+    assert modes == {".": want_dir, "1": want_dir, "1/model.onnx": want_file, "config.pbtxt": want_file}, {
+        k: oct(v) for k, v in modes.items()
+    }
