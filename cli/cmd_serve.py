@@ -45,7 +45,7 @@ def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
-    from export.serve import start
+    from serve.app import start
 
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         path = _model_path(args.model, zoo.parse_overrides(args.set), args.lowering, args.dtype, Path(tmp), args.decode)
@@ -96,7 +96,7 @@ def _width(path: Path) -> int | str:
 
 
 def cmd_triton(args: argparse.Namespace) -> int:
-    from export.triton import check_model, write_repository
+    from serve.triton import check_model, write_repository
 
     written = write_repository(
         args.names,
@@ -127,7 +127,7 @@ def cmd_triton(args: argparse.Namespace) -> int:
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
-    from export.loadtest import format_report, loadtest
+    from serve.loadtest import format_report, loadtest
 
     if args.kill_after is not None:
         _need("ray", "--kill-after")
@@ -184,7 +184,7 @@ def _int_in(low: int, high: int):
 
 
 _max_batch = _int_in(0, 2**31 - 1)  # Triton's max_batch_size is int32
-_batch_wait_us = _int_in(0, 60_000_000)  # export.triton.MAX_BATCH_WAIT_US
+_batch_wait_us = _int_in(0, 60_000_000)  # serve.triton.MAX_BATCH_WAIT_US
 
 
 def _folder(text: str) -> str:
@@ -195,7 +195,7 @@ def _folder(text: str) -> str:
 
 def _http_url(text: str) -> str:
     """An argparse type: an http URL with a host and a port in 1..65535, refused in one line."""
-    from .serve import ClientOptionError, parse_url
+    from serve.client import ClientOptionError, parse_url
 
     try:
         parse_url(text)

@@ -107,7 +107,7 @@ def local_ray(request) -> None:
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    from export.serve import init_local_ray
+    from serve import init_local_ray
 
     init_local_ray(num_cpus=2)  # on loopback only, as `attnzoo serve` starts it
 

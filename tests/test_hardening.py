@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 import zoo
-from bench import BenchError
-from cli.main import CliError, main
+from cli.main import main
 from export import ExportError, OnnxSession, export_onnx
 from export import lowering as lowering_mod
 from export.session import RunInputError, SessionError

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from export import export_onnx
-from export.loadtest import (
+from export.session import OnnxSession
+from helpers import free_port, local_ray
+from serve import ModelInfo, RequestError, decode_request, start
+from serve.loadtest import (
     BAD_KINDS,
     Level,
     LoadTestError,
@@ -26,9 +29,6 @@ from export.loadtest import (
     format_report,
     loadtest,
 )
-from export.serve import ModelInfo, RequestError, decode_request, start
-from export.session import OnnxSession
-from helpers import free_port, local_ray
 from zoo import AttnzooError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
@@ -197,7 +197,7 @@ def _a_killed_replica_is_replaced_and_requests_still_succeed(server, model) -> N
     lv = report["levels"][0]
     assert lv["kill"]["killed"].startswith("SERVE_REPLICA::test-load#")
     # Waited for, not timed: the killer polls the Serve controller for up to a generous ceiling
-    # (export.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported (README), not asserted.
+    # (serve.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported (README), not asserted.
     assert lv["kill"]["recovered_s"] is not None, lv["kill"]
     assert lv["good_ok"] >= 0.99 * lv["good"] and lv["good_wrong"] == 0, lv
     assert lv["bad_4xx"] == lv["bad"]

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from export import export_onnx
-from export.serve import (
+from export.session import OnnxSession
+from helpers import free_port, local_ray
+from serve import (
     JSON,
     NPY,
     NPZ,
@@ -36,8 +38,6 @@ from export.serve import (
     run_batch,
     start,
 )
-from export.session import OnnxSession
-from helpers import free_port, local_ray
 
 # Ray Serve's own pydantic models warn on import; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -600,7 +600,7 @@ def _concurrent_requests_of_different_lengths_are_batched_and_exact(server, sess
         th.start()
     for th in threads:
         th.join(60)
-    from export.serve import decode_reply
+    from serve import decode_reply
 
     for (x, mask, binary), reply in zip(cases, results):
         assert reply is not None and reply.status == 200, reply
@@ -691,7 +691,7 @@ def _concurrent_gqa_decode_chunks_are_batched_and_exact(server, gqa_decoder) -> 
             th.start()
         for th in threads:
             th.join(120)
-        from export.serve import decode_reply
+        from serve import decode_reply
 
         for (x, pk, pv), reply in zip(cases, replies):
             assert reply is not None and reply.status == 200, reply

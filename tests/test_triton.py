@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from export.triton import TritonError, check_model, config_text, parse_config, write_repository
+from serve.triton import TritonError, check_model, config_text, parse_config, write_repository
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from zoo import AttnzooError
 
-from .serve import JSON, NPY, Client, decode_reply
+from .client import Client, decode_reply
+from .protocol import JSON, NPY
 
 BAD_KINDS = ("not-json", "wrong-width", "wrong-rank", "wrong-dtype", "too-large", "empty", "nan", "unknown-field")
 # Relative to the output scale, as the parity target says (fp32, CPU).
@@ -155,7 +156,7 @@ def build_pool(
     dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
     sess = None
     if model is not None:
-        from .session import OnnxSession
+        from export.session import OnnxSession
 
         sess = OnnxSession(model, provider="cpu", verbose=False)
         import hashlib
@@ -335,7 +336,7 @@ def replica_killer(app: str = "attnzoo", address: str | None = "auto", recover_w
     recovery (as many RUNNING replicas as before)."""
     import ray
 
-    from .serve import replica_states
+    from .app import replica_states
 
     if not ray.is_initialized():
         try:

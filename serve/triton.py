@@ -109,9 +109,8 @@ def write_repository(
     Each model folder is built beside its final place and renamed in, so a failed export leaves
     no half model that Triton would try to load.
     """
+    from export.lowering import export_onnx
     from zoo.files import ensure_writable_parent
-
-    from .lowering import export_onnx
 
     if not isinstance(repo, (str, os.PathLike)) or not os.fspath(repo):
         raise TritonError(f"repo={repo!r}: give the model repository's folder, e.g. -o model_repo")

@@ -1,0 +1,396 @@
+"""The Ray Serve application: the replica class, starting it (locally on loopback, or on a
+cluster), and reading its replicas' states."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoo import AttnzooError
+
+from .batching import run_batch
+from .protocol import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_TOKENS,
+    Item,
+    ModelInfo,
+    RequestError,
+    ServeError,
+    decode_request,
+    encode_response,
+    rows_of,
+)
+
+# -- the Ray Serve deployment ------------------------------------------------------------------
+
+
+class OnnxServer:
+    """A Ray Serve replica: one OnnxSession, requests gathered by serve.batch.
+
+    GET /healthz -> "ok"; GET / or /metadata -> JSON; POST / or /predict -> the block's output.
+    Timing headers: x-attnzoo-model-ms (the batch's ORT run), x-attnzoo-queue-ms (waiting for
+    the batch to form and start), x-attnzoo-batch (rows in the batch), x-attnzoo-replica.
+    """
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        name: str,
+        provider: str = "cpu",
+        max_batch: int = 16,
+        batch_wait_ms: float = 5.0,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_body: int = DEFAULT_MAX_BODY,
+        threads: int | None = None,
+        loopback: bool = False,
+    ) -> None:
+        from export.session import OnnxSession
+
+        if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
+            _replica_grpc_on_loopback()
+
+        # Replicas may run on other machines: the model travels as bytes, not as a path.
+        folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
+        path = folder / f"{name}.onnx"
+        path.write_bytes(model_bytes)
+        try:
+            self.sess = OnnxSession(path, provider=provider, threads=threads, verbose=False)
+        finally:
+            # ONNX Runtime holds the model in memory now; replicas come and go, their files need not.
+            shutil.rmtree(folder, ignore_errors=True)
+        self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
+        self.max_body = max_body
+        self.replica = f"{os.uname().nodename}:{os.getpid()}"
+        self.meta = {
+            "name": self.sess.metadata.get("attnzoo.name", name),
+            "spec": self.sess.spec.to_dict(),
+            "lowering": self.sess.metadata.get("attnzoo.lowering"),
+            "dtype": self.sess.metadata.get("attnzoo.dtype"),
+            "provider": self.sess.provider,
+            "inputs": self.sess.input_names,
+            "outputs": self.sess.output_names,
+            "max_batch": max_batch,
+            "batch_wait_ms": batch_wait_ms,
+            "max_tokens": max_tokens,
+            "sha256": hashlib.sha256(model_bytes).hexdigest(),
+        }
+        from ray import serve
+
+        # Built per replica (not as a class decorator) so the options are this server's and the
+        # module imports without Ray. Batch size counts rows (sequences), not requests.
+        self._batched = serve.batch(
+            max_batch_size=max_batch, batch_wait_timeout_s=batch_wait_ms / 1000, batch_size_fn=rows_of
+        )(self._run_items)
+
+    async def __call__(self, request):
+        from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+        # Below a route prefix ("/decode"), Serve passes the prefix as the ASGI root_path.
+        path = request.url.path
+        root = (request.scope.get("root_path") or "").rstrip("/")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        path = path.rstrip("/") or "/"
+        if request.method == "GET":
+            if path.endswith("/healthz"):
+                return PlainTextResponse("ok")
+            if path == "/" or path.endswith("/metadata"):
+                return JSONResponse({**self.meta, "replica": self.replica})
+            return PlainTextResponse(f"no such path {path}; GET /healthz or /metadata, POST /predict", 404)
+        if request.method != "POST":
+            return PlainTextResponse(f"method {request.method} is not served; POST a request", 405)
+        if not (path == "/" or path.endswith("/predict")):
+            return PlainTextResponse(f"no such path {path}; POST to / or /predict", 404)
+        try:
+            declared = request.headers.get("content-length") or "0"
+            size = int(declared) if declared.isdigit() else 0  # a bad header: the body's length decides
+            if size > self.max_body:
+                raise RequestError(f"the body is {size} bytes; this server takes at most {self.max_body}", 413)
+            body = await request.body()
+            if len(body) > self.max_body:
+                raise RequestError(f"the body is {len(body)} bytes; this server takes at most {self.max_body}", 413)
+            item = decode_request(
+                body, request.headers.get("content-type", ""), self.info, request.headers.get("accept", "")
+            )
+        except RequestError as e:
+            return PlainTextResponse(str(e), e.status)
+        item.enqueued = time.perf_counter()
+        outputs, timing = await self._batched(item)
+        if isinstance(outputs, AttnzooError):  # e.g. the padded batch would not fit in memory: try again later
+            return PlainTextResponse(f"the server cannot run this batch now: {outputs}", 503)
+        if isinstance(outputs, Exception):  # this request's group failed; the batch's other groups did not
+            first = (str(outputs).strip().splitlines() or [""])[0][:300]
+            return PlainTextResponse(f"the model run failed: {type(outputs).__name__}: {first}", 500)
+        try:
+            body, kind = encode_response(item, outputs, self.info.outputs)
+        except RequestError as e:
+            return PlainTextResponse(str(e), e.status)
+        headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
+        headers["x-attnzoo-replica"] = self.replica
+        return Response(body, media_type=kind, headers=headers)
+
+    async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...] | Exception, dict[str, float]]]:
+        started = time.perf_counter()
+        # The ORT run releases the GIL: in a thread, the replica keeps reading requests meanwhile.
+        results = await asyncio.to_thread(run_batch, self.sess, items, self.info)
+        model_ms = (time.perf_counter() - started) * 1e3
+        rows = sum(it.rows for it in items)
+        return [
+            (
+                res,
+                {
+                    "x-attnzoo-model-ms": model_ms,
+                    "x-attnzoo-queue-ms": (started - it.enqueued) * 1e3,
+                    "x-attnzoo-batch": rows,
+                },
+            )
+            for it, res in zip(items, results)
+        ]
+
+
+# -- starting a deployment ---------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    """A running deployment: its URL and how it was asked for."""
+
+    url: str
+    app: str
+    replicas: int
+    provider: str
+    model: Path
+    started_ray: bool  # this process connected to Ray in `start`
+    own_cluster: bool = False  # ...and the cluster is its own (embedded), not one it joined
+
+    def shutdown(self) -> None:
+        """Delete the application; stop Serve and Ray when they are this process's own (a joined
+        cluster keeps running, with its other applications)."""
+        import ray
+        from ray import serve
+
+        serve.delete(self.app)
+        if self.own_cluster:
+            serve.shutdown()
+        if self.started_ray:
+            ray.shutdown()
+
+
+def start(
+    model: str | os.PathLike,
+    *,
+    replicas: int = 1,
+    provider: str = "cpu",
+    max_batch: int = 16,
+    batch_wait_ms: float = 5.0,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    address: str | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_body: int = DEFAULT_MAX_BODY,
+    threads: int | None = None,
+    cpus_per_replica: float = 1.0,
+    app: str = "attnzoo",
+    route_prefix: str = "/",
+) -> Deployment:
+    """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
+
+    address None: start Ray on this machine (or use the Ray this process already joined);
+    otherwise join that cluster ("auto", or "HOST:6379"). With provider "cuda" each replica asks
+    Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
+    """
+    from export.session import PROVIDERS, OnnxSession, cuda_status
+
+    if provider not in PROVIDERS:
+        raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
+    for name, v in (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ServeError(f"{name}={v!r} must be a positive integer")
+    if port > 65535:
+        raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
+    if not 0 <= batch_wait_ms <= 10_000:
+        raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
+    if cpus_per_replica < 0:
+        raise ServeError(f"cpus_per_replica={cpus_per_replica!r} must be >= 0")
+    path = Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; export one with `attnzoo export NAME --mask -o {path}`")
+    if Path(str(path) + ".data").exists():
+        raise ServeError(f"{path} keeps its weights in an external file; serving sends one file to each replica")
+    # Check here, in one process, what every replica would otherwise fail on.
+    probe = OnnxSession(path, provider="cpu", verbose=False)
+    ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
+    del probe
+    if not route_prefix.startswith("/"):
+        raise ServeError(f"route_prefix={route_prefix!r} must start with '/'")
+    import ray
+    from ray import serve
+
+    if address is None:
+        # Embedded: everything runs here, so what would only fail (or hang) later is checked now.
+        if provider == "cuda" and not cuda_status()[0]:
+            raise ServeError(f"provider='cuda' asked for, but {cuda_status()[1]}; use --provider cpu")
+        if not ray.is_initialized():  # else Serve may already listen there, for another application
+            _check_port_free(host, port)
+    if provider == "auto":
+        provider = "cuda" if cuda_status()[0] else "cpu"
+
+    started_ray = False
+    if not ray.is_initialized():
+        # "local": a Ray of our own, never a stray cluster that ray.init() would otherwise find.
+        try:
+            if address is None:
+                init_local_ray()
+            else:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except ConnectionError as e:
+            raise ServeError(f"cannot join the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
+        started_ray = True
+    own_cluster = started_ray and address is None
+    try:
+        if provider == "cuda" and ray.cluster_resources().get("GPU", 0) < 1:
+            raise ServeError("provider='cuda' asks one GPU per replica, but this Ray cluster has no GPU")
+        serve.start(http_options={"host": host, "port": port})
+        options: dict[str, Any] = {"num_cpus": cpus_per_replica}
+        if provider == "cuda":
+            options["num_gpus"] = 1
+        deployment = serve.deployment(
+            OnnxServer,
+            name="onnx",
+            num_replicas=replicas,
+            ray_actor_options=options,
+            # Room for a full batch waiting while another runs, per replica.
+            max_ongoing_requests=max(2 * max_batch, 8),
+            health_check_period_s=2,
+        )
+        handle = deployment.bind(
+            path.read_bytes(),
+            path.stem,
+            provider=provider,
+            max_batch=max_batch,
+            batch_wait_ms=batch_wait_ms,
+            max_tokens=max_tokens,
+            max_body=max_body,
+            threads=threads,
+            loopback=ray_on_loopback(),
+        )
+        try:
+            serve.run(handle, name=app, route_prefix=route_prefix, blocking=False)
+        except Exception as e:  # noqa: BLE001 - Ray reports a replica that failed to start this way
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]
+            raise ServeError(f"the deployment did not start: {lines[-1] if lines else type(e).__name__}") from e
+    except BaseException:
+        if started_ray:
+            if own_cluster:
+                serve.shutdown()
+            ray.shutdown()
+        raise
+    url = f"http://{host}:{port}{route_prefix.rstrip('/')}/"
+    return Deployment(url, app, replicas, provider, path, started_ray, own_cluster)
+
+
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def init_local_ray(**options: Any) -> None:
+    """ray.init a Ray of this process's own that listens on loopback only, without a dashboard.
+
+    Ray 2.60 binds its gRPC servers (GCS, raylet, workers) to all interfaces unless the node's
+    address is 127.0.0.1, and it rewrites a 127.0.0.1 given to ray.init to the machine's network
+    address unless clusters are turned off (ray_constants.ENABLE_RAY_CLUSTER, read from the
+    environment variable RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER). So for the length of ray.init they
+    are turned off, in this process and in the environment that Ray's daemons (and, through the
+    raylet, every worker) inherit: the node is 127.0.0.1, and its gRPC servers, agents and
+    Prometheus endpoints listen there. `options` go to ray.init (num_cpus=..., ...).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    had_env, had_flag = os.environ.get(_RAY_CLUSTER_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_RAY_CLUSTER_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+            **options,
+        )
+    finally:
+        if had_env is None:
+            os.environ.pop(_RAY_CLUSTER_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTER_ENV] = had_env
+        if had_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = had_flag
+
+
+def ray_on_loopback() -> bool:
+    """Whether the Ray this process is connected to runs on a loopback address (init_local_ray)."""
+    import ipaddress
+
+    import ray
+
+    try:
+        return ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback
+    except ValueError:
+        return False
+
+
+def _replica_grpc_on_loopback() -> None:
+    """Ray Serve 2.60 binds each replica's inter-deployment gRPC server to [::]:0 whatever the
+    node's address; on a loopback-only Ray, bind it to 127.0.0.1 instead (called in the replica's
+    process, before Serve starts that server). A Serve without that hook is left as it is."""
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    real = getattr(replica, "add_port_to_grpc_server", None)
+    if real is None or getattr(real, "attnzoo_loopback", False):
+        return
+
+    def add_port(server, address: str, *args, **kwargs):
+        host, _, port = address.rpartition(":")
+        if host in ("[::]", "0.0.0.0", ""):
+            address = f"127.0.0.1:{port}"
+        return real(server, address, *args, **kwargs)
+
+    add_port.attnzoo_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port
+
+
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
+
+
+def replica_states(app: str = "attnzoo") -> dict[str, int]:
+    """{state: count} for the app's replicas, from the Serve controller (e.g. {"RUNNING": 2})."""
+    from ray import serve
+
+    status = serve.status()
+    if app not in status.applications:
+        return {}
+    out: dict[str, int] = {}
+    for dep in status.applications[app].deployments.values():
+        for state, n in dep.replica_states.items():
+            if not n:
+                continue
+            key = getattr(state, "value", str(state))
+            out[key] = out.get(key, 0) + n
+    return out
