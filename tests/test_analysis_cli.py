@@ -1,4 +1,4 @@
-"""attnzoo heads / importance / ablate, in-process through export.cli.main."""
+"""attnzoo heads / importance / ablate, in-process through cli.main.main."""
 
 from __future__ import annotations
 

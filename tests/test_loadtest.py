@@ -126,7 +126,7 @@ def test_no_server_is_one_line_at_the_cli(capsys):
     ],
 )
 def test_a_url_that_is_no_http_server_is_one_line_at_the_cli(capsys, url, words):
-    from export.cli import main
+    from cli.main import main
 
     try:
         rc = main(["loadtest", url, "--requests", "1"])

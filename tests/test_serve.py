@@ -488,7 +488,7 @@ def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
 
 @pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
 def test_cli_serve_refuses_a_port_that_is_not_one_in_one_line(capsys, models, port):
-    from export.cli import main
+    from cli.main import main
 
     try:
         rc = main(["serve", str(models["masked"]), "--port", port])
@@ -535,7 +535,7 @@ def test_a_local_serve_keeps_ray_on_loopback(models):
     pytest.importorskip("ray")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "export.entry", "serve", str(models["masked"]), "--port", str(port)]
+    cmd = [sys.executable, "-m", "cli", "serve", str(models["masked"]), "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--duration", "300"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         client = Client(f"http://127.0.0.1:{port}/", retries=0, timeout=10)

@@ -103,7 +103,7 @@ def test_cli_writes_checks_and_says_how_to_serve(tmp_path, capsys):
 )
 def test_a_bad_number_replaces_nothing_even_with_force(repo, capsys, flag, value, words):
     """Refused in one line before anything is written: the valid model folder stays as it was."""
-    from export.cli import main
+    from cli.main import main
 
     root, _ = repo
     config = root / "mha-combined-bias" / "config.pbtxt"
@@ -134,7 +134,7 @@ def test_the_library_validates_everything_before_the_first_write(repo):
 
 
 def test_an_empty_repository_path_is_refused(capsys, tmp_path, monkeypatch):
-    from export.cli import main
+    from cli.main import main
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TritonError, match="repository's folder"):
