@@ -167,3 +167,21 @@ def test_unwritable_destination_fails_before_exporting(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ExportError, match="is not a folder"):
         export_onnx("mha-separate-bias", blocker / "sub" / "m.onnx")
+
+
+def test_readme_support_table_is_the_records():
+    from pathlib import Path
+
+    from export.lowerings import support_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert support_table() in readme, "README's lowering table differs from export.lowerings.support_table()"
+
+
+def test_every_lowering_is_one_record_in_the_list():
+    from export.lowerings import LOWERING_LIST, RECORDS
+    from export.names import LOWERINGS
+
+    assert tuple(RECORDS) == LOWERINGS == tuple(lw.name for lw in LOWERING_LIST)
+    for lw in LOWERING_LIST:  # a traced lowering has an opset torch exports at; a built one builds
+        assert lw.opset >= 18 and (lw.traced or callable(lw.build))

@@ -127,7 +127,7 @@ def test_every_cli_flag_gives_a_result_or_one_line(
 def monkeypatch_module():
     mp = pytest.MonkeyPatch()
     try:  # undo also when a setattr fails: a patch left behind would break every later test
-        mp.setattr(lowering_mod, "_lower", _reach)  # export: after every argument check
+        mp.setattr(lowering_mod, "lower", _reach)  # export: after every argument check
         mp.setattr(bench_mod, "export_lowerings", _reach)  # bench: after flags, spec, sizes
         mp.setattr(parity_mod, "run_parity", _reach)  # parity: after pattern and providers
         mp.setattr(analysis.scores, "head_scores", _reach)  # heads: after tokens and outputs

@@ -253,14 +253,14 @@ def test_4_api_checks_skip_an_unusable_provider_alike():
 
 def test_5_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, monkeypatch):
     target = tmp_path / "same.onnx"
-    real = lowering_mod._lower
+    real = lowering_mod.lower
 
     def slow_lower(*a, **kw):
         out = real(*a, **kw)
         target.write_bytes(b"the other export's model")  # another process finished first
         return out
 
-    monkeypatch.setattr(lowering_mod, "_lower", slow_lower)
+    monkeypatch.setattr(lowering_mod, "lower", slow_lower)
     with pytest.raises(FileExistsError, match="overwrite=True"):
         export_onnx("mha-separate-nobias", target, lowering="decomposed")
     assert target.read_bytes() == b"the other export's model"
@@ -271,7 +271,7 @@ def test_5_unwritable_target_is_named_before_any_work(monkeypatch, capsys):
     def never(*a, **kw):
         raise AssertionError("the export ran before the output folder was checked")
 
-    monkeypatch.setattr(lowering_mod, "_lower", never)
+    monkeypatch.setattr(lowering_mod, "lower", never)
     line = one_line_error(capsys, ["export", "mha-causal", "-o", "/proc/attnzoo-test.onnx"])
     assert "/proc/attnzoo-test.onnx" in line and ".attnzoo-" not in line
 

@@ -7,13 +7,16 @@ Each modifier is one class that says everything about itself:
     check(spec)     SpecError for an invalid value or combination (called by AttentionSpec)
     parameters      learned entries it adds to the block (RoPE and ALiBi add none)
     describe        its words in `AttentionSpec.describe()`
-    why_not         the one-line reason a lowering cannot express it, or None
     the eager op    as an nn.Module built into the block, at one of three stages:
                       qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
                       qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
                       score_allowed / score_bias / score_map   on the (b h t s) scores
-    reference       the same math written independently (plain loops, float64) for the audit
+    reference_*     the same math written independently (plain loops, float64) for the audit:
+                      reference_qk, reference_map, reference_bias, reference_allowed
     audit           its own property check, as an audit step
+
+What a lowering cannot express for a modifier lives on the export side, in each lowering's
+record (export/lowerings/), keyed by the modifier's `name`: zoo knows nothing of ONNX.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -67,10 +70,6 @@ class Modifier(nn.Module):
     @classmethod
     def describe(cls, spec: AttentionSpec) -> str:
         return cls.name
-
-    @classmethod
-    def why_not(cls, spec: AttentionSpec, lowering: str) -> str | None:
-        return None
 
     # -- the eager op (identity unless overridden) ----------------------------------------------
 
@@ -338,13 +337,6 @@ class Rotary(Modifier):
         part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
         return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{', interleaved' if spec.rope_interleaved else ''})"
 
-    @classmethod
-    def why_not(cls, spec: AttentionSpec, lowering: str) -> str | None:
-        rd = cls.rotated(spec)
-        if lowering == "ort-gqa" and (rd // 2) % 8:
-            return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
-        return None
-
     def cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32."""
         angles = rearrange(pos.float(), "b t -> b 1 t 1") * self.inv_freq.to(pos.device)
@@ -540,17 +532,6 @@ class Softcap(Modifier):
     def describe(cls, spec: AttentionSpec) -> str:
         return f"softcap={spec.softcap:g}"
 
-    @classmethod
-    def why_not(cls, spec: AttentionSpec, lowering: str) -> str | None:
-        if lowering == "onnx-attention":
-            return (
-                "the ONNX Attention op applies its softcap after the mask (a masked score becomes -cap, not -inf), "
-                "Gemma-2 caps before masking"
-            )
-        if lowering == "ort-mha":
-            return "com.microsoft MultiHeadAttention has no softcap"
-        return None
-
     def score_map(self, scores: Tensor) -> Tensor:
         cap = self.spec.softcap
         return torch.tanh(scores / cap) * cap
@@ -590,15 +571,6 @@ def active(spec: AttentionSpec) -> list[type[Modifier]]:
 
 def parameters_added(spec: AttentionSpec) -> int:
     return sum(mod.parameters_added(spec) for mod in MODIFIERS)
-
-
-def why_not(spec: AttentionSpec, lowering: str) -> str | None:
-    """The first reason an active modifier gives against `lowering`, or None."""
-    for mod in active(spec):
-        reason = mod.why_not(spec, lowering)
-        if reason:
-            return reason
-    return None
 
 
 def build(spec: AttentionSpec) -> nn.ModuleDict:

@@ -1,0 +1,90 @@
+"""Which lowering: what each can express for a request (`why_not`, read from the records in
+export/lowerings/), and the measured order `auto` tries them in, per provider and kind of block."""
+
+from __future__ import annotations
+
+import zoo
+
+from .errors import ExportError
+from .lowerings import record
+from .names import DEVICES
+
+# Which lowering "auto" takes, fastest first, per provider and per kind of request, from
+# `attnzoo bench` (README, "Choosing a lowering"); the first that can express it wins.
+# ORT's CPU MultiHeadAttention has a flash path only without masks: with a causal or user
+# mask it materializes the scores, and the standard Attention op then does better. For a
+# causal block GroupQueryAttention beats both by far (RoPE+GQA, T=4096: 335 ms, +119 MB against
+# the Attention op's 943 ms, +814 MB; with a 256-key window 493 ms against 1477 ms); it cannot
+# take a non-causal mask, so a masked non-causal request falls through to the Attention op.
+AUTO_PREFERENCE = {
+    ("cpu", "unmasked"): ("ort-mha", "onnx-attention", "decomposed"),
+    ("cpu", "masked"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+    # Not yet measured on a GPU: ORT's fused CUDA kernels first, on the design's expectation.
+    ("cuda", "unmasked"): ("ort-mha", "onnx-attention", "decomposed"),
+    ("cuda", "masked"): ("ort-mha", "onnx-attention", "decomposed"),
+}
+TARGETS = DEVICES  # the providers lowering="auto" can optimise for
+
+
+def auto_order(provider: str, spec: zoo.AttentionSpec, *, with_mask: bool) -> tuple[str, ...]:
+    """The lowerings "auto" tries, in order, for a request on `provider`."""
+    if provider not in TARGETS:
+        raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
+    return AUTO_PREFERENCE[(provider, "masked" if spec.causal or with_mask else "unmasked")]
+
+
+def why_not(
+    lowering: str,
+    spec: zoo.AttentionSpec | None = None,
+    *,
+    need_weights: bool = False,
+    decode: bool = False,
+    dtype: str | None = None,
+    provider: str | None = None,
+) -> str | None:
+    """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
+
+    `provider` ("cpu"/"cuda"; None = any) adds what that provider's kernels cannot run.
+
+    The lowering's record (export/lowerings/) says what it cannot express, per modifier too.
+    """
+    rec = record(lowering)
+    if need_weights and not rec.weights_out:
+        return f"{rec.op} does not output the softmax weights; use lowering='decomposed' for need_weights"
+    if spec is None:
+        return None
+    if decode:
+        reason = decode_why_not(spec)
+        if reason:
+            return reason
+    return rec.why_not(spec, dtype=dtype, provider=provider)
+
+
+# Which lowering a decode model takes under "auto", fastest first (`attnzoo bench --decode`).
+# Measured with `attnzoo bench NAME --decode --past 128,1024,4096,16384 --batch 1,8` (README,
+# "Generation"; docs/bench/decode-*.md): on the CPU, with kv heads shared (GQA/MQA) ort-gqa is the
+# fastest at every past length, while the traced lowerings repeat K and V per query head and fall
+# behind eager; with one kv head per query head the standard Attention op is fastest (2.3x eager
+# at past 4096 for gpt2-small, ort-gqa 2.2x). CUDA: not measured yet (scripts/gpu_check.sh).
+DECODE_PREFERENCE = {
+    ("cpu", "gqa"): ("ort-gqa", "onnx-attention", "decomposed", "ort-mha"),
+    ("cpu", "mha"): ("onnx-attention", "ort-gqa", "decomposed", "ort-mha"),
+    ("cuda", "gqa"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+    ("cuda", "mha"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+}
+
+
+def decode_order(provider: str, spec: zoo.AttentionSpec) -> tuple[str, ...]:
+    """The lowerings "auto" tries for a decode model, in order."""
+    if provider not in TARGETS:
+        raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
+    return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
+
+
+def decode_why_not(spec: zoo.AttentionSpec) -> str | None:
+    """Why a block cannot decode token by token, or None."""
+    if spec.is_cross:
+        return "decoding with a KV cache is for causal self-attention; this block is cross-attention"
+    if not spec.causal:
+        return "decoding with a KV cache is for causal self-attention; this block has causal=False"
+    return None

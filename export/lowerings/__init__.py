@@ -1,0 +1,53 @@
+"""The lowerings, one record each (base.Lowering), in one list. Adding a lowering is a new file
+here and one line in LOWERING_LIST."""
+
+from __future__ import annotations
+
+from ..errors import ExportError
+from ..names import LOWERINGS
+from .base import Limit, Lowering
+from .decomposed import LOWERING as DECOMPOSED
+from .onnx_attention import LOWERING as ONNX_ATTENTION
+from .ort_gqa import LOWERING as ORT_GQA
+from .ort_mha import FUSED_OPS
+from .ort_mha import LOWERING as ORT_MHA
+
+LOWERING_LIST: tuple[Lowering, ...] = (DECOMPOSED, ONNX_ATTENTION, ORT_MHA, ORT_GQA)
+RECORDS = {lw.name: lw for lw in LOWERING_LIST}
+if tuple(RECORDS) != LOWERINGS:  # export/names.py spells the vocabulary for the CLI and the API
+    raise ImportError(f"export/names.py LOWERINGS {LOWERINGS} != the records {tuple(RECORDS)}")
+
+
+def record(name: str) -> Lowering:
+    try:
+        return RECORDS[name]
+    except KeyError:
+        raise ExportError(f"lowering={name!r} is not one of {', '.join(RECORDS)} or 'auto'") from None
+
+
+# The README's table rows: each modifier (by its name in zoo/modifiers.py) and its README label.
+_ROWS = (("rotary", "rotary (any `rope_dim`)"), ("alibi", "ALiBi"), ("window", "window"), ("softcap", "softcap"))
+_ROWS += (("qk_norm", "QK-norm"),)
+
+
+def support_table() -> str:
+    """The README's "what each lowering cannot express" table, from the records."""
+    head = "| | " + " | ".join(f"`{lw.name}`" for lw in LOWERING_LIST) + " |"
+    lines = [head, "|---" * (len(LOWERING_LIST) + 1) + "|"]
+
+    def cell(limit: Limit | None) -> str:
+        if limit is None:
+            return "yes"
+        return f"yes, {limit.text}" if limit.check is not None else f"no: {limit.text}"
+
+    for key, label in _ROWS:
+        lines.append(f"| {label} | " + " | ".join(cell(lw.modifiers.get(key)) for lw in LOWERING_LIST) + " |")
+    lines.append("| non-causal, cross-attention, `d_v != d_k` | " + " | ".join(lw.kinds for lw in LOWERING_LIST) + " |")
+    lines.append("| fp16 | " + " | ".join(lw.fp16 for lw in LOWERING_LIST) + " |")
+    lines.append(
+        "| attention weights out | " + " | ".join("yes" if lw.weights_out else "no" for lw in LOWERING_LIST) + " |"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["FUSED_OPS", "LOWERING_LIST", "RECORDS", "Limit", "Lowering", "record", "support_table"]

@@ -1,0 +1,66 @@
+"""What a lowering is, as data: one `Lowering` record per file in this package, read by generic
+code (export_onnx, why_not, auto, the decode path, the README's table). A new lowering is a new
+file and one line in `__init__.LOWERING_LIST`; nothing else branches on a lowering's name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import zoo
+
+# A spec -> the reason it cannot be expressed, or None.
+Check = Callable[[zoo.AttentionSpec], "str | None"]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What a lowering cannot express for one modifier: `text` for the README's table, `check`
+    for a spec (None: never for this modifier, whatever its values)."""
+
+    text: str
+    check: Check | None = None
+
+    def reason(self, spec: zoo.AttentionSpec) -> str | None:
+        return self.text if self.check is None else self.check(spec)
+
+
+@dataclass(frozen=True)
+class Lowering:
+    name: str
+    opset: int
+    graph: str  # what the graph holds, in a few words (the README's "graph" column)
+    op: str | None = None  # the fused node it relies on, for messages; None for plain ops
+    weights_out: bool = False  # can output the softmax weights (need_weights)
+    # How it is produced: `build(module, dtype, ins, outs) -> onnx.ModelProto` builds the graph by
+    # hand; otherwise torch's exporter traces the block's eager path, configured by these flags,
+    # and `after_trace(model) -> model` rewrites or checks the result (raises ExportError).
+    build: Callable[..., Any] | None = None
+    fused: bool = True  # trace the SDPA path (False: the explicit einsum/softmax path)
+    sdpa_fp32: bool = False  # run SDPA in fp32 inside an fp16 export
+    combined_as_separate: bool = False  # write a combined projection as three MatMuls
+    after_trace: Callable[[Any], Any] | None = None
+    # What it cannot express: for a spec whatever its modifiers (with dtype and provider), and
+    # per modifier, keyed by the modifier's name (zoo/modifiers.py).
+    cannot: Callable[..., str | None] | None = None
+    modifiers: Mapping[str, Limit] = field(default_factory=dict)
+    fp16: str = "yes"  # the README's fp16 cell
+    kinds: str = "yes"  # the README's cell for non-causal, cross-attention, d_v != d_k
+
+    @property
+    def traced(self) -> bool:
+        return self.build is None
+
+    def why_not(self, spec: zoo.AttentionSpec, *, dtype: str | None = None, provider: str | None = None) -> str | None:
+        """The first reason this lowering cannot express `spec` (in `dtype`, for `provider`), or None."""
+        if self.cannot is not None:
+            reason = self.cannot(spec, dtype=dtype, provider=provider)
+            if reason:
+                return reason
+        for mod in zoo.modifiers.active(spec):
+            limit = self.modifiers.get(mod.name)
+            reason = limit.reason(spec) if limit else None
+            if reason:
+                return reason
+        return None

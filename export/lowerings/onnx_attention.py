@@ -1,0 +1,30 @@
+"""`onnx-attention`: torch's exporter writes SDPA as the standard ONNX `Attention` op (opset 23).
+ORT's CPU kernel forms Q K^T in fp16, so an fp16 export runs the op in fp32 (sdpa_fp32)."""
+
+from ..errors import ExportError
+from .base import Limit, Lowering
+
+
+def _one_attention_node(model):
+    from ..graphs import op_counts
+
+    counts = op_counts(model)
+    if counts.get("Attention", 0) != 1:
+        raise ExportError(f"expected one ONNX Attention node, found op counts {counts}")
+    return model
+
+
+LOWERING = Lowering(
+    name="onnx-attention",
+    opset=23,
+    graph="the standard `Attention` op, opset 23",
+    op="ONNX Attention",
+    sdpa_fp32=True,
+    after_trace=_one_attention_node,
+    modifiers={
+        "softcap": Limit(
+            "the ONNX Attention op applies its softcap after the mask (a masked score becomes -cap, not -inf), "
+            "Gemma-2 caps before masking"
+        )
+    },
+)

@@ -1,0 +1,26 @@
+"""`ort-gqa`: com.microsoft GroupQueryAttention, built node by node (export/gqa.py): causal
+self-attention with d_v = d_k; rotary, window, softcap and kv heads inside the op; ALiBi and
+masks as its attention_bias. The decode lowering of choice (past/present in the op)."""
+
+from .. import gqa
+from .base import Limit, Lowering
+
+
+def _rotary_pairs(spec):
+    rd = spec.rope_dim or spec.d_k_
+    if (rd // 2) % 8:
+        return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
+    return None
+
+
+LOWERING = Lowering(
+    name="ort-gqa",
+    opset=gqa.OPSET,
+    graph="`com.microsoft.GroupQueryAttention`, built node by node (export/gqa.py)",
+    op="com.microsoft GroupQueryAttention",
+    build=gqa.build,
+    cannot=gqa.why_not,
+    modifiers={"rotary": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs)},
+    fp16="d_k a multiple of 16 (CPU kernel)",
+    kinds="no: causal self-attention with d_v = d_k only; d_k a multiple of 8",
+)

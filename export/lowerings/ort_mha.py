@@ -1,0 +1,38 @@
+"""`ort-mha`: torch's SDPA export at opset 18, fused by onnxscript's ORT rewriter into
+com.microsoft MultiHeadAttention (or the packed Attention contrib op). The export fails unless
+exactly one fused node replaced the softmax: a rewriter that matches nothing is the usual failure."""
+
+from ..errors import ExportError
+from .base import Limit, Lowering
+
+FUSED_OPS = ("com.microsoft::MultiHeadAttention", "com.microsoft::Attention", "com.microsoft::GroupQueryAttention")
+
+
+def _fuse(model):
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    from ..graphs import op_counts, quiet
+
+    with quiet():
+        model, _ = optimize_for_ort(model)
+    counts = op_counts(model)
+    if sum(counts.get(op, 0) for op in FUSED_OPS) != 1 or counts.get("Softmax", 0):
+        raise ExportError(
+            f"onnxscript's ORT rewriter did not fuse this block into one fused attention node "
+            f"(op counts after rewrite: {counts}); use lowering='onnx-attention' or 'decomposed'"
+        )
+    return model
+
+
+LOWERING = Lowering(
+    name="ort-mha",
+    opset=18,
+    graph="`com.microsoft.MultiHeadAttention` (or the packed `Attention` contrib op)",
+    op="com.microsoft MultiHeadAttention",
+    # ORT's CPU MultiHeadAttention takes Q, K and V as three tensors (its packed-QKV form is not
+    # implemented on the CPU), so one MatMul + Split would copy Q|K|V once more: three MatMuls
+    # compute the same function without that copy.
+    combined_as_separate=True,
+    after_trace=_fuse,
+    modifiers={"softcap": Limit("com.microsoft MultiHeadAttention has no softcap")},
+)

@@ -1,0 +1,210 @@
+"""From a zoo block to an ONNX graph: trace a lowering's eager path with torch's exporter (or let
+its record build the graph), with the named interface (export/io.py) and dynamic axes checked."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+from einops import rearrange
+from torch import nn
+
+import zoo
+
+from .errors import ExportError
+from .graphs import quiet
+from .io import TensorIO, interface
+from .lowerings import Lowering, record
+from .names import DTYPES as DTYPE_NAMES
+
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16)))
+# Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
+# constant (an example dim of 1, or two equal example dims, can be baked into the graph).
+EXAMPLE_B, EXAMPLE_T, EXAMPLE_S = 2, 5, 7
+
+
+class _ExportBlock(nn.Module):
+    """Named keyword inputs for torch.export; the ONNX mask (b t s) is shared by all heads."""
+
+    def __init__(self, block: zoo.MultiHeadAttention, need_weights: bool) -> None:
+        super().__init__()
+        self.block = block
+        self.need_weights = need_weights
+
+    def forward(self, x, context=None, mask=None, head_mask=None):
+        if mask is not None:
+            mask = rearrange(mask, "b t s -> b 1 t s")
+        return self.block(x, context, mask, need_weights=self.need_weights, head_mask=head_mask)
+
+
+def example_inputs(
+    spec: zoo.AttentionSpec, ins: list[TensorIO], dtype: torch.dtype, b: int, t: int, s: int
+) -> dict[str, torch.Tensor]:
+    """Random inputs for the named interface at (b, t, s); masks allow key 0 in every row."""
+    s = s if spec.is_cross else t
+    dims = {"b": b, "t": t, "s": s}
+    out = {}
+    for io in ins:
+        shape = [dims.get(a, a) for a in io.shape(spec)]
+        if io.kind == "bool":
+            m = torch.rand(shape) > 0.3
+            m[..., 0] = True
+            out[io.name] = m
+        elif io.name == "head_mask":
+            out[io.name] = torch.rand(shape).to(dtype)
+        else:
+            out[io.name] = torch.randn(shape).to(dtype)
+    return out
+
+
+def lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
+    """Trace one compute path of `module` and return (onnx_ir model, inputs, outputs)."""
+    spec = module.spec
+    ins, outs = interface(spec, need_weights=need_weights, with_mask=with_mask, with_head_mask=with_head_mask)
+    rec = record(lowering)
+    if not rec.traced:
+        return built(rec, module, dtype, ins, outs), ins, outs
+    block = traced_block(module, rec, dtype)
+    wrapper = _ExportBlock(block, need_weights).eval()
+    example = example_inputs(spec, ins, DTYPES[dtype], EXAMPLE_B, EXAMPLE_T, EXAMPLE_S)
+    dims = {a: torch.export.Dim(a) for a in ("b", "t", "s")}
+    dynamic_shapes = {io.name: {i: dims[a] for i, a in enumerate(io.axes) if a in dims} for io in ins}
+    model = trace(wrapper, example, dynamic_shapes, rec, outs)
+    # Graph inputs carry the axis vocabulary's names (torch's exporter names them after Dims).
+    check_interface(model, ins, outs, spec)
+    return model, ins, outs
+
+
+# Example sizes for tracing a decode model: p past positions, all >= 2 and all different.
+EXAMPLE_P = 3
+
+
+class _DecodeBlock(nn.Module):
+    """block.decode with named inputs for torch.export."""
+
+    def __init__(self, block: zoo.MultiHeadAttention) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, past_key, past_value, key_mask=None):
+        return self.block.decode(x, past_key, past_value, key_mask=key_mask)
+
+
+def lower_decode(module, lowering, dtype, with_key_mask):
+    """A token-by-token model of `module`: (onnx_ir model, inputs, outputs)."""
+    import onnx_ir as ir
+
+    from .io import decode_interface
+
+    spec = module.spec
+    ins, outs = decode_interface(spec, with_key_mask=with_key_mask)
+    rec = record(lowering)
+    if not rec.traced:
+        return built(rec, module, dtype, ins, outs), ins, outs
+    block = traced_block(module, rec, dtype)
+    torch_dtype = DTYPES[dtype]
+    b, t, p = EXAMPLE_B, EXAMPLE_T, EXAMPLE_P
+    example = {
+        "x": torch.randn(b, t, spec.d_model).to(torch_dtype),
+        "past_key": torch.randn(b, spec.kv_heads_, p, spec.d_k_).to(torch_dtype),
+        "past_value": torch.randn(b, spec.kv_heads_, p, spec.d_v_).to(torch_dtype),
+    }
+    dim_b, dim_t, dim_p = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("p", min=0)
+    dynamic_shapes = {
+        "x": {0: dim_b, 1: dim_t},
+        "past_key": {0: dim_b, 2: dim_p},
+        "past_value": {0: dim_b, 2: dim_p},
+    }
+    if with_key_mask:
+        key_mask = torch.ones(b, p + t, dtype=torch.bool)
+        key_mask[0, :2] = False  # left padding in the example, so no branch on it is taken
+        example["key_mask"] = key_mask
+        # s = p + t: a sum of two dims, which torch.export's Dim cannot declare; AUTO infers it.
+        dynamic_shapes["key_mask"] = {0: dim_b, 1: torch.export.Dim.AUTO}
+    model = trace(_DecodeBlock(block).eval(), example, dynamic_shapes, rec, outs)
+    # torch names derived dims by their formulas ("p + t", "s73"): give them the vocabulary's names.
+    for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
+        value.shape = ir.Shape([d if isinstance(d, int) else d for d in io.shape(spec)])
+    check_interface(model, ins, outs, spec)
+    return model, ins, outs
+
+
+def built(rec: Lowering, module, dtype: str, ins: list[TensorIO], outs: list[TensorIO]):
+    """A lowering no torch op exports to (ort-gqa): its record builds the graph by hand."""
+    import onnx_ir as ir
+
+    model = ir.from_proto(rec.build(module, dtype, ins, outs))
+    check_interface(model, ins, outs, module.spec)
+    return model
+
+
+def traced_block(module: zoo.MultiHeadAttention, rec: Lowering, dtype: str) -> zoo.MultiHeadAttention:
+    """The copy of `module` whose eager path torch traces for the lowering `rec`, in the export dtype."""
+    block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
+    block.fused = rec.fused
+    block.sdpa_fp32 = rec.sdpa_fp32  # ORT's CPU Attention overflows fp16 Q K^T (README)
+    # GQA: repeat K and V in the graph rather than export SDPA's enable_gqa. ORT 1.31's CPU
+    # Attention op with native kv heads measured slower and +47% memory (gqa-decoder-4096,
+    # T=2048: 1746 ms, +1208 MB against 1619 ms, +822 MB); the ORT rewriter expands them anyway.
+    block.share_kv = False
+    if rec.combined_as_separate and module.spec.layout == "combined":
+        block = zoo.to_separate(block)
+    return block
+
+
+def trace(wrapper: nn.Module, example: dict, dynamic_shapes: dict, rec: Lowering, outs: list[TensorIO]):
+    """torch's dynamo exporter on `wrapper` at the lowering's opset, then the lowering's own step
+    (`after_trace`: a rewrite, a check by node counts)."""
+    try:
+        with quiet():
+            program = torch.onnx.export(
+                wrapper,
+                (),
+                kwargs=example,
+                dynamo=True,
+                opset_version=rec.opset,
+                dynamic_shapes=dynamic_shapes,
+                output_names=[io.name for io in outs],
+                optimize=True,
+                verbose=False,
+                report=False,
+            )
+    except Exception as e:  # torch's exporter raises many types; name the request in one
+        raise export_failure(rec.name, e) from e
+    model = program.model
+    return rec.after_trace(model) if rec.after_trace else model
+
+
+def check_interface(model, ins: list[TensorIO], outs: list[TensorIO], spec) -> None:
+    """Stage 1 and 2 of validation: the names, then the dynamic axes."""
+    got_in = [v.name for v in model.graph.inputs]
+    got_out = [v.name for v in model.graph.outputs]
+    want_in, want_out = [io.name for io in ins], [io.name for io in outs]
+    if got_in != want_in or got_out != want_out:
+        raise ExportError(f"exported graph has inputs {got_in} / outputs {got_out}; expected {want_in} / {want_out}")
+    for v, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
+        dims = tuple(d if isinstance(d, int) else str(d) for d in v.shape) if v.shape is not None else None
+        want = io.shape(spec)
+        if dims is None or len(dims) != len(want):
+            raise ExportError(f"{io.name}: exported rank {dims} differs from {want}")
+        for d, w in zip(dims, want):
+            if isinstance(w, int) and d != w:
+                raise ExportError(f"{io.name}: exported shape {dims}, expected {want}")
+            if isinstance(w, str) and isinstance(d, int):
+                raise ExportError(f"{io.name}: axis {w!r} was baked in as {d} (shape {dims}); it must stay dynamic")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def export_failure(lowering: str, e: Exception) -> ExportError:
+    """One line naming the request and torch's first line; the full (uncoloured) text in .detail."""
+    text = _ANSI.sub("", str(e))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    err = ExportError(
+        f"torch.onnx.export failed for lowering={lowering!r}: {type(e).__name__}: "
+        f"{lines[0][:300] if lines else 'no message'}"
+    )
+    err.detail = text
+    return err
