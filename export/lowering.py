@@ -109,10 +109,13 @@ def export_onnx(
     path = Path(path)
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file path such as {path / (name + '.onnx')}")
-    target = resolve_output(path)  # symlinks followed; a device or FIFO is written through
-    if target.exists() and not overwrite and not is_special(target):
-        raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
-    ensure_writable_parent(target)
+    try:
+        target = resolve_output(path)  # symlinks followed; a device or FIFO is written through
+        if target.exists() and not overwrite and not is_special(target):
+            raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
+        ensure_writable_parent(target)
+    except zoo.OutputPathError as e:  # an export's refusals are ExportErrors, its path's too
+        raise ExportError(str(e)) from None
 
     if decode:
         reason = decode_why_not(module.spec)

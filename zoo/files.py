@@ -35,7 +35,7 @@ def resolve_output(path: str | os.PathLike) -> Path:
     target = Path(os.path.realpath(path))
     try:
         st = target.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new file (a missing folder is found later)
         return target
     except OSError as e:
         raise OutputPathError(f"cannot write {path}: {e.strerror or e}") from None

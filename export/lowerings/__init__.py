@@ -26,7 +26,7 @@ def record(name: str) -> Lowering:
 
 
 # The README's table rows: each modifier (by its name in zoo/modifiers.py) and its README label.
-_ROWS = (("rotary", "rotary (any `rope_dim`)"), ("alibi", "ALiBi"), ("window", "window"), ("softcap", "softcap"))
+_ROWS = (("rope", "rotary (any `rope_dim`)"), ("alibi", "ALiBi"), ("window", "window"), ("softcap", "softcap"))
 _ROWS += (("qk_norm", "QK-norm"),)
 
 

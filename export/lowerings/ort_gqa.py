@@ -20,7 +20,7 @@ LOWERING = Lowering(
     op="com.microsoft GroupQueryAttention",
     build=gqa.build,
     cannot=gqa.why_not,
-    modifiers={"rotary": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs)},
+    modifiers={"rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs)},
     fp16="d_k a multiple of 16 (CPU kernel)",
     kinds="no: causal self-attention with d_v = d_k only; d_k a multiple of 8",
 )
