@@ -131,6 +131,9 @@ def picture_format(path: str | os.PathLike) -> str:
                 f"{path}: a picture's name ends in one of {', '.join('.' + f for f in PICTURE_FORMATS)}"
             )
         fmt = "png"
+    target = files.resolve_output(path)
+    if not target.parent.is_dir():
+        raise AnalysisError(f"the folder {path.parent} does not exist; create it first")
     files.ensure_writable_parent(path)
     return fmt
 

@@ -77,7 +77,7 @@ def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str]
             raise AnalysisError(f"--tokens {args.tokens!r}: ids must be integers, e.g. '5 9 2'") from None
         bad = [i for i in ids if not 0 <= i < model.vocab_size]
         if bad:  # before torch.tensor, which overflows past 64 bits
-            raise AnalysisError(f"--tokens: {bad[0]} is not a token id of this model (0..{model.vocab_size - 1})")
+            raise AnalysisError(f"--tokens: token {bad[0]} is outside the vocabulary 0..{model.vocab_size - 1}")
         return model.check_tokens(torch.tensor([ids])), [str(i) for i in ids]
     if args.text is not None:
         if not args.text:
