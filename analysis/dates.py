@@ -33,11 +33,12 @@ FIRST_DAY = dt.date(1900, 1, 1).toordinal()
 LAST_DAY = dt.date(2099, 12, 31).toordinal()
 TARGET_LEN = 10  # YYYY-MM-DD
 PAD, BOS = 0, 1
-CHARS = sorted(set(" ,/-0123456789" + "".join(MONTHS)))
+PUNCTUATION = " ,/-"  # the source's separators (and the target's "-"): `punctuation` scores' default
+CHARS = sorted(set(PUNCTUATION + "0123456789" + "".join(MONTHS)))
 VOCAB = ["<pad>", "<bos>", *CHARS]
 INDEX = {ch: i for i, ch in enumerate(VOCAB)}
 # Query row i of the decoder writes target character i: YYYY-MM-DD.
-TARGET_FIELDS = {"year": range(0, 4), "month": range(5, 7), "day": range(8, 10)}
+TARGET_FIELDS = {"day": range(8, 10), "month": range(5, 7), "year": range(0, 4)}
 
 
 def format_date(d: dt.date, fmt: str) -> str:
@@ -116,6 +117,12 @@ class DatesConfig:
     d_head: int = 16  # fixed, so pruned cross-attention heads keep their width
     d_ff: int = 256  # 4 x d_model, as usual
     max_source: int = 24  # "September 30, 2099" is 18 characters
+    # Decoder layer 0 reads the source before it knows which character it writes: its
+    # cross-attention comes first, with queries from the previous character alone, and the
+    # target positions join the residual stream after it. A head whose query cannot follow the
+    # output can read one field only ("one head sees one thing at a time"), so the fields are
+    # split among heads instead of every head following the character being written.
+    read_first: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.cross_heads, int):
@@ -142,6 +149,13 @@ class DatesModel(nn.Module):
     """Encoder-decoder of zoo blocks; head_mask and pruning address the cross-attention heads."""
 
     kind = "seq2seq"
+    punctuation = PUNCTUATION
+    fields = TARGET_FIELDS  # field -> the target rows that write it
+
+    @staticmethod
+    def field_spans(text: str) -> dict[str, tuple[int, int]]:
+        """{"day"|"month"|"year": (start, end)} of a source date (module function `field_spans`)."""
+        return field_spans(text)
 
     def __init__(self, config: DatesConfig) -> None:
         super().__init__()
@@ -202,23 +216,43 @@ class DatesModel(nn.Module):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (b s) -> memory (b s c) and the key mask (b 1 1 s), True = a real character."""
+        memory, keys, _ = self._encode(src, need_weights=False)
+        return memory, keys
+
+    def _encode(self, src: Tensor, *, need_weights: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         keys = (src != PAD)[:, None, None, :]
         x = self.embed(src) + self.src_pos(torch.arange(src.shape[1], device=src.device))
+        maps = []
         for attn, ln, mlp in zip(self.enc_attn, self.enc_ln, self.enc_mlp):
-            x = x + attn(ln(x), mask=keys)
+            out = attn(ln(x), mask=keys, need_weights=need_weights)
+            if need_weights:
+                out, a = out
+                maps.append(a)
+            x = x + out
             x = x + mlp(x)
-        return self.enc_final(x), keys
+        return self.enc_final(x), keys, maps
+
+    @torch.no_grad()
+    def encoder_attention_maps(self, sources: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """Encoder self-attention A (layers b h s s) and the real characters (b s) bool
+        (PAD columns get weight 0; PAD rows are not characters)."""
+        src = self.encode_sources(sources)
+        _, keys, maps = self._encode(src, need_weights=True)
+        return torch.stack(maps), keys[:, 0, 0]
 
     def decode(
         self, memory: Tensor, keys: Tensor, tgt_in: Tensor, head_mask=None, *, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor]]:
         """tgt_in (b t) (BOS + target so far) -> logits (b t vocab) and cross maps, one (b h t s) per layer."""
         t = tgt_in.shape[1]
-        x = self.embed(tgt_in) + self.tgt_pos(torch.arange(t, device=tgt_in.device))
+        pos = self.tgt_pos(torch.arange(t, device=tgt_in.device))
+        first = self.config.read_first
+        x = self.embed(tgt_in) + (0 if first else pos)
         masks = per_layer(head_mask, self.config.cross_heads, "decoder layer")
         maps = []
         for i in range(self.config.decoder_layers):
-            x = x + self.dec_self[i](self.dec_ln_self[i](x))
+            if not (first and i == 0):
+                x = x + self.dec_self[i](self.dec_ln_self[i](x))
             out = self.dec_cross[i](
                 self.dec_ln_cross[i](x), context=memory, mask=keys, need_weights=need_weights, head_mask=masks[i]
             )
@@ -226,6 +260,9 @@ class DatesModel(nn.Module):
                 out, a = out
                 maps.append(a)
             x = x + out
+            if first and i == 0:  # now the position, then the self-attention this layer skipped above
+                x = x + pos
+                x = x + self.dec_self[i](self.dec_ln_self[i](x))
             x = x + self.dec_mlp[i](x)
         return self.unembed(self.dec_final(x)), maps
 

@@ -264,6 +264,19 @@ TASKS: dict[str, Task] = {
         loss_name="loss (2nd copy)",
         procedure="as tiny-induction",
     ),
+    "tiny-induction-shared": InductionTask(
+        name="tiny-induction-shared",
+        description="2-layer attention-only LM on random tokens with a repeated span, no head gates: "
+        "every head stays open and the layer-1 heads share the induction job",
+        # d_head 16 (d_model / heads): each head alone matches tokens too coarsely, so the layer-1
+        # heads share induction (README "Heads"); no gates, so none is shut.
+        config=LMConfig(d_head=16),
+        steps=3000,
+        threads=2,
+        metric_name="accuracy (2nd copy)",
+        loss_name="loss (2nd copy)",
+        procedure="as tiny-induction",
+    ),
     "tiny-dates": DatesTask(
         name="tiny-dates",
         description="encoder-decoder translating dates (3 source formats) to YYYY-MM-DD",
