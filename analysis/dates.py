@@ -32,6 +32,7 @@ FORMATS = ("D Month YYYY", "Month D, YYYY", "DD/MM/YYYY")
 FIRST_DAY = dt.date(1900, 1, 1).toordinal()
 LAST_DAY = dt.date(2099, 12, 31).toordinal()
 TARGET_LEN = 10  # YYYY-MM-DD
+READ_FIRST = ("none", "token", "fixed")
 PAD, BOS = 0, 1
 PUNCTUATION = " ,/-"  # the source's separators (and the target's "-"): `punctuation` scores' default
 CHARS = sorted(set(PUNCTUATION + "0123456789" + "".join(MONTHS)))
@@ -117,14 +118,19 @@ class DatesConfig:
     d_head: int = 16  # fixed, so pruned cross-attention heads keep their width
     d_ff: int = 256  # 4 x d_model, as usual
     max_source: int = 24  # "September 30, 2099" is 18 characters
-    # Decoder layer 0 reads the source before it knows which character it writes: its
-    # cross-attention comes first, with queries from the previous character alone, and the
-    # target positions join the residual stream after it. A head whose query cannot follow the
-    # output can read one field only ("one head sees one thing at a time"), so the fields are
-    # split among heads instead of every head following the character being written.
-    read_first: bool = False
+    # "none": the usual decoder layer (self-attention, cross-attention, MLP), target positions in
+    # the residual stream from the start: every cross head can follow the character being written.
+    # "token" / "fixed": decoder layer 0 reads the source before it knows which character it
+    # writes. Its cross-attention comes first, with queries from the previous character alone
+    # ("token") or from one learned vector, the same for every row ("fixed"); the target
+    # positions join the residual stream after it. A head whose query cannot follow the output
+    # reads one place only ("one head sees one thing at a time"), so the fields must be split
+    # among heads instead of every head following the character being written.
+    read_first: str = "none"
 
     def __post_init__(self) -> None:
+        if self.read_first not in READ_FIRST:
+            raise AnalysisError(f"read_first={self.read_first!r} is not one of {READ_FIRST}")
         if isinstance(self.cross_heads, int):
             object.__setattr__(self, "cross_heads", (self.cross_heads,) * self.decoder_layers)
         object.__setattr__(self, "cross_heads", tuple(int(h) for h in self.cross_heads))
@@ -246,15 +252,18 @@ class DatesModel(nn.Module):
         """tgt_in (b t) (BOS + target so far) -> logits (b t vocab) and cross maps, one (b h t s) per layer."""
         t = tgt_in.shape[1]
         pos = self.tgt_pos(torch.arange(t, device=tgt_in.device))
-        first = self.config.read_first
+        first = self.config.read_first != "none"
         x = self.embed(tgt_in) + (0 if first else pos)
         masks = per_layer(head_mask, self.config.cross_heads, "decoder layer")
         maps = []
         for i in range(self.config.decoder_layers):
             if not (first and i == 0):
                 x = x + self.dec_self[i](self.dec_ln_self[i](x))
+            q = x
+            if first and i == 0 and self.config.read_first == "fixed":  # BOS's embedding on every row
+                q = self.embed.weight[BOS].expand_as(x)
             out = self.dec_cross[i](
-                self.dec_ln_cross[i](x), context=memory, mask=keys, need_weights=need_weights, head_mask=masks[i]
+                self.dec_ln_cross[i](q), context=memory, mask=keys, need_weights=need_weights, head_mask=masks[i]
             )
             if need_weights:
                 out, a = out

@@ -17,7 +17,15 @@ from torch import Tensor
 
 from .errors import AnalysisError
 
-SCORE_NAMES = ("previous_token", "induction", "duplicate_token", "first_token", "confidence", "positional", "punctuation")
+SCORE_NAMES = (
+    "previous_token",
+    "induction",
+    "duplicate_token",
+    "first_token",
+    "confidence",
+    "positional",
+    "punctuation",
+)
 DETECTOR_NAMES = ("detector_previous_token", "detector_duplicate_token", "detector_induction")
 
 
@@ -230,8 +238,10 @@ def punctuation_ids(model, punctuation: str | Sequence[int] | Tensor | None = No
     if ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise AnalysisError(f"punctuation {punctuation!r} is not a set of token ids; give a str of characters or ids")
     if int(ids.min()) < 0 or int(ids.max()) >= n:
-        raise AnalysisError(f"punctuation id {int(ids.max()) if int(ids.max()) >= n else int(ids.min())} is "
-                            f"outside the vocabulary 0..{n - 1}")
+        raise AnalysisError(
+            f"punctuation id {int(ids.max()) if int(ids.max()) >= n else int(ids.min())} is "
+            f"outside the vocabulary 0..{n - 1}"
+        )
     return ids.long()
 
 
