@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import zoo
 
 from .errors import AnalysisError
+from .gates import shut
 from .head_mask import per_layer
 
 MONTHS = [calendar.month_name[i] for i in range(1, 13)]
@@ -321,6 +322,11 @@ class DatesModel(nn.Module):
         if len(set(self.config.cross_heads)) != 1:
             raise AnalysisError(f"cross-attention heads per layer differ ({self.config.cross_heads})")
         return torch.stack(maps)
+
+    def shut_heads(self) -> list[list[bool]]:
+        """(decoder layers, model.heads): True for a cross-attention head whose W_O columns are all
+        zero (shut by the training's L0 gates); padding entries of a smaller layer are False."""
+        return [shut(block) + [False] * (self.heads - block.spec.heads) for block in self.dec_cross]
 
     # -- head surgery --------------------------------------------------------------------------
 

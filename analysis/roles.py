@@ -68,25 +68,36 @@ def zeroing_points(model, task, batches: list) -> tuple[float, Tensor]:
 @dataclass
 class Role:
     head: tuple[int, int]
-    field: str | None  # the field it reads, or None (below FIELD_MIN everywhere)
-    score: float  # its field score for that field (or the best one)
+    reads: list[tuple[str, float]]  # fields with a field score >= FIELD_MIN, highest first
     zeroing: float  # change in exact match (points) when zeroed alone
-    spare: bool
+    spare: bool  # zeroing changes exact match by less than SPARE_POINTS
+    shut: bool = False  # its output is zero (shut by the training's L0 gates)
 
     def title(self) -> str:
-        what = f"{self.field} head {self.score:.2f}" if self.field else f"no field (best {self.score:.2f})"
+        if self.shut:
+            what = "shut by the gates"
+        elif self.reads:
+            what = " + ".join(f"{f} {v:.2f}" for f, v in self.reads)
+        else:
+            what = "no field"
         return f"{what}; zeroed {self.zeroing:+.1f} pt" + (" (spare)" if self.spare else "")
 
 
-def roles(fields: dict[str, Tensor], zeroing: Tensor, heads_per_layer: Sequence[int]) -> list[list[Role]]:
-    """Per layer, per head: its Role from field scores {field: (layers h)} and zeroing (layers h)."""
+def roles(
+    fields: dict[str, Tensor], zeroing: Tensor, heads_per_layer: Sequence[int], shut: Sequence[Sequence[bool]] = ()
+) -> list[list[Role]]:
+    """Per layer, per head: its Role from field scores {field: (layers h)}, zeroing (layers h)
+    and which heads are shut (per layer, per head)."""
     out = []
     for layer, n in enumerate(heads_per_layer):
         row = []
         for h in range(n):
-            f, v = max(((f, float(w[layer, h])) for f, w in fields.items()), key=lambda fv: fv[1])
+            reads = sorted(((f, float(w[layer, h])) for f, w in fields.items()), key=lambda fv: -fv[1])
             dz = float(zeroing[layer, h])
-            row.append(Role((layer, h), f if v >= FIELD_MIN else None, v, dz, abs(dz) < SPARE_POINTS))
+            is_shut = bool(shut[layer][h]) if shut else False
+            row.append(
+                Role((layer, h), [(f, v) for f, v in reads if v >= FIELD_MIN], dz, abs(dz) < SPARE_POINTS, is_shut)
+            )
         out.append(row)
     return out
 
@@ -156,8 +167,8 @@ class DatesHeads:
     zeroing: Tensor  # (layers h) points
     roles: list[list[Role]]
     encoder: dict[str, Tensor]  # positional, punctuation, confidence: (encoder layers h)
-    day_head: tuple[int, int] | None
-    year_head: tuple[int, int] | None
+    day_head: tuple[int, int] | None  # the head with the highest day score
+    year_head: tuple[int, int] | None  # the highest year score among the other heads
     day_follows: dict[str, dict] | None
 
     def to_dict(self) -> dict:
@@ -175,12 +186,12 @@ class DatesHeads:
         }
 
 
-def best_head(fields: Tensor, others: Sequence[Tensor] = ()) -> tuple[int, int]:
-    """(layer, head) with the highest score in fields (layers h), ties to the one that reads the
-    other fields least (the most specialised)."""
-    score = fields.nan_to_num(-1.0) - 1e-3 * sum((o.nan_to_num(0.0) for o in others), torch.zeros_like(fields))
-    i = int(score.argmax())
-    return divmod(i, fields.shape[1])
+def best_head(fields: Tensor, exclude: Sequence[tuple[int, int]] = ()) -> tuple[int, int]:
+    """(layer, head) with the highest score in fields (layers h), leaving out `exclude`."""
+    score = fields.nan_to_num(-1.0).clone()
+    for layer, h in exclude:
+        score[layer, h] = -1.0
+    return divmod(int(score.argmax()), fields.shape[1])
 
 
 def dates_heads(model, task, *, n: int = 300, seed: int | None = None, batches: list | None = None) -> DatesHeads:
@@ -198,10 +209,10 @@ def dates_heads(model, task, *, n: int = 300, seed: int | None = None, batches: 
     if batches is None:
         batches = eval_batches(task, 1, n, seed=seed)
     exact, zeroing = zeroing_points(model, task, batches)
-    rs = roles(fields["all"], zeroing, model.heads_per_layer)
+    rs = roles(fields["all"], zeroing, model.heads_per_layer, model.shut_heads())
     f = fields["all"]
-    day = best_head(f["day"], [f["year"], f["month"]])
-    year = best_head(f["year"], [f["day"], f["month"]])
+    day = best_head(f["day"])
+    year = best_head(f["year"], exclude=[day])  # the best year reader other than the day head
     return DatesHeads(
         n=n,
         seed=seed,
@@ -239,6 +250,13 @@ def format_dates_heads(r: DatesHeads) -> str:
                 + "  "
                 + "  ".join(f"{float(r.fields[fmt]['day'][layer, h]):>18.2f}" for fmt in fmts)
                 + f"  {role.zeroing:>+11.1f}  {role.title()}"
+            )
+    for what, head in (("day", r.day_head), ("year", r.year_head)):
+        if head is not None:
+            a = r.fields["all"]
+            lines.append(
+                f"{what} head: L{head[0]}H{head[1]} (day {float(a['day'][head]):.2f}, month "
+                f"{float(a['month'][head]):.2f}, year {float(a['year'][head]):.2f})"
             )
     if r.day_head is not None and r.day_follows:
         layer, h = r.day_head
