@@ -45,6 +45,14 @@ def test_a_day_head(report):
     assert float(report.fields["all"]["day"][layer, h]) >= 0.6
 
 
+def test_the_day_head_finds_the_day_by_content(report):
+    """Its target moves with the day: in every format more weight on the day's span than on the
+    places the day has in the other formats (README: 0.70/0.59/0.61 against 0.16/0.15/0.33)."""
+    assert set(report.day_follows) == set(analysis.dates.FORMATS)
+    for fmt, v in report.day_follows.items():
+        assert v["span"] > 0.5 and v["span"] > v["elsewhere"] + 0.2, (fmt, v)
+
+
 def test_a_year_head_that_is_clearly_not_the_day_head(report):
     layer, h = report.year_head
     assert report.year_head != report.day_head
@@ -106,13 +114,19 @@ def test_zeroing_one_induction_head_of_the_shared_model_costs_little(shared):
     assert zeroed - loss < 0.25 * gap  # the gated model's single induction head: the whole gap
 
 
-@pytest.mark.parametrize("name, most", [("tiny-induction", 0.05), ("tiny-induction-shared", None)])
-def test_removing_half_the_heads_of_the_induction_models(name, most):
+@pytest.mark.parametrize("name", ["tiny-induction", "tiny-induction-shared"])
+def test_removing_half_the_heads_of_the_induction_models(name):
+    """The gated model: the four least important heads are shut ones, so removing half changes
+    nothing. The shared model: every head is open, and removing half costs much more than zeroing
+    one induction head (README: loss 1.04 -> 2.78 against 1.93)."""
     model, task = analysis.load(name), get_task(name)
     batches = eval_batches(task, 2, 32, seed=EVAL_SEED)
     importance, _ = head_importance(model, task, batches)
     loss, _ = evaluate(model, task, batches)
     heads, half_loss, _ = remove_half(model, task, importance, batches)
     assert len(heads) == 4
-    if most is not None:  # the gated model: the four least important heads are shut ones
-        assert abs(half_loss - loss) < most
+    if name == "tiny-induction":
+        assert all(model.shut_heads()[layer][h] for layer, h in heads)
+        assert abs(half_loss - loss) < 0.01
+    else:
+        assert half_loss - loss > 1.0
