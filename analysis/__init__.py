@@ -4,6 +4,7 @@ import analysis
 model = analysis.load("tiny-induction")        # model(tokens, head_mask=None) -> logits (b t vocab)
 maps = model.attention_maps(tokens)            # (layers b h t t)
 analysis.head_scores(model, tokens)            # {"previous_token": (layers h), "induction": ..., ...}
+analysis.field_scores(dates_model, sources)    # {"day"|"month"|"year": (decoder layers h)} on cross-attention
 
 Depends on `zoo`; never imported by it; does not import `export`.
 """
@@ -11,21 +12,37 @@ Depends on `zoo`; never imported by it; does not import `export`.
 from .dates import DatesConfig, DatesModel
 from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
-from .scores import head_scores
+from .scores import (
+    SCORE_NAMES,
+    best_scores,
+    encoder_scores,
+    field_scores,
+    format_scores,
+    head_scores,
+    punctuation_ids,
+    scores_from_maps,
+)
 from .store import load, save, weight_path
 from .tasks import TASKS, get_task, train
 
 __all__ = [
+    "SCORE_NAMES",
     "TASKS",
     "AnalysisError",
     "DatesConfig",
     "DatesModel",
     "LMConfig",
     "TinyLM",
+    "best_scores",
+    "encoder_scores",
+    "field_scores",
+    "format_scores",
     "get_task",
     "head_scores",
     "load",
+    "punctuation_ids",
     "save",
+    "scores_from_maps",
     "train",
     "weight_path",
 ]

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import zoo
 
 from .errors import AnalysisError
+from .gates import shut
 from .head_mask import per_layer
 
 MONTHS = [calendar.month_name[i] for i in range(1, 13)]
@@ -32,12 +33,14 @@ FORMATS = ("D Month YYYY", "Month D, YYYY", "DD/MM/YYYY")
 FIRST_DAY = dt.date(1900, 1, 1).toordinal()
 LAST_DAY = dt.date(2099, 12, 31).toordinal()
 TARGET_LEN = 10  # YYYY-MM-DD
+READ_FIRST = ("none", "token", "fixed")
 PAD, BOS = 0, 1
-CHARS = sorted(set(" ,/-0123456789" + "".join(MONTHS)))
+PUNCTUATION = " ,/-"  # the source's separators (and the target's "-"): `punctuation` scores' default
+CHARS = sorted(set(PUNCTUATION + "0123456789" + "".join(MONTHS)))
 VOCAB = ["<pad>", "<bos>", *CHARS]
 INDEX = {ch: i for i, ch in enumerate(VOCAB)}
 # Query row i of the decoder writes target character i: YYYY-MM-DD.
-TARGET_FIELDS = {"year": range(0, 4), "month": range(5, 7), "day": range(8, 10)}
+TARGET_FIELDS = {"day": range(8, 10), "month": range(5, 7), "year": range(0, 4)}
 
 
 def format_date(d: dt.date, fmt: str) -> str:
@@ -116,8 +119,19 @@ class DatesConfig:
     d_head: int = 16  # fixed, so pruned cross-attention heads keep their width
     d_ff: int = 256  # 4 x d_model, as usual
     max_source: int = 24  # "September 30, 2099" is 18 characters
+    # "none": the usual decoder layer (self-attention, cross-attention, MLP), target positions in
+    # the residual stream from the start: every cross head can follow the character being written.
+    # "token" / "fixed": decoder layer 0 reads the source before it knows which character it
+    # writes. Its cross-attention comes first, with queries from the previous character alone
+    # ("token") or from one learned vector, the same for every row ("fixed"); the target
+    # positions join the residual stream after it. A head whose query cannot follow the output
+    # reads one place only ("one head sees one thing at a time"), so the fields must be split
+    # among heads instead of every head following the character being written.
+    read_first: str = "none"
 
     def __post_init__(self) -> None:
+        if self.read_first not in READ_FIRST:
+            raise AnalysisError(f"read_first={self.read_first!r} is not one of {READ_FIRST}")
         if isinstance(self.cross_heads, int):
             object.__setattr__(self, "cross_heads", (self.cross_heads,) * self.decoder_layers)
         object.__setattr__(self, "cross_heads", tuple(int(h) for h in self.cross_heads))
@@ -142,6 +156,13 @@ class DatesModel(nn.Module):
     """Encoder-decoder of zoo blocks; head_mask and pruning address the cross-attention heads."""
 
     kind = "seq2seq"
+    punctuation = PUNCTUATION
+    fields = TARGET_FIELDS  # field -> the target rows that write it
+
+    @staticmethod
+    def field_spans(text: str) -> dict[str, tuple[int, int]]:
+        """{"day"|"month"|"year": (start, end)} of a source date (module function `field_spans`)."""
+        return field_spans(text)
 
     def __init__(self, config: DatesConfig) -> None:
         super().__init__()
@@ -202,30 +223,56 @@ class DatesModel(nn.Module):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (b s) -> memory (b s c) and the key mask (b 1 1 s), True = a real character."""
+        memory, keys, _ = self._encode(src, need_weights=False)
+        return memory, keys
+
+    def _encode(self, src: Tensor, *, need_weights: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         keys = (src != PAD)[:, None, None, :]
         x = self.embed(src) + self.src_pos(torch.arange(src.shape[1], device=src.device))
+        maps = []
         for attn, ln, mlp in zip(self.enc_attn, self.enc_ln, self.enc_mlp):
-            x = x + attn(ln(x), mask=keys)
+            out = attn(ln(x), mask=keys, need_weights=need_weights)
+            if need_weights:
+                out, a = out
+                maps.append(a)
+            x = x + out
             x = x + mlp(x)
-        return self.enc_final(x), keys
+        return self.enc_final(x), keys, maps
+
+    @torch.no_grad()
+    def encoder_attention_maps(self, sources: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """Encoder self-attention A (layers b h s s) and the real characters (b s) bool
+        (PAD columns get weight 0; PAD rows are not characters)."""
+        src = self.encode_sources(sources)
+        _, keys, maps = self._encode(src, need_weights=True)
+        return torch.stack(maps), keys[:, 0, 0]
 
     def decode(
         self, memory: Tensor, keys: Tensor, tgt_in: Tensor, head_mask=None, *, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor]]:
         """tgt_in (b t) (BOS + target so far) -> logits (b t vocab) and cross maps, one (b h t s) per layer."""
         t = tgt_in.shape[1]
-        x = self.embed(tgt_in) + self.tgt_pos(torch.arange(t, device=tgt_in.device))
+        pos = self.tgt_pos(torch.arange(t, device=tgt_in.device))
+        first = self.config.read_first != "none"
+        x = self.embed(tgt_in) + (0 if first else pos)
         masks = per_layer(head_mask, self.config.cross_heads, "decoder layer")
         maps = []
         for i in range(self.config.decoder_layers):
-            x = x + self.dec_self[i](self.dec_ln_self[i](x))
+            if not (first and i == 0):
+                x = x + self.dec_self[i](self.dec_ln_self[i](x))
+            q = x
+            if first and i == 0 and self.config.read_first == "fixed":  # BOS's embedding on every row
+                q = self.embed.weight[BOS].expand_as(x)
             out = self.dec_cross[i](
-                self.dec_ln_cross[i](x), context=memory, mask=keys, need_weights=need_weights, head_mask=masks[i]
+                self.dec_ln_cross[i](q), context=memory, mask=keys, need_weights=need_weights, head_mask=masks[i]
             )
             if need_weights:
                 out, a = out
                 maps.append(a)
             x = x + out
+            if first and i == 0:  # now the position, then the self-attention this layer skipped above
+                x = x + pos
+                x = x + self.dec_self[i](self.dec_ln_self[i](x))
             x = x + self.dec_mlp[i](x)
         return self.unembed(self.dec_final(x)), maps
 
@@ -275,6 +322,11 @@ class DatesModel(nn.Module):
         if len(set(self.config.cross_heads)) != 1:
             raise AnalysisError(f"cross-attention heads per layer differ ({self.config.cross_heads})")
         return torch.stack(maps)
+
+    def shut_heads(self) -> list[list[bool]]:
+        """(decoder layers, model.heads): True for a cross-attention head whose W_O columns are all
+        zero (shut by the training's L0 gates); padding entries of a smaller layer are False."""
+        return [shut(block) + [False] * (self.heads - block.spec.heads) for block in self.dec_cross]
 
     # -- head surgery --------------------------------------------------------------------------
 

@@ -129,3 +129,14 @@ def pruning_sweep(
         elif metric < sweep.threshold:
             break
     return sweep
+
+
+def remove_half(
+    model: nn.Module, task: Task, importance: Tensor, batches: list
+) -> tuple[list[tuple[int, int]], float, float]:
+    """The seeds' "removing half the heads": zero the floor(n/2) least important heads (head_mask)
+    -> (those heads, held-out loss, metric), whatever the sweep's stopping rule would do."""
+    order = ranked_heads(importance)
+    heads = order[: len(order) // 2]
+    loss, metric = evaluate(model, task, batches, mask_without(heads, _grid(model)))
+    return heads, loss, metric

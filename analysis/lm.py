@@ -76,6 +76,7 @@ class TinyLM(nn.Module):
     """model(tokens (b t)) -> logits (b t vocab); each layer's attention is a zoo block."""
 
     kind = "lm"
+    punctuation = " .,;:!?'\"-()"  # ASCII ids (the CLI's --text): `punctuation` scores' default
 
     def __init__(self, config: LMConfig) -> None:
         super().__init__()

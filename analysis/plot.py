@@ -163,3 +163,45 @@ def score_titles(
         [title(n, v, shut is not None and shut[layer][h]) for h, (n, v) in enumerate(row)]
         for layer, row in enumerate(best)
     ]
+
+
+def plot_head_formats(
+    maps: Sequence[Tensor],
+    sources: Sequence[str],
+    targets: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    titles: Sequence[str],
+    suptitle: str | None = None,
+) -> Path:
+    """One row per head, one column per example: maps[j] (heads t s) is example j's attention
+    (e.g. cross-attention, query = target character, key = source character); titles[r] names
+    head r's role, written over its row."""
+    if len(maps) != len(sources) or len(sources) != len(targets) or not maps:
+        raise AnalysisError(f"{len(maps)} maps for {len(sources)} sources and {len(targets)} targets; give one each")
+    heads = maps[0].shape[0]
+    if len(titles) != heads:
+        raise AnalysisError(f"{len(titles)} titles for {heads} heads; give one per head")
+    plt = _matplotlib()
+    cols = len(maps)
+    widths = [max(len(s), 4) for s in sources]
+    fig, axes = plt.subplots(
+        heads,
+        cols,
+        figsize=(0.3 * sum(widths) + 1.5, 1.9 * heads + 0.8),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"width_ratios": widths},
+    )
+    for r in range(heads):
+        for j in range(cols):
+            ax = axes[r][j]
+            a = maps[j][r, :, : len(sources[j])].detach().float().cpu()
+            ax.imshow(a.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+            ax.set_xticks(range(len(sources[j])), list(sources[j]), fontsize=7)
+            ax.set_yticks(range(len(targets[j])), list(targets[j]), fontsize=6)
+            if j == 0:
+                ax.set_title(titles[r], fontsize=9, loc="left")
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=11)
+    return _save(fig, plt, Path(path))

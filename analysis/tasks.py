@@ -264,12 +264,34 @@ TASKS: dict[str, Task] = {
         loss_name="loss (2nd copy)",
         procedure="as tiny-induction",
     ),
+    "tiny-induction-shared": InductionTask(
+        name="tiny-induction-shared",
+        description="2-layer attention-only LM on random tokens with a repeated span, no head gates: "
+        "every head stays open and the layer-1 heads share the induction job",
+        # d_head 16 (d_model / heads): each head alone matches tokens too coarsely, so the layer-1
+        # heads share induction (README "Heads"); no gates, so none is shut. 1 thread: at 2 threads
+        # a step stalls whenever another process takes a core; 2,500 steps keep it under 5 minutes.
+        config=LMConfig(d_head=16),
+        steps=2500,
+        threads=1,
+        metric_name="accuracy (2nd copy)",
+        loss_name="loss (2nd copy)",
+        procedure="as tiny-induction",
+    ),
     "tiny-dates": DatesTask(
         name="tiny-dates",
         description="encoder-decoder translating dates (3 source formats) to YYYY-MM-DD",
-        config=dates.DatesConfig(),
+        # One decoder layer whose cross-attention reads first, with queries from the previous
+        # character only (read_first="token"), so a head cannot follow the character being
+        # written and the fields are split among heads; L0 head gates from step 600 at 0.05 nats
+        # per open head shut the spares (README "Heads": the variants tried).
+        config=dates.DatesConfig(decoder_layers=1, cross_heads=(8,), read_first="token"),
         steps=1200,
         lr=2e-3,
+        gate="l0",
+        gate_lambda=0.05,
+        gate_from=0.5,
+        gate_lr=0.02,
         metric_name="exact match",
         loss_name="loss (teacher-forced)",
         procedure="held-out: dates 1900-2099 whose day number is 7 mod 10 (never trained on), in the three "

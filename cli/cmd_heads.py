@@ -24,7 +24,6 @@ from .common import CliError, number_in, seed
 MAX_EXAMPLES = 4096  # held-out examples per batch: more says nothing new and only costs memory
 MAX_BATCHES = 1024
 MAX_STEPS = 10**7
-DEFAULT_DATES = ["29 August 1958", "March 3, 2041", "17/11/1907", "1 January 2000"]
 
 
 def _finite(obj: object) -> object:
@@ -135,7 +134,8 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def _heads_dates(model, args: argparse.Namespace) -> int:
-    from analysis import AnalysisError, dates, plot
+    from analysis import AnalysisError, dates, plot, roles
+    from analysis.tasks import get_task
 
     if args.tokens is not None:
         raise AnalysisError("tiny-dates reads text: use --text '29 August 1958' (several: separate with ';')")
@@ -143,45 +143,32 @@ def _heads_dates(model, args: argparse.Namespace) -> int:
         sources = [s.strip() for s in args.text.split(";")]
         if not any(sources):
             raise AnalysisError("--text is empty; give a date such as --text '29 August 1958'")
-    else:
-        sources = DEFAULT_DATES
-    for s in sources:
-        dates.field_spans(s)  # a clear line for text that is not a date in a known format
+        for s in sources:
+            dates.field_spans(s)  # a clear line for text that is not a date in a known format
+    else:  # one held-out date in every format: the fields move, the date does not
+        sources = roles.in_every_format(roles.example_date(args.seed))
     translations = model.translate(sources)
-    maps = model.cross_attention_maps(sources, translations)
-    weights = dates.field_weights(maps, sources)
     for s, t in zip(sources, translations):
         print(f"{s!r:>24} -> {t}")
-    print("\ncross-attention: mean weight that the rows writing a field put on that field in the source")
-    print("head  " + "  ".join(f"{f:>6}" for f in weights))
-    for layer in range(model.layers):
-        for h in range(model.heads_per_layer[layer]):
-            print(f"L{layer}H{h}  " + "  ".join(f"{float(w[layer, h]):>6.3f}" for w in weights.values()))
+    report = roles.dates_heads(model, get_task(args.name), n=args.n, seed=args.seed)
+    print(roles.format_dates_heads(report))
     if args.plot:
-        titles = [
-            [
-                max(((f, float(w[layer, h])) for f, w in weights.items()), key=lambda fv: fv[1])
-                for h in range(model.heads)
-            ]
-            for layer in range(model.layers)
-        ]
-        plot.plot_attention_grid(
-            maps[:, :1, :, :, : len(sources[0])],  # the batch is padded to its longest date
+        maps = model.cross_attention_maps(sources, translations)  # (layers b h t s)
+        flat = [(layer, h) for layer in range(model.layers) for h in range(model.heads_per_layer[layer])]
+        per_example = [torch.stack([maps[layer, j, h] for layer, h in flat]) for j in range(len(sources))]
+        plot.plot_head_formats(
+            per_example,
+            sources,
+            translations,
             args.plot,
-            query_labels=list(translations[0]),
-            key_labels=list(sources[0]),
-            titles=[[f"{f} {v:.2f}" for f, v in row] for row in titles],
-            suptitle=f"tiny-dates cross-attention: {sources[0]!r} -> {translations[0]} (row i writes char i)",
+            titles=[f"L{layer}H{h}: {report.roles[layer][h].title()}" for layer, h in flat],
+            suptitle=f"{args.name} cross-attention per head (row i writes target character i; roles measured "
+            f"on {report.n} held-out dates)",
         )
         print(f"wrote {args.plot}")
     if args.json:
         _write_json(
-            args.json,
-            {
-                "model": args.name,
-                "translations": dict(zip(sources, translations)),
-                "field_weights": {k: v.tolist() for k, v in weights.items()},
-            },
+            args.json, {"model": args.name, "translations": dict(zip(sources, translations)), **report.to_dict()}
         )
     return 0
 
@@ -189,7 +176,7 @@ def _heads_dates(model, args: argparse.Namespace) -> int:
 def cmd_importance(args: argparse.Namespace) -> int:
     import analysis
     from analysis import plot
-    from analysis.importance import eval_batches, head_importance, pruning_sweep, ranked_heads
+    from analysis.importance import eval_batches, head_importance, pruning_sweep, ranked_heads, remove_half
     from analysis.tasks import get_task
 
     _check_picture(args.plot)
@@ -213,6 +200,11 @@ def cmd_importance(args: argparse.Namespace) -> int:
     for f, p, loss, m in zip(sweep.fractions, sweep.pruned, sweep.losses, sweep.metrics):
         names = ",".join(f"L{a}H{b}" for a, b in p) or "-"
         print(f"{f:>7.0%}  {loss:>22.3f}  {m:>20.3f}  {names}")
+    half, half_loss, half_metric = remove_half(model, task, norm, batches)
+    print(
+        f"half the heads zeroed ({len(half)}, least important first): {task.loss_name} {half_loss:.3f}, "
+        f"{task.metric_name} {half_metric:.3f} (full model {sweep.metrics[0]:.3f})"
+    )
     if args.plot:
         plot.plot_curve(
             [100 * f for f in sweep.fractions],
@@ -227,7 +219,13 @@ def cmd_importance(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(
             args.json,
-            {"model": args.name, "importance": norm.tolist(), "raw": raw.tolist(), "sweep": sweep.to_dict()},
+            {
+                "model": args.name,
+                "importance": norm.tolist(),
+                "raw": raw.tolist(),
+                "sweep": sweep.to_dict(),
+                "half": {"heads": [list(p) for p in half], "loss": half_loss, "metric": half_metric},
+            },
         )
     return 0
 
@@ -375,6 +373,7 @@ def add_commands(sub) -> None:
     src.add_argument("--text", help="LM: ASCII text (one token per character); tiny-dates: dates separated by ';'")
     src.add_argument("--tokens", help="LM: token ids, e.g. '5 9 2 5 9 2'")
     sp.add_argument("--plot", metavar="PNG", help="write a layers x heads grid of attention maps")
+    sp.add_argument("--n", type=examples, default=300, help="tiny-dates: held-out dates the roles are measured on")
     sp.set_defaults(func=cmd_heads)
 
     sp = sub.add_parser("importance", help="head importance |dL/d head_mask| and a pruning sweep by importance")

@@ -99,3 +99,20 @@ def test_onnx_latency_of_blocks_with_and_without_head_mask():
     assert plain > 0 and masked > 0 and again > 0
     assert made == 2  # one export per head-mask input, shared by the requests with the same one
     assert len(meter._sessions) == 0
+
+
+def test_heads_on_dates_roles_picture_and_json(tmp_path, capsys):
+    png, js = tmp_path / "roles.png", tmp_path / "roles.json"
+    assert main(["heads", "tiny-dates", "--n", "30", "--plot", str(png), "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "field scores" in out and "day head" in out and "punctuation" in out
+    assert png.stat().st_size > 20_000
+    data = json.loads(js.read_text())
+    assert len(data["translations"]) == 3  # one held-out date in each of the three formats
+    assert set(data["field_scores"]["all"]) == {"day", "month", "year"}
+    assert data["day_head"] != data["year_head"]
+
+
+def test_importance_reports_removing_half_the_heads(capsys):
+    assert main(["importance", "tiny-dates", "--batches", "1", "--batch", "32", "-q"]) == 0
+    assert "half the heads zeroed (4, least important first)" in capsys.readouterr().out

@@ -130,3 +130,106 @@ def test_picture_of_any_zoo_block(tmp_path):
     assert out.stat().st_size > 10_000
     with pytest.raises(AnalysisError, match="does not exist"):
         plot.plot_attention_grid(attn, tmp_path / "no" / "x.png")
+
+
+# -- positional, punctuation, field ------------------------------------------------------------
+
+
+def _full(t: int) -> torch.Tensor:
+    return torch.ones(1, t, t, dtype=torch.bool)
+
+
+def test_positional_scores_one_on_a_band_and_previous_token_zero_on_uniform():
+    t = 10
+    rows = torch.ones(1, t, dtype=torch.bool)
+    band = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs() <= 1
+    band = band.float() / band.float().sum(-1, keepdim=True)  # a narrow diagonal band, both sides
+    uniform = torch.full((t, t), 1 / t)
+    stripe = torch.zeros(t, t)
+    stripe[:, 4] = 1  # every row on key 4: a vertical stripe
+    s = scores.positional_score(_maps(band, uniform, stripe), _full(t), rows, width=1)[0, 0]
+    assert float(s[0]) == pytest.approx(1.0)
+    assert float(s[1]) == pytest.approx(0.0, abs=1e-6)
+    # The stripe is in the band on rows 3..5 only (score 1 there); elsewhere -U/(1-U) = -3/7.
+    interior = [1.0 if 3 <= q <= 5 else -3 / 7 for q in range(1, t - 1)]
+    edges = [-2 / 8, -2 / 8]  # rows 0 and 9: 2 keys of 10 in the band, neither is key 4
+    assert float(s[2]) == pytest.approx(sum(interior + edges) / t)
+    # An exact previous-token map in a causal LM: 1 with the band |t - s| <= 1, and at offset 1.
+    prev = torch.zeros(t, t)
+    prev[0, 0] = 1
+    prev[torch.arange(1, t), torch.arange(t - 1)] = 1
+    tokens = torch.arange(t)[None]
+    assert float(scores.scores_from_maps(_maps(prev), tokens)["positional"][0, 0, 0]) == pytest.approx(1.0)
+    causal = torch.ones(1, t, t, dtype=torch.bool).tril()
+    assert float(scores.positional_score(_maps(prev), causal, rows, width=0, offset=1)[0, 0, 0]) == pytest.approx(1)
+    # Uniform causal attention: exactly the uniform share, so 0.
+    uni = scores.scores_from_maps(_maps(_causal_uniform(t)), tokens)["positional"]
+    assert float(uni[0, 0, 0]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_punctuation_score_is_the_share_on_punctuation_keys():
+    t = 8
+    tokens = torch.tensor([[3, 7, 0, 4, 5, 0, 6, 2]])  # id 0 is the "comma"
+    comma = torch.tensor([0])
+    stripes = torch.zeros(t, t)
+    stripes[:, 2] = 1  # all rows on the first comma: a vertical stripe
+    uniform = torch.full((t, t), 1 / t)
+    none = torch.eye(t)  # the diagonal: on a comma only in rows 2 and 5
+    maps = _maps(stripes, uniform, none)
+    rows = torch.ones(1, t, dtype=torch.bool)
+    s = scores.punctuation_score(maps, torch.isin(tokens, comma), rows)[0, 0]
+    torch.testing.assert_close(s, torch.tensor([1.0, 2 / 8, 2 / 8]))
+    no_punct = scores.punctuation_score(maps, torch.zeros(1, t, dtype=torch.bool), rows)
+    assert no_punct.isnan().all(), "a sequence without punctuation says nothing: NaN"
+
+
+def test_field_score_is_the_share_on_the_span_while_the_field_is_written():
+    t, s = 4, 6
+    rows = torch.tensor([[False, True, True, False]])
+    span = torch.tensor([[False, False, True, True, False, False]])
+    on = torch.zeros(t, s)
+    on[:, 2] = 1
+    half = torch.zeros(t, s)
+    half[1, 3] = half[1, 0] = 0.5
+    half[2, 2] = 1.0
+    off = torch.zeros(t, s)
+    off[:, 5] = 1
+    off[0, 2] = off[3, 2] = 1  # weight on the span outside the field's rows does not count
+    off[0, 5] = off[3, 5] = 0
+    got = scores.field_score(torch.stack([on, half, off])[None, None], rows, span)[0, 0]
+    torch.testing.assert_close(got, torch.tensor([1.0, 0.75, 0.0]))
+
+
+def test_model_scores_and_their_errors():
+    import analysis
+
+    torch.manual_seed(3)
+    lm = TinyLM(LMConfig(vocab_size=128, context=16, d_model=32, layers=1, heads=(2,))).eval()
+    text = torch.tensor([[ord(c) for c in "ab, cd. ab, cd."]])
+    s = analysis.head_scores(lm, text)
+    assert s["punctuation"].shape == (1, 2) and s["positional"].shape == (1, 2)
+    assert torch.equal(analysis.punctuation_ids(lm, ",."), torch.tensor([44, 46]))
+    with pytest.raises(AnalysisError, match="'\u00e9' is not in the model's vocabulary"):
+        analysis.head_scores(lm, text, punctuation="\u00e9")
+    with pytest.raises(AnalysisError, match="outside the vocabulary 0..127"):
+        analysis.head_scores(lm, text, punctuation=[44, 300])
+    with pytest.raises(AnalysisError, match="decoder-only"):
+        analysis.field_scores(lm, ["29 August 1958"])
+    d = analysis.DatesModel(analysis.DatesConfig()).eval()
+    with pytest.raises(AnalysisError, match="field 'hour' is not one of this model's fields: day, month, year"):
+        analysis.field_scores(d, ["29 August 1958"], ["1958-08-29"], fields=["hour"])
+    with pytest.raises(AnalysisError, match="'x' is not in the model's vocabulary"):
+        analysis.head_scores(d, ["29 August 1958"], punctuation="x")
+    f = analysis.field_scores(d, ["29 August 1958", "August 3, 2001"], ["1958-08-29", "2001-08-03"])
+    assert set(f) == {"day", "month", "year"} and f["day"].shape == (2, 4)
+    assert ((f["year"] > 0) & (f["year"] < 1)).all()
+    both = analysis.head_scores(d, ["29 August 1958", "August 3, 2001"])
+    assert both["punctuation"].shape == (2, 4) and both["field_year"].shape == (2, 4)
+
+
+def test_public_scoring_names_are_exported():
+    import analysis
+
+    for name in ("head_scores", "field_scores", "encoder_scores", "scores_from_maps", "best_scores"):
+        assert callable(getattr(analysis, name)), name
+        assert name in analysis.__all__
