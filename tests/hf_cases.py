@@ -533,6 +533,10 @@ REFUSALS: dict[tuple[str, str], tuple[str, Callable[[nn.Module], None]]] = {
     ("FalconAttention", "alibi=True"): ("falcon-mq", _set("config.alibi", True)),
     ("CodeGenAttention", "mp_num != 4"): ("codegen", _set("mp_num", 8)),
     ("ModernBertAttention", "local layer (symmetric window)"): ("modernbert", _set("sliding_window", 2 * WINDOW + 1)),
+    ("CLIPAttention", "config neither CLIP text nor vision"): (
+        "clip-text",
+        lambda m: m.__setattr__("config", transformers.PretrainedConfig()),
+    ),
     ("BeitAttention", "relative position bias"): ("beit", _set("config.use_relative_position_bias", True)),
     ("GPT2Attention", "cross-attention"): ("gpt2", _set("is_cross_attention", True)),
     ("GPTBigCodeAttention", "cross-attention"): ("gpt-bigcode", _set("is_cross_attention", True)),

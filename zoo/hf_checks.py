@@ -142,6 +142,16 @@ def beit_bias(m: nn.Module) -> str | None:
     return None
 
 
+def clip_config(m: nn.Module) -> str | None:
+    name = type(m.config).__name__
+    if name not in ("CLIPTextConfig", "CLIPVisionConfig"):
+        return (
+            f"config is a {name}, neither CLIPTextConfig (whose model masks causally) nor CLIPVisionConfig; "
+            f"the module alone does not say whether it is causal"
+        )
+    return None
+
+
 def clip_causal(m: nn.Module) -> bool:
     # CLIPAttention is one class for both towers; the text model builds a causal mask around it
     return type(m.config).__name__ == "CLIPTextConfig"

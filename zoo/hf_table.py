@@ -15,6 +15,7 @@ from .hf_checks import (
     beit_bias,
     bloom_slopes,
     clip_causal,
+    clip_config,
     codegen_shards,
     cross,
     falcon_alibi,
@@ -338,6 +339,7 @@ ROWS: tuple[Row, ...] = (
         g=None,
         causal=clip_causal,
         scale="scale",
+        checks=(Check("config neither CLIP text nor vision", clip_config),),
     ),
     Row(
         family="SigLIP",
