@@ -41,9 +41,10 @@ LLAMA = Row(
     cls="LlamaAttention",
     covers="the whole module, with the model's rotary embedding and causal/sliding mask",
     rope="full",
-    window="sliding_window?",
     checks=(BIDIRECTIONAL,),
 )
+# the LLaMA-style classes of models with sliding layers keep the window (None on global layers)
+SLIDING = "sliding_window?"
 
 BERT = Row(
     family="BERT",
@@ -101,8 +102,8 @@ ROWS: tuple[Row, ...] = (
     ),
     LLAMA,
     _like(LLAMA, family="Mistral", cls="MistralAttention", window="config.sliding_window?"),
-    _like(LLAMA, family="Gemma-2", cls="Gemma2Attention", softcap="attn_logit_softcapping"),
-    _like(LLAMA, family="Qwen3", cls="Qwen3Attention", qk_norm="head"),
+    _like(LLAMA, family="Gemma-2", cls="Gemma2Attention", softcap="attn_logit_softcapping", window=SLIDING),
+    _like(LLAMA, family="Qwen3", cls="Qwen3Attention", qk_norm="head", window=SLIDING),
     _like(LLAMA, family="OLMo-2", cls="Olmo2Attention", qk_norm="full"),
     _like(
         LLAMA,
@@ -154,15 +155,16 @@ ROWS: tuple[Row, ...] = (
     ),
     VIT,
     # -- decoders added from the family list of issue 18
-    _like(LLAMA, family="Qwen2", cls="Qwen2Attention"),
-    _like(LLAMA, family="Qwen2-MoE", cls="Qwen2MoeAttention"),
+    _like(LLAMA, family="Qwen2", cls="Qwen2Attention", window=SLIDING),
+    _like(LLAMA, family="Qwen2-MoE", cls="Qwen2MoeAttention", window=SLIDING),
     _like(LLAMA, family="Mixtral", cls="MixtralAttention", window="config.sliding_window?"),
     _like(LLAMA, family="Gemma", cls="GemmaAttention"),
     _like(
         LLAMA,
         family="Gemma-3",
         cls="Gemma3Attention",
-        qk_norm="head",  # Gemma-3 keeps attn_logit_softcapping in its config but does not apply it
+        qk_norm="head",
+        window=SLIDING,  # Gemma-3 keeps attn_logit_softcapping in its config but does not apply it
         norm_offset=1.0,
     ),
     _like(
@@ -177,6 +179,7 @@ ROWS: tuple[Row, ...] = (
         family="Cohere2",
         cls="Cohere2Attention",
         rope_interleaved=True,
+        window=SLIDING,
         rope_if=lambda m: m.sliding_window is not None,  # global layers have no rotary
     ),
     _like(LLAMA, family="Phi-3", cls="Phi3Attention", qkv="qkv_proj", rope="partial", window="config.sliding_window?"),
@@ -204,7 +207,7 @@ ROWS: tuple[Row, ...] = (
     ),
     _like(LLAMA, family="Helium", cls="HeliumAttention", rope_interleaved=True),
     _like(LLAMA, family="Nemotron", cls="NemotronAttention", rope="partial"),
-    _like(LLAMA, family="SmolLM3", cls="SmolLM3Attention", rope_if="use_rope"),
+    _like(LLAMA, family="SmolLM3", cls="SmolLM3Attention", rope_if="use_rope", window=SLIDING),
     _like(
         LLAMA,
         family="EXAONE-4",
