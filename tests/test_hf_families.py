@@ -60,10 +60,10 @@ def test_refused_config_raises(key):
     module = copy.deepcopy(original)
     change(module)  # ... the changed copy must not
     assert type(module).__name__ == cls
-    with pytest.raises(zoo.HFConversionError, match=rf"^{cls}: ") as e:
+    with pytest.raises(zoo.HFConversionError, match=rf"^{cls}\b") as e:
         zoo.from_hf(module)
     print(f"{cls} [{check}]: {e.value}")
-    with pytest.raises(zoo.HFConversionError, match=rf"^{cls}: "):
+    with pytest.raises(zoo.HFConversionError, match=rf"^{cls}\b"):
         zoo.to_hf(block, module)
 
 

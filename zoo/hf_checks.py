@@ -78,8 +78,8 @@ def falcon_kv(m: nn.Module) -> int:
 def falcon_alibi(m: nn.Module) -> str | None:
     if getattr(m.config, "alibi", False):
         return (
-            "alibi=True: Falcon adds its ALiBi bias before scaling the scores (slopes / sqrt(d)) and takes "
-            "dropout there; convert rotary Falcon models only"
+            "FalconAttention with alibi=True: Falcon adds its ALiBi bias before scaling the scores "
+            "(slopes / sqrt(d)) and takes dropout there; convert rotary Falcon models only"
         )
     return None
 

@@ -262,8 +262,8 @@ def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
         raise HFConversionError(f"{row.cls}: {row.refused}")
     for check in row.checks:
         why = check.fn(m)
-        if why:
-            raise HFConversionError(f"{row.cls}: {why}")
+        if why:  # one line that starts with the class name
+            raise HFConversionError(why if why.startswith(row.cls) else f"{row.cls}: {why}")
     c, h, d = int(value(m, row.c)), int(value(m, row.h)), int(value(m, row.d))
     g = int(value(m, row.g) or h)
     if row.qkv is not None:
