@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import hf_cases
 import pytest
 import torch
 from torch import Tensor, nn
@@ -40,6 +41,7 @@ class Case:
     residual_kwarg: str | None = None  # BLOOM adds this argument to its output
     spec_checks: dict | None = None  # spec fields the block must hold (the config made concrete)
     variant: bool = False  # a second case of a family: its torch-exported lowerings run only when slow
+    layernorm: str = "output.LayerNorm"  # with output_is_dense_of: the LayerNorm after the block
 
 
 def _ids(keep: Tensor | None = None) -> dict:
@@ -268,6 +270,9 @@ CASES: dict[str, Case] = {
     "vit": Case(_vit, spec_checks={"causal": False, "bias": True}),
 }
 
+# the families of issue 18 (tests/hf_cases.py), each with its own tiny model
+CASES.update({name: Case(**fields) for name, fields in hf_cases.CASES.items()})
+
 
 @dataclass
 class Captured:
@@ -408,7 +413,8 @@ def test_round_trip(name):
     block = zoo.from_hf(c.module)
     fresh = _randomize(copy.deepcopy(c.module), seed=7)
     if CASES[name].output_is_dense_of is not None:  # BERT's LayerNorm is outside the block: keep m's
-        fresh.output.LayerNorm.load_state_dict(c.module.output.LayerNorm.state_dict())
+        norm = zoo.hf_rows.value(c.module, CASES[name].layernorm)
+        zoo.hf_rows.value(fresh, CASES[name].layernorm).load_state_dict(norm.state_dict())
     assert (_replay(fresh, c) - c.full).abs().max().item() > 1e-3  # fresh really differs before
     assert zoo.to_hf(block, fresh) is fresh
     err = (_replay(fresh, c) - c.full).abs().max().item()

@@ -1,0 +1,606 @@
+"""Parity cases for the transformers families of issue 18, merged into tests/test_hf.py's CASES.
+
+Each case is a tiny model from a config with random weights (no download): make() -> (model,
+attention module, model kwargs). Text models right-pad their second row; decoder self-attention
+cases of encoder-decoders run without padding (their mask is the causal one). Also REFUSALS: for
+each configuration a row refuses, the case whose module to copy and how to change the copy so that
+from_hf must refuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+transformers = __import__("pytest").importorskip("transformers")
+
+B, T, VOCAB = 2, 10, 50
+WINDOW = 4
+SMALL = dict(hidden_size=64, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB)
+LLAMA = dict(SMALL, num_hidden_layers=1, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+TWO = dict(LLAMA, num_hidden_layers=2)
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def ids(keep: Tensor | None = None, **extra: object) -> dict:
+    g = torch.Generator().manual_seed(1)
+    # use_cache=False: the captured call is replayed in the round trip, and a cache would grow
+    out = {"input_ids": torch.randint(2, VOCAB, (B, T), generator=g), "use_cache": False, **extra}
+    if keep is not None:
+        out["attention_mask"] = keep.long()
+    return out
+
+
+def keep() -> Tensor:
+    k = torch.ones(B, T, dtype=torch.bool)
+    k[1, T - 3 :] = False  # right padding: the last three keys of row 1
+    return k
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter random (HF initializes biases to 0 and norms to 1, which would hide their bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            centre = 1.0 if "norm" in name.lower() else 0.0
+            p.copy_(centre + 0.15 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def model_of(model_cls: str, config_cls: str, layer: Callable[[nn.Module], nn.Module], pad: bool = True, **cfg):
+    """make() for a text model: a random `model_cls` from `config_cls(**cfg)`, its attention `layer(model)`."""
+
+    def make():
+        config = getattr(transformers, config_cls)(**cfg)
+        config._attn_implementation = "eager"
+        model = randomize(getattr(transformers, model_cls)(config))
+        return model, layer(model), ids(keep() if pad else None)
+
+    return make
+
+
+def _encdec(model_cls: str, config_cls: str, decoder: bool = False, **cfg):
+    def make():
+        config = getattr(transformers, config_cls)(
+            vocab_size=VOCAB,
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=1,
+            decoder_start_token_id=0,
+            **cfg,
+        )
+        config._attn_implementation = "eager"
+        model = randomize(getattr(transformers, model_cls)(config))
+        tokens = ids()["input_ids"]
+        if decoder:  # the decoder's causal self-attention, no padding
+            return model, model.decoder.layers[0].self_attn, ids(decoder_input_ids=tokens)
+        return model, model.encoder.layers[0].self_attn, ids(keep(), decoder_input_ids=tokens)
+
+    return make
+
+
+def _whisper(decoder: bool):
+    def make():
+        config = transformers.WhisperConfig(
+            vocab_size=VOCAB,
+            num_mel_bins=8,
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_source_positions=T,
+            max_target_positions=32,
+            pad_token_id=1,
+            decoder_start_token_id=0,
+        )
+        config._attn_implementation = "eager"
+        model = randomize(transformers.WhisperModel(config))
+        features = torch.randn(B, 8, 2 * T, generator=torch.Generator().manual_seed(2))
+        inputs = {"input_features": features, "decoder_input_ids": ids()["input_ids"], "use_cache": False}
+        module = model.decoder.layers[0].self_attn if decoder else model.encoder.layers[0].self_attn
+        return model, module, inputs
+
+    return make
+
+
+def _vision(model_cls: str, config_cls: str, layer: Callable[[nn.Module], nn.Module], **cfg):
+    def make():
+        config = getattr(transformers, config_cls)(
+            hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=16, **cfg
+        )
+        config._attn_implementation = "eager"
+        model = randomize(getattr(transformers, model_cls)(config))
+        pixels = torch.randn(B, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+        return model, layer(model), {"pixel_values": pixels}
+
+    return make
+
+
+def _self_attn(m: nn.Module) -> nn.Module:
+    return m.layers[0].self_attn
+
+
+def _second(m: nn.Module) -> nn.Module:
+    return m.layers[1].self_attn
+
+
+def _bert_like(model_cls: str, config_cls: str, **cfg):
+    return model_of(
+        model_cls,
+        config_cls,
+        lambda m: m.encoder.layer[0].attention,
+        **SMALL,
+        num_hidden_layers=1,
+        max_position_embeddings=40,
+        **cfg,
+    )
+
+
+GEMMA3_ROPE = {"sliding_attention": ROPE, "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+GEMMA3 = dict(
+    TWO,
+    head_dim=16,
+    query_pre_attn_scalar=24,
+    attn_logit_softcapping=1.5,
+    sliding_window=WINDOW,
+    layer_types=["sliding_attention", "full_attention"],
+    rope_parameters=GEMMA3_ROPE,
+)
+SLIDING_THEN_FULL = dict(TWO, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+BERT_OUT = dict(output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": False})
+
+# name -> Case fields (test_hf.Case)
+CASES: dict[str, dict] = {
+    # -- decoders
+    "qwen2": dict(make=model_of("Qwen2Model", "Qwen2Config", _self_attn, **LLAMA), spec_checks={"bias": True}),
+    "qwen2-sliding": dict(
+        make=model_of(
+            "Qwen2Model",
+            "Qwen2Config",
+            _self_attn,
+            **LLAMA,
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            max_window_layers=0,
+        ),
+        spec_checks={"window": WINDOW},
+        variant=True,
+    ),
+    "qwen2-moe": dict(
+        make=model_of(
+            "Qwen2MoeModel",
+            "Qwen2MoeConfig",
+            _self_attn,
+            **LLAMA,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        ),
+        spec_checks={"kv_heads": 2},
+    ),
+    "mixtral": dict(
+        make=model_of(
+            "MixtralModel",
+            "MixtralConfig",
+            _self_attn,
+            **LLAMA,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+        ),
+        spec_checks={"window": WINDOW},
+    ),
+    "gemma": dict(make=model_of("GemmaModel", "GemmaConfig", _self_attn, **LLAMA, head_dim=16)),
+    "gemma3-sliding": dict(
+        make=model_of("Gemma3TextModel", "Gemma3TextConfig", _self_attn, **GEMMA3),
+        spec_checks={"window": WINDOW, "qk_norm": "head", "rope_theta": 10000.0, "softcap": None},
+    ),
+    "gemma3-global": dict(
+        make=model_of("Gemma3TextModel", "Gemma3TextConfig", _second, **GEMMA3),
+        spec_checks={"window": None, "rope_theta": 1e6},
+        variant=True,
+    ),
+    "cohere": dict(
+        make=model_of("CohereModel", "CohereConfig", _self_attn, **LLAMA), spec_checks={"rope_interleaved": True}
+    ),
+    "cohere2-sliding": dict(
+        make=model_of("Cohere2Model", "Cohere2Config", _self_attn, **SLIDING_THEN_FULL),
+        spec_checks={"window": WINDOW, "rope_interleaved": True},
+    ),
+    "cohere2-global": dict(
+        make=model_of("Cohere2Model", "Cohere2Config", _second, **SLIDING_THEN_FULL),
+        spec_checks={"window": None, "rope_theta": None},
+        variant=True,
+    ),
+    "phi3": dict(
+        make=model_of(
+            "Phi3Model",
+            "Phi3Config",
+            _self_attn,
+            **LLAMA,
+            rope_parameters=dict(ROPE, partial_rotary_factor=0.5),
+            sliding_window=WINDOW,
+        ),
+        spec_checks={"layout": "combined", "rope_dim": 8, "window": WINDOW},
+    ),
+    "stablelm": dict(
+        make=model_of("StableLmModel", "StableLmConfig", _self_attn, **LLAMA, use_qkv_bias=True),
+        spec_checks={"rope_dim": 4, "bias": True},
+    ),
+    "starcoder2": dict(
+        make=model_of("Starcoder2Model", "Starcoder2Config", _self_attn, **LLAMA, sliding_window=WINDOW),
+        spec_checks={"window": WINDOW, "bias": True},
+    ),
+    "granite": dict(
+        make=model_of("GraniteModel", "GraniteConfig", _self_attn, **LLAMA, attention_multiplier=0.1),
+        spec_checks={"scale": 0.1},
+    ),
+    "olmo": dict(make=model_of("OlmoModel", "OlmoConfig", _self_attn, **LLAMA)),
+    "persimmon": dict(
+        make=model_of(
+            "PersimmonModel",
+            "PersimmonConfig",
+            _self_attn,
+            **SMALL,
+            num_hidden_layers=1,
+            max_position_embeddings=64,
+            qk_layernorm=False,
+        ),
+        spec_checks={"layout": "combined", "rope_dim": 8},
+    ),
+    "helium": dict(
+        make=model_of("HeliumModel", "HeliumConfig", _self_attn, **LLAMA, head_dim=16),
+        spec_checks={"rope_interleaved": True},
+    ),
+    "nemotron": dict(
+        make=model_of("NemotronModel", "NemotronConfig", _self_attn, **LLAMA, head_dim=16),
+        spec_checks={"rope_dim": 8},
+    ),
+    "smollm3": dict(make=model_of("SmolLM3Model", "SmolLM3Config", _self_attn, **TWO, no_rope_layers=[1, 0])),
+    "smollm3-nope": dict(
+        make=model_of("SmolLM3Model", "SmolLM3Config", _second, **TWO, no_rope_layers=[1, 0]),
+        spec_checks={"rope_theta": None},
+        variant=True,
+    ),
+    "exaone4-sliding": dict(
+        make=model_of("Exaone4Model", "Exaone4Config", _self_attn, **SLIDING_THEN_FULL),
+        spec_checks={"window": WINDOW, "qk_norm": "head"},
+    ),
+    "exaone4-global": dict(
+        make=model_of("Exaone4Model", "Exaone4Config", _second, **SLIDING_THEN_FULL),
+        spec_checks={"window": None, "rope_theta": None},
+        variant=True,
+    ),
+    "glm": dict(
+        make=model_of("GlmModel", "GlmConfig", _self_attn, **LLAMA, head_dim=16),
+        spec_checks={"rope_dim": 8, "rope_interleaved": True},
+    ),
+    "gptj": dict(
+        make=model_of(
+            "GPTJModel",
+            "GPTJConfig",
+            lambda m: m.h[0].attn,
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=1,
+            n_head=4,
+            rotary_dim=8,
+            n_positions=64,
+        ),
+        spec_checks={"rope_dim": 8, "rope_interleaved": True},
+    ),
+    "codegen": dict(
+        make=model_of(
+            "CodeGenModel",
+            "CodeGenConfig",
+            lambda m: m.h[0].attn,
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=1,
+            n_head=4,
+            rotary_dim=8,
+            n_positions=64,
+        ),
+        spec_checks={"rope_dim": 8, "layout": "combined"},
+    ),
+    "gpt-neo-local": dict(
+        make=model_of(
+            "GPTNeoModel",
+            "GPTNeoConfig",
+            lambda m: m.h[1].attn.attention,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=WINDOW,
+            max_position_embeddings=32,
+        ),
+        spec_checks={"window": WINDOW, "scale": 1.0},
+    ),
+    "gpt-neo-global": dict(
+        make=model_of(
+            "GPTNeoModel",
+            "GPTNeoConfig",
+            lambda m: m.h[0].attn.attention,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=WINDOW,
+            max_position_embeddings=32,
+        ),
+        spec_checks={"window": None, "scale": 1.0},
+        variant=True,
+    ),
+    "gpt-bigcode": dict(
+        make=model_of(
+            "GPTBigCodeModel",
+            "GPTBigCodeConfig",
+            lambda m: m.h[0].attn,
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=1,
+            n_head=4,
+            n_positions=32,
+            multi_query=True,
+        ),
+        spec_checks={"kv_heads": 1, "layout": "combined"},
+    ),
+    "gpt-bigcode-mha": dict(
+        make=model_of(
+            "GPTBigCodeModel",
+            "GPTBigCodeConfig",
+            lambda m: m.h[0].attn,
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=1,
+            n_head=4,
+            n_positions=32,
+            multi_query=False,
+        ),
+        spec_checks={"kv_heads": None},
+        variant=True,
+    ),
+    "opt": dict(
+        make=model_of(
+            "OPTModel",
+            "OPTConfig",
+            lambda m: m.decoder.layers[0].self_attn,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=1,
+            ffn_dim=64,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            pad_token_id=1,
+        ),
+        spec_checks={"causal": True, "bias": True},
+    ),
+    "mpt": dict(
+        make=model_of(
+            "MptModel",
+            "MptConfig",
+            lambda m: m.blocks[0].attn,
+            vocab_size=VOCAB,
+            d_model=64,
+            n_heads=4,
+            n_layers=1,
+            max_seq_len=64,
+            expansion_ratio=1,
+        ),
+        spec_checks={"alibi": True, "layout": "combined"},
+    ),
+    "mpt-6-heads": dict(
+        make=model_of(
+            "MptModel",
+            "MptConfig",
+            lambda m: m.blocks[0].attn,
+            vocab_size=VOCAB,
+            d_model=48,
+            n_heads=6,
+            n_layers=1,
+            max_seq_len=64,
+            expansion_ratio=1,
+        ),
+        spec_checks={"alibi": True},
+        variant=True,
+    ),
+    # -- encoders: the BERT copies compare at output.dense, as BERT does
+    "roberta": dict(make=_bert_like("RobertaModel", "RobertaConfig", pad_token_id=1), **BERT_OUT),
+    "xlm-roberta": dict(make=_bert_like("XLMRobertaModel", "XLMRobertaConfig", pad_token_id=1), **BERT_OUT),
+    "electra": dict(make=_bert_like("ElectraModel", "ElectraConfig", embedding_size=64), **BERT_OUT),
+    "camembert": dict(make=_bert_like("CamembertModel", "CamembertConfig", pad_token_id=1), **BERT_OUT),
+    "distilbert": dict(
+        make=model_of(
+            "DistilBertModel",
+            "DistilBertConfig",
+            lambda m: m.transformer.layer[0].attention,
+            vocab_size=VOCAB,
+            dim=64,
+            n_layers=1,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=32,
+        ),
+        spec_checks={"causal": False},
+    ),
+    "albert": dict(
+        make=model_of(
+            "AlbertModel",
+            "AlbertConfig",
+            lambda m: m.encoder.albert_layer_groups[0].albert_layers[0].attention,
+            **SMALL,
+            embedding_size=32,
+            num_hidden_layers=1,
+            max_position_embeddings=32,
+        ),
+        output_is_dense_of=lambda m: m.dense,
+        layernorm="LayerNorm",
+        spec_checks={"causal": False},
+    ),
+    "modernbert": dict(
+        make=model_of(
+            "ModernBertModel",
+            "ModernBertConfig",
+            lambda m: m.layers[0].attn,
+            **dict(SMALL, num_hidden_layers=2),
+            max_position_embeddings=64,
+            layer_types=["full_attention", "sliding_attention"],
+            pad_token_id=1,
+        ),
+        spec_checks={"causal": False, "rope_theta": 160000.0, "layout": "combined"},
+    ),
+    # -- encoder-decoders and speech
+    "bart": dict(make=_encdec("BartModel", "BartConfig"), spec_checks={"causal": False}),
+    "bart-decoder": dict(make=_encdec("BartModel", "BartConfig", decoder=True), spec_checks={"causal": True}),
+    "mbart": dict(make=_encdec("MBartModel", "MBartConfig"), spec_checks={"causal": False}),
+    "marian": dict(make=_encdec("MarianModel", "MarianConfig"), spec_checks={"causal": False}),
+    "pegasus": dict(make=_encdec("PegasusModel", "PegasusConfig"), spec_checks={"causal": False}),
+    "whisper": dict(make=_whisper(decoder=False), spec_checks={"causal": False, "bias": True}),
+    "whisper-decoder": dict(make=_whisper(decoder=True), spec_checks={"causal": True}, variant=True),
+    # -- vision
+    "deit": dict(make=_vision("DeiTModel", "DeiTConfig", lambda m: m.layers[0].attention, patch_size=4)),
+    "dinov2": dict(make=_vision("Dinov2Model", "Dinov2Config", lambda m: m.encoder.layer[0].attention, patch_size=4)),
+    "beit": dict(make=_vision("BeitModel", "BeitConfig", lambda m: m.layers[0].attention, patch_size=4)),
+    "clip-vision": dict(
+        make=_vision("CLIPVisionModel", "CLIPVisionConfig", lambda m: m.encoder.layers[0].self_attn, patch_size=4),
+        spec_checks={"causal": False},
+    ),
+    "clip-text": dict(
+        make=model_of(
+            "CLIPTextModel",
+            "CLIPTextConfig",
+            lambda m: m.encoder.layers[0].self_attn,
+            **SMALL,
+            num_hidden_layers=1,
+            max_position_embeddings=32,
+        ),
+        spec_checks={"causal": True},
+    ),
+    "siglip": dict(
+        make=_vision("SiglipVisionModel", "SiglipVisionConfig", lambda m: m.encoder.layers[0].self_attn, patch_size=4),
+        spec_checks={"causal": False},
+    ),
+}
+
+
+def _set(path: str, value: object) -> Callable[[nn.Module], None]:
+    """Mutation for a copied module: set the dotted attribute `path` to `value`."""
+
+    def fn(m: nn.Module) -> None:
+        *parents, last = path.split(".")
+        obj = m
+        for p in parents:
+            obj = getattr(obj, p)
+        setattr(obj, last, value)
+
+    return fn
+
+
+def _both(*fns: Callable[[nn.Module], None]) -> Callable[[nn.Module], None]:
+    def fn(m: nn.Module) -> None:
+        for f in fns:
+            f(m)
+
+    return fn
+
+
+BIDI = _set("config.use_bidirectional_attention", True)
+
+# (class, check name) -> (case whose module is copied, how the copy is changed so that it must be refused)
+REFUSALS: dict[tuple[str, str], tuple[str, Callable[[nn.Module], None]]] = {
+    ("OlmoAttention", "clip_qkv set"): ("olmo", _set("config.clip_qkv", 8.0)),
+    ("MptAttention", "clip_qkv set"): ("mpt", _set("clip_qkv", 8.0)),
+    ("CohereAttention", "use_qk_norm=True"): ("cohere", _set("config.use_qk_norm", True)),
+    ("StableLmAttention", "qk_layernorm=True"): ("stablelm", _set("config.qk_layernorm", True)),
+    ("PersimmonAttention", "qk_layernorm=True"): ("persimmon", _set("config.qk_layernorm", True)),
+    ("PhiAttention", "qk_layernorm=True"): ("phi", _set("qk_layernorm", True)),
+    ("FalconAttention", "alibi=True"): ("falcon-mq", _set("config.alibi", True)),
+    ("CodeGenAttention", "mp_num != 4"): ("codegen", _set("mp_num", 8)),
+    ("ModernBertAttention", "local layer (symmetric window)"): ("modernbert", _set("sliding_window", 2 * WINDOW + 1)),
+    ("CLIPAttention", "config neither CLIP text nor vision"): (
+        "clip-text",
+        lambda m: m.__setattr__("config", transformers.PretrainedConfig()),
+    ),
+    ("BeitAttention", "relative position bias"): ("beit", _set("config.use_relative_position_bias", True)),
+    ("GPT2Attention", "cross-attention"): ("gpt2", _set("is_cross_attention", True)),
+    ("GPTBigCodeAttention", "cross-attention"): ("gpt-bigcode", _set("is_cross_attention", True)),
+    ("BertAttention", "cross-attention"): ("bert", lambda m: m.__setattr__("self", _cross_like(m.self))),
+}
+for _cls, _case in (
+    ("RobertaAttention", "roberta"),
+    ("XLMRobertaAttention", "xlm-roberta"),
+    ("ElectraAttention", "electra"),
+    ("CamembertAttention", "camembert"),
+):
+    REFUSALS[(_cls, "cross-attention")] = (_case, lambda m: m.__setattr__("self", _cross_like(m.self)))
+for _cls, _case in (
+    ("BartAttention", "bart"),
+    ("MBartAttention", "mbart"),
+    ("MarianAttention", "marian"),
+    ("PegasusAttention", "pegasus"),
+    ("WhisperAttention", "whisper"),
+):
+    REFUSALS[(_cls, "cross-attention")] = (_case, _both(_set("is_decoder", True), _set("is_causal", False)))
+
+
+def _cross_like(inner: nn.Module) -> nn.Module:
+    """The same self-attention module, reclassed as the family's CrossAttention class (what a
+    cross-attention layer of BERT and its copies holds)."""
+    module = __import__(type(inner).__module__, fromlist=["x"])
+    cross_cls = getattr(module, type(inner).__name__.replace("SelfAttention", "CrossAttention"))
+    inner.__class__ = cross_cls
+    return inner
+
+
+def t5_attention() -> nn.Module:
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=64, num_layers=1, num_heads=4)
+    return transformers.T5Model(cfg).encoder.block[0].layer[0].SelfAttention
+
+
+# Classes refused as a whole: class -> a module of it
+REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {"T5Attention": t5_attention}
+# Every causal LLaMA-style row refuses bidirectional configs; these cases hold one module of each
+BIDIRECTIONAL_CASES = {
+    "LlamaAttention": "llama",
+    "MistralAttention": "mistral",
+    "Gemma2Attention": "gemma2-sliding",
+    "Qwen3Attention": "qwen3",
+    "Olmo2Attention": "olmo2",
+    "PhiAttention": "phi",
+    "Qwen2Attention": "qwen2",
+    "Qwen2MoeAttention": "qwen2-moe",
+    "MixtralAttention": "mixtral",
+    "GemmaAttention": "gemma",
+    "Gemma3Attention": "gemma3-sliding",
+    "CohereAttention": "cohere",
+    "Cohere2Attention": "cohere2-sliding",
+    "Phi3Attention": "phi3",
+    "StableLmAttention": "stablelm",
+    "Starcoder2Attention": "starcoder2",
+    "GraniteAttention": "granite",
+    "OlmoAttention": "olmo",
+    "PersimmonAttention": "persimmon",
+    "HeliumAttention": "helium",
+    "NemotronAttention": "nemotron",
+    "SmolLM3Attention": "smollm3",
+    "Exaone4Attention": "exaone4-sliding",
+    "GlmAttention": "glm",
+}
+for _cls, _case in BIDIRECTIONAL_CASES.items():
+    REFUSALS[(_cls, "use_bidirectional_attention=True")] = (_case, BIDI)

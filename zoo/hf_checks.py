@@ -1,0 +1,161 @@
+"""Readers and refusal checks that rows of the transformers family table (`hf_table`) share.
+
+Each function takes the transformers module a row describes; a `Check` returns the reason a
+configuration is refused (one line naming the field), or None.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .hf_rows import Check, cls_name
+
+
+def _bidirectional(m: nn.Module) -> str | None:
+    if not getattr(m, "is_causal", True) or getattr(m.config, "use_bidirectional_attention", None):
+        return "use_bidirectional_attention=True is not converted (the zoo converts causal layers)"
+    return None
+
+
+BIDIRECTIONAL = Check("use_bidirectional_attention=True", _bidirectional)
+
+
+def cross(attr: str, child: str | None = None) -> Check:
+    """Cross-attention layers are refused: the flag `attr` is set, or the `child` module's class says so."""
+
+    def fn(m: nn.Module) -> str | None:
+        if child is not None:
+            inner = getattr(m, child)
+            if "Cross" in cls_name(inner):
+                return (
+                    f"holds {cls_name(inner)}: cross-attention layers are not converted (the zoo's cross-attention "
+                    f"takes its keys from a context of width d_context; convert self-attention)"
+                )
+            return None
+        if getattr(m, attr, False):
+            return f"{attr}=True: cross-attention layers are not converted; convert self-attention"
+        return None
+
+    return Check("cross-attention", fn)
+
+
+def layernorm_qk(flag: str, where: str = "config") -> Check:
+    """Q/K normalized by LayerNorm (mean removed, bias): the zoo's qk_norm is RMSNorm."""
+
+    def fn(m: nn.Module) -> str | None:
+        on = getattr(m.config if where == "config" else m, flag, False)
+        if on:
+            return (
+                f"{flag}=True: it normalizes Q and K with LayerNorm (mean removed, bias), the zoo's qk_norm is RMSNorm"
+            )
+        return None
+
+    return Check(f"{flag}=True", fn)
+
+
+def bloom_slopes(m: nn.Module, heads: int) -> Tensor:
+    """BLOOM's own ALiBi slopes, read from transformers' build_alibi_tensor (key 1 of a 2-token row)."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    alibi = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float32)
+    return rearrange(alibi, "(b h) 1 s -> b h s", b=1)[0, :, 1].clone()
+
+
+def falcon_layout(m: nn.Module) -> str:
+    # multi_query (Falcon-7B): [Q (h d) | K (d) | V (d)]; new_decoder_architecture (40B): grouped; else (h r d)
+    if m.new_decoder_architecture:
+        return "grouped"
+    return "zoo" if m.multi_query else "per_head"
+
+
+def falcon_kv(m: nn.Module) -> int:
+    layout = falcon_layout(m)
+    return 1 if layout == "zoo" else (m.num_kv_heads if layout == "grouped" else m.num_heads)
+
+
+def falcon_alibi(m: nn.Module) -> str | None:
+    if getattr(m.config, "alibi", False):
+        return (
+            "FalconAttention with alibi=True: Falcon adds its ALiBi bias before scaling the scores "
+            "(slopes / sqrt(d)) and takes dropout there; convert rotary Falcon models only"
+        )
+    return None
+
+
+def mpt_slopes(m: nn.Module, heads: int) -> Tensor:
+    """MPT's ALiBi slopes (the model builds them with alibi_bias_max=8 whatever its config says)."""
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    bias = build_mpt_alibi_tensor(heads, 2)  # (h 1 s): slope * (j - 1)
+    return (bias[:, 0, 1] - bias[:, 0, 0]).float().clone()
+
+
+def fixed_rope(m: nn.Module, head_dim: int) -> dict:
+    """GPT-J / CodeGen: base 10000 (fixed in the model), rotary_dim leading dims (None: all)."""
+    rd = m.rotary_dim
+    return {"rope_theta": 10000.0, "rope_dim": None if rd is None or rd == head_dim else int(rd)}
+
+
+def flag(name: str, what: str, where: str = "config") -> Check:
+    """Refuse when the config (or module) value `name` is set (truthy)."""
+
+    def fn(m: nn.Module) -> str | None:
+        got = getattr(m.config if where == "config" else m, name, None)
+        return f"{name}={got!r}: {what}" if got else None
+
+    return Check(f"{name} set", fn)
+
+
+CLIP_QKV = "clamps Q, K and V (a clip_qkv modifier the zoo does not have yet)"
+
+
+def _decoder_cross(m: nn.Module) -> str | None:
+    # BART-style classes are one class for all three attentions; the decoder's encoder_attn is the
+    # one built with is_decoder=True and is_causal=False
+    if getattr(m, "is_decoder", False) and not getattr(m, "is_causal", False):
+        return (
+            "a decoder's encoder_attn (is_decoder=True, is_causal=False) is cross-attention, not converted yet "
+            "(the zoo's cross-attention has no rows for it); convert self_attn"
+        )
+    return None
+
+
+DECODER_CROSS = Check("cross-attention", _decoder_cross)
+
+
+def modernbert_local(m: nn.Module) -> str | None:
+    if m.sliding_window is not None:
+        return (
+            f"a local layer (layer_types[{m.layer_idx}]='sliding_attention'): its window of {m.sliding_window} keys "
+            f"is symmetric (looks ahead too), the zoo's window looks back only; global layers convert"
+        )
+    return None
+
+
+def beit_bias(m: nn.Module) -> str | None:
+    cfg = m.config
+    for flag in ("use_relative_position_bias", "use_shared_relative_position_bias"):
+        if getattr(cfg, flag, False):
+            return f"{flag}=True: BEiT's relative position bias table is not a zoo modifier yet"
+    return None
+
+
+def clip_config(m: nn.Module) -> str | None:
+    name = type(m.config).__name__
+    if name not in ("CLIPTextConfig", "CLIPVisionConfig"):
+        return (
+            f"config is a {name}, neither CLIPTextConfig (whose model masks causally) nor CLIPVisionConfig; "
+            f"the module alone does not say whether it is causal"
+        )
+    return None
+
+
+def clip_causal(m: nn.Module) -> bool:
+    # CLIPAttention is one class for both towers; the text model builds a causal mask around it
+    return type(m.config).__name__ == "CLIPTextConfig"
+
+
+def codegen_shards(m: nn.Module) -> str | None:
+    return None if m.mp_num == 4 else f"mp_num={m.mp_num}: the zoo reads CodeGen's fused rows in 4 shards"

@@ -1,0 +1,342 @@
+"""The row type of the transformers family table, and the one reader and one writer that use it.
+
+A `Row` says, as data, where one transformers attention class keeps what a zoo block needs:
+its projections (separate q/k/v or one fused projection in a named row layout), its output
+projection, its sizes, scale, causality, and where the rotary / window / softcap / QK-norm /
+ALiBi settings come from. `read(row, module)` turns a module into (spec, projections) and
+`write(row, module, spec, projections)` is its inverse. The rows themselves are in `hf_table`.
+
+transformers is imported only inside functions given transformers objects.
+
+Axes: b batch, t query positions, s key positions, h heads, g kv heads, d per-head width,
+c model channels, r the q/k/v slot of a fused projection, m a model-parallel shard (CodeGen).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .errors import AttnzooError
+from .heads import Projections
+from .spec import AttentionSpec
+
+CONV1D_TO_LINEAR = "i o -> o i"  # GPT-2's Conv1D stores (in, out); nn.Linear stores (out, in)
+
+
+class HFConversionError(AttnzooError, ValueError):
+    """A transformers module or config the zoo cannot express exactly, or a block that does not fit a module."""
+
+
+class HFTypeError(AttnzooError, TypeError):
+    """Not a transformers attention module of a supported class (or not a zoo block)."""
+
+
+# A value read from a module: a dotted attribute path ("config.hidden_size"; a trailing "?" means
+# "None when absent"), a function of the module, or a constant.
+Get = str | Callable[[nn.Module], Any] | bool | int | float | None
+
+
+def value(m: nn.Module, get: Get) -> Any:
+    """Resolve `get` against module `m` (see `Get`)."""
+    if callable(get):
+        return get(m)
+    if not isinstance(get, str):
+        return get
+    optional = get.endswith("?")
+    obj: Any = m
+    for part in get.rstrip("?").split("."):
+        if optional and not hasattr(obj, part):
+            return None
+        obj = getattr(obj, part)
+    return obj
+
+
+class Check(NamedTuple):
+    """A config the zoo refuses: `name` says which (e.g. "clip_qkv set"); fn(module) -> the reason, or None."""
+
+    name: str
+    fn: Callable[[nn.Module], str | None]
+
+
+@dataclass(frozen=True)
+class Row:
+    """How one transformers attention class maps to a zoo block: data, read by `read` and `write`."""
+
+    family: str  # the model family, e.g. "LLaMA"
+    cls: str  # the transformers class name
+    covers: str = "the whole module"  # what of the module the block computes
+    refused: str | None = None  # set: the class is refused as a whole, with this reason
+    q: str = "q_proj"  # separate projections (dotted paths)
+    k: str = "k_proj"
+    v: str = "v_proj"
+    qkv: str | None = None  # or one fused projection ...
+    fused: str | Callable[[nn.Module], str] = "zoo"  # ... in this row layout (FUSED_LAYOUTS), or a function giving it
+    out: str = "o_proj"
+    conv1d: bool = False  # GPT-2's Conv1D (in, out) weights
+    c: Get = "config.hidden_size"  # d_model
+    h: Get = "config.num_attention_heads"
+    g: Get = "config.num_key_value_heads?"  # None -> h
+    d: Get = "head_dim"
+    causal: Get = True
+    scale: Get = "scaling"  # the score scale the module uses
+    rope: str | Callable[[nn.Module, int], dict] | None = None  # "full", "partial" (config), or fields
+    rope_if: Get = True  # False on layers without rotary (NoPE layers of hybrid models)
+    rope_interleaved: bool = False  # rotate adjacent pairs (GPT-J, Cohere, GLM)
+    rotary_ndims: Get = None  # a module attribute that must agree with the config's rotary width
+    window: Get = None  # sliding window (keys, itself included), None on global layers
+    softcap: Get = None
+    qk_norm: str | None = None  # "head" / "full": RMSNorm modules at `norms`
+    norms: tuple[str, str] = ("q_norm", "k_norm")
+    norm_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
+    alibi: Callable[[nn.Module, int], Tensor] | None = None  # module, heads -> slopes (h)
+    checks: tuple[Check, ...] = ()  # configs of this class the zoo refuses
+
+    def modifiers(self) -> tuple[str, ...]:
+        """The zoo modifiers this class can use (some only on some layers or configs)."""
+        mods = []
+        if self.rope is not None:
+            mods.append("rope-interleaved" if self.rope_interleaved else "rope")
+        for name, on in (
+            ("alibi", self.alibi),
+            ("window", self.window),
+            ("softcap", self.softcap),
+            ("qk_norm", self.qk_norm),
+        ):
+            if on is not None:
+                mods.append(f"qk_norm={self.qk_norm}" if name == "qk_norm" else name)
+        return tuple(mods)
+
+
+# -- linear layers -------------------------------------------------------------------------------
+
+
+def read_linear(lin: nn.Module, conv1d: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(out, in) weight and bias (or None), detached copies."""
+    w = lin.weight.detach()
+    w = rearrange(w, CONV1D_TO_LINEAR) if conv1d else w.clone()
+    b = lin.bias.detach().clone() if getattr(lin, "bias", None) is not None else None
+    return w, b
+
+
+def write_linear(lin: nn.Module, w: Tensor, b: Tensor | None, what: str, conv1d: bool = False) -> None:
+    """Copy (out, in) `w` and bias `b` into `lin`; a bias the module lacks must be zero (exact, not dropped)."""
+    w = rearrange(w, "o i -> i o") if conv1d else w
+    if tuple(lin.weight.shape) != tuple(w.shape):
+        raise HFConversionError(
+            f"{what}: module weight has shape {tuple(lin.weight.shape)}, block's is {tuple(w.shape)}"
+        )
+    lin.weight.copy_(w)
+    if getattr(lin, "bias", None) is not None:
+        lin.bias.copy_(b if b is not None else torch.zeros_like(lin.bias))
+    elif b is not None and bool((b != 0).any()):
+        raise HFConversionError(
+            f"{what} has no bias in the module but the block's is nonzero (max |b| = {b.abs().max().item():.3g}); "
+            f"the module cannot hold it"
+        )
+
+
+def complete_biases(biases: list[Tensor | None], weights: list[Tensor]) -> tuple[bool, list[Tensor | None]]:
+    """The zoo's bias flag covers all four projections. A module with biases on some only (ViT without
+    qkv_bias, ...) becomes bias=True with zeros where it has none: the same function, exactly."""
+    if all(b is None for b in biases):
+        return False, biases
+    return True, [b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)]
+
+
+# -- fused projection layouts: rows of one (out, in) weight (biases as one-column weights) -------
+# Each layout splits the fused rows into the zoo's Q ((h d) c), K ((g d) c), V ((g d) c) and fuses
+# them back. "zoo": [Q | K | V] (GPT-2's c_attn, Phi-3, MPT, ModernBERT, Falcon-7B's multi-query);
+# "per_head": (h r d), q/k/v inside each head (BLOOM, GPT-NeoX, Persimmon); "grouped": per kv
+# group its h/g query heads then K then V, (g (r+2) d) (Falcon-40B); "codegen": 4 shards, each
+# [q | v | k] of (h d)/4 rows, (m r l).
+
+
+def _split(t: Tensor, layout: str, h: int, g: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    if layout == "zoo":
+        q, k, v = t.split([h * d, g * d, g * d])
+        return q, k, v
+    if layout == "per_head":
+        q, k, v = rearrange(t, "(h r d) c -> r (h d) c", r=3, h=h)
+        return q, k, v
+    if layout == "grouped":
+        t4 = rearrange(t, "(g m d) c -> g m d c", g=g, d=d)
+        q = rearrange(t4[:, : h // g], "g r d c -> (g r d) c")
+        k, v = (rearrange(t4[:, i], "g d c -> (g d) c") for i in (h // g, h // g + 1))
+        return q, k, v
+    if layout == "codegen":
+        q, v, k = rearrange(t, "(m r l) c -> r (m l) c", m=4, r=3)
+        return q, k, v
+    raise KeyError(layout)
+
+
+def _fuse(q: Tensor, k: Tensor, v: Tensor, layout: str, h: int, g: int) -> Tensor:
+    if layout == "zoo":
+        return torch.cat([q, k, v])
+    if layout == "per_head":
+        return rearrange(torch.stack([q, k, v]), "r (h d) c -> (h r d) c", h=h)
+    if layout == "grouped":
+        q4 = rearrange(q, "(g r d) c -> g r d c", g=g, r=h // g)
+        k4, v4 = (rearrange(x, "(g d) c -> g 1 d c", g=g) for x in (k, v))
+        return rearrange(torch.cat([q4, k4, v4], dim=1), "g m d c -> (g m d) c")
+    if layout == "codegen":
+        return rearrange(torch.stack([q, v, k]), "r (m l) c -> (m r l) c", m=4)
+    raise KeyError(layout)
+
+
+FUSED_LAYOUTS = ("zoo", "per_head", "grouped", "codegen")
+
+
+def _layout(row: Row, m: nn.Module) -> str:
+    return row.fused(m) if callable(row.fused) else row.fused
+
+
+def _as_col(b: Tensor | None) -> Tensor | None:
+    return None if b is None else b[:, None]
+
+
+# -- config values -------------------------------------------------------------------------------
+
+
+def cls_name(module: nn.Module) -> str:
+    return type(module).__name__
+
+
+def default_scale(scale: float, d_k: int) -> float | None:
+    """None when `scale` is the default 1/sqrt(d_k) (up to rounding), else the value itself."""
+    return None if math.isclose(scale, d_k**-0.5, rel_tol=1e-12) else float(scale)
+
+
+def layer_type(m: nn.Module) -> str | None:
+    """The layer type ("sliding_attention", "full_attention") from the module or config.layer_types, or None."""
+    kind = getattr(m, "layer_type", None)
+    types, idx = getattr(getattr(m, "config", None), "layer_types", None), getattr(m, "layer_idx", None)
+    if kind is None and types is not None and isinstance(idx, int) and idx < len(types):
+        kind = types[idx]
+    return kind
+
+
+def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
+    """rope_theta / rope_dim from `config.rope_parameters`; anything but the default rotary is refused."""
+    params = getattr(m.config, "rope_parameters", None)
+    kind = layer_type(m)
+    if isinstance(params, dict) and kind in params and isinstance(params[kind], dict):
+        params = params[kind]  # per-layer-type parameters (full vs sliding layers)
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        raise HFConversionError(f"{cls_name(m)}: config.rope_parameters={params!r} has no rope_theta")
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise HFConversionError(
+            f"{cls_name(m)}: config.rope_parameters rope_type={rope_type!r} (scaled rotary frequencies) is not "
+            f"expressible in the zoo, which models the default rotary only"
+        )
+    factor = float(params.get("partial_rotary_factor", 1.0))
+    if not partial and factor != 1.0:
+        raise HFConversionError(
+            f"{cls_name(m)}: partial_rotary_factor={factor} in config.rope_parameters, which this family's "
+            f"rotary does not read; refusing rather than guessing which dims rotate"
+        )
+    rope_dim = int(head_dim * factor)
+    return {"rope_theta": float(params["rope_theta"]), "rope_dim": None if rope_dim == head_dim else rope_dim}
+
+
+def _norm_eps(norm: nn.Module) -> float:
+    for name in ("variance_epsilon", "eps"):
+        if isinstance(getattr(norm, name, None), float):
+            return float(getattr(norm, name))
+    raise HFConversionError(f"{cls_name(norm)}: no RMSNorm epsilon (variance_epsilon / eps) to read")
+
+
+# -- the reader and the writer -------------------------------------------------------------------
+
+
+def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
+    """(spec, projections) of module `m` as `row` describes it; refusals raise HFConversionError."""
+    if row.refused is not None:
+        raise HFConversionError(f"{row.cls}: {row.refused}")
+    for check in row.checks:
+        why = check.fn(m)
+        if why:  # one line that starts with the class name
+            raise HFConversionError(why if why.startswith(row.cls) else f"{row.cls}: {why}")
+    c, h, d = int(value(m, row.c)), int(value(m, row.h)), int(value(m, row.d))
+    g = int(value(m, row.g) or h)
+    if row.qkv is not None:
+        layout = _layout(row, m)
+        w, b = read_linear(value(m, row.qkv), row.conv1d)
+        wq, wk, wv = _split(w, layout, h, g, d)
+        bq, bk, bv = (x[:, 0] for x in _split(_as_col(b), layout, h, g, d)) if b is not None else (None,) * 3
+    else:
+        lins = (value(m, row.q), value(m, row.k), value(m, row.v))
+        (wq, bq), (wk, bk), (wv, bv) = (read_linear(lin, row.conv1d) for lin in lins)
+    wo, bo = read_linear(value(m, row.out), row.conv1d)
+    bias, (bq, bk, bv, bo) = complete_biases([bq, bk, bv, bo], [wq, wk, wv, wo])
+    fields: dict = {}
+    if row.rope is not None and value(m, row.rope_if):
+        if callable(row.rope):
+            fields.update(row.rope(m, d))
+        else:
+            fields.update(config_rope(m, d, partial=row.rope == "partial"))
+        fields["rope_interleaved"] = row.rope_interleaved
+        ndims = value(m, row.rotary_ndims)
+        if ndims is not None and (fields["rope_dim"] or d) != ndims:
+            raise HFConversionError(f"{row.cls}: rotary_ndims={ndims} disagrees with its config")
+    for field, get in (("window", row.window), ("softcap", row.softcap)):
+        got = value(m, get)
+        if got is not None:
+            fields[field] = int(got) if field == "window" else float(got)
+    q_norm = k_norm = slopes = None
+    if row.qk_norm is not None:
+        nq, nk = (value(m, path) for path in row.norms)
+        eq, ek = _norm_eps(nq), _norm_eps(nk)
+        if eq != ek:
+            raise HFConversionError(f"{row.cls}: q_norm eps={eq} != k_norm eps={ek}; the zoo has one qk_norm_eps")
+        fields.update(qk_norm=row.qk_norm, qk_norm_eps=eq)
+        q_norm, k_norm = (n.weight.detach().clone() + row.norm_offset for n in (nq, nk))
+    if row.alibi is not None:
+        fields["alibi"] = True
+        slopes = row.alibi(m, h).to(wq.dtype)
+    spec = AttentionSpec(
+        d_model=c,
+        heads=h,
+        d_k=None if h * d == c else d,
+        kv_heads=None if g == h else g,
+        layout="combined" if row.qkv is not None else "separate",
+        bias=bias,
+        causal=bool(value(m, row.causal)),
+        scale=default_scale(float(value(m, row.scale)), d),
+        **fields,
+    )
+    p = Projections(wq, wk, wv, wo, bq, bk, bv, bo, q_norm=q_norm, k_norm=k_norm, alibi_slopes=slopes)
+    return spec, p
+
+
+def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections) -> None:
+    """Write projections `p` (of a block with `spec`, the one `read` gives for `m`) into module `m`."""
+    if row.alibi is not None and p.alibi_slopes is not None:
+        want = row.alibi(m, spec.heads).to(p.alibi_slopes)
+        # the zoo's own slopes (fresh blocks) differ from the model's fp32 powers by rounding only
+        if not torch.allclose(p.alibi_slopes, want, rtol=1e-6, atol=0.0):
+            raise HFConversionError(
+                f"the block's ALiBi slopes are not {row.family}'s for its head count (heads permuted or pruned?); "
+                f"{row.cls} computes its slopes from its head count and cannot hold others"
+            )
+    if row.qkv is not None:
+        layout, h, g = _layout(row, m), spec.heads, spec.kv_heads_
+        w = _fuse(p.w_q, p.w_k, p.w_v, layout, h, g)
+        b = None
+        if p.b_q is not None:
+            b = _fuse(*(_as_col(x) for x in (p.b_q, p.b_k, p.b_v)), layout, h, g)[:, 0]
+        write_linear(value(m, row.qkv), w, b, row.qkv, row.conv1d)
+    else:
+        for path, w, b in ((row.q, p.w_q, p.b_q), (row.k, p.w_k, p.b_k), (row.v, p.w_v, p.b_v)):
+            write_linear(value(m, path), w, b, path, row.conv1d)
+    write_linear(value(m, row.out), p.w_o, p.b_o, row.out, row.conv1d)
+    if row.qk_norm is not None and p.q_norm is not None:
+        for path, weight in zip(row.norms, (p.q_norm, p.k_norm)):
+            value(m, path).weight.copy_(weight - row.norm_offset)
