@@ -15,7 +15,7 @@ import zoo
 from export.names import DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, number_in
+from .common import CliError, int_list, number_in, positive, with_set
 
 
 def _need(module: str, what: str) -> None:
@@ -204,7 +204,7 @@ def _http_url(text: str) -> str:
     return text
 
 
-def add_commands(sub, with_set, positive, int_list) -> None:
+def add_commands(sub) -> None:
     from export.lowering import LOWERINGS
 
     sp = sub.add_parser("serve", help="serve an exported block with Ray Serve (dynamic batching, HTTP)")

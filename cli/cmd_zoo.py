@@ -90,7 +90,8 @@ def _check_audit_fits(spec: zoo.AttentionSpec, args: argparse.Namespace) -> None
 
 
 def add_commands(sub) -> None:
-    """Register list, show and audit on the `attnzoo` subparsers."""
+    """Register list, show, audit and families on the `attnzoo` subparsers."""
+    add_families(sub)
     sp = sub.add_parser("list", help="list registered attention blocks")
     sp.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'mha-*'")
     sp.set_defaults(func=cmd_list)
@@ -112,3 +113,38 @@ def add_commands(sub) -> None:
     sp.add_argument("--ctx-seq", "-s", type=positive, default=7)
     sp.add_argument("--seed", type=seed, default=0, help="0..2**63-1 (default 0)")
     sp.set_defaults(func=cmd_audit)
+
+
+def families_markdown() -> str:
+    """The transformers families from_hf knows, as the README's table (zoo.hf.family_table())."""
+    from zoo.hf import family_table
+
+    lines = ["| family | class | status | modifiers | refused by name |", "|---|---|---|---|---|"]
+    for r in family_table():
+        status = r["status"] if r["status"] == "exact" else f"refused: {r['reason']}"
+        mods = ", ".join(r["modifiers"]) or "-"
+        lines.append(f"| {r['family']} | `{r['class']}` | {status} | {mods} | {', '.join(r['refuses']) or '-'} |")
+    return "\n".join(lines)
+
+
+def cmd_families(args: argparse.Namespace) -> int:
+    from zoo.files import ensure_writable_parent, write_atomic
+    from zoo.hf import family_table
+
+    if args.json:
+        ensure_writable_parent(args.json)
+    print(families_markdown())
+    rows = family_table()
+    print(f"\n{sum(r['status'] == 'exact' for r in rows)} exact, {sum(r['status'] != 'exact' for r in rows)} refused")
+    if args.json:
+        import json
+
+        write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(rows, indent=2) + "\n"))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_families(sub) -> None:
+    sp = sub.add_parser("families", help="the transformers attention classes from_hf takes, exact or refused")
+    sp.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    sp.set_defaults(func=cmd_families)

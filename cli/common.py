@@ -64,7 +64,3 @@ def with_set(sp: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a spec field, e.g. --set d_model=256 --set heads=4 (repeatable)",
     )
-
-
-# The names the command modules that still take them as arguments use (cmd_serve).
-_positive, _int_list = positive, int_list

@@ -15,7 +15,7 @@ import zoo
 # The command modules import their shared vocabulary from .common, never from this module,
 # which imports them.
 from . import interrupt
-from .common import CliError, _int_list, _positive, with_set
+from .common import CliError
 
 parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
 
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_onnx.add_commands(sub)
         cmd_bench.add_commands(sub)
         cmd_heads.add_commands(sub)  # analysis, with ONNX latency in ablate
-        cmd_serve.add_commands(sub, with_set, _positive, _int_list)  # Ray/Triton are imported only when run
+        cmd_serve.add_commands(sub)  # Ray/Triton are imported only when run
     return p
 
 

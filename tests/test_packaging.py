@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_LEVEL = ["zoo", "export", "analysis", "bench", "serve", "cli"]
-COMMANDS = ["list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate"]
+COMMANDS = ["list", "show", "audit", "families", "export", "run", "parity", "bench", "heads", "importance", "ablate"]
 COMMANDS += ["serve", "triton", "loadtest"]
 
 

@@ -64,3 +64,9 @@ def test_every_attnzoo_command_line_parses(argv):
         build_parser().parse_args(argv[1:])
     except SystemExit as e:
         pytest.fail(f"`{' '.join(argv)}` does not parse (exit {e.code})")
+
+
+def test_families_table_is_the_commands():
+    from cli.cmd_zoo import families_markdown
+
+    assert families_markdown() in TEXT, "README's families table differs from `attnzoo families`"
