@@ -50,7 +50,10 @@ seed = number_in(int, 0, below=SEED_MAX + 1)
 
 def int_list(text: str) -> list[int]:
     """An argparse type: positive integers separated by commas or spaces, e.g. 1,16,512."""
-    values = [positive(p) for p in text.replace(",", " ").split()]
+    try:
+        values = [positive(p) for p in text.replace(",", " ").split()]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512 ({e})") from None
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,16,512")
     return values
