@@ -16,7 +16,8 @@ from .accounting import (
     stage_shapes,
 )
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
-from .errors import ArgumentError, AttnzooError, InputTypeError, OutputPathError, ResourceError
+from .cache import StaticCache
+from .errors import ArgumentError, AttnzooError, CacheFullError, InputTypeError, OutputPathError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 
 # transformers is imported inside from_hf/to_hf only: `import zoo` works without it.
@@ -51,6 +52,8 @@ __all__ = [
     "ResourceError",
     "FLOP_CONVENTION",
     "AttentionSpec",
+    "CacheFullError",
+    "StaticCache",
     "DuplicateNameError",
     "Entry",
     "InputError",
