@@ -96,6 +96,22 @@ TEMP_PREFIX = "attnzoo-"  # bench and roofline folders in the system temp dir
 
 
 # The per-token decode benchmark (bench/decode.py): its paths share BASELINE and LOWERING_OF.
-DECODE_PATHS = ("eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
+DECODE_PATHS = (
+    "eager-sdpa",
+    "eager-static",
+    "transformers-static",
+    "ort-decomposed",
+    "ort-decomposed-static",
+    "ort-onnx-attention",
+    "ort-mha",
+    "ort-gqa",
+)
+EAGER_DECODE_PATHS = ("eager-sdpa", "eager-static", "transformers-static")  # measured in torch
+# An ONNX decode path -> (lowering, cache kind).
+DECODE_EXPORTS = {
+    path: (LOWERING_OF[path.removesuffix("-static")], "static" if path.endswith("-static") else "grow")
+    for path in DECODE_PATHS
+    if path not in EAGER_DECODE_PATHS
+}
 DEFAULT_PAST = (128, 1024, 4096, 16384)
 STEPS = 16  # single-token steps per timed call

@@ -13,30 +13,17 @@ from typing import Any
 
 import zoo
 
+from .decode_measure import measure_decode
 from .jobs import (
     BASELINE,
     ROOFLINE_CALL_S,
     ROOFLINE_MIN,
     ROOFLINE_SIZE,
-    STEPS,
     TEMP_PREFIX,
     BenchError,
     Job,
 )
-from .timing import PeakMemory, time_calls
-
-
-def torch_setup(job: Job):
-    """(torch, device, dtype, sync) with the job's threads; inference mode is on."""
-    import torch
-
-    torch.set_num_threads(job.threads)
-    torch.manual_seed(0)
-    torch.set_grad_enabled(False)
-    device = torch.device(job.provider)
-    dtype = {"float32": torch.float32, "float16": torch.float16}[job.dtype]
-    sync = torch.cuda.synchronize if job.provider == "cuda" else (lambda: None)
-    return torch, device, dtype, sync
+from .timing import PeakMemory, time_calls, torch_setup
 
 
 def _path_call(job: Job) -> tuple[Callable[[int, int], Callable[[], Any]], str]:
@@ -205,44 +192,3 @@ def run_worker(job: Job) -> dict[str, Any]:
     if job.kind == "decode":  # per-token decode timing (bench/decode.py)
         return measure_decode(job)
     raise BenchError(f"unknown job kind {job.kind!r}")
-
-
-def measure_decode(job: Job) -> dict[str, Any]:
-    """In a worker: ms per token for one (path, b, p)."""
-    torch, device, dtype, sync = torch_setup(job)
-    spec = zoo.spec(job.name, **job.overrides)
-    b, p = job.batch, job.seq
-    past_key = torch.randn(b, spec.kv_heads_, p, spec.d_k_, device=device, dtype=dtype)
-    past_value = torch.randn(b, spec.kv_heads_, p, spec.d_v_, device=device, dtype=dtype)
-    x = torch.randn(b, STEPS, spec.d_model, device=device, dtype=dtype)
-    if job.runtime == "torch":
-        block = zoo.create(job.name, **job.overrides).to(device=device, dtype=dtype).eval()
-
-        def call() -> None:
-            k, v = past_key, past_value
-            for i in range(STEPS):
-                _, k, v = block.decode(x[:, i : i + 1], k, v)
-
-        where = f"torch {job.provider}"
-    else:
-        from export.session import OnnxSession
-
-        sess = OnnxSession(
-            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
-        )
-        if job.provider == "cpu":
-            x, past_key, past_value = x.numpy(), past_key.numpy(), past_value.numpy()
-
-        def call() -> None:
-            sess.generate_steps(x, past_key, past_value)
-
-        where = f"onnxruntime {sess.provider}"
-    call()  # warm: kernels, arenas and thread pools exist before the baseline
-    sync()
-    peak = PeakMemory(job.provider, job.runtime)
-    peak.start()
-    out = time_calls(call, sync, job.budget, after_each=peak.sample)
-    out.update(peak.stop())
-    out["ms_per_token"] = out["median_ms"] / STEPS
-    out["ran_on"] = where
-    return out

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .jobs import CONTENDED, MB, Budget
+from .jobs import CONTENDED, MB, Budget, Job
 
 
 def time_calls(
@@ -145,3 +145,16 @@ class PeakMemory:
 
 def contended(result: dict[str, Any]) -> bool:
     return (result.get("others_cpus") or 0.0) > CONTENDED
+
+
+def torch_setup(job: Job):
+    """(torch, device, dtype, sync) with the job's threads; inference mode is on."""
+    import torch
+
+    torch.set_num_threads(job.threads)
+    torch.manual_seed(0)
+    torch.set_grad_enabled(False)
+    device = torch.device(job.provider)
+    dtype = {"float32": torch.float32, "float16": torch.float16}[job.dtype]
+    sync = torch.cuda.synchronize if job.provider == "cuda" else (lambda: None)
+    return torch, device, dtype, sync

@@ -448,6 +448,16 @@ class OnnxSession:
         run = static_decoding.generate_steps if self.cache == "static" else decoding.generate_steps
         return run(self, x_steps, past_key, past_value, key_mask)
 
+    def static_cache(self, batch: int, past_key=None, past_value=None, key_mask=None, *, max_len=None):
+        """A static-cache model's buffers, bound once: `.step(x)` writes in place (export/static_decoding.py)."""
+        from .static_decoding import static_cache
+
+        if self.cache != "static":
+            raise zoo.ArgumentError(
+                f"{self.path} keeps a {self.cache or 'no'} cache; export with --decode --cache static for a static one"
+            )
+        return static_cache(self, batch, past_key, past_value, key_mask, max_len=max_len)
+
     @staticmethod
     def summarize_placements(placements: list[NodePlacement]) -> dict[str, dict[str, int]]:
         """{op_type: {provider: count}}."""

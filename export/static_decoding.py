@@ -20,7 +20,7 @@ import torch
 
 import zoo
 
-from .decoding import _check
+from .decoding import DecodeInputError, _check
 
 if TYPE_CHECKING:
     from .session import OnnxSession
@@ -34,20 +34,29 @@ def capacity(sess: OnnxSession) -> int:
         raise zoo.InputError(f"{sess.path} has no attnzoo.max_len metadata; re-export it with attnzoo") from None
 
 
-class _Buffers:
-    """The bound cache of one run: numpy buffers (b g n d), their OrtValues, the key mask (b n)."""
+class OrtStaticCache:
+    """The bound cache of a static-cache session: buffers (b g n d) written in place by each step.
 
-    def __init__(self, sess: OnnxSession, pk: np.ndarray, pv: np.ndarray, km: np.ndarray | None, new: int) -> None:
+        cache = sess.static_cache(batch=1, past_key=pk, past_value=pv)   # or an empty past
+        y = cache.step(x)          # x (b t c) at positions length..length+t-1; length advances
+        cache.rewind(p)            # forget everything after position p (nothing is copied)
+        key, value = cache.presents()
+
+    max_len (default: the model's attnzoo.max_len) is the capacity; each step reads all of it
+    (the unwritten tail is masked), so choose it near the longest run, as with transformers'
+    StaticCache. key_mask (b, p + k) covers the past and the positions the run will add.
+    """
+
+    def __init__(self, sess: OnnxSession, pk: np.ndarray, pv: np.ndarray, km: np.ndarray | None, *, max_len=None):
         import onnxruntime as ort
 
-        n = capacity(sess)
+        n = capacity(sess) if max_len is None else max_len
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise zoo.ArgumentError(f"max_len={n!r} must be a positive int (the cache's capacity)")
         b, g, p = pk.shape[:3]
-        if p + new > n:
-            raise zoo.CacheFullError(
-                f"this model's static cache holds {n} positions (max_len); a past of {p} and {new} new do not "
-                f"fit: re-export with a larger --max-len (max_len=)"
-            )
-        self.p, self.n = p, n
+        if p > n:
+            raise zoo.CacheFullError(f"a static cache of {n} positions (max_len) cannot hold a past of {p}")
+        self.sess, self.length, self.capacity = sess, p, n
         self.key = np.zeros((b, g, n, pk.shape[3]), pk.dtype)
         self.value = np.zeros((b, g, n, pv.shape[3]), pv.dtype)
         self.key[:, :, :p] = pk
@@ -56,45 +65,76 @@ class _Buffers:
         # On the CPU the OrtValue wraps the numpy buffer itself (no copy): writes land in self.key.
         self.key_ov = ort.OrtValue.ortvalue_from_numpy(self.key, self.device, 0)
         self.value_ov = ort.OrtValue.ortvalue_from_numpy(self.value, self.device, 0)
-        self.key_mask = None
-        if km is not None:  # (b, p + new) -> the whole capacity; positions past p + new are never read
-            self.key_mask = np.ones((b, n), np.bool_)
-            self.key_mask[:, : km.shape[1]] = km
-
-    def bind(self, sess: OnnxSession):
-        binding = sess.new_binding()
+        self.binding = binding = sess.new_binding()
         binding.bind_output("y", self.device)  # first: get_outputs()[0] is y
         binding.bind_ortvalue_input("past_key", self.key_ov)
         binding.bind_ortvalue_input("past_value", self.value_ov)
         binding.bind_ortvalue_output("present_key", self.key_ov)
         binding.bind_ortvalue_output("present_value", self.value_ov)
-        if self.key_mask is not None:
+        if "key_mask" in sess.input_names:  # (b, p + k) -> the whole capacity; later positions are real
+            self.key_mask = np.ones((b, n), np.bool_)
+            if km is not None:
+                self.key_mask[:, : min(km.shape[1], n)] = km[:, :n]
             binding.bind_cpu_input("key_mask", self.key_mask)
-        return binding
 
-    def presents(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+    def check_room(self, t: int) -> None:
+        """Refuse, before anything is written, a run of t positions past the capacity."""
+        if self.length + t > self.capacity:
+            raise zoo.CacheFullError(
+                f"this static cache holds {self.capacity} positions (max_len); {self.length} are written and "
+                f"{t} more do not fit: re-export with a larger --max-len (max_len=), or rewind()"
+            )
+
+    def step(self, x: np.ndarray) -> np.ndarray:
+        """x (b t c) -> y (b t c); this call's keys and values are written at `length` in place."""
+        self.check_room(x.shape[1])
+        self.binding.bind_cpu_input("x", np.ascontiguousarray(x))
+        self.binding.bind_cpu_input("past_len", np.array(self.length, np.int64))
+        self.binding.bind_output("y", self.device)  # a fresh y each step (t may change); stays output 0
+        self.sess.run_with_iobinding(self.binding)
+        self.length += x.shape[1]
+        return self.binding.get_outputs()[0].numpy()
+
+    def rewind(self, length: int) -> None:
+        """Keep positions < length; the next step writes at `length` (nothing is copied or cleared)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise zoo.ArgumentError(f"length={length!r} must be an int in 0..{self.length}")
+        self.length = length
+
+    def presents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the written positions, (b g length dk) and (b g length dv)."""
         if self.device != "cpu":
             key, value = self.key_ov.numpy(), self.value_ov.numpy()
         else:
             key, value = self.key, self.value
-        return np.ascontiguousarray(key[:, :, :length]), np.ascontiguousarray(value[:, :, :length])
+        n = self.length
+        return np.ascontiguousarray(key[:, :, :n]), np.ascontiguousarray(value[:, :, :n])
 
 
-def _run_step(sess: OnnxSession, binding, x: np.ndarray, past_len: int) -> np.ndarray:
-    binding.bind_cpu_input("x", np.ascontiguousarray(x))
-    binding.bind_cpu_input("past_len", np.array(past_len, np.int64))
-    sess.run_with_iobinding(binding)
-    return binding.get_outputs()[0].numpy()
+def static_cache(sess: OnnxSession, batch: int, past_key=None, past_value=None, key_mask=None, *, max_len=None):
+    """sess.static_cache(...): an OrtStaticCache for `batch` rows holding the given past (None: empty)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise zoo.ArgumentError(f"batch={batch!r} must be a positive int")
+    x = np.zeros((batch, 1, sess.spec.d_model), sess.dtype)
+    _, pk, pv, _, p = _check(sess, x, past_key, past_value, None)
+    if key_mask is not None:
+        if "key_mask" not in sess.input_names:
+            raise DecodeInputError("this model has no key_mask input; re-export with --mask (with_mask=True)")
+        key_mask = np.ascontiguousarray(key_mask.numpy() if isinstance(key_mask, torch.Tensor) else key_mask)
+        if key_mask.dtype != np.bool_ or key_mask.ndim != 2 or key_mask.shape[0] != batch or key_mask.shape[1] < p:
+            raise DecodeInputError(
+                f"key_mask is {key_mask.dtype} {key_mask.shape}; expected bool (b={batch}, p + k >= {p})"
+            )
+    return OrtStaticCache(sess, pk, pv, key_mask, max_len=max_len)
 
 
 def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) after a past (b g p d) -> y (b t c), present_key, present_value (b g p+t d)."""
     as_torch = isinstance(x, torch.Tensor)
     x, pk, pv, km, p = _check(sess, x, past_key, past_value, key_mask)
-    t = x.shape[1]
-    bufs = _Buffers(sess, pk, pv, km, t)
-    y = _run_step(sess, bufs.bind(sess), x, p)
-    out = (y, *bufs.presents(p + t))
+    cache = OrtStaticCache(sess, pk, pv, km)
+    y = cache.step(x)  # refuses a call past the capacity before it writes
+    out = (y, *cache.presents())
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
 
 
@@ -105,10 +145,10 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     as_torch = isinstance(x_steps, torch.Tensor)
     x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
-    bufs = _Buffers(sess, pk, pv, km, k)
-    binding = bufs.bind(sess)
+    cache = OrtStaticCache(sess, pk, pv, km)
+    cache.check_room(k)
     ys = np.empty_like(x)
     for i in range(k):
-        ys[:, i] = _run_step(sess, binding, x[:, i : i + 1], p + i)[:, 0]
-    out = (ys, *bufs.presents(p + k))
+        ys[:, i] = cache.step(x[:, i : i + 1])[:, 0]
+    out = (ys, *cache.presents())
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out

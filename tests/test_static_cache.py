@@ -126,9 +126,37 @@ def test_session_static_cache_matches_eager_and_keeps_the_caller_arrays(static_m
     np.testing.assert_allclose(np.concatenate([y0, ys], 1), want.numpy(), rtol=1e-4, atol=1e-5)
     assert k1.shape == (2, m.spec.kv_heads_, 20, m.spec.d_k_)
     np.testing.assert_allclose(k1, pk.numpy(), rtol=1e-4, atol=1e-5)
-    with pytest.raises(zoo.CacheFullError, match="holds 24 positions .* a past of 20 and 5 new do not fit"):
+    with pytest.raises(
+        zoo.CacheFullError, match=r"holds 24 positions \(max_len\); 20 are written and 5 more do not fit"
+    ):
         sess.generate_steps(x[:, :5].numpy(), k1, v1)
     assert k1.shape[2] == 20
+
+
+def test_session_static_cache_object_steps_rewinds_and_refuses(static_model):
+    path, r = static_model
+    sess = OnnxSession(path, "cpu", verbose=False)
+    m = r.module
+    x = torch.randn(1, 12, m.spec.d_model)
+    with torch.no_grad():
+        want, _, _ = m.decode(x)
+    cache = sess.static_cache(1, max_len=12)
+    assert cache.capacity == 12 and cache.length == 0
+    got = [cache.step(x[:, :4].numpy())] + [cache.step(x[:, i : i + 1].numpy()) for i in range(4, 12)]
+    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), rtol=1e-4, atol=1e-5)
+    key_before = cache.key.copy()
+    with pytest.raises(zoo.CacheFullError, match="12 are written and 1 more do not fit"):
+        cache.step(x[:, :1].numpy())
+    assert np.array_equal(cache.key, key_before) and cache.length == 12  # nothing written
+    cache.rewind(4)  # decode positions 4.. again from the same prompt: same rows
+    again = [cache.step(x[:, i : i + 1].numpy()) for i in range(4, 12)]
+    np.testing.assert_allclose(np.concatenate(again, 1), np.concatenate(got[1:], 1), rtol=1e-6, atol=1e-6)
+    with pytest.raises(zoo.ArgumentError, match="length=13 must be an int in 0..12"):
+        cache.rewind(13)
+    grow = path.with_name("grow.onnx")
+    export_onnx("llama-3-8b", grow, decode=True, **small_overrides("llama-3-8b"))
+    with pytest.raises(zoo.ArgumentError, match="keeps a grow cache"):
+        OnnxSession(grow, "cpu", verbose=False).static_cache(1)
 
 
 def test_static_cache_export_refusals(tmp_path):
