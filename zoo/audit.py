@@ -295,8 +295,9 @@ def _zeroing(c: _Case) -> list[Step]:
     e_zero = _err(y_zero, y_cut)
     detail = f"head_mask[{j}]=0 vs W_O rows {j * dv}..{(j + 1) * dv - 1} zeroed: max err {e_zero:.1e}"
     ok = e_zero < ATOL
-    if s.qk_norm == "full":  # refused by prune_heads, with the reason; zeroing still applies
-        detail += "; pruning does not apply with qk_norm='full' (one RMS over all heads)"
+    refusal = modifiers.prune_refusal(s)
+    if refusal is not None:  # refused by prune_heads, with the reason; zeroing still applies
+        detail += f"; pruning does not apply with {refusal.setting} ({refusal.short})"
     elif h > 1:
         try:
             drop = [j] if gs == 1 or g == 1 else list(range((g - 1) * gs, h))

@@ -7,6 +7,11 @@ Each modifier is one class that says everything about itself:
     check(spec)     SpecError for an invalid value or combination (called by AttentionSpec)
     parameters      learned entries it adds to the block (RoPE and ALiBi add none)
     describe        its words in `AttentionSpec.describe()`
+    head state      what follows a head under permute_heads / prune_heads (zoo/heads.py):
+                      state_fields         the zoo.heads.Projections fields that hold it
+                      head_state()         read it from the block; load_head_state(state) writes it back
+                      select_heads(...)    the state for a subset or reordering of the heads
+                      prune_refusal(spec)  why pruning cannot apply (None: it can)
     the eager op    as an nn.Module built into the block, at one of three stages:
                       qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
                       qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
@@ -25,6 +30,8 @@ same tensor (0..t-1 unless the caller gives `positions`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -37,6 +44,27 @@ if TYPE_CHECKING:
     from .spec import AttentionSpec
 
 QK_NORMS = ("head", "full")
+
+
+def take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -> Tensor | None:
+    """Reorder the n head blocks of w along `dim` (rows for W_Q/K/V and biases, columns for W_O)."""
+    if w is None:
+        return None
+    idx = torch.as_tensor(list(order), device=w.device)
+    if dim == 0:
+        blocks = rearrange(w, "(n d) ... -> n d ...", n=n)
+        return rearrange(blocks[idx], "n d ... -> (n d) ...")
+    blocks = rearrange(w, "o (n d) -> n o d", n=n)
+    return rearrange(blocks[idx], "n o d -> o (n d)")
+
+
+@dataclass(frozen=True)
+class PruneRefusal:
+    """Why prune_heads cannot remove heads under a modifier's setting (zeroing still applies)."""
+
+    setting: str  # the spec's value, as the user wrote it: "qk_norm='full'"
+    why: str  # the reason in full, for prune_heads' error
+    short: str  # the reason in a few words, for the audit's line
 
 
 class Modifier(nn.Module):
@@ -90,6 +118,32 @@ class Modifier(nn.Module):
     def score_map(self, scores: Tensor) -> Tensor:
         """A pointwise map of the scaled scores, before any bias or mask."""
         return scores
+
+    # -- head state (zoo/heads.py) ------------------------------------------------------------------
+
+    # The zoo.heads.Projections fields holding this modifier's learned or per-head state; none by
+    # default (its behaviour follows from the spec alone, the same for every head).
+    state_fields: ClassVar[tuple[str, ...]] = ()
+
+    def head_state(self) -> dict[str, Tensor]:
+        """This block's state, keyed by `state_fields` (detached copies)."""
+        return {}
+
+    def load_head_state(self, state: dict[str, Any]) -> None:
+        """Write `state` (keyed by `state_fields`) into this block, under torch.no_grad()."""
+
+    @classmethod
+    def select_heads(
+        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+    ) -> dict[str, Any]:
+        """The state of query heads `q_heads` and kv heads `kv_heads` of a block of `spec`, in that
+        order (a permutation or a subset); by default nothing is per head."""
+        return dict(state)
+
+    @classmethod
+    def prune_refusal(cls, spec: AttentionSpec) -> PruneRefusal | None:
+        """Why removing heads would change the remaining heads' function under `spec`; None: it would not."""
+        return None
 
     # -- the audit ------------------------------------------------------------------------------
 
@@ -214,6 +268,36 @@ class QKNorm(Modifier):
             return q, k
         eps = self.spec.qk_norm_eps
         return rms_norm(q, self.q_norm, eps), rms_norm(k, self.k_norm, eps)
+
+    state_fields = ("q_norm", "k_norm")
+
+    def head_state(self) -> dict[str, Tensor]:
+        return {"q_norm": self.q_norm.detach().clone(), "k_norm": self.k_norm.detach().clone()}
+
+    def load_head_state(self, state: dict[str, Any]) -> None:
+        self.q_norm.copy_(state["q_norm"])
+        self.k_norm.copy_(state["k_norm"])
+
+    @classmethod
+    def select_heads(
+        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+    ) -> dict[str, Any]:
+        if spec.qk_norm != "full":  # "head": one weight (d_k) shared by every head
+            return dict(state)
+        return {
+            "q_norm": take_blocks(state["q_norm"], q_heads, spec.heads),
+            "k_norm": take_blocks(state["k_norm"], kv_heads, spec.kv_heads_),
+        }
+
+    @classmethod
+    def prune_refusal(cls, spec: AttentionSpec) -> PruneRefusal | None:
+        if spec.qk_norm != "full":
+            return None
+        return PruneRefusal(
+            "qk_norm='full'",
+            "its RMS runs over all heads together, so removing a head changes every other head's normalisation",
+            "one RMS over all heads",
+        )
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
@@ -421,6 +505,20 @@ class ALiBi(Modifier):
                 f"cross-attention keys do not have. Drop alibi or d_context"
             )
 
+    state_fields = ("alibi_slopes",)
+
+    def head_state(self) -> dict[str, Tensor]:
+        return {"alibi_slopes": self.slopes.detach().clone()}
+
+    def load_head_state(self, state: dict[str, Any]) -> None:
+        self.slopes.copy_(state["alibi_slopes"])
+
+    @classmethod
+    def select_heads(
+        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+    ) -> dict[str, Any]:
+        return {"alibi_slopes": take_blocks(state["alibi_slopes"], q_heads, spec.heads)}
+
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor | None:
         rel = (-_relative(q_pos, k_pos)).to(torch.float32)  # j - i
         dist = rel if self.spec.causal else -rel.abs()
@@ -571,6 +669,15 @@ def active(spec: AttentionSpec) -> list[type[Modifier]]:
 
 def parameters_added(spec: AttentionSpec) -> int:
     return sum(mod.parameters_added(spec) for mod in MODIFIERS)
+
+
+def prune_refusal(spec: AttentionSpec) -> PruneRefusal | None:
+    """The first active modifier's reason why prune_heads cannot apply to `spec`, or None."""
+    for mod in active(spec):
+        refusal = mod.prune_refusal(spec)
+        if refusal is not None:
+            return refusal
+    return None
 
 
 def build(spec: AttentionSpec) -> nn.ModuleDict:
