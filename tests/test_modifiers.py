@@ -163,7 +163,6 @@ def test_head_state_lives_on_the_modifiers():
     assert zoo.modifiers.prune_refusal(m.spec.replace(qk_norm="head")) is None
 
 
-
 def test_audit_has_one_step_per_modifier():
     from zoo.audit import run_audit
 
