@@ -175,7 +175,7 @@ def _split(c: _Case) -> list[Step]:
 
 def _inside_heads(c: _Case) -> list[Step]:
     """4. Inside each head: scores, masks, softmax rows and values, against a reference that
-    applies the modifiers from their own written-out forms (zoo/modifiers.py, reference_*)."""
+    applies the modifiers from their own written-out forms (zoo/modifiers/, reference_*)."""
     s, p, (b, t, sl) = c.s, c.p, c.shape
     mods = modifiers.active(s)
     c.y, c.attn = c.m(c.x, c.ctx, c.mask, need_weights=True)
@@ -346,7 +346,7 @@ def _fused(c: _Case) -> list[Step]:
 
 
 def _modifier_steps(c: _Case) -> list[Step]:
-    """Each active modifier's own property (zoo/modifiers.py, `audit`)."""
+    """Each active modifier's own property (zoo/modifiers/, `audit`)."""
     return [Step(*mod.audit(c.m, c.x)) for mod in modifiers.active(c.s)]
 
 

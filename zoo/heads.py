@@ -32,7 +32,7 @@ class Projections:
     b_k: Tensor | None = None
     b_v: Tensor | None = None
     b_o: Tensor | None = None
-    # Modifier state, one field per name in a modifier's `state_fields` (zoo/modifiers.py says
+    # Modifier state, one field per name in a modifier's `state_fields` (zoo/modifiers/ says
     # what each holds and how it follows the heads). None when the spec has no such modifier.
     q_norm: Tensor | None = None
     k_norm: Tensor | None = None

@@ -88,7 +88,7 @@ def show_spec(
         out.append(f"  combined input projection {what}: {s.d_kv_in if s.is_cross else s.d_model} -> {w}")
     active = modifiers.active(s)
     if active:
-        out += ["", "modifiers (in order of application; zoo/modifiers.py)"]
+        out += ["", "modifiers (in order of application; zoo/modifiers/)"]
         out += [f"  {mod.describe(s)}" for mod in active]
     out += ["", f"shapes at B={batch}, T={seq}" + (f", S={sl}" if s.is_cross else "")]
     for st in stage_shapes(s, batch, seq, sl):

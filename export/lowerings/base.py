@@ -42,7 +42,7 @@ class Lowering:
     combined_as_separate: bool = False  # write a combined projection as three MatMuls
     after_trace: Callable[[Any], Any] | None = None
     # What it cannot express: for a spec whatever its modifiers (with dtype and provider), and
-    # per modifier, keyed by the modifier's name (zoo/modifiers.py).
+    # per modifier, keyed by the modifier's name (zoo/modifiers/).
     cannot: Callable[..., str | None] | None = None
     modifiers: Mapping[str, Limit] = field(default_factory=dict)
     fp16: str = "yes"  # the README's fp16 cell
