@@ -10,6 +10,8 @@ from typing import Any
 
 import zoo
 
+from ..errors import ExportError
+
 # A spec -> the reason it cannot be expressed, or None.
 Check = Callable[[zoo.AttentionSpec], "str | None"]
 
@@ -64,3 +66,15 @@ class Lowering:
             if reason:
                 return reason
         return None
+
+
+def expect_ops(model: Any, ops: tuple[str, ...], why: str, *, absent: tuple[str, ...] = ()) -> Any:
+    """`model` if it holds exactly one node among `ops` (onnx op types, "domain::Op" outside the
+    default domain) and none of `absent`; else ExportError(`why`, its "{counts}" filled with the
+    model's op counts). For an `after_trace` that checks what the exporter or a rewriter made."""
+    from ..graphs import op_counts
+
+    counts = op_counts(model)
+    if sum(counts.get(op, 0) for op in ops) != 1 or any(counts.get(op, 0) for op in absent):
+        raise ExportError(why.format(counts=counts))
+    return model
