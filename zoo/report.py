@@ -74,9 +74,10 @@ def show_spec(
         out.append(f"  {label}  {dims:<13} ({axes:<13}) {n:>14,}")
     if s.bias:
         out.append(f"  {'biases':<35}{pb.biases:>14,}")
-    if pb.modifiers:
-        wq, wk = modifiers.QKNorm.widths(s)
-        out.append(f"  {f'qk-norm weights ({s.qk_norm}: {wq} + {wk})':<35}{pb.modifiers:>14,}")
+    for mod in modifiers.active(s):
+        added = mod.parameters_added(s)
+        if added:
+            out.append(f"  {mod.parameters_label(s):<35}{added:>14,}")
     if module_count is None:
         out.append(f"  total: formula {formula:,} (too large for torch to build even on the meta device)")
     else:

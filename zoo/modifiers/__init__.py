@@ -5,7 +5,7 @@ Each modifier is one class that says everything about itself:
     fields          the spec fields it owns (all off by default)
     active(spec)    whether a spec turns it on
     check(spec)     SpecError for an invalid value or combination (called by AttentionSpec)
-    parameters      learned entries it adds to the block (RoPE and ALiBi add none)
+    parameters      learned entries it adds to the block (RoPE and ALiBi add none), and their label
     describe        its words in `AttentionSpec.describe()`
     head state      what follows a head under permute_heads / prune_heads (zoo/heads.py):
                       state_fields         the zoo.heads.Projections fields that hold it

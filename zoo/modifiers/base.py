@@ -69,6 +69,11 @@ class Modifier(nn.Module):
         return 0
 
     @classmethod
+    def parameters_label(cls, spec: AttentionSpec) -> str:
+        """Its line's label in `attnzoo show`'s parameter table (when it adds any)."""
+        return f"{cls.name} weights"
+
+    @classmethod
     def describe(cls, spec: AttentionSpec) -> str:
         return cls.name
 

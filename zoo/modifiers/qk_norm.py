@@ -66,6 +66,11 @@ class QKNorm(Modifier):
         return sum(cls.widths(spec)) if cls.active(spec) else 0
 
     @classmethod
+    def parameters_label(cls, spec: AttentionSpec) -> str:
+        wq, wk = cls.widths(spec)
+        return f"qk-norm weights ({spec.qk_norm}: {wq} + {wk})"
+
+    @classmethod
     def describe(cls, spec: AttentionSpec) -> str:
         return f"qk-norm={spec.qk_norm}"
 
