@@ -53,7 +53,8 @@ def format_date(d: dt.date, fmt: str) -> str:
     raise AnalysisError(f"format {fmt!r} is not one of {FORMATS}")
 
 
-_PATTERNS = [
+# One pattern per FORMATS entry, in the same order.
+PATTERNS = [
     re.compile(r"^(?P<day>\d{1,2}) (?P<month>[A-Za-z]+) (?P<year>\d{4})$"),
     re.compile(r"^(?P<month>[A-Za-z]+) (?P<day>\d{1,2}), (?P<year>\d{4})$"),
     re.compile(r"^(?P<day>\d{2})/(?P<month>\d{2})/(?P<year>\d{4})$"),
@@ -62,7 +63,7 @@ _PATTERNS = [
 
 def field_spans(text: str) -> dict[str, tuple[int, int]]:
     """{"day"|"month"|"year": (start, end)} character spans of a source date in one of FORMATS."""
-    for pat in _PATTERNS:
+    for pat in PATTERNS:
         m = pat.match(text)
         if m:
             return {f: m.span(f) for f in ("day", "month", "year")}

@@ -37,7 +37,7 @@ def by_format(pairs: Sequence[tuple[str, str]]) -> dict[str, list[tuple[str, str
 
 def format_index(text: str) -> int:
     """Which of dates.FORMATS a source date is written in."""
-    for i, pat in enumerate(dates._PATTERNS):
+    for i, pat in enumerate(dates.PATTERNS):
         if pat.match(text):
             return i
     raise AnalysisError(f"{text!r} is not a date in one of the formats {', '.join(dates.FORMATS)}")

@@ -13,8 +13,39 @@ from typing import Any
 from .jobs import CONTENDED, MB, Budget, Job
 
 
+def _nothing() -> None:
+    return None
+
+
+def repeat_timed(
+    call: Callable[[], Any],
+    repeats: int,
+    *,
+    sync: Callable[[], None] = _nothing,
+    after_each: Callable[[], None] = _nothing,
+    min_repeats: int = 0,
+    seconds: float | None = None,
+) -> list[float]:
+    """The one timing loop (bench workers, `attnzoo run`, `attnzoo ablate`): seconds of each of up
+    to `repeats` calls, each ended by `sync()` (a device's queue; `sync()` also runs once before the
+    first); `after_each()` runs between calls, untimed. With `seconds`, it stops early once
+    `min_repeats` calls are done and the loop has run that long. No warm-up: the caller's."""
+    times: list[float] = []
+    sync()
+    started = time.perf_counter()
+    while len(times) < repeats:
+        t0 = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - t0)
+        after_each()
+        if seconds is not None and len(times) >= min_repeats and time.perf_counter() - started > seconds:
+            break
+    return times
+
+
 def time_calls(
-    call: Callable[[], Any], sync: Callable[[], None], budget: Budget, after_each: Callable[[], None] = lambda: None
+    call: Callable[[], Any], sync: Callable[[], None], budget: Budget, after_each: Callable[[], None] = _nothing
 ) -> dict[str, Any]:
     """Warm up, then time `call` (synchronized); milliseconds per call, and how much CPU other
     processes took meanwhile (`others_cpus`: 0.5 = half a core; anything above ~0.2 skews)."""
@@ -28,17 +59,11 @@ def time_calls(
         spent = time.perf_counter() - warm_started
         if spent > budget.seconds / 2 or (warm >= budget.warmup and spent >= min(0.2, budget.seconds / 4)):
             break
-    times: list[float] = []
     cpu_before = _cpu_ticks()
     started = time.perf_counter()
-    while len(times) < budget.repeats:
-        t0 = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - t0)
-        after_each()
-        if len(times) >= budget.min_repeats and time.perf_counter() - started > budget.seconds:
-            break
+    times = repeat_timed(
+        call, budget.repeats, sync=sync, after_each=after_each, min_repeats=budget.min_repeats, seconds=budget.seconds
+    )
     wall = time.perf_counter() - started
     ms = [t * 1e3 for t in times]
     return {

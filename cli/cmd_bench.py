@@ -152,14 +152,19 @@ def run_from_args(args: argparse.Namespace) -> int:
         retries=args.retries,
         progress=not args.no_progress,
     )
-    print(format_table(report))
+    failed = any(r["status"] == "error" for r in report["rows"])
+    return _finish(args, report, format_table(report), failed)
+
+
+def _finish(args: argparse.Namespace, report: dict, table: str, failed: bool) -> int:
+    """Print the table, write the JSON and the plot where asked; the exit code (1: a row failed)."""
+    print(table)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
     if args.plot:
         why = plot(report, args.plot)
         print(why or f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
-    failed = [r for r in report["rows"] if r["status"] == "error"]
     return 1 if failed else 0
 
 
@@ -184,11 +189,7 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
         retries=args.retries,
         progress=not args.no_progress,
     )
-    print(format_decode_table(report))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
-    return 1 if any(not r.get("ok") for r in report["rows"]) else 0
+    return _finish(args, report, format_decode_table(report), any(not r.get("ok") for r in report["rows"]))
 
 
 def add_commands(sub) -> None:

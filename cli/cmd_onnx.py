@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from bench.timing import repeat_timed
     from export.io import interface
     from export.lowering import DTYPES, example_inputs
     from export.session import OnnxSession
@@ -76,13 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     call = lambda: sess.run(feeds["x"], feeds.get("context"), feeds.get("mask"), feeds.get("head_mask"))  # noqa: E731
     out = call()  # warm-up (first run allocates)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times = []
-    for _ in range(args.repeats):
-        sync()
-        t0 = time.perf_counter()
-        call()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = [t * 1e3 for t in repeat_timed(call, args.repeats, sync=sync)]
     outs = out if isinstance(out, tuple) else (out,)
     name = sess.metadata.get("attnzoo.name", "?")
     print(

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="on an error, also print its full text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    p.commands = sub.choices  # name -> that command's parser, filled in below
 
     from . import cmd_zoo
 
@@ -52,8 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by name, from a parser `build_parser` made (argparse itself keeps
+    them in private attributes)."""
+    return dict(parser.commands)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line on stderr (exit 2) like every other mistake."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -15,12 +15,15 @@ numpy, and `Client` uses the standard library only).
 
 The package, split by job:
 
-    protocol.py  request bodies, their checks, the answer's encoding
+    schema.py    media types, fields, limits, errors, ModelInfo, Item
+    bodies.py    reading a body (JSON, .npy, .npz) into arrays, headers checked first
+    protocol.py  a request's checks, the answer's encoding
     batching.py  padded batches and decode groups
     app.py       the Ray Serve replica and `start`
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
     loadtest.py  load, faults and checked answers against a running server
+                 (load_pool.py: the requests sent; load_report.py: samples, levels, the table)
 
 Depends on `zoo` and `export`.
 """

@@ -8,217 +8,28 @@ requests is mixed in: each must get a 4xx. With `kill_after` one replica is kill
 own actor kill mid-run and the time until the deployment is whole again is measured.
 
 The client retries a failed request once (a connection error or a 5xx), and says how often.
+
+Split by job: the requests sent (`load_pool.py`), what was measured and the table
+(`load_report.py`), and here the running, the replica killer and the whole run. Every name
+stays importable from `serve.loadtest`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import random
-import statistics
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from zoo import AttnzooError
-
 from .client import Client, decode_reply
-from .protocol import JSON, NPY
+from .load_pool import BAD_KINDS, LoadTestError, Pool, bad_body, build_pool
+from .load_report import Level, Sample, format_report, percentile
 
-BAD_KINDS = ("not-json", "wrong-width", "wrong-rank", "wrong-dtype", "too-large", "empty", "nan", "unknown-field")
 # Relative to the output scale, as the parity target says (fp32, CPU).
 CHECK_RTOL = 1e-5
-
-
-class LoadTestError(AttnzooError, ValueError):
-    """A load test that cannot run as asked (bad options, a server that is not there)."""
-
-
-@dataclass
-class Sample:
-    index: int
-    kind: str  # "good" or one of BAD_KINDS
-    status: int  # 0: no answer at all
-    seconds: float
-    model_ms: float | None = None
-    queue_ms: float | None = None
-    batch: int | None = None
-    replica: str | None = None
-    correct: bool | None = None  # None: not checked (no model file, or not a 2xx)
-    retried: bool = False
-    started: float = 0.0  # seconds since the level began
-    error: str = ""
-
-
-@dataclass
-class Level:
-    """One concurrency level's results."""
-
-    concurrency: int
-    requests: int
-    seconds: float
-    samples: list[Sample] = field(repr=False, default_factory=list)
-    kill: dict[str, Any] | None = None
-
-    def summary(self) -> dict[str, Any]:
-        good = [s for s in self.samples if s.kind == "good"]
-        bad = [s for s in self.samples if s.kind != "good"]
-        ok = [s for s in good if 200 <= s.status < 300]
-        lat = sorted(s.seconds * 1e3 for s in ok)
-        model = [s.model_ms for s in ok if s.model_ms is not None]
-        queue = [s.queue_ms for s in ok if s.queue_ms is not None]
-        mean_lat = statistics.fmean(lat) if lat else float("nan")
-        mean_model = statistics.fmean(model) if model else float("nan")
-        mean_queue = statistics.fmean(queue) if queue else float("nan")
-        return {
-            "concurrency": self.concurrency,
-            "requests": self.requests,
-            "seconds": round(self.seconds, 3),
-            "throughput_rps": round(len(self.samples) / self.seconds, 2) if self.seconds else 0.0,
-            "good": len(good),
-            "good_ok": len(ok),
-            "good_ok_fraction": round(len(ok) / len(good), 4) if good else None,
-            "good_checked": sum(s.correct is not None for s in good),
-            "good_wrong": sum(s.correct is False for s in good),
-            "good_failed_status": _count(s.status for s in good if not 200 <= s.status < 300),
-            "bad": len(bad),
-            "bad_4xx": sum(400 <= s.status < 500 for s in bad),
-            "bad_statuses": _count(s.status for s in bad),
-            "5xx": sum(s.status >= 500 for s in self.samples),
-            "no_answer": sum(s.status == 0 for s in self.samples),
-            "retried": sum(s.retried for s in self.samples),
-            "latency_ms": {
-                "p50": _pct(lat, 50),
-                "p95": _pct(lat, 95),
-                "p99": _pct(lat, 99),
-                "mean": round(mean_lat, 3),
-                "max": round(lat[-1], 3) if lat else None,
-            },
-            # Where a request's time goes (means over answered good requests): the ORT run of its
-            # batch, the batch queue (forming, and behind the batch running), and the rest (HTTP,
-            # Ray's proxy and routing, body (de)coding, the client's own threads).
-            "time_split_ms": {
-                "model": round(mean_model, 3),
-                "batch_wait": round(mean_queue, 3),
-                "engine": round(mean_lat - mean_model - mean_queue, 3),
-            },
-            "mean_batch_rows": round(statistics.fmean(s.batch for s in ok if s.batch), 2)
-            if any(s.batch for s in ok)
-            else None,
-            "replicas_seen": len({s.replica for s in ok if s.replica}),
-            "kill": self.kill,
-        }
-
-
-def _count(values) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[str(v)] = out.get(str(v), 0) + 1
-    return out
-
-
-def _pct(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, int(np.ceil(q / 100 * len(sorted_values))) - 1))
-    return round(sorted_values[k], 3)
-
-
-# -- requests --------------------------------------------------------------------------------
-
-
-@dataclass
-class Pool:
-    """Pre-encoded request bodies: good ones with their expected answers, and malformed ones."""
-
-    good: list[tuple[bytes, str, np.ndarray | None]]  # (body, content type, expected y or None)
-    bad: dict[str, tuple[bytes, str]]
-
-
-def build_pool(
-    meta: dict[str, Any],
-    *,
-    seqs: list[int],
-    batch: int = 1,
-    size: int = 32,
-    binary: bool = True,
-    model: str | os.PathLike | None = None,
-    seed: int = 0,
-) -> Pool:
-    """`size` well-formed inputs with T drawn from `seqs`, answers from `model` run alone."""
-    spec = meta["spec"]
-    c, c_ctx = spec["d_model"], spec.get("d_context")
-    dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
-    sess = None
-    if model is not None:
-        from export.session import OnnxSession
-
-        sess = OnnxSession(model, provider="cpu", verbose=False)
-        import hashlib
-
-        digest = hashlib.sha256(Path(model).read_bytes()).hexdigest()
-        if meta.get("sha256") and digest != meta["sha256"]:
-            raise LoadTestError(f"{model} is not the model this server runs (sha256 differs); give the served file")
-    rng = np.random.default_rng(seed)
-    client = Client("http://127.0.0.1/", binary=binary)  # used only to encode bodies
-    good = []
-    for i in range(size):
-        t = seqs[i % len(seqs)]
-        x = rng.standard_normal((batch, t, c)).astype(dtype)
-        context = rng.standard_normal((batch, t + 3, c_ctx)).astype(dtype) if c_ctx else None
-        body, kind = client.encode(x, context)
-        want = None
-        if sess is not None:
-            # A decode model gets prompts (no past); its answer's y is checked.
-            want = sess.decode(x) if "past_key" in sess.input_names else sess.run(x, context)
-            want = want[0] if isinstance(want, tuple) else want
-        good.append((body, kind, want))
-    max_tokens = int(meta.get("max_tokens", 65_536))
-    bad = {kind: _bad_body(kind, c, dtype, max_tokens, rng) for kind in BAD_KINDS}
-    return Pool(good, bad)
-
-
-def _npy(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, a, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _bad_body(kind: str, c: int, dtype, max_tokens: int, rng) -> tuple[bytes, str]:
-    x = rng.standard_normal((1, 8, c)).astype(dtype)
-    if kind == "not-json":
-        return b'{"x": [[0.1, 0.2', JSON
-    if kind == "wrong-width":
-        return _npy(rng.standard_normal((1, 8, c + 1)).astype(dtype)), NPY
-    if kind == "wrong-rank":
-        return _npy(x[0, 0]), NPY
-    if kind == "wrong-dtype":
-        return _npy(x.astype(np.float64)), NPY
-    if kind == "too-large":
-        t = max_tokens + 1
-        if t * c * 4 <= 32 * 2**20:
-            return _npy(np.zeros((1, t, c), dtype)), NPY
-        # A real body this size would only load the loopback: the header alone declares it, and
-        # the server must refuse it from the header before reading data.
-        head = io.BytesIO()
-        np.lib.format.write_array_header_1_0(
-            head, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (1, t, c)}
-        )
-        return head.getvalue() + b"\0" * 64, NPY
-    if kind == "empty":
-        return _npy(np.zeros((1, 0, c), dtype)), NPY
-    if kind == "nan":
-        y = x.copy()
-        y[0, 3, 1] = np.nan
-        return _npy(y), NPY
-    if kind == "unknown-field":
-        return json.dumps({"x": x[0].tolist(), "y": [1]}).encode(), JSON
-    raise LoadTestError(f"unknown malformed kind {kind!r}")
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -455,56 +266,18 @@ def loadtest(
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """A table: one line per concurrency level, then the fault summary."""
-    m = report["model"]
-    lines = [
-        f"{report['url']}: {m['name']} ({m['lowering']}, {m['dtype']}, {m['provider']}), {report['format']} bodies, "
-        f"T in {report['seqs']}, max batch {m['max_batch']}, wait {m['batch_wait_ms']} ms; "
-        f"client retries {report['retries']}",
-        f"{'conc':>4} {'req':>5} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'model':>7} "
-        f"{'wait':>6} {'engine':>7} {'batch':>5} {'ok':>9} {'wrong':>5} {'bad 4xx':>9} {'5xx':>4} {'retry':>5}",
-    ]
-    for lv in report["levels"]:
-        lat, split = lv["latency_ms"], lv["time_split_ms"]
-        lines.append(
-            f"{lv['concurrency']:>4} {lv['requests']:>5} {lv['throughput_rps']:>7.1f} {_f(lat['p50']):>8} "
-            f"{_f(lat['p95']):>8} {_f(lat['p99']):>8} {_f(split['model']):>7} {_f(split['batch_wait']):>6} "
-            f"{_f(split['engine']):>7} {_f(lv['mean_batch_rows']):>5} {lv['good_ok']:>4}/{lv['good']:<4} "
-            f"{lv['good_wrong']:>5} {lv['bad_4xx']:>4}/{lv['bad']:<4} {lv['5xx']:>4} {lv['retried']:>5}"
-        )
-        if lv["kill"]:
-            k = lv["kill"]
-            rec = f"recovered in {k['recovered_s']} s" if k.get("recovered_s") is not None else "NOT recovered"
-            lines.append(
-                f"     killed {k.get('killed')} at {k.get('after_s')} s: {rec}; {k.get('error', '')}".rstrip("; ")
-            )
-    if "speedup" in report:
-        lines.append(
-            f"throughput at concurrency {report['levels'][-1]['concurrency']} / "
-            f"{report['levels'][0]['concurrency']}: {report['speedup']}x"
-        )
-    lines.append(
-        "times in ms, means over answered good requests: model = the ORT run of its batch, wait = in the "
-        "batch queue (forming, and behind the running batch), engine = the rest (HTTP, Ray's proxy and "
-        "routing, body decoding, the client)"
-    )
-    return "\n".join(lines)
-
-
-def _f(v) -> str:
-    return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.1f}"
-
-
 __all__ = [
     "BAD_KINDS",
+    "CHECK_RTOL",
     "LoadTestError",
     "Level",
     "Pool",
     "Sample",
+    "bad_body",
     "build_pool",
     "format_report",
     "loadtest",
+    "percentile",
     "replica_killer",
     "run_level",
 ]

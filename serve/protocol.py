@@ -1,126 +1,32 @@
 """The request protocol: what a body may hold (JSON, .npy, .npz), the checks made before any
-data is inflated or run, and the answer's encoding. Plain numpy: no Ray."""
+data is inflated or run, and the answer's encoding. Plain numpy: no Ray.
+
+Split by job: the vocabulary (media types, fields, limits, errors, `ModelInfo`, `Item`) in
+`schema.py`, reading bodies in `bodies.py`, and here decoding a request (`decode_request`,
+`check_arrays`) and encoding the answer. Every name stays importable from `serve.protocol`."""
 
 from __future__ import annotations
 
-import base64
 import io
 import json
-import math
-import time
-import zipfile
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from zoo import AttnzooError
-
-NPY = "application/x-npy"
-NPZ = "application/x-npz"
-JSON = "application/json"
-FIELDS = ("x", "context", "mask", "head_mask", "past_key", "past_value", "key_mask")
-DECODE_FIELDS = ("past_key", "past_value", "key_mask")
-DEFAULT_MAX_TOKENS = 65_536  # b*t per request; 64 x 1024 is a large but sane single request
-DEFAULT_MAX_BODY = 256 * 2**20
-PAD_FACTOR = 2.0  # a request is padded to at most twice its length (see length_groups)
-
-
-class ServeError(AttnzooError, ValueError):
-    """A serving setup that cannot work (bad options, a model this server cannot serve)."""
-
-
-class RequestError(AttnzooError, ValueError):
-    """A bad request: answered with `status` (4xx) and this one-line message."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a request is checked against: widths, dtype and inputs of the served model."""
-
-    d_model: int
-    d_context: int | None  # None: self-attention
-    heads: int
-    dtype: np.dtype
-    has_mask: bool
-    has_head_mask: bool
-    outputs: tuple[str, ...]
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    max_rows: int = 1024
-    max_body: int = DEFAULT_MAX_BODY  # bytes of a body, and of the arrays an .npz unpacks to
-    # A decode (KV-cache) model: x, past_key (b g p dk), past_value (b g p dv) [, key_mask (b s)].
-    decode: bool = False
-    kv_heads: int = 0
-    d_k: int = 0
-    d_v: int = 0
-    has_key_mask: bool = False
-
-    @classmethod
-    def of(
-        cls, sess, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_rows: int = 1024, max_body: int = DEFAULT_MAX_BODY
-    ) -> ModelInfo:
-        """From an `OnnxSession` over an attnzoo export (its spec metadata is required)."""
-        spec = sess.spec
-        if spec is None:
-            raise ServeError(f"{sess.path} carries no attnzoo spec metadata; serve a model written by `attnzoo export`")
-        decode = "past_key" in sess.input_names
-        if decode and "past_value" not in sess.input_names:
-            raise ServeError(f"{sess.path} has past_key but no past_value input; export it with attnzoo --decode")
-        return cls(
-            d_model=spec.d_model,
-            d_context=spec.d_context,
-            heads=spec.heads,
-            dtype=np.dtype(sess.dtype),
-            has_mask="mask" in sess.input_names,
-            has_head_mask="head_mask" in sess.input_names,
-            outputs=tuple(sess.output_names),
-            max_tokens=max_tokens,
-            max_rows=max_rows,
-            max_body=max_body,
-            decode=decode,
-            kv_heads=spec.kv_heads_,
-            d_k=spec.d_k_,
-            d_v=spec.d_v_,
-            has_key_mask="key_mask" in sess.input_names,
-        )
-
-
-@dataclass
-class Item:
-    """One decoded request, every array batched: x (b t c), context (b s c_ctx), mask (b t s)."""
-
-    x: np.ndarray
-    context: np.ndarray | None = None
-    mask: np.ndarray | None = None
-    head_mask: np.ndarray | None = None
-    past_key: np.ndarray | None = None  # decode models: (b g p dk), (b g p dv), key_mask (b p+t)
-    past_value: np.ndarray | None = None
-    key_mask: np.ndarray | None = None
-    squeeze: bool = False  # x came as (t, c): answer (t, c)
-    binary: bool = False  # answer as .npy/.npz
-    enqueued: float = field(default_factory=time.perf_counter)
-
-    @property
-    def rows(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def t(self) -> int:
-        return self.x.shape[1]
-
-    @property
-    def s(self) -> int:
-        return self.context.shape[1] if self.context is not None else self.x.shape[1]
-
-    @property
-    def p(self) -> int:
-        """Cached positions a decode request brings (0 for a prompt, or any full-sequence model)."""
-        return self.past_key.shape[2] if self.past_key is not None else 0
-
+from .bodies import read_json, read_npy, read_npz
+from .schema import (
+    DECODE_FIELDS,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_TOKENS,
+    FIELDS,
+    JSON,
+    NPY,
+    NPZ,
+    PAD_FACTOR,
+    Item,
+    ModelInfo,
+    RequestError,
+    ServeError,
+)
 
 # -- decoding ----------------------------------------------------------------------------------
 
@@ -130,12 +36,12 @@ def decode_request(body: bytes, content_type: str, info: ModelInfo, accept: str 
     kind = (content_type or "").split(";")[0].strip().lower()
     loose: set[str] = set()
     if kind in ("", JSON, "text/json"):
-        arrays, loose = _from_json(body, info)
+        arrays, loose = read_json(body, info)
         binary = False
     elif kind in (NPY, "application/octet-stream"):
-        arrays, binary = {"x": _load_npy(body, "the body", info.max_tokens)}, True
+        arrays, binary = {"x": read_npy(body, "the body", info.max_tokens)}, True
     elif kind == NPZ:
-        arrays, binary = _from_npz(body, info), True
+        arrays, binary = read_npz(body, info), True
     else:
         raise RequestError(f"content type {kind!r} is not served; send {JSON}, {NPY} or {NPZ}", 415)
     accept = (accept or "").lower()
@@ -146,156 +52,6 @@ def decode_request(body: bytes, content_type: str, info: ModelInfo, accept: str 
     item = check_arrays(arrays, info, loose=loose)
     item.binary = binary
     return item
-
-
-def _from_json(body: bytes, info: ModelInfo) -> tuple[dict[str, np.ndarray], set[str]]:
-    """(arrays, names given as JSON lists): those take the model's dtype; npy_b64 ones must match."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(
-            f"the body is not JSON ({e.__class__.__name__}: {str(e)[:80]}); send {{'x': [[...]]}}"
-        ) from None
-    except RecursionError:  # e.g. 100000 nested '[': the parser's own depth limit
-        raise RequestError("the JSON body nests too deeply; an array is at most 4 levels deep") from None
-    if not isinstance(doc, dict):
-        raise RequestError(f"the JSON body is a {type(doc).__name__}; send an object such as {{'x': [[...]]}}")
-    extra = sorted(set(doc) - set(FIELDS))
-    if extra:
-        raise RequestError(f"unknown field(s) {extra}; a request has {', '.join(FIELDS)}")
-    out, loose = {}, set()
-    for name, value in doc.items():
-        if value is None:
-            continue
-        if isinstance(value, dict):
-            if set(value) != {"npy_b64"} or not isinstance(value["npy_b64"], str):
-                raise RequestError(f"{name}: an object value must be {{'npy_b64': '<base64 of a .npy file>'}}")
-            try:
-                raw = base64.b64decode(value["npy_b64"], validate=True)
-            except ValueError:
-                raise RequestError(f"{name}: npy_b64 is not valid base64") from None
-            out[name] = _load_npy(raw, name, info.max_tokens if name == "x" else None)
-        else:
-            out[name] = _json_array(name, value)
-            loose.add(name)
-    return out, loose
-
-
-def _json_array(name: str, value: Any) -> np.ndarray:
-    try:
-        arr = np.asarray(value)
-    except RecursionError:
-        raise RequestError(f"{name} nests too deeply; an array is at most 4 levels deep") from None
-    except ValueError:
-        raise RequestError(f"{name} is a ragged list; every row must have the same length") from None
-    if arr.dtype == object:
-        raise RequestError(f"{name} is a ragged or mixed list; send a rectangular list of numbers")
-    if name in ("mask", "key_mask"):
-        if arr.dtype.kind in "iu" and arr.size and not np.isin(arr, (0, 1)).all():
-            raise RequestError("mask must be true/false (or 0/1), True = may attend")
-        if arr.dtype.kind not in "biu":
-            raise RequestError(f"mask has {arr.dtype.kind!r} values; send true/false (True = may attend)")
-        return arr.astype(bool)
-    if arr.dtype.kind not in "iuf":
-        raise RequestError(f"{name} holds {arr.dtype} values; send numbers")
-    # JSON numbers carry no width: they become the model's dtype in check_arrays.
-    return arr.astype(np.float64)
-
-
-_NPY_MAGIC = b"\x93NUMPY"
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
-def _npy_header(f, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, bytes of data the header declares) of the .npy at f's position; f is left
-    after the header. Reads the header only (a few hundred bytes), never the data."""
-    try:
-        version = np.lib.format.read_magic(f)
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in read:
-            raise ValueError(f"format version {version[0]}.{version[1]} is not read here; write it with np.save")
-        shape, _, dtype = read[version](f)
-    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/...
-        raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
-    if dtype.hasobject:
-        raise RequestError(f"{what} holds Python objects ({dtype}); send numbers")
-    return tuple(shape), dtype, math.prod(shape) * dtype.itemsize
-
-
-def _check_positions(what: str, shape: tuple[int, ...], max_positions: int | None) -> None:
-    if max_positions is not None and len(shape) >= 2 and math.prod(shape[:-1]) > max_positions:
-        raise RequestError(
-            f"{what} declares shape {shape}: {math.prod(shape[:-1])} positions; "
-            f"this server takes at most {max_positions} per request (split it)",
-            413,
-        )
-
-
-def _load_npy(raw: bytes, what: str, max_positions: int | None) -> np.ndarray:
-    """A .npy body; with max_positions, one whose header declares more b*t is refused unread.
-    Its data must be exactly what the header declares: bytes beyond it are refused, not ignored."""
-    if raw[:4] == _ZIP_MAGIC:
-        raise RequestError(f"{what} is an .npz archive; send it as {NPZ}")
-    f = io.BytesIO(raw)
-    shape, dtype, nbytes = _npy_header(f, what)
-    _check_positions(what, shape, max_positions)
-    carried = len(raw) - f.tell()
-    if carried != nbytes:
-        raise RequestError(
-            f"{what}: its header declares shape {shape} {dtype} ({nbytes} bytes of data) but it carries "
-            f"{carried} bytes; send exactly the array (np.save)"
-        )
-    f.seek(0)
-    try:
-        arr = np.load(f, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/UnpicklingError...
-        raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
-    return arr
-
-
-def _from_npz(raw: bytes, info: ModelInfo) -> dict[str, np.ndarray]:
-    """An .npz body. Every member's .npy header is read first (streamed: no member is inflated):
-    names, shapes, dtypes and sizes are checked against the limits before any array is unpacked,
-    so a small archive that would inflate to gigabytes is refused having cost a few kilobytes."""
-    if raw[: len(_NPY_MAGIC)] == _NPY_MAGIC:
-        raise RequestError(f"the body is a single .npy array; send it as {NPY}")
-    try:
-        with zipfile.ZipFile(io.BytesIO(raw)) as z:
-            members, total = {}, 0
-            for m in z.infolist():
-                name = m.filename[:-4] if m.filename.endswith(".npy") else m.filename
-                if name not in FIELDS:
-                    raise RequestError(f"unknown array {name!r} in the .npz; a request has {', '.join(FIELDS)}")
-                if name in members:
-                    raise RequestError(f"the .npz holds {name} twice")
-                what = f"{name} in the .npz"
-                with z.open(m) as f:
-                    shape, dtype, nbytes = _npy_header(f, what)
-                    header = f.tell()
-                if name == "x":
-                    _check_positions(what, shape, info.max_tokens)
-                if m.file_size != header + nbytes:
-                    raise RequestError(
-                        f"{what}: its header declares shape {shape} {dtype} ({nbytes} bytes of data) but the "
-                        f"archive says it unpacks to {m.file_size - header}; send arrays written by np.savez"
-                    )
-                total += nbytes
-                if total > info.max_body:
-                    raise RequestError(
-                        f"the .npz's arrays declare {total}+ bytes unpacked; this server takes at most "
-                        f"{info.max_body} (split the request)",
-                        413,
-                    )
-                members[name] = m
-            out = {}
-            for name, m in members.items():
-                with z.open(m) as f:
-                    out[name] = np.lib.format.read_array(f, allow_pickle=False)
-            return out
-    except RequestError:
-        raise
-    except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, EOFError, zlib.error, ValueError...
-        raise RequestError(f"the body is not an .npz archive ({type(e).__name__}: {str(e)[:80]})") from None
 
 
 def check_arrays(arrays: dict[str, np.ndarray], info: ModelInfo, *, loose: set[str] | frozenset = frozenset()) -> Item:
@@ -448,3 +204,26 @@ def encode_response(item: Item, outputs: tuple[np.ndarray, ...], names: tuple[st
 
 def rows_of(items: list[Item]) -> int:
     return sum(it.rows for it in items)
+
+
+__all__ = [
+    "DECODE_FIELDS",
+    "DEFAULT_MAX_BODY",
+    "DEFAULT_MAX_TOKENS",
+    "FIELDS",
+    "JSON",
+    "NPY",
+    "NPZ",
+    "PAD_FACTOR",
+    "Item",
+    "ModelInfo",
+    "RequestError",
+    "ServeError",
+    "check_arrays",
+    "decode_request",
+    "encode_response",
+    "read_json",
+    "read_npy",
+    "read_npz",
+    "rows_of",
+]

@@ -19,3 +19,33 @@ def cuda_ok():
     if not ok:
         pytest.skip(f"no working CUDA provider in ONNX Runtime: {why}")
     return True
+
+
+# name -> (block, file, export_onnx options) for the `exports` fixture
+EXPORTS = {
+    "decomposed": ("self", "d.onnx", {"lowering": "decomposed"}),
+    "cross-decomposed": ("cross", "c.onnx", {"lowering": "decomposed"}),
+    "onnx-attention-fp16": ("self", "a16.onnx", {"lowering": "onnx-attention", "dtype": "float16"}),
+    "decomposed-fp16": ("self", "d16.onnx", {"lowering": "decomposed", "dtype": "float16"}),
+    "ort-mha-masked-fp16": ("self", "m16.onnx", {"lowering": "ort-mha", "dtype": "float16", "with_mask": True}),
+}
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory):
+    """Two small blocks, "self" (mha-combined-bias) and "cross" (cross-attention), and the paths of
+    their ONNX exports by the names in EXPORTS, each exported on first use and shared by the run."""
+    import zoo
+    from export import export_onnx
+
+    folder = tmp_path_factory.mktemp("exports")
+    torch.manual_seed(0)
+    blocks = {"self": zoo.create("mha-combined-bias").eval(), "cross": zoo.create("cross-attention").eval()}
+
+    class Exports(dict):
+        def __missing__(self, name: str):
+            block, file, options = EXPORTS[name]
+            self[name] = export_onnx(blocks[block], folder / file, **options).path
+            return self[name]
+
+    return Exports(blocks)

@@ -183,3 +183,18 @@ def is_loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     mapped = getattr(ip, "ipv4_mapped", None)
     return (mapped or ip).is_loopback
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """Run the CLI in-process; it must exit 2 with exactly one line on stderr (no traceback)."""
+    from cli.main import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own usage errors exit from inside parse_args
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, (argv, rc, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, (argv, err)
+    return lines[0]

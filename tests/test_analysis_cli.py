@@ -84,7 +84,7 @@ def test_onnx_latency_of_blocks_with_and_without_head_mask():
     import torch
 
     import zoo
-    from cli.cmd_heads import OnnxLatency
+    from bench.latency import OnnxLatency
 
     block = zoo.create("mha-causal", d_model=32, heads=4)
     meter = OnnxLatency(repeats=3, rounds=2)

@@ -6,11 +6,15 @@ Benchmarks are not tests: nothing here looks at a timing.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
 from cli.common import int_list as _int_list
 from cli.main import main as cli_main
+from helpers import one_line_error
 
 ROW_KEYS = {"batch", "seq", "path", "lowering", "auto", "flops", "status"}
 MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_added_mb", "speedup_vs_sdpa"}
@@ -121,3 +125,58 @@ def test_bench_from_a_plain_copy_of_the_tree_runs_that_copy(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["status"] == "ok" for r in rows), rows
     assert {r["code_root"] for r in rows} == {str(copy.resolve())}
+
+
+# -- bench: sized to the dtype, every numeric flag checked, clean on every exit ----------------
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--budget", "nan"], "--budget"),
+        (["--budget", "inf"], "--budget"),
+        (["--roofline-size", "0"], "--roofline-size"),
+        (["--min-repeats", "10", "--repeats", "2"], "--min-repeats"),
+        (["--timeout", "0"], "--timeout"),
+        (["--threads", "0"], "--threads"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--plot", "x.txt"], "--plot"),
+    ],
+)
+def test_8_bench_flags_are_checked_before_any_work(capsys, flags, match):
+    assert match in one_line_error(capsys, ["bench", "mha-causal", "--seq", "4", *flags])
+
+
+def test_8_roofline_is_sized_to_the_dtype_and_machine():
+    from bench import jobs as bench
+    from bench.measure import _roofline
+
+    job = bench.Job("roofline", "torch", "cpu", "float16", 1, bench.Budget(1, 3, 1, 0.05), seq=0)
+    out = _roofline(job)
+    n = out["n"]
+    assert bench.ROOFLINE_MIN <= n <= bench.ROOFLINE_SIZE["cpu"] and n & (n - 1) == 0
+    assert out["gflops"] > 0
+
+
+def test_8_sigterm_unwinds_like_ctrl_c():
+    from bench.plan import _terminate_as_interrupt
+
+    with pytest.raises(KeyboardInterrupt), _terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_8_stale_bench_folders_are_swept(tmp_path, monkeypatch):
+    import tempfile
+
+    from bench import plan as bench
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    old, young = tmp_path / "attnzoo-bench-old", tmp_path / "attnzoo-bench-young"
+    old.mkdir()
+    young.mkdir()
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    bench.sweep_stale_temp()
+    assert not old.exists() and young.exists()

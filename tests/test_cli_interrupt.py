@@ -86,3 +86,18 @@ def test_ctrl_c_that_an_import_swallows_still_ends_the_command(target):
     assert p.returncode != 99, f"startup of `attnzoo audit` never imported {target}"
     err = p.stderr.strip()
     assert p.returncode == 130 and err.endswith("interrupted") and len(err.splitlines()) == 1, (target, err)
+
+
+# -- a reader that goes away (attnzoo list | head -1) ------------------------------------------
+
+
+def test_broken_pipe_is_quiet():
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli", "list"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    p.stdout.readline()
+    p.stdout.close()  # `attnzoo list | head -1`
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Broken pipe" not in err and "Traceback" not in err, err
+    assert p.returncode in (0, 141)

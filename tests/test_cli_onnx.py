@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
+from helpers import one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,3 +118,15 @@ def test_help_for_every_command():
             timeout=120,
         )
         assert r.returncode == 0 and "usage: attnzoo" in r.stdout, (cmd, r.stderr)
+
+
+# -- attnzoo run: sizes past the machine, -s on a self-attention model -------------------------
+
+
+def test_7_run_past_the_machine_is_refused_before_inputs_are_made(exports, capsys):
+    line = one_line_error(capsys, ["run", str(exports["decomposed"]), "-b", "100000", "-t", "100000"])
+    assert "needs about" in line and "(100000, 100000, 100000)" in line
+
+
+def test_ctx_seq_on_a_self_attention_model_is_refused(exports, capsys):
+    assert "self-attention" in one_line_error(capsys, ["run", str(exports["decomposed"]), "-s", "5"])

@@ -5,6 +5,7 @@ Found by walking the packages, not listed by hand: a new error class is checked 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import pkgutil
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import zoo
+from cli.main import command_parsers, main
+from helpers import one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = [p for p in ("zoo", "analysis", "export", "bench", "serve", "cli") if (ROOT / p / "__init__.py").exists()]
@@ -70,3 +73,64 @@ def test_every_exception_class_derives_from_the_root(name):
 def test_every_subclass_of_the_root_keeps_a_builtin_base():
     missing = [f"{c.__module__}.{c.__qualname__}" for c in _walk(zoo.AttnzooError) if not issubclass(c, BUILTIN_BASES)]
     assert not missing, f"no ValueError/TypeError/RuntimeError base: {missing}"
+
+
+# -- refusals the size of the machine, and the exit-code rule for our own bugs -----------------
+
+
+def test_cli_shows_a_real_bug_with_its_traceback(monkeypatch):
+    # Only the error root and OSError are a user's mistake; anything else is ours and must show.
+    import cli.main as cli
+
+    def boom(args):
+        raise KeyError("a bug")
+
+    real = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(real(), boom))
+    with pytest.raises(KeyError):
+        main(["list"])
+
+
+def test_7_show_of_a_huge_spec_allocates_nothing_and_answers(capsys):
+    assert main(["show", "transformer-base", "--set", "d_model=1000000000", "--set", "heads=1"]) == 0
+    out = capsys.readouterr().out
+    assert "too large for torch" in out and "4,000,000,000,000,000,000" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "transformer-base", "--set", "d_model=1000000", "--set", "heads=1"],
+        ["export", "transformer-base", "--set", "d_model=1000000", "--set", "heads=1", "-o", "/tmp/never.onnx"],
+    ],
+)
+def test_7_huge_width_is_refused_with_the_number(capsys, argv):
+    line = one_line_error(capsys, argv)
+    assert "needs about" in line and "this machine has" in line
+
+
+def test_7_allocation_failure_that_still_happens_is_one_line(monkeypatch, capsys):
+    import cli.main as cli
+
+    def oom(args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    real = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(real(), oom))
+    assert "out of memory" in one_line_error(capsys, ["list"])
+
+
+def _with_func(parser: argparse.ArgumentParser, func):
+    parser.set_defaults(func=func)
+    for sp in command_parsers(parser).values():
+        sp.set_defaults(func=func)
+    return parser
+
+
+def test_7_check_fits_names_need_and_limit():
+    from zoo.limits import check_fits, machine_memory_bytes
+
+    assert machine_memory_bytes() and machine_memory_bytes() > 2**20
+    check_fits(10, "a tiny thing", limit=100)
+    with pytest.raises(zoo.ResourceError, match=r"needs about 1 kB \(1,000 bytes\).*has 100 B"):
+        check_fits(1000, "a request", limit=100)

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import zoo
+from cli.main import main
 from export import ExportError, OnnxSession, export_onnx
 from export.lowering import AUTO_PREFERENCE, FUSED_OPS, LOWERINGS, auto_order, why_not
+from helpers import one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +187,37 @@ def test_every_lowering_is_one_record_in_the_list():
     assert tuple(RECORDS) == LOWERINGS == tuple(lw.name for lw in LOWERING_LIST)
     for lw in LOWERING_LIST:  # a traced lowering has an opset torch exports at; a built one builds
         assert lw.opset >= 18 and (lw.traced or callable(lw.build))
+
+
+# -- export's own refusals and notes: torch's failure, bool flags, the ort-mha note ------------
+
+
+def test_torch_export_failure_is_one_line_and_full_with_verbose(monkeypatch, capsys):
+    def failing_export(*a, **kw):
+        raise RuntimeError("\x1b[31mFailed to export the model\x1b[0m\nline two of torch's story\nline three")
+
+    monkeypatch.setattr(torch.onnx, "export", failing_export)
+    with pytest.raises(ExportError) as ei:
+        export_onnx("mha-causal", "/tmp/never-written.onnx", lowering="decomposed")
+    assert "\n" not in str(ei.value) and "\x1b" not in str(ei.value)
+    assert "line three" in ei.value.detail
+    line = one_line_error(capsys, ["export", "mha-causal", "-o", "/tmp/never.onnx", "--lowering", "decomposed"])
+    assert "Failed to export the model" in line and "--verbose" in line
+    assert main(["--verbose", "export", "mha-causal", "-o", "/tmp/never.onnx", "--lowering", "decomposed"]) == 2
+    assert "line three" in capsys.readouterr().err
+
+
+def test_ort_mha_note_matches_the_graph(tmp_path):
+    r = export_onnx("mha-combined-bias", tmp_path / "m.onnx", lowering="ort-mha")
+    text = " ".join(r.notes)
+    if r.op_counts.get("com.microsoft::Attention"):
+        assert "packed Attention" in text and "MatMuls" not in text
+    else:
+        assert r.op_counts.get("MatMul", 0) >= 3 and "separate Q/K/V MatMuls" in text
+
+
+@pytest.mark.parametrize("flag", ["need_weights", "with_mask", "with_head_mask", "overwrite"])
+def test_export_flags_take_bools_only(flag, tmp_path):
+    with pytest.raises(zoo.InputTypeError, match=flag):
+        export_onnx("mha-causal", tmp_path / "m.onnx", **{flag: "no"})
+    assert not (tmp_path / "m.onnx").exists()

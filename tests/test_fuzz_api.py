@@ -28,7 +28,7 @@ import analysis.importance
 import analysis.scores
 import zoo
 from bench import plan as bench_mod
-from cli.main import build_parser, main
+from cli.main import build_parser, command_parsers, main
 from export import OnnxSession, export_onnx
 from export import lowering as lowering_mod
 from export import parity as parity_mod
@@ -58,8 +58,9 @@ def model_path(tmp_path_factory):
 
 def _flags(command: str) -> list[argparse.Action]:
     """The options of `command` that take a value, read from the parser (new flags included)."""
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return [a for a in sub.choices[command]._actions if a.option_strings and a.nargs != 0 and a.dest != "help"]
+    parser = command_parsers(build_parser())[command]
+    # argparse lists a parser's options only in `_actions`; there is no public accessor.
+    return [a for a in parser._actions if a.option_strings and a.nargs != 0 and a.dest != "help"]
 
 
 BASE = {

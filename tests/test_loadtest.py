@@ -23,11 +23,11 @@ from serve.loadtest import (
     Level,
     LoadTestError,
     Sample,
-    _bad_body,
-    _pct,
+    bad_body,
     build_pool,
     format_report,
     loadtest,
+    percentile,
 )
 from zoo import AttnzooError
 
@@ -36,8 +36,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Ser
 
 def test_percentiles_are_nearest_rank():
     values = [float(v) for v in range(1, 101)]
-    assert (_pct(values, 50), _pct(values, 95), _pct(values, 99), _pct(values, 100)) == (50.0, 95.0, 99.0, 100.0)
-    assert _pct([7.0], 99) == 7.0 and _pct([], 50) is None
+    assert [percentile(values, q) for q in (50, 95, 99, 100)] == [50.0, 95.0, 99.0, 100.0]
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
 
 
 def test_summary_counts_and_time_split():
@@ -70,7 +70,7 @@ def model(tmp_path_factory):
 @pytest.mark.parametrize("kind", BAD_KINDS)
 def test_every_malformed_kind_is_refused_with_a_4xx(model, kind):
     info = ModelInfo.of(OnnxSession(model, provider="cpu", verbose=False), max_tokens=512)
-    body, ctype = _bad_body(kind, 64, np.float32, 512, np.random.default_rng(0))
+    body, ctype = bad_body(kind, 64, np.float32, 512, np.random.default_rng(0))
     with pytest.raises(RequestError) as e:
         decode_request(body, ctype, info)
     assert 400 <= e.value.status < 500

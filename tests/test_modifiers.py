@@ -145,6 +145,43 @@ def test_qk_norm_weights_follow_heads(norm):
     close(rt(x), m(x), 1e-6)
 
 
+def test_head_state_lives_on_the_modifiers():
+    """zoo/heads.py names no modifier: each one's state is a Projections field it declares, read
+    from and written to the block by the modifier itself."""
+    from dataclasses import fields
+
+    from zoo.heads import Projections
+    from zoo.modifiers import MODIFIERS
+
+    known = {f.name for f in fields(Projections)}
+    for mod in MODIFIERS:
+        assert set(mod.state_fields) <= known, (mod.name, mod.state_fields)
+    m = zoo.create("gqa", qk_norm="full", alibi=True, rope_theta=1e4)
+    for mod in m.mods.values():
+        assert set(mod.head_state()) == set(mod.state_fields)
+    assert zoo.modifiers.prune_refusal(m.spec).setting == "qk_norm='full'"
+    assert zoo.modifiers.prune_refusal(m.spec.replace(qk_norm="head")) is None
+
+
+def test_modifier_fields_are_the_specs_and_off_by_default():
+    from dataclasses import fields
+
+    from zoo.modifiers import MODIFIERS
+
+    spec_fields = {f.name for f in fields(zoo.AttentionSpec)}
+    owned = [f for mod in MODIFIERS for f in mod.fields]
+    assert set(owned) <= spec_fields and len(owned) == len(set(owned))  # each field has one owner
+    assert zoo.modifiers.active(zoo.spec("mha-causal")) == []
+
+
+def test_audit_says_why_pruning_does_not_apply():
+    from zoo.audit import run_audit
+
+    steps = run_audit(zoo.create("gqa", qk_norm="full"))
+    zeroing = next(st for st in steps if st.title.startswith("zeroing a head"))
+    assert zeroing.ok and "pruning does not apply with qk_norm='full' (one RMS over all heads)" in zeroing.detail
+
+
 def test_audit_has_one_step_per_modifier():
     from zoo.audit import run_audit
 

@@ -238,3 +238,25 @@ def test_sdpa_sharing_kv_heads_equals_repeating_them(name):
         m.share_kv = False
         repeated = m(x, c, mask)
         close(shared, repeated)
+
+
+# -- inputs the block refuses: NaN in a float mask, integer x ----------------------------------
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_6_nan_float_mask_is_refused_on_every_path(need_weights):
+    m = zoo.create("mha-combined-bias").eval()
+    mask = torch.zeros(5, 5)
+    mask[2] = float("nan")
+    with pytest.raises(zoo.InputError, match="NaN"):
+        m(torch.randn(2, 5, 64), mask=mask, need_weights=need_weights)
+    m.fused = False
+    with pytest.raises(zoo.InputError, match="NaN"):
+        m(torch.randn(2, 5, 64), mask=mask)
+
+
+def test_integer_x_is_told_to_convert_x_not_the_module():
+    m = zoo.create("mha-combined-bias")
+    with pytest.raises(TypeError, match=r"x.to\(torch.float32\)") as ei:
+        m(torch.ones(1, 2, 64, dtype=torch.int64))
+    assert "module.to" not in str(ei.value)

@@ -132,3 +132,13 @@ def test_every_models_file_is_registered():
     models = Path(__file__).resolve().parent.parent / "models"
     stems = {p.stem for p in models.glob("*.toml")}
     assert stems and stems <= set(zoo.names())
+
+
+# -- preset files ------------------------------------------------------------------------------
+
+
+def test_preset_that_is_not_utf8_names_the_file(tmp_path):
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes('description = "caf\xe9"\n[spec]\nd_model = 64\n'.encode("latin-1"))
+    with pytest.raises(zoo.PresetFileError, match=r"latin1\.toml: not UTF-8"):
+        zoo.read_preset(bad)

@@ -1,13 +1,19 @@
 """OnnxSession: honest providers, input checks, torch/numpy in and out, node placement."""
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import zoo
 from export import OnnxSession, export_onnx
 from export.session import RunInputError, SessionError, cuda_status
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +165,60 @@ def test_node_placement_shows_the_attention_node(tmp_path):
     s = OnnxSession(r.path, provider="cpu", verbose=False)
     placed = s.summarize_placements(s.node_placements(torch.randn(1, 8, 64)))
     assert placed["MultiHeadAttention"] == {"CPUExecutionProvider": 1}
+
+
+# -- empty inputs never reach ONNX Runtime; the session's own arguments; its out-of-memory -----
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 64), (2, 0, 64)])
+def test_1_session_refuses_empty_batch_or_sequence(exports, shape):
+    sess = OnnxSession(exports["decomposed"], "cpu", verbose=False)
+    with pytest.raises(RunInputError, match="empty input"):
+        sess.run(torch.randn(*shape))  # b = 0 on the decomposed graph was a SIGFPE (exit 136)
+    with pytest.raises(RunInputError, match="empty input"):
+        sess.run(np.zeros(shape, dtype=np.float32))
+
+
+def test_1_session_refuses_empty_context(exports):
+    sess = OnnxSession(exports["cross-decomposed"], "cpu", verbose=False)
+    with pytest.raises(RunInputError, match=r"s=0"):
+        sess.run(torch.randn(2, 3, 64), torch.randn(2, 0, 48))
+
+
+def test_1_empty_batch_in_a_fresh_process_is_one_error_not_a_crash(exports):
+    code = (
+        "import torch, sys; from export import OnnxSession\n"
+        f"s = OnnxSession({str(exports['decomposed'])!r}, 'cpu', verbose=False)\n"
+        "try:\n    s.run(torch.randn(0, 4, 64))\nexcept ValueError as e:\n    print('refused', e); sys.exit(3)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 3 and "refused" in r.stdout, (r.returncode, r.stderr[-500:])
+
+
+def test_7_onnx_runtime_allocation_failure_is_a_resource_error(exports, monkeypatch):
+    sess = OnnxSession(exports["decomposed"], "cpu", verbose=False)
+
+    class FakeOrt:
+        def run(self, *a, **kw):
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running "
+                "MatMul node. Failed to allocate memory for requested buffer of size 1099511627776\nmore"
+            )
+
+    monkeypatch.setattr(sess, "_sess", FakeOrt())
+    with pytest.raises(zoo.ResourceError, match="ran out of memory") as ei:
+        sess.run(torch.randn(1, 2, 64))
+    assert "\n" not in str(ei.value)
+
+
+def test_session_arguments_are_checked(exports):
+    with pytest.raises(zoo.ArgumentError, match="threads"):
+        OnnxSession(exports["decomposed"], "cpu", threads=10**9)
+    with pytest.raises(zoo.ArgumentError, match="provider"):
+        OnnxSession(exports["decomposed"], "gpu")
+    with pytest.raises(zoo.InputTypeError, match="path"):
+        OnnxSession(3.5, "cpu")
+    with pytest.raises(SessionError, match="not an ONNX model"):
+        bad = Path(exports["decomposed"]).with_name("bad.onnx")
+        bad.write_bytes(b"\x00not a model")
+        OnnxSession(bad, "cpu")

@@ -96,3 +96,38 @@ def test_float64_peer_stays_exact():
 def test_training_mode_dropout_warns():
     with pytest.warns(UserWarning, match="dropout=0.1"):
         zoo.from_torch_mha(nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True))
+
+
+# -- the torch peer's constructor options: exact, refused, or said out loud --------------------
+
+
+def test_2_sequence_first_peer_converts_with_a_warning_naming_the_layout():
+    peer = nn.MultiheadAttention(64, 4).eval()  # batch_first=False is torch's default
+    with pytest.warns(UserWarning, match=r"batch_first=False.*\(t, b, c\)"):
+        m = zoo.from_torch_mha(peer).eval()
+    x_tbc = torch.randn(7, 2, 64)
+    with torch.no_grad():
+        y_ref, _ = peer(x_tbc, x_tbc, x_tbc)
+        y = m(x_tbc.transpose(0, 1)).transpose(0, 1)  # what the warning tells the user to do
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_2_batch_first_peer_converts_silently():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        zoo.from_torch_mha(nn.MultiheadAttention(64, 4, batch_first=True).eval())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"add_bias_kv": True}, "add_bias_kv"),
+        ({"add_zero_attn": True}, "add_zero_attn"),
+        ({"kdim": 16, "vdim": 24}, "kdim=16 != vdim=24"),
+    ],
+)
+def test_2_peer_options_the_zoo_cannot_express_are_refused(kwargs, match):
+    with pytest.raises(zoo.ArgumentError, match=match):
+        zoo.from_torch_mha(nn.MultiheadAttention(64, 4, batch_first=True, **kwargs))

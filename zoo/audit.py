@@ -175,7 +175,7 @@ def _split(c: _Case) -> list[Step]:
 
 def _inside_heads(c: _Case) -> list[Step]:
     """4. Inside each head: scores, masks, softmax rows and values, against a reference that
-    applies the modifiers from their own written-out forms (zoo/modifiers.py, reference_*)."""
+    applies the modifiers from their own written-out forms (zoo/modifiers/, reference_*)."""
     s, p, (b, t, sl) = c.s, c.p, c.shape
     mods = modifiers.active(s)
     c.y, c.attn = c.m(c.x, c.ctx, c.mask, need_weights=True)
@@ -295,8 +295,9 @@ def _zeroing(c: _Case) -> list[Step]:
     e_zero = _err(y_zero, y_cut)
     detail = f"head_mask[{j}]=0 vs W_O rows {j * dv}..{(j + 1) * dv - 1} zeroed: max err {e_zero:.1e}"
     ok = e_zero < ATOL
-    if s.qk_norm == "full":  # refused by prune_heads, with the reason; zeroing still applies
-        detail += "; pruning does not apply with qk_norm='full' (one RMS over all heads)"
+    refusal = modifiers.prune_refusal(s)
+    if refusal is not None:  # refused by prune_heads, with the reason; zeroing still applies
+        detail += f"; pruning does not apply with {refusal.setting} ({refusal.short})"
     elif h > 1:
         try:
             drop = [j] if gs == 1 or g == 1 else list(range((g - 1) * gs, h))
@@ -345,7 +346,7 @@ def _fused(c: _Case) -> list[Step]:
 
 
 def _modifier_steps(c: _Case) -> list[Step]:
-    """Each active modifier's own property (zoo/modifiers.py, `audit`)."""
+    """Each active modifier's own property (zoo/modifiers/, `audit`)."""
     return [Step(*mod.audit(c.m, c.x)) for mod in modifiers.active(c.s)]
 
 

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from einops import rearrange
 from torch import Tensor
 
+from . import modifiers
 from .attention import MultiHeadAttention
 from .errors import ArgumentError, InputTypeError
+from .modifiers import take_blocks
 from .spec import AttentionSpec
 
 
@@ -31,8 +32,8 @@ class Projections:
     b_k: Tensor | None = None
     b_v: Tensor | None = None
     b_o: Tensor | None = None
-    # Modifier state that belongs to heads: QK-norm weights ("head": (dk), shared by all heads;
-    # "full": ((h dk)) and ((g dk))) and ALiBi slopes (h). None when the spec has no such modifier.
+    # Modifier state, one field per name in a modifier's `state_fields` (zoo/modifiers/ says
+    # what each holds and how it follows the heads). None when the spec has no such modifier.
     q_norm: Tensor | None = None
     k_norm: Tensor | None = None
     alibi_slopes: Tensor | None = None
@@ -65,11 +66,9 @@ def get_projections(m: MultiHeadAttention) -> Projections:
         w_q, w_k, w_v = w[:qw], w[qw : qw + kw], w[qw + kw :]
         b_q, b_k, b_v = (bb[:qw], bb[qw : qw + kw], bb[qw + kw :]) if b else (None, None, None)
     p = Projections(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
-    if "qk_norm" in m.mods:
-        p.q_norm = m.mods["qk_norm"].q_norm.detach().clone()
-        p.k_norm = m.mods["qk_norm"].k_norm.detach().clone()
-    if "alibi" in m.mods:
-        p.alibi_slopes = m.mods["alibi"].slopes.detach().clone()
+    for mod in m.mods.values():
+        for key, value in mod.head_state().items():
+            setattr(p, key, value)
     return p
 
 
@@ -102,11 +101,8 @@ def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | Non
             lin.weight.copy_(w)
             if spec.bias:
                 lin.bias.copy_(bias)
-        if "qk_norm" in m.mods:
-            m.mods["qk_norm"].q_norm.copy_(p.q_norm)
-            m.mods["qk_norm"].k_norm.copy_(p.k_norm)
-        if "alibi" in m.mods:
-            m.mods["alibi"].slopes.copy_(p.alibi_slopes)
+        for mod in m.mods.values():
+            mod.load_head_state({key: getattr(p, key) for key in mod.state_fields})
     return m
 
 
@@ -147,35 +143,24 @@ def _check_perm(perm: Sequence[int] | Tensor, n: int, what: str) -> list[int]:
     return perm
 
 
-def _take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -> Tensor | None:
-    """Reorder the n head blocks of w along `dim` (rows for W_Q/K/V and biases, columns for W_O)."""
-    if w is None:
-        return None
-    idx = torch.as_tensor(list(order), device=w.device)
-    if dim == 0:
-        blocks = rearrange(w, "(n d) ... -> n d ...", n=n)
-        return rearrange(blocks[idx], "n d ... -> (n d) ...")
-    blocks = rearrange(w, "o (n d) -> n o d", n=n)
-    return rearrange(blocks[idx], "n o d -> o (n d)")
-
-
 def _select_heads(p: Projections, spec: AttentionSpec, q_heads: Sequence[int], kv_heads: Sequence[int]) -> Projections:
     """The projections of query heads `q_heads` and kv heads `kv_heads`, in that order."""
     h, g = spec.heads, spec.kv_heads_
-    full_norm = spec.qk_norm == "full"
-    return Projections(
-        q_norm=_take_blocks(p.q_norm, q_heads, h) if full_norm else p.q_norm,
-        k_norm=_take_blocks(p.k_norm, kv_heads, g) if full_norm else p.k_norm,
-        alibi_slopes=_take_blocks(p.alibi_slopes, q_heads, h),
-        w_q=_take_blocks(p.w_q, q_heads, h),
-        w_k=_take_blocks(p.w_k, kv_heads, g),
-        w_v=_take_blocks(p.w_v, kv_heads, g),
-        w_o=_take_blocks(p.w_o, q_heads, h, dim=1),
-        b_q=_take_blocks(p.b_q, q_heads, h),
-        b_k=_take_blocks(p.b_k, kv_heads, g),
-        b_v=_take_blocks(p.b_v, kv_heads, g),
+    out = Projections(
+        w_q=take_blocks(p.w_q, q_heads, h),
+        w_k=take_blocks(p.w_k, kv_heads, g),
+        w_v=take_blocks(p.w_v, kv_heads, g),
+        w_o=take_blocks(p.w_o, q_heads, h, dim=1),
+        b_q=take_blocks(p.b_q, q_heads, h),
+        b_k=take_blocks(p.b_k, kv_heads, g),
+        b_v=take_blocks(p.b_v, kv_heads, g),
         b_o=p.b_o,
     )
+    for mod in modifiers.active(spec):
+        state = {key: getattr(p, key) for key in mod.state_fields}
+        for key, value in mod.select_heads(spec, state, q_heads, kv_heads).items():
+            setattr(out, key, value)
+    return out
 
 
 def kv_permutation_for(spec: AttentionSpec, perm: Sequence[int]) -> list[int]:
@@ -219,10 +204,10 @@ def prune_heads(m: MultiHeadAttention, heads: Sequence[int]) -> MultiHeadAttenti
     head keeps reading the kv head it read before.
     """
     s = _require_module(m).spec
-    if s.qk_norm == "full":
+    refusal = modifiers.prune_refusal(s)
+    if refusal is not None:
         raise ArgumentError(
-            "prune_heads cannot apply with qk_norm='full': its RMS runs over all heads together, so "
-            "removing a head changes every other head's normalisation (zeroing with head_mask is exact; "
+            f"prune_heads cannot apply with {refusal.setting}: {refusal.why} (zeroing with head_mask is exact; "
             "pruning would be a different function)"
         )
     drop = sorted(set(_head_indices(heads, "heads")))

@@ -74,9 +74,10 @@ def show_spec(
         out.append(f"  {label}  {dims:<13} ({axes:<13}) {n:>14,}")
     if s.bias:
         out.append(f"  {'biases':<35}{pb.biases:>14,}")
-    if pb.modifiers:
-        wq, wk = modifiers.QKNorm.widths(s)
-        out.append(f"  {f'qk-norm weights ({s.qk_norm}: {wq} + {wk})':<35}{pb.modifiers:>14,}")
+    for mod in modifiers.active(s):
+        added = mod.parameters_added(s)
+        if added:
+            out.append(f"  {mod.parameters_label(s):<35}{added:>14,}")
     if module_count is None:
         out.append(f"  total: formula {formula:,} (too large for torch to build even on the meta device)")
     else:
@@ -88,7 +89,7 @@ def show_spec(
         out.append(f"  combined input projection {what}: {s.d_kv_in if s.is_cross else s.d_model} -> {w}")
     active = modifiers.active(s)
     if active:
-        out += ["", "modifiers (in order of application; zoo/modifiers.py)"]
+        out += ["", "modifiers (in order of application; zoo/modifiers/)"]
         out += [f"  {mod.describe(s)}" for mod in active]
     out += ["", f"shapes at B={batch}, T={seq}" + (f", S={sl}" if s.is_cross else "")]
     for st in stage_shapes(s, batch, seq, sl):

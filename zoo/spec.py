@@ -45,7 +45,7 @@ class AttentionSpec:
     causal: bool = False  # built-in lower-triangular mask; only meaningful for self-attention
     d_context: int | None = None  # width of the cross-attention context; None -> self-attention
     scale: float | None = None  # score scale; None -> 1/sqrt(d_k) as in "Attention Is All You Need"
-    # Position and score modifiers (zoo/modifiers.py holds each one's math, checks and limits).
+    # Position and score modifiers (zoo/modifiers/ holds each one's math, checks and limits).
     # All off by default, so every spec above keeps its meaning.
     rope_theta: float | None = None  # rotary positions on Q and K, base theta (LLaMA: 500000.0); None = off
     rope_dim: int | None = None  # rotated leading dims of each head, even; None = all of d_k (NeoX: partial)

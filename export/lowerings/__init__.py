@@ -25,7 +25,7 @@ def record(name: str) -> Lowering:
         raise ExportError(f"lowering={name!r} is not one of {', '.join(RECORDS)} or 'auto'") from None
 
 
-# The README's table rows: each modifier (by its name in zoo/modifiers.py) and its README label.
+# The README's table rows: each modifier (by its name in zoo/modifiers/) and its README label.
 _ROWS = (("rope", "rotary (any `rope_dim`)"), ("alibi", "ALiBi"), ("window", "window"), ("softcap", "softcap"))
 _ROWS += (("qk_norm", "QK-norm"),)
 

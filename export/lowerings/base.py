@@ -10,6 +10,8 @@ from typing import Any
 
 import zoo
 
+from ..errors import ExportError
+
 # A spec -> the reason it cannot be expressed, or None.
 Check = Callable[[zoo.AttentionSpec], "str | None"]
 
@@ -42,7 +44,7 @@ class Lowering:
     combined_as_separate: bool = False  # write a combined projection as three MatMuls
     after_trace: Callable[[Any], Any] | None = None
     # What it cannot express: for a spec whatever its modifiers (with dtype and provider), and
-    # per modifier, keyed by the modifier's name (zoo/modifiers.py).
+    # per modifier, keyed by the modifier's name (zoo/modifiers/).
     cannot: Callable[..., str | None] | None = None
     modifiers: Mapping[str, Limit] = field(default_factory=dict)
     # Why it cannot keep a static, in-place cache (export_onnx(decode=True, cache="static")), or None.
@@ -66,3 +68,15 @@ class Lowering:
             if reason:
                 return reason
         return None
+
+
+def expect_ops(model: Any, ops: tuple[str, ...], why: str, *, absent: tuple[str, ...] = ()) -> Any:
+    """`model` if it holds exactly one node among `ops` (onnx op types, "domain::Op" outside the
+    default domain) and none of `absent`; else ExportError(`why`, its "{counts}" filled with the
+    model's op counts). For an `after_trace` that checks what the exporter or a rewriter made."""
+    from ..graphs import op_counts
+
+    counts = op_counts(model)
+    if sum(counts.get(op, 0) for op in ops) != 1 or any(counts.get(op, 0) for op in absent):
+        raise ExportError(why.format(counts=counts))
+    return model

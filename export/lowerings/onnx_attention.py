@@ -1,17 +1,11 @@
 """`onnx-attention`: torch's exporter writes SDPA as the standard ONNX `Attention` op (opset 23).
 ORT's CPU kernel forms Q K^T in fp16, so an fp16 export runs the op in fp32 (sdpa_fp32)."""
 
-from ..errors import ExportError
-from .base import Limit, Lowering
+from .base import Limit, Lowering, expect_ops
 
 
 def _one_attention_node(model):
-    from ..graphs import op_counts
-
-    counts = op_counts(model)
-    if counts.get("Attention", 0) != 1:
-        raise ExportError(f"expected one ONNX Attention node, found op counts {counts}")
-    return model
+    return expect_ops(model, ("Attention",), "expected one ONNX Attention node, found op counts {counts}")
 
 
 LOWERING = Lowering(

@@ -2,8 +2,7 @@
 com.microsoft MultiHeadAttention (or the packed Attention contrib op). The export fails unless
 exactly one fused node replaced the softmax: a rewriter that matches nothing is the usual failure."""
 
-from ..errors import ExportError
-from .base import Limit, Lowering
+from .base import Limit, Lowering, expect_ops
 
 FUSED_OPS = ("com.microsoft::MultiHeadAttention", "com.microsoft::Attention", "com.microsoft::GroupQueryAttention")
 
@@ -11,17 +10,17 @@ FUSED_OPS = ("com.microsoft::MultiHeadAttention", "com.microsoft::Attention", "c
 def _fuse(model):
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    from ..graphs import op_counts, quiet
+    from ..graphs import quiet
 
     with quiet():
         model, _ = optimize_for_ort(model)
-    counts = op_counts(model)
-    if sum(counts.get(op, 0) for op in FUSED_OPS) != 1 or counts.get("Softmax", 0):
-        raise ExportError(
-            f"onnxscript's ORT rewriter did not fuse this block into one fused attention node "
-            f"(op counts after rewrite: {counts}); use lowering='onnx-attention' or 'decomposed'"
-        )
-    return model
+    return expect_ops(
+        model,
+        FUSED_OPS,
+        "onnxscript's ORT rewriter did not fuse this block into one fused attention node "
+        "(op counts after rewrite: {counts}); use lowering='onnx-attention' or 'decomposed'",
+        absent=("Softmax",),
+    )
 
 
 LOWERING = Lowering(

@@ -1,0 +1,107 @@
+"""Position and score modifiers: rotary positions, ALiBi, sliding window, logit softcap, QK-norm.
+
+Each modifier is one class that says everything about itself:
+
+    fields          the spec fields it owns (all off by default)
+    active(spec)    whether a spec turns it on
+    check(spec)     SpecError for an invalid value or combination (called by AttentionSpec)
+    parameters      learned entries it adds to the block (RoPE and ALiBi add none), and their label
+    describe        its words in `AttentionSpec.describe()`
+    head state      what follows a head under permute_heads / prune_heads (zoo/heads.py):
+                      state_fields         the zoo.heads.Projections fields that hold it
+                      head_state()         read it from the block; load_head_state(state) writes it back
+                      select_heads(...)    the state for a subset or reordering of the heads
+                      prune_refusal(spec)  why pruning cannot apply (None: it can)
+    the eager op    as an nn.Module built into the block, at one of three stages:
+                      qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
+                      qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
+                      score_allowed / score_bias / score_map   on the (b h t s) scores
+    reference_*     the same math written independently (plain loops, float64) for the audit:
+                      reference_qk, reference_map, reference_bias, reference_allowed
+    audit           its own property check, as an audit step
+
+What a lowering cannot express for a modifier lives on the export side, in each lowering's
+record (export/lowerings/), keyed by the modifier's `name`: zoo knows nothing of ONNX.
+
+One module per family: `base` (the protocol, shared helpers), `qk_norm`, `rotary`, `alibi`,
+`scores` (window, softcap); this package lists them in order of application and re-exports
+every name, so `from zoo.modifiers import X` reaches all of them.
+
+Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
+same tensor (0..t-1 unless the caller gives `positions`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from .alibi import ALiBi, alibi_slopes
+from .base import (
+    Modifier,
+    PruneRefusal,
+    is_number,
+    relative_distance,
+    relative_positions_audit,
+    take_blocks,
+)
+from .qk_norm import QK_NORMS, QKNorm, rms_norm
+from .rotary import Rotary
+from .scores import Softcap, Window
+
+if TYPE_CHECKING:
+    from ..spec import AttentionSpec
+
+__all__ = [
+    "MODIFIERS",
+    "QK_NORMS",
+    "ALiBi",
+    "Modifier",
+    "PruneRefusal",
+    "QKNorm",
+    "Rotary",
+    "Softcap",
+    "Window",
+    "active",
+    "alibi_slopes",
+    "build",
+    "check_spec",
+    "is_number",
+    "parameters_added",
+    "prune_refusal",
+    "relative_distance",
+    "relative_positions_audit",
+    "rms_norm",
+    "take_blocks",
+]
+
+# The order is the order of application at each stage (QK-norm before RoPE, as every model does).
+MODIFIERS: tuple[type[Modifier], ...] = (QKNorm, Rotary, ALiBi, Window, Softcap)
+
+
+def check_spec(spec: AttentionSpec) -> None:
+    for mod in MODIFIERS:
+        mod.check(spec)
+
+
+def active(spec: AttentionSpec) -> list[type[Modifier]]:
+    return [mod for mod in MODIFIERS if mod.active(spec)]
+
+
+def parameters_added(spec: AttentionSpec) -> int:
+    return sum(mod.parameters_added(spec) for mod in MODIFIERS)
+
+
+def prune_refusal(spec: AttentionSpec) -> PruneRefusal | None:
+    """The first active modifier's reason why prune_heads cannot apply to `spec`, or None."""
+    for mod in active(spec):
+        refusal = mod.prune_refusal(spec)
+        if refusal is not None:
+            return refusal
+    return None
+
+
+def build(spec: AttentionSpec) -> nn.ModuleDict:
+    """The block's modifier modules, keyed by name, in order of application."""
+    return nn.ModuleDict({mod.name: mod(spec) for mod in active(spec)})

@@ -1,0 +1,125 @@
+"""Rotary positions on Q and K (halves as NeoX/LLaMA, or interleaved pairs as GPT-J)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..errors import SpecError
+from .base import Modifier, is_number, relative_positions_audit
+
+if TYPE_CHECKING:
+    from ..spec import AttentionSpec
+
+
+class Rotary(Modifier):
+    """Rotary position embedding on the first `rope_dim` dims of each Q and K head.
+
+    Pair i of a head rotates by angle pos * theta^(-2i/rope_dim). Halves (NeoX/LLaMA):
+    pair i is (x[i], x[i + rope_dim/2]); interleaved (GPT-J): pair i is (x[2i], x[2i+1]).
+    """
+
+    name = "rope"
+    fields = ("rope_theta", "rope_dim", "rope_interleaved")
+    # Rotary angles are fp32 (as transformers computes them), so a shift moves y by fp32 rounding.
+    shift_tolerance = 1e-6
+    HALVES = "... (r n) -> ... n r"  # r = 2: first half, second half
+    PAIRS = "... (n r) -> ... n r"  # r = 2: adjacent pairs
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.dim = self.rotated(spec)
+        # fp32 always, as transformers computes the angles: a plain attribute, not a buffer, so that
+        # block.half() does not round the frequencies (fp16 angles are wrong by ~1 rad at position
+        # 40000). It follows from the spec alone, so it is not saved with the weights either.
+        self.inv_freq = self.frequencies(spec)
+
+    @staticmethod
+    def rotated(spec: AttentionSpec) -> int:
+        return spec.rope_dim if spec.rope_dim is not None else spec.d_k_
+
+    @staticmethod
+    def frequencies(spec: AttentionSpec) -> Tensor:
+        """theta^(-2i/rope_dim) for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
+        rd = Rotary.rotated(spec)
+        return 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.rope_theta is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        if not isinstance(spec.rope_interleaved, bool):
+            raise SpecError(f"rope_interleaved={spec.rope_interleaved!r} must be True or False")
+        if spec.rope_theta is None:
+            if spec.rope_dim is not None or spec.rope_interleaved:
+                raise SpecError(
+                    f"rope_dim={spec.rope_dim} / rope_interleaved={spec.rope_interleaved} need rotary "
+                    f"positions: set rope_theta (e.g. 10000.0)"
+                )
+            return
+        if not is_number(spec.rope_theta) or not 1 < spec.rope_theta <= 1e12:
+            raise SpecError(f"rope_theta={spec.rope_theta!r} must be a number in (1, 1e12] (e.g. 10000.0)")
+        if spec.is_cross:
+            raise SpecError(
+                f"rope_theta={spec.rope_theta} with d_context={spec.d_context}: rotary positions need query and "
+                f"key positions on one axis; cross-attention keys have none. Drop rope_theta or d_context"
+            )
+        rd = spec.rope_dim
+        if rd is not None:
+            if isinstance(rd, bool) or not isinstance(rd, int) or rd <= 0 or rd % 2 or rd > spec.d_k_:
+                raise SpecError(f"rope_dim={rd!r} must be an even integer in 2..d_k={spec.d_k_} (or None for all)")
+        elif spec.d_k_ % 2:
+            raise SpecError(f"rotary positions rotate pairs: d_k={spec.d_k_} is odd; set rope_dim to an even width")
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        rd = cls.rotated(spec)
+        part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
+        return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{', interleaved' if spec.rope_interleaved else ''})"
+
+    def cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32."""
+        angles = rearrange(pos.float(), "b t -> b 1 t 1") * self.inv_freq.to(pos.device)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        pattern = self.PAIRS if self.spec.rope_interleaved else self.HALVES
+        pairs = rearrange(rot, pattern, r=2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        turned = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        back = "... n r -> ... (n r)" if self.spec.rope_interleaved else "... n r -> ... (r n)"
+        return torch.cat((rearrange(turned, back), rest), dim=-1)
+
+    def qk_heads(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        cq, sq = self.cos_sin(q_pos, q.dtype)
+        ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, k.dtype)
+        return self.rotate(q, cq, sq), self.rotate(k, ck, sk)
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        return relative_positions_audit(m, x, "rope")
+
+    @classmethod
+    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+        return cls.reference(spec, q, pos), cls.reference(spec, k, pos)
+
+    @staticmethod
+    def reference(spec: AttentionSpec, x: Tensor, pos: Tensor) -> Tensor:
+        """x (b n t d) rotated pair by pair, written out (no einops); angles, cos and sin in fp32
+        as transformers computes them, the rotation itself in x's dtype."""
+        rd = Rotary.rotated(spec)
+        freqs = Rotary.frequencies(spec)
+        out = x.clone()
+        for i in range(rd // 2):
+            a, b = (2 * i, 2 * i + 1) if spec.rope_interleaved else (i, i + rd // 2)
+            ang = pos.to(torch.float32)[:, None, :] * freqs[i]  # (b 1 t)
+            c, s = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+            out[..., a] = x[..., a] * c - x[..., b] * s
+            out[..., b] = x[..., a] * s + x[..., b] * c
+        return out

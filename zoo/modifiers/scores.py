@@ -1,0 +1,120 @@
+"""Modifiers of the score matrix alone: the sliding window (a mask) and the logit softcap (a map)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import SpecError
+from .base import Modifier, is_number, relative_distance
+
+if TYPE_CHECKING:
+    from ..spec import AttentionSpec
+
+
+class Window(Modifier):
+    """Query i sees key j iff i - window < j <= i: `window` keys, itself included (HF's convention)."""
+
+    name = "window"
+    fields = ("window",)
+    shapes_scores = True
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.window is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        w = spec.window
+        if w is None:
+            return
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 < w < 2**31:
+            raise SpecError(f"window={w!r} must be an integer in 1..2**31-1 (keys seen, itself included) or None")
+        if not spec.causal:
+            raise SpecError(f"window={w} needs causal=True (a sliding window looks back only); set causal=true")
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        return f"window={spec.window}"
+
+    @classmethod
+    def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
+        return torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
+
+    def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return relative_distance(q_pos, k_pos) < self.spec.window
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        """Changing a token outside the last query's window leaves its output alone; inside, it does not."""
+        w, t = m.spec.window, x.shape[1]
+        y = m(x)[:, -1]
+        last = t - 1
+        outside = last - w  # the newest key the last query may not see
+        detail = []
+        ok = True
+        if outside >= 0:
+            x2 = x.clone()
+            x2[:, : outside + 1] += 1.0
+            e_out = (m(x2)[:, -1] - y).abs().max().item()
+            ok = ok and e_out < 1e-10
+            detail.append(f"keys 0..{outside} changed: last row moves {e_out:.1e} (must be 0)")
+        x3 = x.clone()
+        x3[:, max(0, last - w + 1)] += 1.0
+        e_in = (m(x3)[:, -1] - y).abs().max().item()
+        ok = ok and e_in > 1e-6
+        detail.append(f"key {max(0, last - w + 1)} (oldest inside) changed: moves {e_in:.1e} (must not be 0)")
+        return f"window={w}: query i sees keys i-{w - 1}..i", ok, "; ".join(detail)
+
+
+# -- softcap --------------------------------------------------------------------------------------
+
+
+class Softcap(Modifier):
+    """scores -> cap * tanh(scores / cap), after scaling and before any bias or mask (Gemma-2)."""
+
+    name = "softcap"
+    fields = ("softcap",)
+    needs_explicit = True  # SDPA has no hook for a nonlinear map of the scores
+
+    @classmethod
+    def active(cls, spec: AttentionSpec) -> bool:
+        return spec.softcap is not None
+
+    @classmethod
+    def check(cls, spec: AttentionSpec) -> None:
+        c = spec.softcap
+        if c is not None and (not is_number(c) or not 0 < c <= 1e4):
+            raise SpecError(f"softcap={c!r} must be a number in (0, 1e4] (Gemma-2 uses 50.0) or None")
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec) -> str:
+        return f"softcap={spec.softcap:g}"
+
+    def score_map(self, scores: Tensor) -> Tensor:
+        cap = self.spec.softcap
+        return torch.tanh(scores / cap) * cap
+
+    @classmethod
+    def reference_map(cls, spec: AttentionSpec, scores: Tensor) -> Tensor:
+        return spec.softcap * torch.tanh(scores / spec.softcap)
+
+    @classmethod
+    def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        """Capped scores lie in (-cap, cap), so two allowed weights of a row differ by < exp(2 cap)."""
+        cap = m.spec.softcap
+        _, a = m(x * 1e3, need_weights=True)  # huge scores: without the cap one key would take all
+        ok_rows = a.sum(-1) > 0
+        smallest = torch.where(a > 0, a, torch.inf).amin(-1)  # over allowed keys only
+        ratio = (a.amax(-1) / smallest)[ok_rows]
+        log_ratio = torch.log(ratio).max().item() if ratio.numel() else 0.0
+        return (
+            f"softcap={cap:g}: scores in (-cap, cap)",
+            bool(torch.isfinite(a).all()) and log_ratio <= 2 * cap + 1e-9,
+            f"at x*1000, max log(weight ratio) within a row {log_ratio:.3g} <= 2*cap = {2 * cap:g}",
+        )
+
+
+# The order is the order of application at each stage (QK-norm before RoPE, as every model does).
