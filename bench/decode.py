@@ -170,7 +170,7 @@ def format_decode_table(report: dict[str, Any]) -> str:
             f"| {r['batch']} | {r['past']} | {r['path']} | {r['ms_per_token']:.3f} | "
             f"{1e3 * r['batch'] / r['ms_per_token']:,.0f} | {_num(r, 'floor_ms', 3)} | {_num(r, 'x_floor', 2)} | "
             f"{_num(r, 'bandwidth_gbs', 1)} | {'' if mem is None else f'{mem:.1f}'} | "
-            f"{r.get('speedup_vs_eager', float('nan')):.2f} |"
+            f"{_num(r, 'speedup_vs_eager', 2)} |"
         )
     for path, why in report["skipped"].items():
         lines.append(f"| | | {path} | skipped: {why} | | | | | | |")

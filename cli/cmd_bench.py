@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import zoo
-from bench.jobs import CONTENDED, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
+from bench.jobs import CONTENDED, DECODE_PATHS, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
 from bench.plan import benchmark
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
 from export.names import DEVICES, DTYPES
@@ -49,7 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch and ONNX Runtime intra-op threads (default: every usable core)",
     )
     parser.add_argument(
-        "--paths", type=_path_list, default=list(PATHS), metavar="LIST", help=f"a subset of {','.join(PATHS)}"
+        "--paths",
+        type=_path_list,
+        default=list(PATHS),
+        metavar="LIST",
+        help=f"a subset of {','.join(PATHS)}; with --decode of {','.join(DECODE_PATHS)}",
     )
     parser.add_argument("--warmup", type=int, default=Budget.warmup, help="warm-up calls (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=Budget.repeats, help="timed calls at most (default %(default)s)")
@@ -170,11 +174,11 @@ def _finish(args: argparse.Namespace, report: dict, table: str, failed: bool) ->
 
 def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
     from bench.decode import benchmark_decode, format_decode_table
-    from bench.jobs import DECODE_PATHS, DEFAULT_PAST
+    from bench.jobs import DEFAULT_PAST
 
     if args.seq or args.plot:
         raise BenchError("--decode measures t = 1 per step: give past lengths with --past (no --seq, no --plot)")
-    paths = [p for p in args.paths if p in DECODE_PATHS] if args.paths != list(PATHS) else list(DECODE_PATHS)
+    paths = list(DECODE_PATHS) if args.paths == list(PATHS) else args.paths  # an unknown one is refused
     report = benchmark_decode(
         args.name,
         overrides=zoo.parse_overrides(args.set),

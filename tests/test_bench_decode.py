@@ -27,6 +27,28 @@ def test_decode_bench_runs(tmp_path, capsys):
     assert format_decode_table(report).count("| 1 | 32 |") == 2
 
 
+def test_decode_bench_static_paths_the_peer_and_the_floor(tmp_path, capsys):
+    """The static caches (eager and ONNX), transformers' StaticCache peer, and each row's floor."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "d.json"
+    paths = ["--paths", "eager-static,transformers-static,ort-decomposed-static"]
+    code = main(["bench", "llama-3-8b", *TINY, "--decode", "--past", "16", *paths, *QUICK, "--json", str(out)])
+    assert code == 0, capsys.readouterr()
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["path"] for r in rows] == ["eager-static", "transformers-static", "ort-decomposed-static"]
+    for r in rows:
+        assert r["ok"] and r["bandwidth_gbs"] > 0.1 and r["floor_ms"] > 0
+        assert r["x_floor"] == pytest.approx(r["ms_per_token"] / r["floor_ms"])
+        assert r["cache_mb"] == pytest.approx(2 * 16 * (16 + 16) * 4 / 1e6)  # g=2, p=16, dk+dv, fp32
+    assert "x floor" in capsys.readouterr().out
+    # A block transformers' LlamaAttention does not have: the peer is skipped with the reason.
+    code = main(["bench", "gpt2-small", *TINY, "--decode", "--past", "8", "--paths", "transformers-static", *QUICK])
+    assert code == 0
+    assert "transformers-static | skipped: measured for LLaMA-shaped blocks" in capsys.readouterr().out
+    assert main(["bench", "llama-3-8b", *TINY, "--decode", "--past", "8", "--paths", "ort-static", *QUICK]) == 2
+    assert "unknown decode path(s) ['ort-static']" in capsys.readouterr().err
+
+
 def test_decode_bench_refusals(capsys):
     assert main(["bench", "mha-separate-bias", "--decode", "--past", "8", *QUICK]) == 2
     assert "not causal self-attention" in capsys.readouterr().err

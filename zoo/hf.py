@@ -126,6 +126,9 @@ def to_hf(block: MultiHeadAttention, module: nn.Module) -> nn.Module:
     have = block.spec.replace(
         layout=want.layout, bias=want.bias, scale=default_scale(block.spec.scale_, block.spec.d_k_)
     )
+    for field, resolved in (("d_k", "d_k_"), ("d_v", "d_v_"), ("kv_heads", "kv_heads_")):
+        if getattr(have, resolved) == getattr(want, resolved):  # d_k=16 written out is the default 16
+            have = have.replace(**{field: getattr(want, field)})
     if have != want:
         diffs = [
             f"{f}: block {getattr(have, f)!r} vs module {getattr(want, f)!r}"
