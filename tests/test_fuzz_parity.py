@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import zoo
 from export import OnnxSession, export_onnx
 from export.lowering import LOWERINGS, why_not
+from export.names import CACHES
 from export.parity import TOLERANCE, check
 from strategies import bool_mask, decode_runs, decode_specs, float_mask, fuzz_settings, shapes, specs
 
@@ -51,20 +52,21 @@ def test_onnx_runtime_matches_eager(spec, lowering, dtype, case, shape_list, tmp
 
 
 @fuzz_settings(ONNX_EXAMPLES)
-@given(spec=decode_specs(), lowering=st.sampled_from(LOWERINGS), run=decode_runs())
-def test_batched_decode_in_chunks_matches_eager(spec, lowering, run, tmp_path_factory):
-    """A decode export fed b rows in random splits (chunks after a past included), rows
-    left-padded through key_mask: each row's y is that row's eager forward alone."""
-    assume(why_not(lowering, spec, decode=True, provider="cpu") is None)
+@given(spec=decode_specs(), lowering=st.sampled_from(LOWERINGS), run=decode_runs(), cache=st.sampled_from(CACHES))
+def test_batched_decode_in_chunks_matches_eager(spec, lowering, run, cache, tmp_path_factory):
+    """A decode export (growing or static cache) fed b rows in random splits (chunks after a past
+    included), rows left-padded through key_mask: each row's y is that row's eager forward alone."""
+    assume(why_not(lowering, spec, decode=True, provider="cpu", cache=cache) is None)
     b, cuts, pads = run
     module = zoo.MultiHeadAttention(spec).eval()
     with torch.no_grad():
         for p in module.parameters():
             p.add_(0.05 * torch.randn_like(p))
     folder = tmp_path_factory.mktemp("fuzz_decode")
-    export_onnx(module, folder / "d.onnx", lowering=lowering, decode=True, with_mask=True)
-    sess = OnnxSession(folder / "d.onnx", provider="cpu", verbose=False)
     n = cuts[-1]
+    capacity = {"max_len": n} if cache == "static" else {}
+    export_onnx(module, folder / "d.onnx", lowering=lowering, decode=True, with_mask=True, cache=cache, **capacity)
+    sess = OnnxSession(folder / "d.onnx", provider="cpu", verbose=False)
     x = torch.randn(b, n, spec.d_model)
     key_mask = torch.ones(b, n, dtype=torch.bool)
     for r, pad in enumerate(pads):
