@@ -16,6 +16,7 @@ from .accounting import (
     stage_shapes,
 )
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
+from .checkpoint import CheckpointError, from_checkpoint
 from .errors import ArgumentError, AttnzooError, InputTypeError, OutputPathError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 
@@ -24,6 +25,7 @@ from .hf import HFConversionError as HFConversionError
 from .hf import HFTypeError as HFTypeError
 from .hf import from_hf as from_hf
 from .hf import to_hf as to_hf
+from .hf_config import spec_from_config
 from .registry import (
     DuplicateNameError,
     Entry,
@@ -51,6 +53,7 @@ __all__ = [
     "ResourceError",
     "FLOP_CONVENTION",
     "AttentionSpec",
+    "CheckpointError",
     "DuplicateNameError",
     "Entry",
     "InputError",
@@ -65,6 +68,7 @@ __all__ = [
     "entry",
     "explicit_attention",
     "flops",
+    "from_checkpoint",
     "from_torch_mha",
     "fused_attention",
     "get_projections",
@@ -78,6 +82,7 @@ __all__ = [
     "register",
     "score_entries",
     "spec",
+    "spec_from_config",
     "stage_shapes",
     "to_combined",
     "to_separate",
