@@ -25,12 +25,13 @@ from .hf import HFConversionError as HFConversionError
 from .hf import HFTypeError as HFTypeError
 from .hf import from_hf as from_hf
 from .hf import to_hf as to_hf
-from .hf_config import spec_from_config
+from .hf_config import preset_toml, spec_from_config
 from .registry import (
     DuplicateNameError,
     Entry,
     PresetFileError,
     UnknownNameError,
+    add_presets,
     create,
     entry,
     load_presets,
@@ -51,6 +52,7 @@ __all__ = [
     "AttnzooError",
     "InputTypeError",
     "ResourceError",
+    "add_presets",
     "FLOP_CONVENTION",
     "AttentionSpec",
     "CheckpointError",
@@ -77,6 +79,7 @@ __all__ = [
     "parameter_breakdown",
     "parse_overrides",
     "permute_heads",
+    "preset_toml",
     "prune_heads",
     "read_preset",
     "register",
