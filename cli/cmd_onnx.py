@@ -184,6 +184,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     if source == "checkpoint" and args.decode:
         raise CliError("--decode checks registered names; --checkpoint runs the plain and masked cases")
     names = zoo.names(args.pattern or "*") if source == "name" else [args.checkpoint]
+    block = _block(args, "checkpoint")[0].float() if source == "checkpoint" else None  # refusals before the bar
     if not names:
         raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
     if args.json:
@@ -199,7 +200,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
     try:
         if source == "checkpoint":
-            rows = _checkpoint_parity(args, lowerings, providers, dtypes, cases, progress)
+            rows = _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progress)
         else:
             rows = run_parity(
                 args.pattern or "*",
@@ -226,12 +227,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint_parity(args, lowerings, providers, dtypes, cases, progress) -> list:
+def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progress) -> list:
     """run_parity's matrix for one checkpoint layer's block (rows named DIR:layerN)."""
     from export.parity import check
 
-    block, _ = _block(args, "checkpoint")
-    block = block.float()
     label = f"{args.checkpoint}:layer{args.layer or 0}"
     rows = []
     for lw in lowerings:

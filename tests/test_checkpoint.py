@@ -19,11 +19,11 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 CONFIG = {
     "model_type": "llama",
-    "hidden_size": 32,
+    "hidden_size": 64,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
-    "head_dim": 8,
+    "head_dim": 16,  # rope_dim / 2 a multiple of 8: ort-gqa can take it (tests/test_cli_checkpoint.py)
     "attention_bias": False,
     "rms_norm_eps": 1e-6,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
@@ -38,7 +38,7 @@ def _tensors(block: zoo.MultiHeadAttention) -> dict[str, torch.Tensor]:
         PREFIX + "k_proj.weight": p.w_k,
         PREFIX + "v_proj.weight": p.w_v,
         PREFIX + "o_proj.weight": p.w_o,
-        "model.embed_tokens.weight": torch.zeros(5, 32),
+        "model.embed_tokens.weight": torch.zeros(5, 64),
     }
 
 
@@ -62,7 +62,7 @@ def test_a_hand_written_checkpoint_gives_the_block_back(saved):
     folder, block = saved
     got = zoo.from_checkpoint(folder, layer=1)
     assert got.spec == block.spec
-    x = torch.randn(2, 6, 32)
+    x = torch.randn(2, 6, 64)
     with torch.no_grad():
         assert torch.equal(got(x), block(x))
     assert zoo.spec_from_config(folder, layer=1) == block.spec  # a folder holding config.json
@@ -92,9 +92,9 @@ def test_a_missing_tensor_is_named(saved):
 def test_a_wrong_shape_is_named_with_the_config_shape(saved):
     folder, block = saved
     tensors = _tensors(block)
-    tensors[PREFIX + "v_proj.weight"] = torch.zeros(24, 32)
+    tensors[PREFIX + "v_proj.weight"] = torch.zeros(24, 64)
     _write(folder, tensors)
-    want = r"v_proj.weight' has shape \(24, 32\), the config implies \(16, 32\)"
+    want = r"v_proj.weight' has shape \(24, 64\), the config implies \(32, 64\)"
     with pytest.raises(zoo.CheckpointError, match=want):
         zoo.from_checkpoint(folder, layer=1)
 
@@ -108,7 +108,7 @@ def test_a_config_that_does_not_match_the_weights(saved):
     with pytest.raises(zoo.CheckpointError, match=r"config says the projections have biases \(attention_bias\)"):
         zoo.from_checkpoint(folder, layer=1)
     tensors = _tensors(block)
-    tensors[PREFIX + "q_proj.bias"] = torch.zeros(32)
+    tensors[PREFIX + "q_proj.bias"] = torch.zeros(64)
     _write(folder, tensors)
     with pytest.raises(zoo.CheckpointError, match=r"holds 'model.layers.1.self_attn.q_proj.bias' but the config"):
         zoo.from_checkpoint(folder, layer=1)
@@ -117,7 +117,7 @@ def test_a_config_that_does_not_match_the_weights(saved):
 def test_int8_weights_are_refused(saved):
     folder, block = saved
     tensors = _tensors(block)
-    tensors[PREFIX + "q_proj.weight"] = torch.zeros(32, 32, dtype=torch.int8)
+    tensors[PREFIX + "q_proj.weight"] = torch.zeros(64, 64, dtype=torch.int8)
     _write(folder, tensors)
     with pytest.raises(zoo.CheckpointError, match=r"q_proj.weight' is int8; the block holds float weights"):
         zoo.from_checkpoint(folder, layer=1)

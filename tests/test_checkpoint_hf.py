@@ -3,7 +3,8 @@
 Every decoder case of tests/test_hf.py whose config model_type the zoo reads (zoo.hf_config.FAMILIES):
 its model is saved with save_pretrained into a temp folder, the captured layer's block is read back
 from the safetensors files, and it must compute the captured output (max abs error <= 1e-5, fp32).
-spec_from_config (config object, and the saved config.json) must give from_hf's spec. One sharded
+spec_from_config (config object, and the saved config.json) must give from_hf's spec, and so must the
+preset `zoo.preset_toml` writes from the config. One sharded
 checkpoint exercises the index path. Under ONNX Runtime: ort-gqa (built node by node) where it
 applies and one traced lowering for LLaMA by default; the traced lowering of every family under -m slow.
 """
@@ -88,6 +89,9 @@ def test_from_checkpoint_parity(name, tmp_path_factory):
     want = zoo.from_hf(c.module).spec
     assert zoo.spec_from_config(c.model.config, layer=layer) == want
     assert zoo.spec_from_config(folder / "config.json", layer=layer) == want
+    preset = folder / f"{name}.toml"  # `attnzoo preset` of the same config loads back to the same spec
+    preset.write_text(zoo.preset_toml(c.model.config, name, layer=layer))
+    assert zoo.read_preset(preset)[1] == want
     block = zoo.from_checkpoint(folder, layer=layer)
     assert block.spec == want
     with torch.no_grad():
