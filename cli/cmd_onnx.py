@@ -180,7 +180,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
             raise CliError(f"--provider cuda: {why}; drop it, or use --provider auto to include CUDA where it works")
     dtypes = args.dtype or ["float32"]
     cases = ["decode"] if args.decode else (args.case or list(CASES))
-    source = "name" if args.pattern is None and args.checkpoint is None else source_of(args, "pattern")
+    implicit = args.pattern is None and args.checkpoint is None and args.layer is None  # all names
+    source = "name" if implicit else source_of(args, "pattern")
     if source == "checkpoint" and args.decode:
         raise CliError("--decode checks registered names; --checkpoint runs the plain and masked cases")
     names = zoo.names(args.pattern or "*") if source == "name" else [args.checkpoint]

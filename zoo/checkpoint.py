@@ -127,6 +127,9 @@ def _prefix(st: Stand, names: _Names, folder: Path) -> str:
             f"{folder}: no tensor named '[...]{where}.{first}' in {names.where} (layer {st.layer} of a "
             f"{st.kind} checkpoint, {st.row.cls}); a missing tensor or a config of another model"
         )
+    text = {h for h in heads if "language_model" in h or "text_model" in h}
+    if len(heads) > 1 and len(text) == 1:  # a multimodal model: the text stack's layer N
+        heads = text
     if len(heads) > 1:
         raise CheckpointError(
             f"{folder}: layer {st.layer}'s attention appears under several prefixes ({sorted(heads)}); "

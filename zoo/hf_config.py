@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import ArgumentError, InputTypeError
+from .errors import ArgumentError, AttnzooError, InputTypeError
 from .hf_families import DEFAULT_TRUE, FAMILIES, ConfigView, Family
 from .hf_rows import HFConversionError, Row, read, value
 from .hf_table import ROWS
@@ -162,7 +162,9 @@ def prepare(config: Any, layer: Any) -> Stand:
         probe = _Standin.make(row, cfg, attrs, {}, fam)
         c, h, d = int(value(probe, row.c)), int(value(probe, row.h)), int(value(probe, row.d))
         g = int(value(probe, row.g) or h)
-    except (AttributeError, KeyError, IndexError, TypeError) as e:
+    except AttnzooError:
+        raise
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
         raise HFConversionError(
             f"{kind} config: cannot read layer {layer} ({_reason(e)}); is it a {kind} config?"
         ) from None
@@ -172,7 +174,8 @@ def prepare(config: Any, layer: Any) -> Stand:
 def _reason(e: Exception) -> str:
     if isinstance(e, KeyError):
         return f"no {e.args[0]!r}"
-    return str(e) or type(e).__name__
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{type(e).__name__}: {text}" if isinstance(e, (ValueError, ArithmeticError)) else text
 
 
 def read_stand(st: Stand, tensors: dict[str, Tensor]) -> tuple[AttentionSpec, Any]:
@@ -183,7 +186,9 @@ def read_stand(st: Stand, tensors: dict[str, Tensor]) -> tuple[AttentionSpec, An
         row = _replace_alibi(row, st.family)
     try:
         return read(row, probe)
-    except (AttributeError, KeyError, IndexError, TypeError) as e:
+    except AttnzooError:
+        raise
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
         raise HFConversionError(f"{st.kind} config: cannot read layer {st.layer} ({_reason(e)})") from None
 
 
