@@ -191,3 +191,24 @@ def test_from_checkpoint_onnx_traced(name, tmp_path, tmp_path_factory):
     folder, layer, c = _saved(name, tmp_path_factory)
     err = _onnx(name, folder, layer, c, "decomposed", tmp_path)
     assert err <= ATOL, f"{name}: from_checkpoint under ONNX Runtime (decomposed) max abs err {err:.2e}"
+
+
+def test_a_multimodal_gemma3_checkpoint_reads_its_text_stack(tmp_path):
+    """Gemma3ForConditionalGeneration: model_type gemma3 with a text_config; the vision tower's layer 0
+    has the same attention names, the text stack's is the one read."""
+    text = dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
+        intermediate_size=64, vocab_size=300, sliding_window=4, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    vision = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, intermediate_size=32, image_size=16)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=dict(vision, patch_size=4), mm_tokens_per_image=4)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    model.save_pretrained(tmp_path)
+    x = torch.randn(2, 9, 64)
+    for layer, window in ((0, 4), (1, None)):
+        ref = zoo.from_hf(model.model.language_model.layers[layer].self_attn)
+        block = zoo.from_checkpoint(tmp_path, layer=layer)
+        assert block.spec == ref.spec == zoo.spec_from_config(cfg, layer=layer) and block.spec.window == window
+        with torch.no_grad():
+            assert (block(x) - ref(x)).abs().max().item() <= 1e-6
