@@ -184,3 +184,17 @@ def test_an_older_config_json_is_read():
     gemma2 = dict(old, model_type="gemma2", query_pre_attn_scalar=8, sliding_window=4, attn_logit_softcapping=50.0)
     assert zoo.spec_from_config(gemma2, layer=0).window == 4  # even layers slide
     assert zoo.spec_from_config(gemma2, layer=1).window is None
+
+
+def test_no_transformers_is_needed(saved):
+    import subprocess
+    import sys
+
+    folder, _ = saved
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"  # any import of it now fails
+        f"import zoo; b = zoo.from_checkpoint({str(folder)!r}, layer=1)\n"
+        f"assert b.spec == zoo.spec_from_config({str(folder)!r}, layer=1); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -1,12 +1,13 @@
 """zoo.from_checkpoint and zoo.spec_from_config against transformers' own models.
 
-Every decoder case of tests/test_hf.py whose config model_type the zoo reads (zoo.hf_config.FAMILIES):
+Every decoder case of tests/test_hf.py whose config model_type the zoo reads (zoo.hf_families.FAMILIES):
 its model is saved with save_pretrained into a temp folder, the captured layer's block is read back
-from the safetensors files, and it must compute the captured output (max abs error <= 1e-5, fp32).
-spec_from_config (config object, and the saved config.json) must give from_hf's spec, and so must the
-preset `zoo.preset_toml` writes from the config. One sharded
-checkpoint exercises the index path. Under ONNX Runtime: ort-gqa (built node by node) where it
-applies and one traced lowering for LLaMA by default; the traced lowering of every family under -m slow.
+from the safetensors files, and it must compute the captured output (max abs error <= 1e-5, fp32) and
+hold the very tensors from_hf copies. spec_from_config (config object, and the saved config.json) must
+give from_hf's spec, and so must the preset `zoo.preset_toml` writes from the config. One sharded
+checkpoint exercises the index path. Under ONNX Runtime by default: ort-gqa (built node by node) where
+it applies and one traced lowering for LLaMA (the other families' traced lowerings of the same block
+run in tests/test_hf.py); the traced lowering of every family's checkpoint block under -m slow.
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def test_from_checkpoint_parity(name, tmp_path_factory):
     assert zoo.read_preset(preset)[1] == want
     block = zoo.from_checkpoint(folder, layer=layer)
     assert block.spec == want
+    # the very tensors from_hf copies: test_hf's ONNX checks of that block hold for this one
+    ref = zoo.from_hf(c.module).state_dict()
+    assert (
+        all(torch.equal(v, ref[k]) for k, v in block.state_dict().items()) and ref.keys() == block.state_dict().keys()
+    )
     with torch.no_grad():
         y = block(c.x, mask=_key_mask(c.keep))
     err = (y - c.y).abs().max().item()
