@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,11 +63,11 @@ def config_dict(config: Any) -> dict:
 
 
 def _check_layer(layer: Any) -> int:
-    if isinstance(layer, bool) or not isinstance(layer, int):
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
         raise InputTypeError(f"layer must be an int >= 0, got {type(layer).__name__} {layer!r}")
     if layer < 0:
         raise ArgumentError(f"layer={layer} must be >= 0")
-    return layer
+    return int(layer)
 
 
 def family_of(data: dict) -> tuple[str, Family]:
