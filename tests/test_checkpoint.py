@@ -184,6 +184,11 @@ def test_an_older_config_json_is_read():
     gemma2 = dict(old, model_type="gemma2", query_pre_attn_scalar=8, sliding_window=4, attn_logit_softcapping=50.0)
     assert zoo.spec_from_config(gemma2, layer=0).window == 4  # even layers slide
     assert zoo.spec_from_config(gemma2, layer=1).window is None
+    gemma3 = dict(gemma2, model_type="gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4, sliding_window_pattern=2)
+    gemma3["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}  # the global layers' only
+    assert (zoo.spec_from_config(gemma3, layer=0).rope_theta, zoo.spec_from_config(gemma3, layer=0).window) == (1e4, 4)
+    with pytest.raises(zoo.HFConversionError, match="rope_type='linear'"):
+        zoo.spec_from_config(gemma3, layer=1)
 
 
 def test_no_transformers_is_needed(saved):

@@ -98,6 +98,9 @@ def _normalized(kind: str, data: dict) -> dict:
         if isinstance(scaling, dict):
             params.update(scaling)
             params["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "gemma3_text" and "rope_local_base_freq" in data:  # sliding layers: their own base, unscaled
+            local = {"rope_type": "default", "rope_theta": data["rope_local_base_freq"]}
+            params = {"full_attention": params, "sliding_attention": local}
         data = dict(data, rope_parameters=params)
     return data
 
