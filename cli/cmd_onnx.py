@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zoo
 from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
-from export.names import DEVICES, DTYPES, PROVIDERS
+from export.names import CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, positive, source_of, with_set, with_source
@@ -51,6 +51,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         overwrite=args.force,
         provider=args.target,
         decode=args.decode,
+        cache=args.cache,
+        max_len=args.max_len,
         **overrides,
     )
     print(result.summary())
@@ -151,7 +153,11 @@ def _run_decode(sess, args: argparse.Namespace) -> int:
     step_ms = (time.perf_counter() - t0) * 1e3 / max(steps, 1)
     finite = bool(np.isfinite(y0).all() and np.isfinite(ys).all())
     name = sess.metadata.get("attnzoo.name", "?")
-    print(f"model     {args.path}: {name}, decode, lowering {sess.metadata.get('attnzoo.lowering', '?')}, {sess.dtype}")
+    cache = sess.cache + (
+        f" cache of capacity {sess.metadata.get('attnzoo.max_len')}" if sess.cache == "static" else " cache"
+    )
+    lowering = sess.metadata.get("attnzoo.lowering", "?")
+    print(f"model     {args.path}: {name}, decode ({cache}), lowering {lowering}, {sess.dtype}")
     print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
     print(f"prompt    x ({b}, {t}, {spec.d_model}) with an empty cache: {prompt_ms:.3f} ms")
     print(
@@ -179,7 +185,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
         if not ok:  # asked for by name: a run that tests nothing must not pass
             raise CliError(f"--provider cuda: {why}; drop it, or use --provider auto to include CUDA where it works")
     dtypes = args.dtype or ["float32"]
-    cases = ["decode"] if args.decode else (args.case or list(CASES))
+    if args.cache and not args.decode:
+        raise CliError("--cache chooses the decode check's cache: add --decode")
+    caches = list(dict.fromkeys(args.cache or CACHES))
+    cases = [f"decode-{c}".replace("-grow", "") for c in caches] if args.decode else (args.case or list(CASES))
     implicit = args.pattern is None and args.checkpoint is None and args.layer is None  # all names
     source = "name" if implicit else source_of(args, "pattern")
     if source == "checkpoint" and args.decode:
@@ -277,6 +286,19 @@ def add_commands(sub) -> None:
         help="a token-by-token model with a KV cache: inputs x, past_key, past_value (+ key_mask with --mask); "
         "outputs y, present_key, present_value",
     )
+    sp.add_argument(
+        "--cache",
+        default="grow",
+        choices=CACHES,
+        help="with --decode: grow (default: each call returns a new, longer present) or static (buffers of "
+        "capacity --max-len written in place: inputs past_key/past_value (b, g, n, d) and past_len)",
+    )
+    sp.add_argument(
+        "--max-len",
+        type=positive,
+        default=None,
+        help=f"with --cache static: the cache's capacity, recorded in the model (default {DEFAULT_MAX_LEN})",
+    )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)
     sp.set_defaults(func=cmd_export)
@@ -315,6 +337,13 @@ def add_commands(sub) -> None:
         action="store_true",
         help="check token-by-token decode exports instead: a prompt of 7 then 25 single steps, batch 1 and 3 "
         "(left-padded), against the eager full forward (non-causal blocks are SKIP)",
+    )
+    sp.add_argument(
+        "--cache",
+        action="append",
+        choices=CACHES,
+        help="with --decode: the cache kinds to check, repeatable; default both (static: lowerings that "
+        "cannot keep one are SKIP with the reason)",
     )
     sp.add_argument("--json", help="also write the rows as JSON")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -41,6 +41,7 @@ def why_not(
     decode: bool = False,
     dtype: str | None = None,
     provider: str | None = None,
+    cache: str = "grow",
 ) -> str | None:
     """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
 
@@ -49,6 +50,8 @@ def why_not(
     The lowering's record (export/lowerings/) says what it cannot express, per modifier too.
     """
     rec = record(lowering)
+    if decode and cache == "static" and rec.static_cache is not None:
+        return f"{rec.name} cannot keep a static cache: {rec.static_cache}"
     if need_weights and not rec.weights_out:
         return f"{rec.op} does not output the softmax weights; use lowering='decomposed' for need_weights"
     if spec is None:
@@ -74,11 +77,14 @@ DECODE_PREFERENCE = {
 }
 
 
-def decode_order(provider: str, spec: zoo.AttentionSpec) -> tuple[str, ...]:
-    """The lowerings "auto" tries for a decode model, in order."""
+def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow") -> tuple[str, ...]:
+    """The lowerings "auto" tries for a decode model, in order (a static cache: those that keep one)."""
     if provider not in TARGETS:
         raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
-    return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
+    order = DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
+    if cache == "static":
+        order = tuple(lw for lw in order if record(lw).static_cache is None)
+    return order
 
 
 def decode_why_not(spec: zoo.AttentionSpec) -> str | None:

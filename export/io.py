@@ -16,7 +16,7 @@ import zoo
 class TensorIO:
     name: str
     axes: tuple[str, ...]  # "b", "t", "s", "p" are dynamic; others are resolved from the spec
-    kind: str  # "float" (the model's dtype) or "bool"
+    kind: str  # "float" (the model's dtype), "bool" or "int64"
     doc: str
 
     def shape(self, spec: zoo.AttentionSpec) -> tuple[int | str, ...]:
@@ -58,6 +58,31 @@ def decode_interface(spec: zoo.AttentionSpec, *, with_key_mask: bool) -> tuple[l
     y, present_key, present_value. p may be 0 (an empty past tensor)."""
     ins = [X, PAST_KEY, PAST_VALUE] + ([KEY_MASK] if with_key_mask else [])
     return ins, [Y, PRESENT_KEY, PRESENT_VALUE]
+
+
+# A static cache (cache="static"): buffers of capacity n, written in place at past_len. The
+# session binds one buffer as both past_key and present_key, so no step copies the cache.
+CACHE_KEY = TensorIO(
+    "past_key", ("b", "g", "n", "dk"), "float", "key buffer of capacity n; positions < past_len hold the past"
+)
+CACHE_VALUE = TensorIO("past_value", ("b", "g", "n", "dv"), "float", "value buffer of capacity n")
+PAST_LEN = TensorIO(
+    "past_len", (), "int64", "how many positions of the buffers are written (this call writes at past_len)"
+)
+CACHE_KEY_MASK = TensorIO("key_mask", ("b", "n"), "bool", "True = a real key (left padding), over the whole capacity")
+CACHE_PRESENT_KEY = TensorIO(
+    "present_key", ("b", "g", "n", "dk"), "float", "the key buffer with this call's keys written"
+)
+CACHE_PRESENT_VALUE = TensorIO(
+    "present_value", ("b", "g", "n", "dv"), "float", "the value buffer with this call's values written"
+)
+
+
+def static_interface(spec: zoo.AttentionSpec, *, with_key_mask: bool) -> tuple[list[TensorIO], list[TensorIO]]:
+    """(inputs, outputs) of a static-cache decode model: x, past_key, past_value, past_len
+    [, key_mask] -> y, present_key, present_value, the presents being the buffers written in place."""
+    ins = [X, CACHE_KEY, CACHE_VALUE, PAST_LEN] + ([CACHE_KEY_MASK] if with_key_mask else [])
+    return ins, [Y, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE]
 
 
 def interface(

@@ -27,8 +27,8 @@ from .errors import ExportError
 from .graphs import op_counts
 from .io import TensorIO
 from .lowerings import FUSED_OPS, record
-from .names import LOWERINGS
-from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, example_inputs, lower, lower_decode
+from .names import CACHES, DEFAULT_MAX_LEN, LOWERINGS
+from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, example_inputs, lower, lower_decode, lower_static_decode
 
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
 ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
@@ -85,6 +85,8 @@ def export_onnx(
     overwrite: bool = False,
     provider: str = "cpu",
     decode: bool = False,
+    cache: str = "grow",
+    max_len: int | None = None,
     **overrides: Any,
 ) -> ExportResult:
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
@@ -95,11 +97,16 @@ def export_onnx(
     decode=True writes a token-by-token model (io.decode_interface): x, past_key, past_value
     [, key_mask (b, p+t) with with_mask=True] -> y, present_key, present_value, with b, t and the
     past length p dynamic (p = 0 allowed).
+    cache="static" (decode only) keeps the cache in buffers of capacity n written in place
+    (io.static_interface): x, past_key, past_value (b g n d), past_len [, key_mask (b, n)] -> y and
+    the buffers; the session binds each buffer as input and output, so no step copies the cache.
+    max_len is the capacity a session allocates (default names.DEFAULT_MAX_LEN), kept in the metadata.
     """
     started = time.perf_counter()
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
     if not isinstance(decode, bool):
         raise zoo.InputTypeError(f"decode={decode!r} must be True or False")
+    max_len = _check_cache_args(decode, cache, max_len)
     if decode and (need_weights or with_head_mask):
         raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
     if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
@@ -117,12 +124,15 @@ def export_onnx(
     except zoo.OutputPathError as e:  # an export's refusals are ExportErrors, its path's too
         raise ExportError(str(e)) from None
 
+    static = decode and cache == "static"
     if decode:
         reason = decode_why_not(module.spec)
         if reason:
             raise ExportError(f"cannot export a decode model: {reason}")
-        order = decode_order(provider, module.spec)
+        order = decode_order(provider, module.spec, cache=cache)
     request = {"need_weights": need_weights, "decode": decode, "dtype": dtype, "provider": provider}
+    if static:
+        request["cache"] = cache
     if lowering == "auto":
         candidates = [lw for lw in order if why_not(lw, module.spec, **request) is None]
     else:
@@ -135,7 +145,9 @@ def export_onnx(
     last_error: ExportError | None = None
     for lw in candidates:
         try:
-            if decode:
+            if static:
+                model, ins, outs = lower_static_decode(module, lw, dtype, with_mask)
+            elif decode:
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
                 model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask)
@@ -156,6 +168,10 @@ def export_onnx(
         elif counts.get("MatMul", 0) >= 3:
             notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
     _set_metadata(model, name, module.spec, lw, dtype, decode=decode)
+    if static:
+        model.metadata_props.update({"attnzoo.cache": "static", "attnzoo.max_len": str(max_len)})
+    elif decode:
+        model.metadata_props["attnzoo.cache"] = "grow"
     external = _save_atomic(model, target, module, dtype, overwrite=overwrite)
     return ExportResult(
         path=path,
@@ -198,6 +214,23 @@ def _check_export_args(path, lowering, dtype, provider, need_weights, with_mask,
             raise ExportError(f"{arg}={value!r} is not one of {', '.join(choices)}")
 
 
+def _check_cache_args(decode: bool, cache: str, max_len: int | None) -> int | None:
+    """The static cache's capacity (None for a growing cache), after checking cache and max_len."""
+    if not isinstance(cache, str) or cache not in CACHES:
+        raise ExportError(f"cache={cache!r} is not one of {', '.join(CACHES)}")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)):
+        raise zoo.InputTypeError(f"max_len={max_len!r} must be an int (the static cache's capacity)")
+    if cache == "static":
+        if not decode:
+            raise ExportError("cache='static' is for decode models: pass decode=True (CLI: --decode)")
+        if max_len is not None and max_len < 1:
+            raise ExportError(f"max_len={max_len} must be at least 1 (the static cache's capacity)")
+        return DEFAULT_MAX_LEN if max_len is None else max_len
+    if max_len is not None:
+        raise ExportError("max_len is the capacity of a static cache: pass cache='static' (CLI: --cache static)")
+    return None
+
+
 # Exporting holds the fp32 module, its copy in the export dtype, torch's traced program and
 # the serialized ONNX model: about four copies of the parameters at once.
 _EXPORT_PARAMETER_COPIES = 4
@@ -226,7 +259,7 @@ def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, s
 
 
 def _type_name(io: TensorIO, dtype: str) -> str:
-    return "bool" if io.kind == "bool" else dtype
+    return dtype if io.kind == "float" else io.kind
 
 
 def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtype: str, *, decode: bool) -> None:

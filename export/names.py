@@ -4,10 +4,13 @@ choice reads them from here.
     DEVICES     where a model runs (a concrete ONNX Runtime provider)
     PROVIDERS   what a session may be asked for: a device, or "auto" (CUDA where it really works)
     DTYPES      the element types a model is exported in
+    CACHES      how a decode model keeps its KV cache
     LOWERINGS   how a block becomes an ONNX graph (export/lowering.py says what each one is)
 """
 
 DEVICES = ("cpu", "cuda")
 PROVIDERS = ("auto", *DEVICES)
 DTYPES = ("float32", "float16")
+CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each step, or buffers written in place
+DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
 LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")

@@ -230,9 +230,11 @@ def check_decode(
     provider: str = "cpu",
     workdir: str | Path | None = None,
     seed: int = 0,
+    cache: str = "grow",
     **overrides,
 ) -> ParityRow:
-    """Export a decode model and run a prompt then single-token steps under ONNX Runtime (the cache
+    """Export a decode model (cache="grow" or "static") and run a prompt then single-token steps under
+    ONNX Runtime (the cache
     kept by the runtime); every row must match the eager full forward of that row alone.
 
     Batch 1, then batch 3 with left padding (key_mask); each batch again in chunks (CHUNKS: t > 1
@@ -241,11 +243,12 @@ def check_decode(
     A miss is a FAIL naming the batch, the step and the max error.
     """
     name = name_or_module if isinstance(name_or_module, str) else "custom"
-    row = ParityRow(name, lowering, provider, dtype, "decode", "SKIP")
+    case = "decode" if cache == "grow" else f"decode-{cache}"
+    row = ParityRow(name, lowering, provider, dtype, case, "SKIP")
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = _spec_of(name_or_module, overrides)
-    if _skipped(row, lowering, spec, decode=True, dtype=dtype):
+    if _skipped(row, lowering, spec, decode=True, dtype=dtype, cache=cache):
         return row
     torch.manual_seed(seed)
     module = _module_of(name_or_module, overrides)
@@ -253,8 +256,11 @@ def check_decode(
     ref_module = _reference_module(module, dtype, "cpu")
     n = PROMPT + STEPS
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        path = Path(tmp) / f"{name}-{lowering}-{dtype}-decode.onnx"
-        sess = _export_and_open(row, module, path, {"decode": True, "with_mask": True})
+        path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
+        export_kw = {"decode": True, "with_mask": True, "cache": cache}
+        if cache == "static":  # room for exactly the run: a step past it would be refused
+            export_kw["max_len"] = n
+        sess = _export_and_open(row, module, path, export_kw)
         if sess is None:
             return row
         worst_abs = worst_rel = 0.0
@@ -336,8 +342,9 @@ def run_parity(
             for prov in providers:
                 for dt in dtypes:
                     for case in cases:
-                        if case == "decode":
-                            row = check_decode(name, lw, dtype=dt, provider=prov, **overrides)
+                        if case.startswith("decode"):
+                            cache = case.removeprefix("decode").removeprefix("-") or "grow"
+                            row = check_decode(name, lw, dtype=dt, provider=prov, cache=cache, **overrides)
                         else:
                             row = check(name, lw, case=case, dtype=dt, provider=prov, **overrides)
                         rows.append(row)

@@ -426,17 +426,27 @@ class OnnxSession:
         """True for a token-by-token model (inputs x, past_key, past_value [, key_mask])."""
         return "past_key" in self._inputs
 
+    @property
+    def cache(self) -> str | None:
+        """A decode model's cache: "static" (buffers written in place, export/static_decoding.py),
+        "grow" (a new present each call), or None for a full-sequence model."""
+        if not self.is_decode:
+            return None
+        return "static" if "past_len" in self._inputs else "grow"
+
     def decode(self, x, past_key=None, past_value=None, key_mask=None):
         """One call: x (b t c) at positions p..p+t-1 -> (y, present_key, present_value)."""
-        from .decoding import decode
+        from . import decoding, static_decoding
 
-        return decode(self, x, past_key, past_value, key_mask)
+        run = static_decoding.decode if self.cache == "static" else decoding.decode
+        return run(self, x, past_key, past_value, key_mask)
 
     def generate_steps(self, x_steps, past_key=None, past_value=None, key_mask=None):
         """x_steps (b k c) fed one position at a time, the cache kept by the runtime -> (y (b k c), cache)."""
-        from .decoding import generate_steps
+        from . import decoding, static_decoding
 
-        return generate_steps(self, x_steps, past_key, past_value, key_mask)
+        run = static_decoding.generate_steps if self.cache == "static" else decoding.generate_steps
+        return run(self, x_steps, past_key, past_value, key_mask)
 
     @staticmethod
     def summarize_placements(placements: list[NodePlacement]) -> dict[str, dict[str, int]]:

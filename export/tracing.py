@@ -11,6 +11,7 @@ from einops import rearrange
 from torch import nn
 
 import zoo
+from zoo.cache import static_step
 
 from .errors import ExportError
 from .graphs import quiet
@@ -126,6 +127,57 @@ def lower_decode(module, lowering, dtype, with_key_mask):
     # torch names derived dims by their formulas ("p + t", "s73"): give them the vocabulary's names.
     for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
         value.shape = ir.Shape([d if isinstance(d, int) else d for d in io.shape(spec)])
+    check_interface(model, ins, outs, spec)
+    return model, ins, outs
+
+
+class _StaticDecodeBlock(nn.Module):
+    """zoo.cache.static_step with named inputs: the buffers come back as written copies, which
+    ONNX Runtime writes in place when the session binds each buffer as input and output."""
+
+    def __init__(self, block: zoo.MultiHeadAttention) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, past_key, past_value, past_len, key_mask=None):
+        return static_step(self.block, x, past_key, past_value, past_len, key_mask, in_place=False)
+
+
+def lower_static_decode(module, lowering, dtype, with_key_mask):
+    """A static-cache decode model of `module` (io.static_interface): (onnx_ir model, inputs, outputs)."""
+    import onnx_ir as ir
+
+    from .io import static_interface
+
+    spec = module.spec
+    ins, outs = static_interface(spec, with_key_mask=with_key_mask)
+    rec = record(lowering)
+    if rec.static_cache is not None:
+        raise ExportError(f"lowering={lowering!r} cannot keep a static cache: {rec.static_cache}")
+    block = traced_block(module, rec, dtype)
+    torch_dtype = DTYPES[dtype]
+    b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_S + EXAMPLE_T  # capacity > p + t, all sizes different
+    example = {
+        "x": torch.randn(b, t, spec.d_model).to(torch_dtype),
+        "past_key": torch.randn(b, spec.kv_heads_, n, spec.d_k_).to(torch_dtype),
+        "past_value": torch.randn(b, spec.kv_heads_, n, spec.d_v_).to(torch_dtype),
+        "past_len": torch.tensor(EXAMPLE_P),
+    }
+    dim_b, dim_t, dim_n = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("n")
+    dynamic_shapes = {
+        "x": {0: dim_b, 1: dim_t},
+        "past_key": {0: dim_b, 2: dim_n},
+        "past_value": {0: dim_b, 2: dim_n},
+        "past_len": {},
+    }
+    if with_key_mask:
+        key_mask = torch.ones(b, n, dtype=torch.bool)
+        key_mask[0, :2] = False  # left padding in the example, so no branch on it is taken
+        example["key_mask"] = key_mask
+        dynamic_shapes["key_mask"] = {0: dim_b, 1: dim_n}
+    model = trace(_StaticDecodeBlock(block).eval(), example, dynamic_shapes, rec, outs)
+    for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
+        value.shape = ir.Shape(list(io.shape(spec)))
     check_interface(model, ins, outs, spec)
     return model, ins, outs
 

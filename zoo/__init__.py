@@ -16,8 +16,9 @@ from .accounting import (
     stage_shapes,
 )
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
+from .cache import StaticCache
 from .checkpoint import CheckpointError, from_checkpoint
-from .errors import ArgumentError, AttnzooError, InputTypeError, OutputPathError, ResourceError
+from .errors import ArgumentError, AttnzooError, CacheFullError, InputTypeError, OutputPathError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 
 # transformers is imported inside from_hf/to_hf only: `import zoo` works without it.
@@ -55,7 +56,9 @@ __all__ = [
     "add_presets",
     "FLOP_CONVENTION",
     "AttentionSpec",
+    "CacheFullError",
     "CheckpointError",
+    "StaticCache",
     "DuplicateNameError",
     "Entry",
     "InputError",

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from . import modifiers
 from .accounting import count_parameters
+from .cache import StaticCache, eager_step
 from .errors import InputError, InputTypeError
 from .limits import check_fits
 from .spec import AttentionSpec
@@ -173,7 +174,8 @@ class MultiHeadAttention(nn.Module):
         past_value: Tensor | None = None,
         *,
         key_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        cache: StaticCache | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor] | Tensor:
         """One call of generation against a KV cache: x (b t c) holds positions p..p+t-1.
 
         past_key (b g p dk) and past_value (b g p dv) are the keys and values of the earlier
@@ -185,8 +187,17 @@ class MultiHeadAttention(nn.Module):
 
         The cache keeps every position, also under a sliding window (the mask hides keys older
         than the window), so decoding in any split gives exactly the rows of `block(x_all)`.
+
+        With cache=zoo.StaticCache (preallocated, capacity n), this call's keys and values are
+        written into it in place at cache.length (no copy of the past), the length advances, and
+        only y is returned; key_mask is then (b, length + t). See zoo/cache.py.
         """
         s = self.spec
+        if cache is not None:
+            if past_key is not None or past_value is not None:
+                raise InputError("pass either cache= (a StaticCache) or past_key/past_value, not both")
+            self._check_decode(x, None, None, None)
+            return eager_step(self, x, cache, key_mask)
         p = self._check_decode(x, past_key, past_value, key_mask)
         t = x.shape[1]
         if key_mask is None:

@@ -58,3 +58,7 @@ __all__ = [
     "SpecError",
     "UnknownNameError",
 ]
+
+
+class CacheFullError(InputError):
+    """A decode step that would write past a static cache's capacity; nothing is written."""

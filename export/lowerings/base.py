@@ -45,6 +45,8 @@ class Lowering:
     # per modifier, keyed by the modifier's name (zoo/modifiers.py).
     cannot: Callable[..., str | None] | None = None
     modifiers: Mapping[str, Limit] = field(default_factory=dict)
+    # Why it cannot keep a static, in-place cache (export_onnx(decode=True, cache="static")), or None.
+    static_cache: str | None = "not offered for this lowering"
     fp16: str = "yes"  # the README's fp16 cell
     kinds: str = "yes"  # the README's cell for non-causal, cross-attention, d_v != d_k
 

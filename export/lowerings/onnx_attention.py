@@ -20,6 +20,8 @@ LOWERING = Lowering(
     graph="the standard `Attention` op, opset 23",
     op="ONNX Attention",
     sdpa_fp32=True,
+    static_cache="the Attention op (opset 23) concatenates past_key and this call's keys into a new present "
+    "every step; it has no shared past/present buffer (use lowering='decomposed')",
     after_trace=_one_attention_node,
     modifiers={
         "softcap": Limit(

@@ -1,0 +1,168 @@
+"""The static KV cache (zoo/cache.py, export/static_decoding.py): buffers of a fixed capacity
+written in place, eagerly (block.decode(x, cache=...)) and under ONNX Runtime (cache="static").
+
+Eagerly every causal preset decodes in any split, batch 3 left-padded, to what the growing cache
+gives; under ONNX Runtime the parity check of issue 17 (a prompt, 25 single steps, chunks, batch 1
+and 3 left-padded) passes for presets covering every modifier, the rest under -m slow.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import zoo
+from export import OnnxSession, export_onnx
+from export.choice import why_not
+from export.lowering import LOWERINGS
+from export.parity import check_decode
+from helpers import ALL_NAMES, create, small_overrides
+
+CAUSAL = [n for n in ALL_NAMES if zoo.spec(n).causal and not zoo.spec(n).is_cross]
+PADS = (0, 3, 1)
+
+
+def _static_runs(m, x, key_mask, capacity):
+    """y from a static cache in three splits: prompt + single steps, chunks, all at once."""
+    n = x.shape[1]
+    for cuts in ([7, *range(8, n + 1)], [3, 11, n], [n]):
+        cache = zoo.StaticCache.empty(m.spec, batch=x.shape[0], max_len=capacity)
+        ys, start = [], 0
+        for end in cuts:
+            ys.append(m.decode(x[:, start:end], cache=cache, key_mask=key_mask[:, :end]))
+            start = end
+        yield torch.cat(ys, 1), cache
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_eager_static_cache_is_the_growing_cache(name):
+    torch.manual_seed(0)
+    m = create(name).eval()
+    x = torch.randn(len(PADS), 16, m.spec.d_model)
+    key_mask = torch.ones(len(PADS), 16, dtype=torch.bool)
+    for r, pad in enumerate(PADS):
+        key_mask[r, :pad] = False
+    with torch.no_grad():
+        want, pk, pv = m.decode(x, key_mask=key_mask)
+        for got, cache in _static_runs(m, x, key_mask, capacity=21):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert cache.length == 16
+            torch.testing.assert_close(cache.valid()[0], pk, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cache.valid()[1], pv, rtol=1e-5, atol=1e-5)
+
+
+def test_eager_static_cache_writes_in_place_and_refuses_past_capacity():
+    m = create("llama-3-8b").eval()
+    cache = zoo.StaticCache.empty(m.spec, batch=2, max_len=8)
+    key_buffer = cache.key.data_ptr()
+    with torch.no_grad():
+        m.decode(torch.randn(2, 6, m.spec.d_model), cache=cache)
+        before = cache.key.clone()
+        with pytest.raises(zoo.CacheFullError, match="holds 6 of 8 positions; 3 more do not fit"):
+            m.decode(torch.randn(2, 3, m.spec.d_model), cache=cache)
+    assert cache.length == 6 and torch.equal(cache.key, before)  # nothing written
+    assert cache.key.data_ptr() == key_buffer
+    with pytest.raises(zoo.InputError, match="either cache="):
+        m.decode(torch.randn(2, 1, m.spec.d_model), cache.key, cache.value, cache=cache)
+    with pytest.raises(zoo.InputError, match=r"cache.key has shape"):
+        m.decode(torch.randn(3, 1, m.spec.d_model), cache=cache)
+    with pytest.raises(zoo.InputError, match="max_len=0 must be at least 1"):
+        zoo.StaticCache.empty(m.spec, batch=1, max_len=0)
+    with pytest.raises(zoo.CacheFullError, match="max_len=2 cannot hold a past of 6"):
+        zoo.StaticCache.from_past(cache.key[:, :, :6], cache.value[:, :, :6], max_len=2)
+    with pytest.raises(zoo.InputError, match="decode\\(\\) needs a causal self-attention block"):
+        c = create("mha-separate-bias")
+        c.decode(torch.randn(1, 1, c.spec.d_model), cache=zoo.StaticCache.empty(c.spec, batch=1, max_len=4))
+
+
+# Presets that cover every modifier (rotary full/partial, GQA, window, softcap, QK-norm, ALiBi,
+# MHA with biases) in the default run; every other causal preset under -m slow.
+QUICK = {"gemma-2-9b", "qwen3-8b", "bloom-560m", "phi-2"}  # + llama-3-8b and mistral-7b below
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK else (pytest.mark.slow,)) for n in CAUSAL])
+def test_static_cache_decode_parity(name, tmp_path):
+    row = check_decode(name, "decomposed", cache="static", workdir=tmp_path, **small_overrides(name))
+    assert row.case == "decode-static"
+    assert row.status == "PASS", f"{name}: {row.reason} (max abs {row.max_abs:.2e})"
+    assert row.shapes == 2 * (26 + 4)
+
+
+@pytest.mark.parametrize("lowering", [lw for lw in LOWERINGS if lw != "decomposed"])
+def test_lowerings_without_a_static_cache_say_why(lowering):
+    reason = why_not(lowering, zoo.spec("llama-3-8b"), decode=True, cache="static")
+    assert reason and "static cache" in reason and "decomposed" in reason
+    row = check_decode("llama-3-8b", lowering, cache="static", **small_overrides("llama-3-8b"))
+    assert row.status == "SKIP" and row.reason == reason
+
+
+@pytest.fixture(scope="module")
+def static_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("static") / "llama.onnx"
+    r = export_onnx("llama-3-8b", path, decode=True, cache="static", max_len=24, **small_overrides("llama-3-8b"))
+    return path, r
+
+
+def test_static_export_records_its_cache_and_interface(static_model):
+    path, r = static_model
+    assert r.lowering == "decomposed"  # auto: the lowering that keeps a static cache
+    assert [n for n, _, _ in r.inputs] == ["x", "past_key", "past_value", "past_len"]
+    assert r.inputs[3][1] == "int64" and r.inputs[1][2][2] == "n"
+    assert r.op_counts.get("ScatterElements") == 2  # the in-place write, one per buffer
+    sess = OnnxSession(path, "cpu", verbose=False)
+    assert sess.cache == "static" and sess.metadata["attnzoo.max_len"] == "24"
+
+
+def test_session_static_cache_matches_eager_and_keeps_the_caller_arrays(static_model):
+    path, r = static_model
+    sess = OnnxSession(path, "cpu", verbose=False)
+    m = r.module
+    x = torch.randn(2, 20, m.spec.d_model)
+    with torch.no_grad():
+        want, pk, pv = m.decode(x)
+    y0, k0, v0 = sess.decode(x[:, :5].numpy())
+    k0_copy = k0.copy()
+    ys, k1, v1 = sess.generate_steps(x[:, 5:].numpy(), k0, v0)
+    assert np.array_equal(k0, k0_copy)  # the caller's past is copied into the buffers, never written
+    np.testing.assert_allclose(np.concatenate([y0, ys], 1), want.numpy(), rtol=1e-4, atol=1e-5)
+    assert k1.shape == (2, m.spec.kv_heads_, 20, m.spec.d_k_)
+    np.testing.assert_allclose(k1, pk.numpy(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(zoo.CacheFullError, match="holds 24 positions .* a past of 20 and 5 new do not fit"):
+        sess.generate_steps(x[:, :5].numpy(), k1, v1)
+    assert k1.shape[2] == 20
+
+
+def test_static_cache_export_refusals(tmp_path):
+    out = tmp_path / "m.onnx"
+    with pytest.raises(ValueError, match="cache='static' is for decode models"):
+        export_onnx("llama-3-8b", out, cache="static")
+    with pytest.raises(ValueError, match="max_len is the capacity of a static cache"):
+        export_onnx("llama-3-8b", out, decode=True, max_len=64)
+    with pytest.raises(ValueError, match="cache='ring' is not one of grow, static"):
+        export_onnx("llama-3-8b", out, decode=True, cache="ring")
+    with pytest.raises(ValueError, match="max_len=0 must be at least 1"):
+        export_onnx("llama-3-8b", out, decode=True, cache="static", max_len=0)
+    with pytest.raises(TypeError, match="max_len='8' must be an int"):
+        export_onnx("llama-3-8b", out, decode=True, cache="static", max_len="8")
+    with pytest.raises(ValueError, match="ort-gqa cannot keep a static cache"):
+        export_onnx("llama-3-8b", out, decode=True, cache="static", lowering="ort-gqa")
+    assert not out.exists()
+
+
+def test_cli_static_cache(tmp_path, capsys):
+    from cli.main import main
+
+    path = tmp_path / "m.onnx"
+    sets = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]
+    assert (
+        main(["export", "mistral-7b", *sets, "--decode", "--cache", "static", "--max-len", "40", "-o", str(path)]) == 0
+    )
+    assert "past_len int64[]" in capsys.readouterr().out
+    assert main(["run", str(path), "-b", "2", "-t", "5", "--steps", "6", "--provider", "cpu"]) == 0
+    assert "static cache of capacity 40" in capsys.readouterr().out
+    assert main(["run", str(path), "-t", "38", "--steps", "6", "--provider", "cpu"]) == 2
+    assert "holds 40 positions" in capsys.readouterr().err
+    assert main(["parity", "mistral-7b", "--decode", "--cache", "static", "--lowering", "decomposed", "-q", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "decode-static" in out and "1 passed, 0 failed" in out
+    assert main(["parity", "mistral-7b", "--cache", "static", *sets]) == 2
+    assert "add --decode" in capsys.readouterr().err
