@@ -14,14 +14,34 @@ from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
 from export.names import CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, positive, with_set
+from .common import CliError, positive, source_of, with_set, with_source
+
+
+def _block(args: argparse.Namespace, source: str) -> tuple[zoo.MultiHeadAttention, str]:
+    """The block --config (random weights, seed 0) or --checkpoint (its weights) names, with a label."""
+    import torch
+
+    layer = args.layer or 0
+    if source == "checkpoint":
+        return zoo.from_checkpoint(args.checkpoint, layer=layer), f"{args.checkpoint} layer {layer}"
+    spec = zoo.spec_from_config(args.config, layer=layer)
+    spec = spec.replace(**zoo.parse_overrides(args.set)) if args.set else spec
+    torch.manual_seed(0)
+    return zoo.MultiHeadAttention(spec).eval(), f"{args.config} layer {layer} (random weights)"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from export.lowering import export_onnx
 
+    source = source_of(args, "name")
+    what, overrides = args.name, zoo.parse_overrides(args.set)
+    if source != "name":
+        ensure_writable_parent(args.output)  # before reading a checkpoint
+        what, label = _block(args, source)
+        overrides = {}
+        print(f"block     {label}: {what.spec.describe()}")
     result = export_onnx(
-        args.name,
+        what,
         args.output,
         lowering=args.lowering,
         dtype=args.dtype,
@@ -33,7 +53,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         decode=args.decode,
         cache=args.cache,
         max_len=args.max_len,
-        **zoo.parse_overrides(args.set),
+        **overrides,
     )
     print(result.summary())
     return 0
@@ -164,7 +184,12 @@ def cmd_parity(args: argparse.Namespace) -> int:
         raise CliError("--cache chooses the decode check's cache: add --decode")
     caches = list(dict.fromkeys(args.cache or CACHES))
     cases = [f"decode-{c}".replace("-grow", "") for c in caches] if args.decode else (args.case or list(CASES))
-    names = zoo.names(args.pattern)
+    implicit = args.pattern is None and args.checkpoint is None and args.layer is None  # all names
+    source = "name" if implicit else source_of(args, "pattern")
+    if source == "checkpoint" and args.decode:
+        raise CliError("--decode checks registered names; --checkpoint runs the plain and masked cases")
+    names = zoo.names(args.pattern or "*") if source == "name" else [args.checkpoint]
+    block = _block(args, "checkpoint")[0].float() if source == "checkpoint" else None  # refusals before the bar
     if not names:
         raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
     if args.json:
@@ -179,15 +204,18 @@ def cmd_parity(args: argparse.Namespace) -> int:
         bar.update()
 
     try:
-        rows = run_parity(
-            args.pattern,
-            lowerings=lowerings,
-            providers=providers,
-            dtypes=dtypes,
-            cases=cases,
-            progress=progress,
-            **zoo.parse_overrides(args.set),
-        )
+        if source == "checkpoint":
+            rows = _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progress)
+        else:
+            rows = run_parity(
+                args.pattern or "*",
+                lowerings=lowerings,
+                providers=providers,
+                dtypes=dtypes,
+                cases=cases,
+                progress=progress,
+                **zoo.parse_overrides(args.set),
+            )
     finally:
         bar.close()
     print(format_matrix(rows))
@@ -204,14 +232,37 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progress) -> list:
+    """run_parity's matrix for one checkpoint layer's block (rows named DIR:layerN)."""
+    from export.parity import check
+
+    label = f"{args.checkpoint}:layer{args.layer or 0}"
+    rows = []
+    for lw in lowerings:
+        for prov in providers:
+            for dt in dtypes:
+                for case in cases:
+                    row = check(block, lw, case=case, dtype=dt, provider=prov)
+                    row.name = label
+                    rows.append(row)
+                    progress(row)
+    return rows
+
+
 def add_commands(sub) -> None:
     lowering_help = (
         f"one of {', '.join(LOWERINGS)}, or auto (default): the measured-fastest that can express the "
         f"request (cpu: {' > '.join(AUTO_PREFERENCE[('cpu', 'unmasked')])}; "
         f"with a causal or user mask {' > '.join(AUTO_PREFERENCE[('cpu', 'masked')])})"
     )
-    sp = sub.add_parser("export", help="export a zoo entry to ONNX (dynamic b, t, s axes)")
-    sp.add_argument("name")
+    sp = sub.add_parser(
+        "export",
+        help="export a zoo entry to ONNX (dynamic b, t, s axes)",
+        description="Export a registered block (NAME), one layer of a transformers checkpoint with its weights "
+        "(--checkpoint DIR --layer N) or of a config with random weights (--config config.json --layer N).",
+    )
+    sp.add_argument("name", nargs="?", help="a registered name (or give --config / --checkpoint)")
+    with_source(sp)
     sp.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help=lowering_help)
     sp.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -259,8 +310,14 @@ def add_commands(sub) -> None:
     sp.add_argument("--steps", type=positive, default=32, help="decode models: single-token steps after the prompt")
     sp.set_defaults(func=cmd_run)
 
-    sp = sub.add_parser("parity", help="eager vs ONNX Runtime for every matching variant (exit 1 on FAIL)")
-    sp.add_argument("pattern", nargs="?", default="*")
+    sp = sub.add_parser(
+        "parity",
+        help="eager vs ONNX Runtime for every matching variant (exit 1 on FAIL)",
+        description="Eager torch against ONNX Runtime for every registered block matching PATTERN (default *), "
+        "or for one layer of a transformers checkpoint (--checkpoint DIR --layer N).",
+    )
+    sp.add_argument("pattern", nargs="?", default=None, help="fnmatch pattern over registered names (default *)")
+    with_source(sp, config=False)
     sp.add_argument("--lowering", action="append", choices=LOWERINGS, help="repeatable; default all")
     sp.add_argument(
         "--provider",

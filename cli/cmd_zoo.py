@@ -1,4 +1,4 @@
-"""The zoo's commands: list, show, audit (no ONNX)."""
+"""The zoo's commands: list, show, audit, families, preset (no ONNX)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import zoo
 from export.names import DTYPES
 
-from .common import CliError, positive, seed, with_set
+from .common import CliError, number_in, positive, seed, source_of, with_set, with_source
 
 parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
 
@@ -29,18 +29,48 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from zoo.report import show_spec
 
-    spec = zoo.spec(args.name, **parse_overrides(args.set))
+    if source_of(args, "name") == "config":
+        layer = args.layer or 0
+        spec = zoo.spec_from_config(args.config, layer=layer)
+        spec = spec.replace(**parse_overrides(args.set)) if args.set else spec
+        label, description = f"{args.config} layer {layer}", "the spec of a transformers config (spec_from_config)"
+    else:
+        spec = zoo.spec(args.name, **parse_overrides(args.set))
+        label, description = args.name, _description(args.name, spec)
     print(
         show_spec(
-            args.name,
+            label,
             spec,
             batch=args.batch,
             seq=args.seq,
             ctx_seq=args.ctx_seq,
-            description=_description(args.name, spec),
+            description=description,
             itemsize=2 if args.dtype == "float16" else 4,
         )
     )
+    return 0
+
+
+def cmd_preset(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zoo.files import ensure_writable_parent, write_atomic
+
+    if args.output is not None and Path(args.output).stem != args.name:
+        raise CliError(
+            f"-o {args.output}: a preset's name is its file's stem; write --name {args.name} to {args.name}.toml"
+        )
+    if args.output is not None:
+        ensure_writable_parent(args.output)
+    text = zoo.preset_toml(args.config, args.name, layer=args.layer)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        write_atomic(args.output, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=args.force)
+    except FileExistsError as e:
+        raise CliError(str(e).replace("overwrite=True (CLI: --force)", "--force")) from None
+    print(f"wrote {args.output}: load it with zoo.add_presets(folder) or ATTNZOO_PRESETS=folder")
     return 0
 
 
@@ -92,12 +122,18 @@ def _check_audit_fits(spec: zoo.AttentionSpec, args: argparse.Namespace) -> None
 def add_commands(sub) -> None:
     """Register list, show, audit and families on the `attnzoo` subparsers."""
     add_families(sub)
+    add_preset(sub)
     sp = sub.add_parser("list", help="list registered attention blocks")
     sp.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'mha-*'")
     sp.set_defaults(func=cmd_list)
 
-    sp = sub.add_parser("show", help="spec, exact parameter count, shapes, score entries, FLOPs, bytes")
-    sp.add_argument("name")
+    sp = sub.add_parser(
+        "show",
+        help="spec, exact parameter count, shapes, score entries, FLOPs, bytes",
+        description="Show a registered block (NAME) or one layer of a transformers config (--config, --layer).",
+    )
+    sp.add_argument("name", nargs="?", help="a registered name (or give --config)")
+    with_source(sp, checkpoint=False)
     with_set(sp)
     sp.add_argument("--batch", "-b", type=positive, default=1, help="B (default 1)")
     sp.add_argument("--seq", "-t", type=positive, default=128, help="T (default 128)")
@@ -142,6 +178,22 @@ def cmd_families(args: argparse.Namespace) -> int:
         write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(rows, indent=2) + "\n"))
         print(f"wrote {args.json}")
     return 0
+
+
+def add_preset(sub) -> None:
+    sp = sub.add_parser(
+        "preset",
+        help="write a preset TOML from a transformers config.json (one layer's spec, config values cited)",
+        description="Write a user preset (the models/*.toml format) holding --layer's spec of a transformers "
+        "config, each field commented with the config values it came from. Without -o it prints the file. "
+        "Load it with zoo.add_presets(FOLDER) or ATTNZOO_PRESETS=FOLDER.",
+    )
+    sp.add_argument("--config", required=True, metavar="CONFIG_JSON", help="a config.json (or its folder)")
+    sp.add_argument("--name", required=True, help="the preset's name (the file is NAME.toml)")
+    sp.add_argument("--layer", type=number_in(int, 0), default=0, help="which layer (default 0)")
+    sp.add_argument("-o", "--output", help="the .toml file to write, NAME.toml (default: print it)")
+    sp.add_argument("--force", action="store_true", help="overwrite an existing file")
+    sp.set_defaults(func=cmd_preset)
 
 
 def add_families(sub) -> None:

@@ -67,3 +67,54 @@ def with_set(sp: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a spec field, e.g. --set d_model=256 --set heads=4 (repeatable)",
     )
+
+
+# -- a block from a name, a transformers config or a checkpoint ------------------------------------
+
+
+def with_source(sp: argparse.ArgumentParser, *, checkpoint: bool = True, config: bool = True) -> None:
+    """--config / --checkpoint / --layer: a block from a transformers config.json or checkpoint folder,
+    instead of a registered NAME (mutually exclusive with it; see `source_of`)."""
+    if config:
+        sp.add_argument(
+            "--config",
+            metavar="CONFIG_JSON",
+            help="a transformers config.json (or its folder) instead of NAME: the spec of --layer (random weights)",
+        )
+    if checkpoint:
+        sp.add_argument(
+            "--checkpoint",
+            metavar="DIR",
+            help="a transformers checkpoint folder (config.json + *.safetensors) instead of NAME: "
+            "layer --layer's attention with its weights",
+        )
+    sp.add_argument(
+        "--layer",
+        type=number_in(int, 0),
+        default=None,
+        help="which layer of --config / --checkpoint (default 0); layers differ (sliding, no rotary, ...)",
+    )
+
+
+def source_of(args: argparse.Namespace, positional: str) -> str:
+    """'name', 'config' or 'checkpoint': exactly one of NAME, --config, --checkpoint (one-line errors)."""
+    given = [
+        what
+        for what, value in (
+            ("name", getattr(args, positional, None)),
+            ("config", getattr(args, "config", None)),
+            ("checkpoint", getattr(args, "checkpoint", None)),
+        )
+        if value is not None
+    ]
+    flags = {"name": positional.upper(), "config": "--config", "checkpoint": "--checkpoint"}
+    if len(given) > 1:
+        raise CliError(f"give one of {', '.join(flags[g] for g in given)}, not both: they name the block differently")
+    if not given:
+        choices = [flags["name"]] + [flags[k] for k in ("config", "checkpoint") if hasattr(args, k)]
+        raise CliError(f"name the block: give {' or '.join(choices)}")
+    if given[0] == "name" and args.layer is not None:
+        raise CliError("--layer picks a layer of --config or --checkpoint; a registered NAME has none")
+    if given[0] == "checkpoint" and getattr(args, "set", None):
+        raise CliError("--set changes a spec, but --checkpoint's weights fix it; use --config to change fields")
+    return given[0]

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# A user's own presets (ATTNZOO_PRESETS) must not join the registry-driven parametrization: the
+# registry reads the variable when it first loads, at collection. Tests that need it set it
+# themselves (tests/test_user_presets.py, with monkeypatch and a fresh registry).
+os.environ.pop("ATTNZOO_PRESETS", None)
 
 
 @pytest.fixture(autouse=True)

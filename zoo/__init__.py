@@ -17,6 +17,7 @@ from .accounting import (
 )
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
 from .cache import StaticCache
+from .checkpoint import CheckpointError, from_checkpoint
 from .errors import ArgumentError, AttnzooError, CacheFullError, InputTypeError, OutputPathError, ResourceError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 
@@ -25,11 +26,13 @@ from .hf import HFConversionError as HFConversionError
 from .hf import HFTypeError as HFTypeError
 from .hf import from_hf as from_hf
 from .hf import to_hf as to_hf
+from .hf_config import preset_toml, spec_from_config
 from .registry import (
     DuplicateNameError,
     Entry,
     PresetFileError,
     UnknownNameError,
+    add_presets,
     create,
     entry,
     load_presets,
@@ -50,9 +53,11 @@ __all__ = [
     "AttnzooError",
     "InputTypeError",
     "ResourceError",
+    "add_presets",
     "FLOP_CONVENTION",
     "AttentionSpec",
     "CacheFullError",
+    "CheckpointError",
     "StaticCache",
     "DuplicateNameError",
     "Entry",
@@ -68,6 +73,7 @@ __all__ = [
     "entry",
     "explicit_attention",
     "flops",
+    "from_checkpoint",
     "from_torch_mha",
     "fused_attention",
     "get_projections",
@@ -76,11 +82,13 @@ __all__ = [
     "parameter_breakdown",
     "parse_overrides",
     "permute_heads",
+    "preset_toml",
     "prune_heads",
     "read_preset",
     "register",
     "score_entries",
     "spec",
+    "spec_from_config",
     "stage_shapes",
     "to_combined",
     "to_separate",

@@ -1,13 +1,17 @@
 """The zoo's registry: attention blocks by name, with fnmatch wildcards.
 
 Presets are data: one TOML file per name in the repository's `models/` folder, loaded the
-first time the registry is read. `register()` adds more from code.
+first time the registry is read. `register()` adds more from code. A user's own presets (same
+format, same checks) come from the folders in the `ATTNZOO_PRESETS` environment variable (a path
+list, read when the registry loads) or `add_presets(folder)` at run time; a name that clashes
+with another preset is refused naming both files.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ _PRESET_DIRS = (
     Path(__file__).resolve().parent.parent / "models",
 )
 _TOP_LEVEL_KEYS = {"description", "reference", "spec"}
+ENV = "ATTNZOO_PRESETS"  # os.pathsep-separated folders of user presets
 
 
 @dataclass(frozen=True)
@@ -89,10 +94,16 @@ def create(name: str, *, fused: bool = True, **overrides: Any) -> MultiHeadAtten
     return MultiHeadAttention(spec(name, **overrides), fused=fused)
 
 
-def load_presets(directory: str | Path) -> list[str]:
-    """Register every `*.toml` file in `directory`; returns the names added."""
+def add_presets(folder: str | os.PathLike) -> list[str]:
+    """Register every `*.toml` preset in `folder` (the shipped presets' format and checks); returns
+    the names added. All or nothing: a malformed file or a clashing name adds none of the folder's."""
+    if not isinstance(folder, (str, os.PathLike)) or str(folder) == "":
+        raise InputTypeError(f"folder must be a path to a folder of *.toml presets, got {folder!r}")
     _ensure_loaded()
-    return _load_dir(Path(directory))
+    return _load_dir(Path(folder))
+
+
+load_presets = add_presets  # the older name
 
 
 # -- internals ---------------------------------------------------------------------------
@@ -109,7 +120,10 @@ def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
     if not isinstance(spec, AttentionSpec):
         raise InputTypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
     if name in _REGISTRY:
-        raise DuplicateNameError(f"{name!r} is already registered (from {_REGISTRY[name].source}); pick another name")
+        where = f" by {kw['source']}" if kw.get("source", "code") != "code" else ""
+        raise DuplicateNameError(
+            f"{name!r} is registered twice{where} and by {_REGISTRY[name].source}; rename one of them"
+        )
     e = Entry(name=name, spec=spec, **kw)
     _REGISTRY[name] = e
     return e
@@ -134,15 +148,37 @@ def _ensure_loaded() -> None:
     for d in _PRESET_DIRS:
         if d.is_dir():
             _load_dir(d)
-            return
+            break
+    for folder in user_folders():
+        _load_dir(folder)
+
+
+def user_folders() -> list[Path]:
+    """The folders named by ATTNZOO_PRESETS (empty entries skipped); a missing one is refused."""
+    folders = []
+    for part in os.environ.get(ENV, "").split(os.pathsep):
+        if not part.strip():
+            continue
+        folder = Path(part).expanduser()
+        if not folder.is_dir():
+            raise PresetFileError(
+                f"{ENV}: {part} is not a folder; name folders of *.toml presets ({os.pathsep}-separated)"
+            )
+        folders.append(folder)
+    return folders
 
 
 def _load_dir(directory: Path) -> list[str]:
     if not directory.is_dir():
-        raise FileNotFoundError(f"preset folder {directory} does not exist")
+        raise PresetFileError(f"preset folder {directory} does not exist")
+    read = [(read_preset(path), path) for path in sorted(directory.glob("*.toml"))]
+    for (name, _, _), path in read:  # every clash is found before anything is added
+        if name in _REGISTRY:
+            raise DuplicateNameError(
+                f"{name!r} is registered twice: by {path} and by {_REGISTRY[name].source}; rename one of them"
+            )
     added = []
-    for path in sorted(directory.glob("*.toml")):
-        name, spec, meta = read_preset(path)
+    for (name, spec, meta), path in read:
         _add(name, spec, source=str(path), **meta)
         added.append(name)
     return added
@@ -154,7 +190,7 @@ def read_preset(path: str | Path) -> tuple[str, AttentionSpec, dict[str, str]]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
-        raise PresetFileError(f"{path}: not valid TOML ({e})") from None
+        raise PresetFileError(f"{path}: not valid TOML ({str(e).splitlines()[0]})") from None
     except UnicodeDecodeError as e:
         raise PresetFileError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     unknown = sorted(set(data) - _TOP_LEVEL_KEYS)

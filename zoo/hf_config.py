@@ -1,0 +1,347 @@
+"""A transformers config (object, dict or config.json) and a layer in, the spec out: no model built.
+
+The family table's rows (`hf_table`) say how a live attention module maps to a block. What a row
+reads from the module besides its weights (head_dim, scaling, sliding_window, use_rope, ...) is
+what the module's __init__ computes from its config. `hf_families.FAMILIES` holds that computation,
+once per config `model_type`, with where the layer's attention sits in a checkpoint. `_Standin` builds an
+object that looks like the module (those attributes, its config, its projections as tensors), and
+`hf_rows.read` reads it as it reads the real module: one reader for from_hf, spec_from_config and
+from_checkpoint. tests/test_checkpoint_hf.py holds spec_from_config to from_hf's spec, case by case.
+
+transformers is never imported here: a config object is read through its `to_dict()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import numbers
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import ArgumentError, AttnzooError, InputTypeError
+from .hf_families import DEFAULT_TRUE, FAMILIES, ConfigView, Family
+from .hf_rows import HFConversionError, Row, read, value
+from .hf_table import ROWS
+from .modifiers import alibi_slopes
+from .spec import AttentionSpec
+
+_ROW_BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
+
+
+# -- reading a config --------------------------------------------------------------------------------
+
+
+def config_dict(config: Any) -> dict:
+    """A config object (`to_dict()`), a dict, or a path to config.json (or a folder holding one) -> a dict."""
+    if isinstance(config, dict):
+        return dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise HFConversionError(f"{config}: no config.json there; give a transformers config.json or its folder")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise HFConversionError(f"{path}: not a JSON config ({e})") from None
+        if not isinstance(data, dict):
+            raise HFConversionError(f"{path}: a config.json holds a JSON object, got {type(data).__name__}")
+        return data
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict) and type(config).__module__.startswith("transformers."):
+        return dict(to_dict())
+    raise InputTypeError(
+        f"config must be a transformers config, a dict or a path to config.json, got {type(config).__name__}"
+    )
+
+
+def _check_layer(layer: Any) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise InputTypeError(f"layer must be an int >= 0, got {type(layer).__name__} {layer!r}")
+    if layer < 0:
+        raise ArgumentError(f"layer={layer} must be >= 0")
+    return int(layer)
+
+
+def family_of(data: dict) -> tuple[str, Family]:
+    kind = data.get("model_type")
+    if kind == "gemma3" and isinstance(data.get("text_config"), dict):
+        kind = "gemma3_text"
+    if kind not in FAMILIES:
+        raise HFConversionError(
+            f"model_type={kind!r}: spec_from_config and from_checkpoint know the decoder families "
+            f"{', '.join(sorted(FAMILIES))}; for others build the model and use zoo.from_hf(module)"
+        )
+    return kind, FAMILIES[kind]
+
+
+def _normalized(kind: str, data: dict) -> dict:
+    """transformers 5's config fields from an older config.json: rope_parameters, text_config."""
+    if kind == "gemma3_text" and isinstance(data.get("text_config"), dict):
+        data = dict(data["text_config"], model_type="gemma3_text")
+    if kind in DEFAULT_TRUE:
+        data.setdefault(DEFAULT_TRUE[kind], True)
+    if "rope_parameters" not in data:  # transformers 4: rope_theta (default 10000) and rope_scaling
+        params: dict = {"rope_type": "default"}
+        params["rope_theta"] = data.get("rope_theta", data.get("rotary_emb_base", 10000.0))
+        factor = data.get("partial_rotary_factor", data.get("rotary_pct"))
+        if factor is not None:
+            params["partial_rotary_factor"] = factor
+        scaling = data.get("rope_scaling")
+        if isinstance(scaling, dict):
+            params.update(scaling)
+            params["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "gemma3_text" and "rope_local_base_freq" in data:  # sliding layers: their own base, unscaled
+            local = {"rope_type": "default", "rope_theta": data["rope_local_base_freq"]}
+            params = {"full_attention": params, "sliding_attention": local}
+        data = dict(data, rope_parameters=params)
+    return data
+
+
+@dataclass
+class Stand:
+    """What spec_from_config and from_checkpoint share: the family, the module's attributes, the layer."""
+
+    kind: str
+    family: Family
+    row: Row
+    cfg: ConfigView
+    attrs: dict
+    layer: int
+    c: int
+    h: int
+    g: int
+    d: int
+    bias: bool
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensors the row reads, relative to the attention module, with the shapes the config implies."""
+        row, c, h, g, d = self.row, self.c, self.h, self.g, self.d
+        out: dict[str, tuple[int, ...]] = {}
+
+        def lin(path: str, rows: int, cols: int) -> None:
+            out[f"{path}.weight"] = (cols, rows) if row.conv1d else (rows, cols)
+
+        if row.qkv is not None:
+            lin(row.qkv, (h + 2 * g) * d, c)
+        else:
+            lin(row.q, h * d, c)
+            lin(row.k, g * d, c)
+            lin(row.v, g * d, c)
+        lin(row.out, c, h * d)
+        if row.qk_norm is not None:
+            full = row.qk_norm == "full"
+            out[f"{row.norms[0]}.weight"] = (h * d,) if full else (d,)
+            out[f"{row.norms[1]}.weight"] = (g * d,) if full else (d,)
+        return out
+
+    def bias_shapes(self) -> dict[str, tuple[int]]:
+        """Every bias the row could read (a family may carry only some of them)."""
+        return {
+            name[: -len("weight")] + "bias": (shape[-1] if self.row.conv1d else shape[0],)
+            for name, shape in self.shapes().items()
+            if not any(name.startswith(n + ".") for n in self.row.norms)
+        }
+
+
+def prepare(config: Any, layer: Any) -> Stand:
+    """Read the config and the layer; refusals (unknown model_type, layer out of range) raise here."""
+    layer = _check_layer(layer)
+    data = config_dict(config)
+    kind, fam = family_of(data)
+    cfg = ConfigView(_normalized(kind, data), fam.aliases)
+    try:
+        n = int(cfg.num_hidden_layers)
+        if layer >= n:
+            raise ArgumentError(f"layer={layer} is out of range: the config has {n} layers (0..{n - 1})")
+        attrs = fam.attrs(cfg, layer)
+        row = _ROW_BY_CLASS[fam.cls]
+        probe = _Standin.make(row, cfg, attrs, {}, fam)
+        c, h, d = int(value(probe, row.c)), int(value(probe, row.h)), int(value(probe, row.d))
+        g = int(value(probe, row.g) or h)
+    except AttnzooError:
+        raise
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
+        raise HFConversionError(
+            f"{kind} config: cannot read layer {layer} ({_reason(e)}); is it a {kind} config?"
+        ) from None
+    return Stand(kind, fam, row, cfg, attrs, layer, c, h, g, d, fam.has_bias(cfg))
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, KeyError):
+        return f"no {e.args[0]!r}"
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{type(e).__name__}: {text}" if isinstance(e, (ValueError, ArithmeticError)) else text
+
+
+def read_stand(st: Stand, tensors: dict[str, Tensor]) -> tuple[AttentionSpec, Any]:
+    """hf_rows.read on a stand-in holding `tensors` (names relative to the attention module)."""
+    probe = _Standin.make(st.row, st.cfg, st.attrs, tensors, st.family)
+    row = st.row
+    if row.alibi is not None:  # the rows' slope readers call transformers; these do not
+        row = _replace_alibi(row, st.family)
+    try:
+        return read(row, probe)
+    except AttnzooError:
+        raise
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
+        raise HFConversionError(f"{st.kind} config: cannot read layer {st.layer} ({_reason(e)})") from None
+
+
+def _replace_alibi(row: Row, fam: Family) -> Row:
+    slopes = fam.slopes or (lambda h: torch.tensor(alibi_slopes(h), dtype=torch.float32))
+    return dataclasses.replace(row, alibi=lambda m, h: slopes(h))
+
+
+class _Standin:
+    """Looks like the family's attention module to `hf_rows.read`: its attributes, `config`, and the
+    projections and norms as objects holding `weight` / `bias` tensors."""
+
+    @staticmethod
+    def make(row: Row, cfg: ConfigView, attrs: dict, tensors: dict[str, Tensor], fam: Family) -> _Standin:
+        cls = type(row.cls, (_Standin,), {})  # messages name the class, as from_hf's do
+        obj = cls()
+        obj.__dict__.update(attrs)
+        obj.config = cfg
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        for path in {p for p in (row.q, row.k, row.v, row.qkv, row.out, *row.norms) if p}:
+            w = tensors.get(f"{path}.weight")
+            if w is None:
+                continue
+            node = _Part(w, tensors.get(f"{path}.bias"), float(eps))
+            parent = obj
+            *parents, last = path.split(".")
+            for p in parents:
+                parent.__dict__.setdefault(p, _Part(None, None, 0.0))
+                parent = parent.__dict__[p]
+            parent.__dict__[last] = node
+        return obj
+
+
+class _Part:
+    def __init__(self, weight: Tensor | None, bias: Tensor | None, eps: float) -> None:
+        self.weight, self.bias, self.eps = weight, bias, eps
+
+
+def spec_from_config(config: Any, layer: int = 0) -> AttentionSpec:
+    """The spec of layer `layer`'s attention, from a transformers config object, a dict, or a path to
+    config.json (or its folder): the spec `from_hf` gives that layer's module, without building it.
+
+    Layers differ (sliding and global layers, layers without rotary, per-layer rope bases): say which.
+    Refusals (a model_type the zoo does not read, a layer out of range, a config value the zoo cannot
+    express) raise HFConversionError / ArgumentError naming the field and what to do instead."""
+    st = prepare(config, layer)
+    meta = {name: torch.empty(shape, device="meta") for name, shape in st.shapes().items()}
+    if st.bias:
+        meta.update({name: torch.empty(shape, device="meta") for name, shape in st.bias_shapes().items()})
+    spec, _ = read_stand(st, meta)
+    return spec
+
+
+# -- a preset file from a config ------------------------------------------------------------------
+
+# spec field -> the config keys it is read from (transformers' names; the family's aliases apply)
+_SOURCES = {
+    "d_model": ("hidden_size",),
+    "heads": ("num_attention_heads",),
+    "d_k": ("head_dim",),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query", "new_decoder_architecture"),
+    "scale": ("query_pre_attn_scalar", "attention_multiplier", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
+    "rope_theta": (
+        "rope_theta",
+        "rope_parameters.rope_theta",
+        "rope_parameters.{kind}.rope_theta",
+        "no_rope_layers[{layer}]",
+    ),
+    "rope_dim": ("rope_parameters.partial_rotary_factor", "rotary_dim"),
+    "window": ("sliding_window", "layer_types[{layer}]"),
+    "softcap": ("attn_logit_softcapping",),
+    "qk_norm_eps": ("rms_norm_eps",),
+}
+
+
+def _lookup(data: dict, path: str) -> Any:
+    """data["a"]["b"] for "a.b", data["a"][2] for "a[2]"; None when absent."""
+    obj: Any = data
+    for part in path.split("."):
+        key, _, idx = part.partition("[")
+        obj = obj.get(key) if isinstance(obj, dict) else None
+        if idx and isinstance(obj, list) and int(idx[:-1]) < len(obj):
+            obj = obj[int(idx[:-1])]
+        elif idx:
+            obj = None
+    return obj
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def _cite(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (bool, type(None), list, dict)) else str(v)
+
+
+def preset_toml(config: Any, name: str, layer: int = 0) -> str:
+    """A preset file (models/*.toml format) holding layer `layer`'s spec from `config`, each field with a
+    comment citing the config values it was read from. `zoo.add_presets` on its folder registers it
+    under its file's stem, which should be `name`."""
+    if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t/\\"):
+        raise ArgumentError(f"name={name!r} must be a non-empty preset name without spaces, slashes or wildcards")
+    spec = spec_from_config(config, layer)
+    st = prepare(config, layer)
+    raw = config_dict(config)
+    data = {**_normalized(st.kind, dict(raw)), **raw}  # cite the config's own keys where it has them
+    where = str(config) if isinstance(config, (str, os.PathLike)) else f"a {type(config).__name__}"
+
+    def cited(fld: str) -> list[str]:
+        keys = list(_SOURCES.get(fld, ()))
+        if fld == "bias" and isinstance(st.family.bias, str):
+            keys.append(st.family.bias)
+        out = []
+        for key in keys:
+            key = key.format(layer=layer, kind=st.attrs.get("layer_type"))
+            head = key.split(".")[0].split("[")[0]
+            got = _lookup(data, key.replace(head, st.family.aliases.get(head, head), 1))
+            if got is not None:
+                out.append(f"{st.family.aliases.get(head, head)}{key[len(head) :]} {_cite(got)}")
+        return out
+
+    defaults = AttentionSpec()
+    lines, refs = [], []
+    for fld, v in spec.to_dict().items():
+        if v == getattr(defaults, fld) or v is None:
+            continue
+        why = cited(fld)
+        refs += [c for c in why if c not in refs]
+        note = "; ".join(why) or {
+            "layout": f"{st.row.cls} holds one fused q/k/v projection",
+            "causal": f"{st.row.cls} is a causal decoder layer",
+            "bias": f"{st.row.cls} has no projection biases",
+            "alibi": f"{st.row.cls} adds ALiBi (slopes from the head count)",
+            "qk_norm": f"{st.row.cls} normalizes Q and K (RMSNorm)",
+            "rope_interleaved": f"{st.row.cls} rotates adjacent pairs",
+        }.get(fld, f"read by the {st.row.family} row")
+        lines.append(f"{fld} = {_toml_value(v)}  # {note}")
+    head = [
+        f"# written by `attnzoo preset` from {where}: model_type {st.kind}, layer {layer} ({st.row.cls})",
+        f"description = {json.dumps(f'{st.row.family} layer {layer} attention: {spec.describe()}')}",
+        f"reference = {json.dumps(f'config.json (model_type {st.kind}), layer {layer}: ' + ', '.join(refs))}",
+        "",
+        "[spec]",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+__all__ = ["FAMILIES", "ConfigView", "Family", "preset_toml", "spec_from_config"]
