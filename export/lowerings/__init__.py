@@ -44,10 +44,17 @@ def support_table() -> str:
         lines.append(f"| {label} | " + " | ".join(cell(lw.modifiers.get(key)) for lw in LOWERING_LIST) + " |")
     lines.append("| non-causal, cross-attention, `d_v != d_k` | " + " | ".join(lw.kinds for lw in LOWERING_LIST) + " |")
     lines.append("| fp16 | " + " | ".join(lw.fp16 for lw in LOWERING_LIST) + " |")
+    lines.append("| static KV cache (decode) | " + " | ".join(_static_cell(lw) for lw in LOWERING_LIST) + " |")
     lines.append(
         "| attention weights out | " + " | ".join("yes" if lw.weights_out else "no" for lw in LOWERING_LIST) + " |"
     )
     return "\n".join(lines)
+
+
+def _static_cell(lw: Lowering) -> str:
+    if lw.static_cache is None:
+        return "yes"
+    return "no: " + lw.static_cache.split("; use lowering=")[0].split(" (use lowering=")[0]
 
 
 __all__ = ["FUSED_OPS", "LOWERING_LIST", "RECORDS", "Limit", "Lowering", "record", "support_table"]

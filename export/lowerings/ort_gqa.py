@@ -21,9 +21,8 @@ LOWERING = Lowering(
     build=gqa.build,
     cannot=gqa.why_not,
     modifiers={"rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs)},
-    static_cache="GroupQueryAttention can share its past/present buffer, but its kernel streams each kv head "
-    "once per query head (31 ms against the decomposed static graph's 5 ms at past 16384, issue 17); "
-    "use lowering='decomposed'",
+    static_cache="not offered: GroupQueryAttention can share its past/present buffer, but its kernel streams "
+    "each kv head once per query head, which the folded decomposed graph avoids; use lowering='decomposed'",
     fp16="d_k a multiple of 16 (CPU kernel)",
     kinds="no: causal self-attention with d_v = d_k only; d_k a multiple of 8",
 )

@@ -33,7 +33,7 @@ LOWERING = Lowering(
     # compute the same function without that copy.
     combined_as_separate=True,
     static_cache="MultiHeadAttention's CPU kernel concatenates past and new keys into a new present every "
-    "step (no shared buffer on the CPU; use lowering='decomposed')",
+    "step and shares no buffer on the CPU; use lowering='decomposed'",
     after_trace=_fuse,
     modifiers={"softcap": Limit("com.microsoft MultiHeadAttention has no softcap")},
 )
