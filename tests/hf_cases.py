@@ -465,6 +465,22 @@ CASES: dict[str, dict] = {
         ),
         spec_checks={"causal": False, "rope_theta": 160000.0, "layout": "combined"},
     ),
+    # layer 1 is local: |i - j| <= local_attention // 2 = WINDOW, the zoo's window WINDOW + 1 (symmetric),
+    # with the local rope base
+    "modernbert-local": dict(
+        make=model_of(
+            "ModernBertModel",
+            "ModernBertConfig",
+            lambda m: m.layers[1].attn,
+            **dict(SMALL, num_hidden_layers=2),
+            max_position_embeddings=64,
+            layer_types=["full_attention", "sliding_attention"],
+            local_attention=2 * WINDOW,
+            local_rope_theta=5000.0,
+            pad_token_id=1,
+        ),
+        spec_checks={"causal": False, "window": WINDOW + 1, "rope_theta": 5000.0, "layout": "combined"},
+    ),
     # -- encoder-decoders and speech
     "bart": dict(make=_encdec("BartModel", "BartConfig"), spec_checks={"causal": False}),
     "bart-decoder": dict(make=_encdec("BartModel", "BartConfig", decoder=True), spec_checks={"causal": True}),
@@ -532,7 +548,6 @@ REFUSALS: dict[tuple[str, str], tuple[str, Callable[[nn.Module], None]]] = {
     ("PhiAttention", "qk_layernorm=True"): ("phi", _set("qk_layernorm", True)),
     ("FalconAttention", "alibi=True"): ("falcon-mq", _set("config.alibi", True)),
     ("CodeGenAttention", "mp_num != 4"): ("codegen", _set("mp_num", 8)),
-    ("ModernBertAttention", "local layer (symmetric window)"): ("modernbert", _set("sliding_window", 2 * WINDOW + 1)),
     ("CLIPAttention", "config neither CLIP text nor vision"): (
         "clip-text",
         lambda m: m.__setattr__("config", transformers.PretrainedConfig()),

@@ -18,7 +18,7 @@ def close(a, b, tol=1e-6):
 @pytest.mark.parametrize(
     "fields, match",
     [
-        (dict(window=4), "needs causal"),
+        (dict(window=4, d_context=32), "self-attention only"),
         (dict(window=0, causal=True), "integer in 1..2"),
         (dict(window=2**40, causal=True), "integer in 1..2"),
         (dict(rope_theta=1e30), "rope_theta"),
@@ -69,6 +69,38 @@ def test_window_keys_seen():
     seen = a[0, 0] > 0
     for i in range(8):
         assert seen[i].nonzero().flatten().tolist() == list(range(max(0, i - 2), i + 1))
+
+
+def test_symmetric_window_keys_seen():
+    """Non-causal: |i - j| < window, i.e. window - 1 keys either side (ModernBERT's local layers)."""
+    m = zoo.create("mha-separate-bias", window=3).double()
+    assert "window=3 (symmetric)" in m.spec.describe()
+    x = torch.randn(1, 8, 64, dtype=torch.float64)
+    _, a = m(x, need_weights=True)
+    seen = a[0, 0] > 0
+    for i in range(8):
+        assert seen[i].nonzero().flatten().tolist() == list(range(max(0, i - 2), min(8, i + 3)))
+    want = zoo.modifiers.Window.reference_allowed(m.spec, 8, 8)
+    assert torch.equal(seen, want)
+    m.fused = True  # the SDPA path with the symmetric mask, and shifted positions
+    close(m(x), m(x, need_weights=True)[0], 1e-10)
+    close(m(x, positions=torch.arange(8) + 50), m(x), 1e-10)
+    # the same field on a causal block is the causal half of the same rule
+    c = zoo.create("mha-separate-bias", window=3, causal=True).double()
+    both = torch.ones(8, 8, dtype=torch.bool).tril() & want
+    assert torch.equal(c(x, need_weights=True)[1][0, 0] > 0, both)
+
+
+def test_symmetric_window_audit_and_lowerings():
+    from export.lowering import why_not
+    from zoo.audit import run_audit
+
+    m = zoo.create("gqa", causal=False, window=2, rope_theta=1e4)
+    steps = run_audit(m, seq=7)
+    assert all(st.ok for st in steps), [(st.title, st.detail) for st in steps if not st.ok]
+    assert any(st.title.startswith("window=2 (symmetric)") for st in steps)
+    assert why_not("decomposed", m.spec) is None and why_not("onnx-attention", m.spec) is None
+    assert why_not("ort-gqa", m.spec)  # causal only
 
 
 def test_rope_matches_rotate_half_formula():

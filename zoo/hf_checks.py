@@ -125,15 +125,6 @@ def _decoder_cross(m: nn.Module) -> str | None:
 DECODER_CROSS = Check("cross-attention", _decoder_cross)
 
 
-def modernbert_local(m: nn.Module) -> str | None:
-    if m.sliding_window is not None:
-        return (
-            f"a local layer (layer_types[{m.layer_idx}]='sliding_attention'): its window of {m.sliding_window} keys "
-            f"is symmetric (looks ahead too), the zoo's window looks back only; global layers convert"
-        )
-    return None
-
-
 def beit_bias(m: nn.Module) -> str | None:
     cfg = m.config
     for flag in ("use_relative_position_bias", "use_shared_relative_position_bias"):

@@ -24,7 +24,6 @@ from .hf_checks import (
     fixed_rope,
     flag,
     layernorm_qk,
-    modernbert_local,
     mpt_slopes,
 )
 from .hf_rows import Check, Row
@@ -307,14 +306,16 @@ ROWS: tuple[Row, ...] = (
     Row(
         family="ModernBERT",
         cls="ModernBertAttention",
-        covers="the whole module of a global layer (bidirectional, rotary)",
+        covers="the whole module (bidirectional, rotary; local layers: a symmetric window, their own rope base)",
         qkv="Wqkv",
         out="Wo",
         g=None,
         causal=False,
         scale=lambda m: m.head_dim**-0.5,
         rope="full",
-        checks=(Check("local layer (symmetric window)", modernbert_local),),
+        # a local layer sees |i - j| <= config.sliding_window (local_attention // 2); the module keeps
+        # sliding_window + 1, which is the zoo's window on a non-causal block (|i - j| < window)
+        window=SLIDING,
     ),
     # -- encoder-decoders and speech
     BART,
