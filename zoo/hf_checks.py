@@ -108,9 +108,6 @@ def flag(name: str, what: str, where: str = "config") -> Check:
     return Check(f"{name} set", fn)
 
 
-CLIP_QKV = "clamps Q, K and V (a clip_qkv modifier the zoo does not have yet)"
-
-
 def _decoder_cross(m: nn.Module) -> str | None:
     # BART-style classes are one class for all three attentions; the decoder's encoder_attn is the
     # one built with is_decoder=True and is_causal=False

@@ -10,7 +10,6 @@ import dataclasses
 
 from .hf_checks import (
     BIDIRECTIONAL,
-    CLIP_QKV,
     DECODER_CROSS,
     beit_bias,
     bloom_slopes,
@@ -22,7 +21,6 @@ from .hf_checks import (
     falcon_kv,
     falcon_layout,
     fixed_rope,
-    flag,
     layernorm_qk,
     mpt_slopes,
 )
@@ -192,7 +190,8 @@ ROWS: tuple[Row, ...] = (
     ),
     _like(LLAMA, family="Starcoder2", cls="Starcoder2Attention", window="config.sliding_window?"),
     _like(LLAMA, family="Granite", cls="GraniteAttention"),
-    _like(LLAMA, family="OLMo", cls="OlmoAttention", checks=(BIDIRECTIONAL, flag("clip_qkv", CLIP_QKV))),
+    # OLMo clamps q/k/v_proj's outputs when config.clip_qkv is not None (0.0 clamps everything to 0)
+    _like(LLAMA, family="OLMo", cls="OlmoAttention", clip_qkv="config.clip_qkv?"),
     _like(
         LLAMA,
         family="Persimmon",
@@ -270,7 +269,7 @@ ROWS: tuple[Row, ...] = (
         g=None,
         scale="softmax_scale",
         alibi=mpt_slopes,
-        checks=(flag("clip_qkv", CLIP_QKV, where="module"),),
+        clip_qkv=lambda m: m.clip_qkv or None,  # MPT clamps Wqkv's output when clip_qkv is truthy
     ),
     # -- encoders
     ROBERTA,

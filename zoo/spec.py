@@ -55,6 +55,7 @@ class AttentionSpec:
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
     qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)
     qk_norm_eps: float = 1e-6  # the RMSNorm epsilon (Qwen3 and OLMo-2 use 1e-6)
+    clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
 
     def __post_init__(self) -> None:
         _check_positive_int("d_model", self.d_model)
