@@ -5,7 +5,7 @@ transformers' graphs (with a KV cache), not a zoo block, so the graph is written
 the block's weights, with the axis vocabulary as dim names:
 
     x (b t c) -> MatMul(+bias) -> Q (b t (h dk)), K (b t (g dk)), V (b t (g dv))
-              -> QK-norm (plain ops, fp32 for half inputs)
+              -> Clip(-c, c) for clip_qkv -> QK-norm (plain ops, fp32 for half inputs)
               -> GroupQueryAttention(num_heads=h, kv_num_heads=g, scale, softcap,
                                      local_window_size=window, do_rotary with cos/sin caches
                                      computed in the graph for positions 0..t-1,
@@ -135,6 +135,9 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     q = _linear(g, "x", arr(p.w_q), arr(p.b_q), "q")
     k = _linear(g, "x", arr(p.w_k), arr(p.b_k), "k")
     v = _linear(g, "x", arr(p.w_v), arr(p.b_v), "v")
+    if spec.clip_qkv is not None:  # on the projections (bias included), before QK-norm and rotary
+        lo, hi = g.const(-float(spec.clip_qkv), "clip_lo"), g.const(float(spec.clip_qkv), "clip_hi")
+        q, k, v = (g.op("Clip", t_, lo, hi) for t_ in (q, k, v))
     if spec.qk_norm == "full":
         q, k = _rms(g, q, arr(p.q_norm), spec.qk_norm_eps), _rms(g, k, arr(p.k_norm), spec.qk_norm_eps)
     elif spec.qk_norm == "head":

@@ -248,6 +248,12 @@ CASES: dict[str, dict] = {
         spec_checks={"scale": 0.1},
     ),
     "olmo": dict(make=model_of("OlmoModel", "OlmoConfig", _self_attn, **LLAMA)),
+    # OLMo-7B's clip_qkv is 8.0; 0.5 bites at these sizes (projections of ~1)
+    "olmo-clip": dict(
+        make=model_of("OlmoModel", "OlmoConfig", _self_attn, **LLAMA, clip_qkv=0.5),
+        spec_checks={"clip_qkv": 0.5},
+        variant=True,
+    ),
     "persimmon": dict(
         make=model_of(
             "PersimmonModel",
@@ -405,6 +411,22 @@ CASES: dict[str, dict] = {
         ),
         spec_checks={"alibi": True, "layout": "combined"},
     ),
+    "mpt-clip": dict(
+        make=model_of(
+            "MptModel",
+            "MptConfig",
+            lambda m: m.blocks[0].attn,
+            vocab_size=VOCAB,
+            d_model=64,
+            n_heads=4,
+            n_layers=1,
+            max_seq_len=64,
+            expansion_ratio=1,
+            attn_config={"clip_qkv": 0.5},
+        ),
+        spec_checks={"alibi": True, "clip_qkv": 0.5},
+        variant=True,
+    ),
     "mpt-6-heads": dict(
         make=model_of(
             "MptModel",
@@ -465,6 +487,22 @@ CASES: dict[str, dict] = {
         ),
         spec_checks={"causal": False, "rope_theta": 160000.0, "layout": "combined"},
     ),
+    # layer 1 is local: |i - j| <= local_attention // 2 = WINDOW, the zoo's window WINDOW + 1 (symmetric),
+    # with the local rope base
+    "modernbert-local": dict(
+        make=model_of(
+            "ModernBertModel",
+            "ModernBertConfig",
+            lambda m: m.layers[1].attn,
+            **dict(SMALL, num_hidden_layers=2),
+            max_position_embeddings=64,
+            layer_types=["full_attention", "sliding_attention"],
+            local_attention=2 * WINDOW,
+            local_rope_theta=5000.0,
+            pad_token_id=1,
+        ),
+        spec_checks={"causal": False, "window": WINDOW + 1, "rope_theta": 5000.0, "layout": "combined"},
+    ),
     # -- encoder-decoders and speech
     "bart": dict(make=_encdec("BartModel", "BartConfig"), spec_checks={"causal": False}),
     "bart-decoder": dict(make=_encdec("BartModel", "BartConfig", decoder=True), spec_checks={"causal": True}),
@@ -524,15 +562,12 @@ BIDI = _set("config.use_bidirectional_attention", True)
 
 # (class, check name) -> (case whose module is copied, how the copy is changed so that it must be refused)
 REFUSALS: dict[tuple[str, str], tuple[str, Callable[[nn.Module], None]]] = {
-    ("OlmoAttention", "clip_qkv set"): ("olmo", _set("config.clip_qkv", 8.0)),
-    ("MptAttention", "clip_qkv set"): ("mpt", _set("clip_qkv", 8.0)),
     ("CohereAttention", "use_qk_norm=True"): ("cohere", _set("config.use_qk_norm", True)),
     ("StableLmAttention", "qk_layernorm=True"): ("stablelm", _set("config.qk_layernorm", True)),
     ("PersimmonAttention", "qk_layernorm=True"): ("persimmon", _set("config.qk_layernorm", True)),
     ("PhiAttention", "qk_layernorm=True"): ("phi", _set("qk_layernorm", True)),
     ("FalconAttention", "alibi=True"): ("falcon-mq", _set("config.alibi", True)),
     ("CodeGenAttention", "mp_num != 4"): ("codegen", _set("mp_num", 8)),
-    ("ModernBertAttention", "local layer (symmetric window)"): ("modernbert", _set("sliding_window", 2 * WINDOW + 1)),
     ("CLIPAttention", "config neither CLIP text nor vision"): (
         "clip-text",
         lambda m: m.__setattr__("config", transformers.PretrainedConfig()),

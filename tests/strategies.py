@@ -30,7 +30,8 @@ def specs(
     draw, *, cross: bool | None = None, causal: bool | None = None, d_v_equals_d_k: bool = False
 ) -> zoo.AttentionSpec:
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
-    causal (self-attention only), cross-attention, scale. Small, so a forward costs little.
+    causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv.
+    Small, so a forward costs little.
     Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
     kv_heads = draw(st.sampled_from([g for g in range(1, heads + 1) if heads % g == 0]))
@@ -52,6 +53,11 @@ def specs(
     )
     # New modifier fields (rotary, ALiBi, window, softcap, QK-norm) go here, drawn with the
     # same care: values that bite at the shapes below (t, s <= 9).
+    # window: self-attention only; on a non-causal block it is symmetric (|i - j| < window).
+    if not is_cross:
+        fields["window"] = draw(st.one_of(st.none(), st.integers(1, 6)))
+    # clip_qkv: small enough that projections of unit inputs hit it.
+    fields["clip_qkv"] = draw(st.one_of(st.none(), st.floats(0.05, 3.0)))
     return zoo.AttentionSpec(**fields)
 
 
@@ -97,6 +103,8 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         layout=draw(st.sampled_from(["separate", "combined"])),
         bias=draw(st.booleans()),
         causal=True,
+        window=draw(st.one_of(st.none(), st.integers(1, 6))),
+        clip_qkv=draw(st.one_of(st.none(), st.floats(0.05, 3.0))),
     )
 
 

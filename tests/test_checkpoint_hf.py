@@ -150,7 +150,7 @@ def test_a_causal_lm_checkpoint_has_its_model_prefix(tmp_path):
         assert (block(x) - ref(x)).abs().max().item() <= 1e-6
 
 
-def test_spec_from_config_refuses_what_from_hf_refuses():
+def test_spec_from_config_refuses_what_from_hf_refuses_and_reads_clip_qkv():
     cfg = transformers.LlamaConfig(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=50,
         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
@@ -160,8 +160,12 @@ def test_spec_from_config_refuses_what_from_hf_refuses():
     olmo = transformers.OlmoConfig(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=50, clip_qkv=8.0
     )
-    with pytest.raises(zoo.HFConversionError, match=r"^OlmoAttention: clip_qkv=8.0"):
-        zoo.spec_from_config(olmo)
+    assert zoo.spec_from_config(olmo).clip_qkv == 8.0  # no longer refused: the clip_qkv modifier
+    assert zoo.spec_from_config(olmo.to_dict()).clip_qkv == 8.0
+    mpt = {"model_type": "mpt", "d_model": 48, "n_heads": 6, "n_layers": 1, "attn_config": {"clip_qkv": 6.0}}
+    assert zoo.spec_from_config(mpt).clip_qkv == 6.0
+    mpt["attn_config"]["clip_qkv"] = None
+    assert zoo.spec_from_config(mpt).clip_qkv is None
 
 
 def _onnx(name: str, folder, layer: int, c, lowering: str, tmp_path) -> float:

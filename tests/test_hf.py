@@ -342,8 +342,8 @@ def test_eager_parity(name):
     scale = c.y.abs().max().item()
     assert err <= ATOL, f"{name}: eager max abs err {err:.2e} (output max {scale:.2f}) > {ATOL}"
     print(f"{name}: eager max abs err {err:.2e} (output max {scale:.2f})")
-    # the window and the cap bite at these sizes: the block without them misses the reference
-    for field in ("window", "softcap"):
+    # the window, the cap and the clamp bite at these sizes: the block without them misses the reference
+    for field in ("window", "softcap", "clip_qkv"):
         if getattr(block.spec, field) is not None:
             without = zoo.heads.build(block.spec.replace(**{field: None}), zoo.get_projections(block))
             with torch.no_grad():

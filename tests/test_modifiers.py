@@ -18,7 +18,7 @@ def close(a, b, tol=1e-6):
 @pytest.mark.parametrize(
     "fields, match",
     [
-        (dict(window=4), "needs causal"),
+        (dict(window=4, d_context=32), "self-attention only"),
         (dict(window=0, causal=True), "integer in 1..2"),
         (dict(window=2**40, causal=True), "integer in 1..2"),
         (dict(rope_theta=1e30), "rope_theta"),
@@ -35,6 +35,10 @@ def close(a, b, tol=1e-6):
         (dict(alibi="yes"), "alibi"),
         (dict(alibi=True, d_context=32), "ALiBi"),
         (dict(rope_theta=1e4, d_k=15), "odd"),
+        (dict(clip_qkv=0.0), "clip_qkv"),
+        (dict(clip_qkv=-1.0), "clip_qkv"),
+        (dict(clip_qkv=float("inf")), "clip_qkv"),
+        (dict(clip_qkv=True), "clip_qkv"),
     ],
 )
 def test_invalid_modifier_values_are_spec_errors(fields, match):
@@ -69,6 +73,84 @@ def test_window_keys_seen():
     seen = a[0, 0] > 0
     for i in range(8):
         assert seen[i].nonzero().flatten().tolist() == list(range(max(0, i - 2), i + 1))
+
+
+def test_symmetric_window_keys_seen():
+    """Non-causal: |i - j| < window, i.e. window - 1 keys either side (ModernBERT's local layers)."""
+    m = zoo.create("mha-separate-bias", window=3).double()
+    assert "window=3 (symmetric)" in m.spec.describe()
+    x = torch.randn(1, 8, 64, dtype=torch.float64)
+    _, a = m(x, need_weights=True)
+    seen = a[0, 0] > 0
+    for i in range(8):
+        assert seen[i].nonzero().flatten().tolist() == list(range(max(0, i - 2), min(8, i + 3)))
+    want = zoo.modifiers.Window.reference_allowed(m.spec, 8, 8)
+    assert torch.equal(seen, want)
+    m.fused = True  # the SDPA path with the symmetric mask, and shifted positions
+    close(m(x), m(x, need_weights=True)[0], 1e-10)
+    close(m(x, positions=torch.arange(8) + 50), m(x), 1e-10)
+    # the same field on a causal block is the causal half of the same rule
+    c = zoo.create("mha-separate-bias", window=3, causal=True).double()
+    both = torch.ones(8, 8, dtype=torch.bool).tril() & want
+    assert torch.equal(c(x, need_weights=True)[1][0, 0] > 0, both)
+
+
+def test_symmetric_window_audit_and_lowerings():
+    from export.lowering import why_not
+    from zoo.audit import run_audit
+
+    m = zoo.create("gqa", causal=False, window=2, rope_theta=1e4)
+    steps = run_audit(m, seq=7)
+    assert all(st.ok for st in steps), [(st.title, st.detail) for st in steps if not st.ok]
+    assert any(st.title.startswith("window=2 (symmetric)") for st in steps)
+    assert why_not("decomposed", m.spec) is None and why_not("onnx-attention", m.spec) is None
+    assert why_not("ort-gqa", m.spec)  # causal only
+
+
+def test_clip_qkv_clamps_the_projections_before_qk_norm_and_rope():
+    """OLMo: clamp q/k/v_proj's outputs (bias included), then QK-norm / rotary; no parameters."""
+    from zoo.modifiers import ClipQKV
+
+    kw = dict(d_model=64, heads=4, kv_heads=2, causal=True, rope_theta=1e4, qk_norm="head")
+    m = zoo.create("gqa", **kw, clip_qkv=0.25).double()
+    assert zoo.count_parameters(m.spec) == zoo.count_parameters(m.spec.replace(clip_qkv=None))
+    assert "clip_qkv=0.25" in m.spec.describe()
+    x = torch.randn(2, 6, 64, dtype=torch.float64) * 3
+    q, k, v = m.project(x)
+    raw = m._project(x, None)
+    for got, r in zip((q, k, v), raw):
+        assert got.abs().max().item() <= 0.25 and torch.equal(got, r.clamp(-0.25, 0.25))
+    for ref, got in zip(ClipQKV.reference_qkv(m.spec, *raw), (q, k, v)):
+        assert torch.equal(ref, got)
+    # by hand: the block without the clip, fed clamped projections, gives the same y
+    plain = zoo.heads.build(m.spec.replace(clip_qkv=None), zoo.get_projections(m)).double()
+    plain._project = lambda x_, ctx=None: tuple(t.clamp(-0.25, 0.25) for t in m._project(x_, ctx))
+    close(m(x), plain(x), 1e-12)
+    unclipped = zoo.heads.build(m.spec.replace(clip_qkv=None), zoo.get_projections(m)).double()
+    assert (unclipped(x) - m(x)).abs().max().item() > 1e-3  # the clamp bites at these sizes
+    # fused and explicit paths, decode (dynamic and static cache) all clamp
+    m.fused = True
+    close(m(x), m(x, need_weights=True)[0], 1e-12)
+    y1, pk, pv = m.decode(x[:, :4])
+    y2, _, _ = m.decode(x[:, 4:], pk, pv)
+    close(torch.cat([y1, y2], 1), m(x), 1e-10)
+    cache = zoo.StaticCache.empty(m.spec, batch=2, max_len=8, dtype=torch.float64)
+    ys = [m.decode(x[:, i : i + 1], cache=cache) for i in range(6)]
+    close(torch.cat(ys, 1), m(x), 1e-10)
+
+
+def test_clip_qkv_audit_cross_attention_and_lowerings():
+    from export.lowering import why_not
+    from zoo.audit import run_audit
+
+    for m in (zoo.create("mha-combined-bias", d_context=24, clip_qkv=0.5), zoo.create("gqa", clip_qkv=2.0)):
+        steps = run_audit(m, seq=5)
+        assert all(st.ok for st in steps), [(st.title, st.detail) for st in steps if not st.ok]
+        assert any(st.title.startswith("clip_qkv=") for st in steps)
+    spec = zoo.spec("gqa", causal=True, clip_qkv=1.0, d_k=16, d_model=64, heads=4, kv_heads=2)
+    assert all(why_not(lw, spec) is None for lw in ("decomposed", "onnx-attention", "ort-mha", "ort-gqa"))
+    with pytest.raises(zoo.SpecError, match="clip_qkv"):
+        zoo.spec("gqa", clip_qkv=0)
 
 
 def test_rope_matches_rotate_half_formula():

@@ -82,7 +82,13 @@ class MultiHeadAttention(nn.Module):
     # -- projections -------------------------------------------------------------------
 
     def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Q (b t (h dk)), K (b s (g dk)), V (b s (g dv)), still head-merged."""
+        """Q (b t (h dk)), K (b s (g dk)), V (b s (g dv)), still head-merged (after clip_qkv)."""
+        q, k, v = self._project(x, context)
+        for mod in self.mods.values():
+            q, k, v = mod.qkv_projected(q, k, v)
+        return q, k, v
+
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         s = self.spec
         src = x if context is None else context
         k_width = s.kv_heads_ * s.d_k_

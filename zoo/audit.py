@@ -163,6 +163,8 @@ def _split(c: _Case) -> list[Step]:
         _per_head(c.src, p.w_k, p.b_k, g, dk),
         _per_head(c.src, p.w_v, p.b_v, g, dv),
     )
+    for mod in modifiers.active(s):  # e.g. clip_qkv on the projections, before anything else
+        c.refs = mod.reference_qkv(s, *c.refs)
     e = max(_err(q, c.refs[0]), _err(k, c.refs[1]), _err(v, c.refs[2]))
     shapes_ok = q.shape == (b, h, t, dk) and k.shape == (b, g, sl, dk) and v.shape == (b, g, sl, dv)
     detail = (

@@ -108,9 +108,6 @@ def flag(name: str, what: str, where: str = "config") -> Check:
     return Check(f"{name} set", fn)
 
 
-CLIP_QKV = "clamps Q, K and V (a clip_qkv modifier the zoo does not have yet)"
-
-
 def _decoder_cross(m: nn.Module) -> str | None:
     # BART-style classes are one class for all three attentions; the decoder's encoder_attn is the
     # one built with is_decoder=True and is_causal=False
@@ -123,15 +120,6 @@ def _decoder_cross(m: nn.Module) -> str | None:
 
 
 DECODER_CROSS = Check("cross-attention", _decoder_cross)
-
-
-def modernbert_local(m: nn.Module) -> str | None:
-    if m.sliding_window is not None:
-        return (
-            f"a local layer (layer_types[{m.layer_idx}]='sliding_attention'): its window of {m.sliding_window} keys "
-            f"is symmetric (looks ahead too), the zoo's window looks back only; global layers convert"
-        )
-    return None
 
 
 def beit_bias(m: nn.Module) -> str | None:

@@ -265,6 +265,7 @@ _SOURCES = {
     "window": ("sliding_window", "layer_types[{layer}]"),
     "softcap": ("attn_logit_softcapping",),
     "qk_norm_eps": ("rms_norm_eps",),
+    "clip_qkv": ("clip_qkv", "attn_config.clip_qkv"),
 }
 
 

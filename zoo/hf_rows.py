@@ -3,7 +3,7 @@
 A `Row` says, as data, where one transformers attention class keeps what a zoo block needs:
 its projections (separate q/k/v or one fused projection in a named row layout), its output
 projection, its sizes, scale, causality, and where the rotary / window / softcap / QK-norm /
-ALiBi settings come from. `read(row, module)` turns a module into (spec, projections) and
+ALiBi / clip_qkv settings come from. `read(row, module)` turns a module into (spec, projections) and
 `write(row, module, spec, projections)` is its inverse. The rows themselves are in `hf_table`.
 
 transformers is imported only inside functions given transformers objects.
@@ -92,6 +92,7 @@ class Row:
     rotary_ndims: Get = None  # a module attribute that must agree with the config's rotary width
     window: Get = None  # sliding window (keys, itself included), None on global layers
     softcap: Get = None
+    clip_qkv: Get = None  # the clamp on the projections (OLMo, MPT); None: none
     qk_norm: str | None = None  # "head" / "full": RMSNorm modules at `norms`
     norms: tuple[str, str] = ("q_norm", "k_norm")
     norm_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
@@ -108,6 +109,7 @@ class Row:
             ("window", self.window),
             ("softcap", self.softcap),
             ("qk_norm", self.qk_norm),
+            ("clip_qkv", self.clip_qkv),
         ):
             if on is not None:
                 mods.append(f"qk_norm={self.qk_norm}" if name == "qk_norm" else name)
@@ -286,7 +288,7 @@ def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
         ndims = value(m, row.rotary_ndims)
         if ndims is not None and (fields["rope_dim"] or d) != ndims:
             raise HFConversionError(f"{row.cls}: rotary_ndims={ndims} disagrees with its config")
-    for field, get in (("window", row.window), ("softcap", row.softcap)):
+    for field, get in (("window", row.window), ("softcap", row.softcap), ("clip_qkv", row.clip_qkv)):
         got = value(m, get)
         if got is not None:
             fields[field] = int(got) if field == "window" else float(got)

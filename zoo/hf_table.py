@@ -10,7 +10,6 @@ import dataclasses
 
 from .hf_checks import (
     BIDIRECTIONAL,
-    CLIP_QKV,
     DECODER_CROSS,
     beit_bias,
     bloom_slopes,
@@ -22,9 +21,7 @@ from .hf_checks import (
     falcon_kv,
     falcon_layout,
     fixed_rope,
-    flag,
     layernorm_qk,
-    modernbert_local,
     mpt_slopes,
 )
 from .hf_rows import Check, Row
@@ -193,7 +190,8 @@ ROWS: tuple[Row, ...] = (
     ),
     _like(LLAMA, family="Starcoder2", cls="Starcoder2Attention", window="config.sliding_window?"),
     _like(LLAMA, family="Granite", cls="GraniteAttention"),
-    _like(LLAMA, family="OLMo", cls="OlmoAttention", checks=(BIDIRECTIONAL, flag("clip_qkv", CLIP_QKV))),
+    # OLMo clamps q/k/v_proj's outputs when config.clip_qkv is not None (0.0 clamps everything to 0)
+    _like(LLAMA, family="OLMo", cls="OlmoAttention", clip_qkv="config.clip_qkv?"),
     _like(
         LLAMA,
         family="Persimmon",
@@ -271,7 +269,7 @@ ROWS: tuple[Row, ...] = (
         g=None,
         scale="softmax_scale",
         alibi=mpt_slopes,
-        checks=(flag("clip_qkv", CLIP_QKV, where="module"),),
+        clip_qkv=lambda m: m.clip_qkv or None,  # MPT clamps Wqkv's output when clip_qkv is truthy
     ),
     # -- encoders
     ROBERTA,
@@ -307,14 +305,16 @@ ROWS: tuple[Row, ...] = (
     Row(
         family="ModernBERT",
         cls="ModernBertAttention",
-        covers="the whole module of a global layer (bidirectional, rotary)",
+        covers="the whole module (bidirectional, rotary; local layers: a symmetric window, their own rope base)",
         qkv="Wqkv",
         out="Wo",
         g=None,
         causal=False,
         scale=lambda m: m.head_dim**-0.5,
         rope="full",
-        checks=(Check("local layer (symmetric window)", modernbert_local),),
+        # a local layer sees |i - j| <= config.sliding_window (local_attention // 2); the module keeps
+        # sliding_window + 1, which is the zoo's window on a non-causal block (|i - j| < window)
+        window=SLIDING,
     ),
     # -- encoder-decoders and speech
     BART,

@@ -51,10 +51,11 @@ class AttentionSpec:
     rope_dim: int | None = None  # rotated leading dims of each head, even; None = all of d_k (NeoX: partial)
     rope_interleaved: bool = False  # False: rotate halves (NeoX/LLaMA); True: adjacent pairs (GPT-J)
     alibi: bool = False  # per-head linear distance bias, Press et al./BLOOM slopes
-    window: int | None = None  # sliding window: `window` keys, itself included (HF convention); causal only
+    window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
     qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)
     qk_norm_eps: float = 1e-6  # the RMSNorm epsilon (Qwen3 and OLMo-2 use 1e-6)
+    clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
 
     def __post_init__(self) -> None:
         _check_positive_int("d_model", self.d_model)

@@ -27,7 +27,7 @@ def record(name: str) -> Lowering:
 
 # The README's table rows: each modifier (by its name in zoo/modifiers/) and its README label.
 _ROWS = (("rope", "rotary (any `rope_dim`)"), ("alibi", "ALiBi"), ("window", "window"), ("softcap", "softcap"))
-_ROWS += (("qk_norm", "QK-norm"),)
+_ROWS += (("qk_norm", "QK-norm"), ("clip_qkv", "clip_qkv"))
 
 
 def support_table() -> str:

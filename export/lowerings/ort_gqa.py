@@ -13,6 +13,12 @@ def _rotary_pairs(spec):
     return None
 
 
+def _window_causal(spec):
+    if not spec.causal:
+        return f"GroupQueryAttention's local_window_size looks back only; window={spec.window} is symmetric here"
+    return None
+
+
 LOWERING = Lowering(
     name="ort-gqa",
     opset=gqa.OPSET,
@@ -20,7 +26,10 @@ LOWERING = Lowering(
     op="com.microsoft GroupQueryAttention",
     build=gqa.build,
     cannot=gqa.why_not,
-    modifiers={"rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs)},
+    modifiers={
+        "rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs),
+        "window": Limit("causal only (local_window_size looks back)", _window_causal),
+    },
     static_cache="not offered: GroupQueryAttention can share its past/present buffer, but its kernel streams "
     "each kv head once per query head, which the folded decomposed graph avoids; use lowering='decomposed'",
     fp16="d_k a multiple of 16 (CPU kernel)",

@@ -1,4 +1,5 @@
-"""Position and score modifiers: rotary positions, ALiBi, sliding window, logit softcap, QK-norm.
+"""Projection, position and score modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, sliding window,
+logit softcap.
 
 Each modifier is one class that says everything about itself:
 
@@ -12,18 +13,19 @@ Each modifier is one class that says everything about itself:
                       head_state()         read it from the block; load_head_state(state) writes it back
                       select_heads(...)    the state for a subset or reordering of the heads
                       prune_refusal(spec)  why pruning cannot apply (None: it can)
-    the eager op    as an nn.Module built into the block, at one of three stages:
+    the eager op    as an nn.Module built into the block, at one of four stages:
+                      qkv_projected(q, k, v)           Q, K, V straight from the projections
                       qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
                       qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
                       score_allowed / score_bias / score_map   on the (b h t s) scores
     reference_*     the same math written independently (plain loops, float64) for the audit:
-                      reference_qk, reference_map, reference_bias, reference_allowed
+                      reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed
     audit           its own property check, as an audit step
 
 What a lowering cannot express for a modifier lives on the export side, in each lowering's
 record (export/lowerings/), keyed by the modifier's `name`: zoo knows nothing of ONNX.
 
-One module per family: `base` (the protocol, shared helpers), `qk_norm`, `rotary`, `alibi`,
+One module per family: `base` (the protocol, shared helpers), `clip`, `qk_norm`, `rotary`, `alibi`,
 `scores` (window, softcap); this package lists them in order of application and re-exports
 every name, so `from zoo.modifiers import X` reaches all of them.
 
@@ -46,6 +48,7 @@ from .base import (
     relative_positions_audit,
     take_blocks,
 )
+from .clip import ClipQKV
 from .qk_norm import QK_NORMS, QKNorm, rms_norm
 from .rotary import Rotary
 from .scores import Softcap, Window
@@ -57,6 +60,7 @@ __all__ = [
     "MODIFIERS",
     "QK_NORMS",
     "ALiBi",
+    "ClipQKV",
     "Modifier",
     "PruneRefusal",
     "QKNorm",
@@ -76,8 +80,9 @@ __all__ = [
     "take_blocks",
 ]
 
-# The order is the order of application at each stage (QK-norm before RoPE, as every model does).
-MODIFIERS: tuple[type[Modifier], ...] = (QKNorm, Rotary, ALiBi, Window, Softcap)
+# The order is the order of application at each stage (the clamp on the projections first, then
+# QK-norm before RoPE, as every model does).
+MODIFIERS: tuple[type[Modifier], ...] = (ClipQKV, QKNorm, Rotary, ALiBi, Window, Softcap)
 
 
 def check_spec(spec: AttentionSpec) -> None:

@@ -79,6 +79,10 @@ class Modifier(nn.Module):
 
     # -- the eager op (identity unless overridden) ----------------------------------------------
 
+    def qkv_projected(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q (b t (h dk)), K (b s (g dk)), V (b s (g dv)) straight from the projections (bias added)."""
+        return q, k, v
+
     def qk_merged(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
 
@@ -129,6 +133,11 @@ class Modifier(nn.Module):
     # the module's code, stage by stage as the forward applies them: Q and K per head, a map of
     # the scaled scores, a bias on them, the cells a query may see. p holds the block's weights
     # (zoo.heads.Projections); the defaults change nothing.
+    @classmethod
+    def reference_qkv(cls, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (b h t dk), k (b g s dk), v (b g s dv) per head, as projected -> the same after this modifier."""
+        return q, k, v
+
     @classmethod
     def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (b h t dk), k (b g s dk) -> the same after this modifier; pos (1 t) positions."""

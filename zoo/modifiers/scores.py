@@ -15,7 +15,13 @@ if TYPE_CHECKING:
 
 
 class Window(Modifier):
-    """Query i sees key j iff i - window < j <= i: `window` keys, itself included (HF's convention)."""
+    """Query i sees key j iff |i - j| < window; a causal block also needs j <= i.
+
+    Causal: i - window < j <= i, `window` keys, itself included (HF's sliding_window).
+    Non-causal (encoders): i - window < j < i + window, window - 1 keys on either side plus itself,
+    2 * window - 1 in all. ModernBERT's local layers (|i - j| <= local_attention // 2) are
+    window = local_attention // 2 + 1 (transformers' own `sliding_window + 1`).
+    """
 
     name = "window"
     fields = ("window",)
@@ -32,23 +38,31 @@ class Window(Modifier):
             return
         if isinstance(w, bool) or not isinstance(w, int) or not 0 < w < 2**31:
             raise SpecError(f"window={w!r} must be an integer in 1..2**31-1 (keys seen, itself included) or None")
-        if not spec.causal:
-            raise SpecError(f"window={w} needs causal=True (a sliding window looks back only); set causal=true")
+        if spec.is_cross:
+            raise SpecError(
+                f"window={w} with d_context={spec.d_context}: a sliding window compares query and key positions "
+                f"of one sequence (self-attention only); drop window or d_context"
+            )
 
     @classmethod
     def describe(cls, spec: AttentionSpec) -> str:
-        return f"window={spec.window}"
+        return f"window={spec.window}" if spec.causal else f"window={spec.window} (symmetric)"
 
     @classmethod
     def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
-        return torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
+        cells = torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
+        return cells if spec.causal else cells.tril(spec.window - 1)
 
     def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        return relative_distance(q_pos, k_pos) < self.spec.window
+        d = relative_distance(q_pos, k_pos)
+        # causal blocks mask j > i anyway: no Abs there, so their graphs stay as they were
+        return (d if self.spec.causal else d.abs()) < self.spec.window
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
-        """Changing a token outside the last query's window leaves its output alone; inside, it does not."""
+        """Changing a token outside a query's window leaves its output alone; inside, it does not."""
+        if not m.spec.causal:
+            return cls._audit_symmetric(m, x)
         w, t = m.spec.window, x.shape[1]
         y = m(x)[:, -1]
         last = t - 1
@@ -67,6 +81,27 @@ class Window(Modifier):
         ok = ok and e_in > 1e-6
         detail.append(f"key {max(0, last - w + 1)} (oldest inside) changed: moves {e_in:.1e} (must not be 0)")
         return f"window={w}: query i sees keys i-{w - 1}..i", ok, "; ".join(detail)
+
+    @classmethod
+    def _audit_symmetric(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
+        """Query 0 looks ahead: keys w-1 away and nearer change its row, keys w or more away do not."""
+        w, t = m.spec.window, x.shape[1]
+        y = m(x)[:, 0]
+        detail = []
+        ok = True
+        if w < t:
+            x2 = x.clone()
+            x2[:, w:] += 1.0
+            e_out = (m(x2)[:, 0] - y).abs().max().item()
+            ok = ok and e_out < 1e-10
+            detail.append(f"keys {w}..{t - 1} changed: row 0 moves {e_out:.1e} (must be 0)")
+        inside = min(w - 1, t - 1)  # the farthest key ahead that query 0 sees
+        x3 = x.clone()
+        x3[:, inside] += 1.0
+        e_in = (m(x3)[:, 0] - y).abs().max().item()
+        ok = ok and e_in > 1e-6
+        detail.append(f"key {inside} (farthest ahead inside) changed: moves {e_in:.1e} (must not be 0)")
+        return f"window={w} (symmetric): query i sees keys i-{w - 1}..i+{w - 1}", ok, "; ".join(detail)
 
 
 # -- softcap --------------------------------------------------------------------------------------
