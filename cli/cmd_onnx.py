@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zoo
 from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
-from export.names import CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PROVIDERS
+from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, positive, source_of, with_set, with_source
@@ -283,10 +283,11 @@ def add_commands(sub) -> None:
     )
     sp.add_argument(
         "--cache",
-        default="grow",
-        choices=CACHES,
-        help="with --decode: grow (default: each call returns a new, longer present) or static (buffers of "
-        "capacity --max-len written in place: inputs past_key/past_value (b, g, n, d) and past_len)",
+        default="auto",
+        choices=CACHE_CHOICES,
+        help="with --decode: static (buffers of capacity --max-len written in place: inputs past_key/past_value "
+        "(b, g, n, d) and past_len), grow (each call returns a new, longer present), or auto (default: the "
+        "measured-faster for --target where the lowering keeps it: static on the CPU)",
     )
     sp.add_argument(
         "--max-len",

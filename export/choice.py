@@ -77,6 +77,22 @@ DECODE_PREFERENCE = {
 }
 
 
+# Which cache a decode export keeps under cache="auto", per provider (`attnzoo bench NAME --decode`,
+# README "Generation"): on the CPU the static cache (buffers written in place, each kv head read once)
+# beats every growing-cache lowering at every past length measured; CUDA: not measured yet, so the
+# fused ops' growing cache stays (scripts/gpu_check.sh).
+DECODE_CACHE = {"cpu": "static", "cuda": "grow"}
+
+
+def decode_cache(provider: str, lowering: str, max_len: int | None) -> str:
+    """What cache="auto" means for an export: static where the provider's measurements prefer it
+    (or max_len asks for it) and the lowering can keep one, else the growing cache."""
+    want = "static" if max_len is not None else DECODE_CACHE.get(provider, "grow")
+    if want == "static" and lowering != "auto" and record(lowering).static_cache is not None:
+        return "grow"
+    return want
+
+
 def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow") -> tuple[str, ...]:
     """The lowerings "auto" tries for a decode model, in order (a static cache: those that keep one)."""
     if provider not in TARGETS:

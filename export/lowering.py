@@ -22,12 +22,21 @@ from torch import nn
 import zoo
 from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output
 
-from .choice import AUTO_PREFERENCE, DECODE_PREFERENCE, TARGETS, auto_order, decode_order, decode_why_not, why_not
+from .choice import (
+    AUTO_PREFERENCE,
+    DECODE_PREFERENCE,
+    TARGETS,
+    auto_order,
+    decode_cache,
+    decode_order,
+    decode_why_not,
+    why_not,
+)
 from .errors import ExportError
 from .graphs import op_counts
 from .io import TensorIO
 from .lowerings import FUSED_OPS, record
-from .names import CACHES, DEFAULT_MAX_LEN, LOWERINGS
+from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS
 from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, example_inputs, lower, lower_decode, lower_static_decode
 
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
@@ -85,7 +94,7 @@ def export_onnx(
     overwrite: bool = False,
     provider: str = "cpu",
     decode: bool = False,
-    cache: str = "grow",
+    cache: str = "auto",
     max_len: int | None = None,
     **overrides: Any,
 ) -> ExportResult:
@@ -97,6 +106,8 @@ def export_onnx(
     decode=True writes a token-by-token model (io.decode_interface): x, past_key, past_value
     [, key_mask (b, p+t) with with_mask=True] -> y, present_key, present_value, with b, t and the
     past length p dynamic (p = 0 allowed).
+    cache="auto" (the default) takes the measured-faster kind for `provider` (choice.DECODE_CACHE: static on
+    the CPU) where the lowering can keep it; cache="grow" returns a new present (b g p+t d) each call.
     cache="static" (decode only) keeps the cache in buffers of capacity n written in place
     (io.static_interface): x, past_key, past_value (b g n d), past_len [, key_mask (b, n)] -> y and
     the buffers; the session binds each buffer as input and output, so no step copies the cache.
@@ -106,6 +117,8 @@ def export_onnx(
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
     if not isinstance(decode, bool):
         raise zoo.InputTypeError(f"decode={decode!r} must be True or False")
+    if decode and cache == "auto" and isinstance(lowering, str) and isinstance(provider, str):
+        cache = decode_cache(provider, lowering, max_len) if lowering in ("auto", *LOWERINGS) else "grow"
     max_len = _check_cache_args(decode, cache, max_len)
     if decode and (need_weights or with_head_mask):
         raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
@@ -216,8 +229,10 @@ def _check_export_args(path, lowering, dtype, provider, need_weights, with_mask,
 
 def _check_cache_args(decode: bool, cache: str, max_len: int | None) -> int | None:
     """The static cache's capacity (None for a growing cache), after checking cache and max_len."""
-    if not isinstance(cache, str) or cache not in CACHES:
-        raise ExportError(f"cache={cache!r} is not one of {', '.join(CACHES)}")
+    if not isinstance(cache, str) or cache not in CACHE_CHOICES:
+        raise ExportError(f"cache={cache!r} is not one of {', '.join(CACHE_CHOICES)}")
+    if cache == "auto":  # not a decode export: nothing to keep
+        cache = "grow"
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)):
         raise zoo.InputTypeError(f"max_len={max_len!r} must be an int (the static cache's capacity)")
     if cache == "static":

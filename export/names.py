@@ -12,5 +12,6 @@ DEVICES = ("cpu", "cuda")
 PROVIDERS = ("auto", *DEVICES)
 DTYPES = ("float32", "float16")
 CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each step, or buffers written in place
+CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the provider (export/choice.py DECODE_CACHE)
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
 LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")

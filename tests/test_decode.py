@@ -201,7 +201,7 @@ def test_cli_export_run_parity_decode(tmp_path, capsys):
 
     path = tmp_path / "m.onnx"
     sets = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]
-    assert main(["export", "gemma-2-9b", *sets, "--decode", "-o", str(path)]) == 0
+    assert main(["export", "gemma-2-9b", *sets, "--decode", "--cache", "grow", "-o", str(path)]) == 0
     assert "present_key float32[b, 2, s, 16]" in capsys.readouterr().out
     assert main(["run", str(path), "-b", "2", "-t", "5", "--steps", "6"]) == 0
     out = capsys.readouterr().out
@@ -217,5 +217,15 @@ def test_auto_decode_lowering_follows_the_measurements(tmp_path):
 
     assert decode_order("cpu", zoo.spec("llama-3-8b"))[0] == "ort-gqa"  # shared kv heads
     assert decode_order("cpu", zoo.spec("gpt2-small"))[0] == "onnx-attention"  # one kv head per head
-    r = export_onnx("gqa", tmp_path / "a.onnx", decode=True, d_model=128)  # d_k 16: GQA's rotary-free fast path
+    # The growing cache: the fused op where it applies (d_k 16: GQA's rotary-free fast path).
+    r = export_onnx("gqa", tmp_path / "a.onnx", decode=True, cache="grow", d_model=128)
     assert r.lowering == "ort-gqa"
+    # The default on the CPU is the static cache (measured faster), kept by the decomposed graph;
+    # a lowering that cannot keep one gets the growing cache; CUDA keeps the growing one (unmeasured).
+    assert export_onnx("gqa", tmp_path / "b.onnx", decode=True, d_model=128).lowering == "decomposed"
+    assert OnnxSession(tmp_path / "b.onnx", "cpu", verbose=False).cache == "static"
+    r = export_onnx("gqa", tmp_path / "c.onnx", decode=True, lowering="ort-gqa", d_model=128)
+    assert OnnxSession(r.path, "cpu", verbose=False).cache == "grow"
+    from export.choice import decode_cache
+
+    assert decode_cache("cuda", "auto", None) == "grow" and decode_cache("cpu", "auto", None) == "static"
