@@ -31,6 +31,12 @@ from .jobs import BASELINE, DECODE_EXPORTS, DECODE_PATHS, EAGER_DECODE_PATHS, ST
 from .machine import default_threads, machine_info, versions
 from .worker import measure
 
+# Precisions of the decode bench: the ONNX paths' weight precisions (export/precision.py), and the
+# half-precision eager rows (this CPU family has avx512_bf16); each applies to one kind of path.
+ONNX_PRECISIONS = ("fp32", "int8", "int4")
+EAGER_PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}  # -> the eager job's dtype
+DECODE_PRECISIONS = tuple(dict.fromkeys((*ONNX_PRECISIONS, *EAGER_PRECISIONS)))
+
 
 def benchmark_decode(
     name: str,
@@ -46,67 +52,91 @@ def benchmark_decode(
     timeout: float,
     retries: int,
     progress: bool = True,
+    precisions: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Export each decode lowering once, then measure every (path, b, p) in its own worker."""
+    """Export each (decode lowering, cache, precision) once, then measure every (path, precision, b, p)
+    in its own worker. int8/int4 apply to the ONNX paths, fp16/bf16 to the eager ones."""
     from tqdm import tqdm
 
     from export.lowering import why_not
 
     spec = zoo.spec(name, **overrides)
+    precisions = list(precisions or ["fp32"])
     unknown = sorted(set(paths) - set(DECODE_PATHS))
     if unknown:
         raise BenchError(f"unknown decode path(s) {unknown}; choose from {', '.join(DECODE_PATHS)}")
+    bad = sorted(set(precisions) - set(DECODE_PRECISIONS))
+    if bad:
+        raise BenchError(f"unknown precision(s) {bad}; choose from {', '.join(DECODE_PRECISIONS)}")
     if not spec.causal or spec.is_cross:
         raise BenchError(f"{name} is not causal self-attention ({spec.describe()}): it has no decode to measure")
     threads = threads or default_threads()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="attnzoo-bench-decode-") as tmp:
-        models: dict[str, str | None] = {}
+        models: dict[tuple[str, str], str] = {}
+        weight_bytes: dict[tuple[str, str], int] = {}
         skipped: dict[str, str] = {}
+        variants: list[tuple[str, str]] = []
         for path in paths:
-            if path in EAGER_DECODE_PATHS:
-                reason = transformers_static_why_not(spec) if path == "transformers-static" else None
+            eager = path in EAGER_DECODE_PATHS
+            for precision in precisions:
+                if (precision in EAGER_PRECISIONS) != eager and precision != "fp32":
+                    continue  # int8/int4 are ONNX exports; fp16/bf16 eager dtypes
+                label = _label(path, precision)
+                if eager:
+                    reason = transformers_static_why_not(spec) if path == "transformers-static" else None
+                    if reason:
+                        skipped[label] = reason
+                    else:
+                        variants.append((path, precision))
+                    continue
+                lowering, cache = DECODE_EXPORTS[path]
+                reason = why_not(lowering, spec, decode=True, dtype=dtype, cache=cache)
                 if reason:
-                    skipped[path] = reason
-                continue
-            lowering, cache = DECODE_EXPORTS[path]
-            reason = why_not(lowering, spec, decode=True, dtype=dtype, cache=cache)
-            if reason:
-                skipped[path] = reason
-                continue
-            from export.lowering import export_onnx
+                    skipped[label] = reason
+                    continue
+                from export.lowering import export_onnx
 
-            started = time.perf_counter()
-            target = Path(tmp) / f"{lowering}-{cache}.onnx"
-            try:
-                export_onnx(name, target, lowering=lowering, dtype=dtype, decode=True, cache=cache, **overrides)
-            except zoo.AttnzooError as e:
-                skipped[path] = f"export failed: {str(e).splitlines()[0][:200]}"
-                continue
-            models[path] = str(target)
-            if progress:
-                print(f"exported {path} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        measured = [p for p in paths if p in models or (p in EAGER_DECODE_PATHS and p not in skipped)]
-        jobs = [(path, b, p) for b in batches for p in pasts for path in measured]
+                started = time.perf_counter()
+                target = Path(tmp) / f"{lowering}-{cache}-{precision}.onnx"
+                extra = {} if precision == "fp32" else {"precision": precision}
+                try:
+                    export_onnx(
+                        name, target, lowering=lowering, dtype=dtype, decode=True, cache=cache, **extra, **overrides
+                    )
+                except zoo.AttnzooError as e:
+                    skipped[label] = f"export failed: {str(e).splitlines()[0][:200]}"
+                    continue
+                models[(path, precision)] = str(target)
+                weight_bytes[(path, precision)] = _initializer_bytes(target)
+                variants.append((path, precision))
+                if progress:
+                    print(f"exported {label} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        jobs = [(path, prec, b, p) for b in batches for p in pasts for path, prec in variants]
         bar = tqdm(total=len(jobs), desc="decode bench", unit="run", file=sys.stderr, disable=not progress)
-        for path, b, p in jobs:
-            bar.set_postfix_str(f"{path} b={b} p={p}")
+        for path, precision, b, p in jobs:
+            label = _label(path, precision)
+            bar.set_postfix_str(f"{label} b={b} p={p}")
+            eager = path in EAGER_DECODE_PATHS
+            job_dtype = (EAGER_PRECISIONS[precision] or dtype) if eager else dtype
             job = Job(
                 kind="decode",
-                runtime="torch" if path in EAGER_DECODE_PATHS else "ort",
+                runtime="torch" if eager else "ort",
                 provider=provider,
-                dtype=dtype,
+                dtype=job_dtype,
                 threads=threads,
                 budget=budget,
                 path=path,
                 name=name,
                 overrides=overrides,
-                model=models.get(path, ""),
+                model=models.get((path, precision), ""),
                 batch=b,
                 seq=p,
             )
             result = measure(job, timeout, retries)
-            rows.append({"path": path, "batch": b, "past": p, **result, **floor(spec, dtype, b, p, result)})
+            weights = weight_bytes.get((path, precision), zoo.count_parameters(spec) * ITEMSIZE[job_dtype])
+            row = {"path": label, "precision": precision, "batch": b, "past": p, **result}
+            rows.append({**row, **floor(spec, job_dtype, b, p, result, weights)})
             bar.update()
         bar.close()
     for row in rows:
@@ -123,6 +153,7 @@ def benchmark_decode(
         "describe": spec.describe(),
         "provider": provider,
         "dtype": dtype,
+        "precisions": precisions,
         "threads": threads,
         "steps_per_call": STEPS,
         "skipped": skipped,
@@ -132,16 +163,33 @@ def benchmark_decode(
     }
 
 
-ITEMSIZE = {"float32": 4, "float16": 2}
+def _label(path: str, precision: str) -> str:
+    return path if precision == "fp32" else f"{path} {precision}"
 
 
-def floor(spec: zoo.AttentionSpec, dtype: str, b: int, p: int, result: dict[str, Any]) -> dict[str, Any]:
-    """The row's physical floor: weights and the cache of p positions read once, at the bandwidth
-    its worker measured; and how far the path is from it."""
+def _initializer_bytes(model_path: Path) -> int:
+    """The bytes of an ONNX model's weights as stored (quantized weights, scales and zero points)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    total = 0
+    for init in model.graph.initializer:
+        n = 1
+        for d in init.dims:
+            n *= d
+        total += n * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+    return total
+
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def floor(spec: zoo.AttentionSpec, dtype: str, b: int, p: int, result: dict[str, Any], weight_bytes: int) -> dict:
+    """The row's physical floor: its weights (as stored: quantized ones at their size) and the cache of
+    p positions read once, at the bandwidth its worker measured; and how far the path is from it."""
     bandwidth = result.get("bandwidth_gbs")
     if not result.get("ok") or not bandwidth:
         return {}
-    weight_bytes = zoo.count_parameters(spec) * ITEMSIZE[dtype]
     cache_bytes = b * spec.kv_heads_ * p * (spec.d_k_ + spec.d_v_) * ITEMSIZE[dtype]
     floor_ms = (weight_bytes + cache_bytes) / (bandwidth * 1e9) * 1e3
     return {

@@ -180,6 +180,6 @@ def torch_setup(job: Job):
     torch.manual_seed(0)
     torch.set_grad_enabled(False)
     device = torch.device(job.provider)
-    dtype = {"float32": torch.float32, "float16": torch.float16}[job.dtype]
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[job.dtype]
     sync = torch.cuda.synchronize if job.provider == "cuda" else (lambda: None)
     return torch, device, dtype, sync
