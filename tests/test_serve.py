@@ -360,9 +360,10 @@ def test_a_decode_model_takes_its_cache_in_and_out(decoder):
 
 @pytest.fixture(scope="module")
 def gqa_decoder(tmp_path_factory):
-    """A GroupQueryAttention decode export (ort-gqa: what `auto` picks for shared kv heads)."""
+    """A GroupQueryAttention decode export (ort-gqa: what `auto` picks for a growing cache of shared kv heads)."""
     path = tmp_path_factory.mktemp("serve_gqa") / "gqa.onnx"
-    r = export_onnx("llama-3-8b", path, decode=True, with_mask=True, d_model=64, heads=4, kv_heads=2, d_k=16)
+    dims = {"d_model": 64, "heads": 4, "kv_heads": 2, "d_k": 16}
+    r = export_onnx("llama-3-8b", path, decode=True, cache="grow", with_mask=True, **dims)
     assert r.lowering == "ort-gqa"
     return OnnxSession(path, provider="cpu", verbose=False)
 
