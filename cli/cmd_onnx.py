@@ -11,10 +11,10 @@ from pathlib import Path
 
 import zoo
 from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
-from export.names import DEVICES, DTYPES, PROVIDERS
+from export.names import DEVICES, DTYPES, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, positive, with_set
+from .common import CliError, choice_list, positive, with_set
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -31,6 +31,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         overwrite=args.force,
         provider=args.target,
         decode=args.decode,
+        precision=args.precision,
         **zoo.parse_overrides(args.set),
     )
     print(result.summary())
@@ -87,6 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"model     {args.path}: {name}, lowering {sess.metadata.get('attnzoo.lowering', '?')}, "
         f"{sess.metadata.get('attnzoo.dtype', '?')}"
     )
+    print(f"precision {sess.precision}")
     print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
     if sess.note:
         print(f"          {sess.note.split(': ', 1)[-1]}")
@@ -132,6 +134,7 @@ def _run_decode(sess, args: argparse.Namespace) -> int:
     finite = bool(np.isfinite(y0).all() and np.isfinite(ys).all())
     name = sess.metadata.get("attnzoo.name", "?")
     print(f"model     {args.path}: {name}, decode, lowering {sess.metadata.get('attnzoo.lowering', '?')}, {sess.dtype}")
+    print(f"precision {sess.precision}")
     print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
     print(f"prompt    x ({b}, {t}, {spec.d_model}) with an empty cache: {prompt_ms:.3f} ms")
     print(
@@ -159,19 +162,20 @@ def cmd_parity(args: argparse.Namespace) -> int:
         if not ok:  # asked for by name: a run that tests nothing must not pass
             raise CliError(f"--provider cuda: {why}; drop it, or use --provider auto to include CUDA where it works")
     dtypes = args.dtype or ["float32"]
+    precisions = list(dict.fromkeys(args.precision or ["fp32"]))
     cases = ["decode"] if args.decode else (args.case or list(CASES))
     names = zoo.names(args.pattern)
     if not names:
         raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
     if args.json:
         ensure_writable_parent(Path(args.json))
-    total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(cases)
+    total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(precisions) * len(cases)
     from tqdm import tqdm
 
     bar = tqdm(total=total, desc="parity", unit="check", file=sys.stderr, disable=args.quiet)
 
     def progress(row):
-        bar.set_postfix_str(f"{row.name} {row.lowering} {row.dtype} {row.case}: {row.status}")
+        bar.set_postfix_str(f"{row.name} {row.lowering} {row.dtype} {row.precision} {row.case}: {row.status}")
         bar.update()
 
     try:
@@ -181,6 +185,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
             providers=providers,
             dtypes=dtypes,
             cases=cases,
+            precisions=precisions,
             progress=progress,
             **zoo.parse_overrides(args.set),
         )
@@ -198,6 +203,12 @@ def cmd_parity(args: argparse.Namespace) -> int:
         print("attnzoo parity: every check was skipped: nothing was tested", file=sys.stderr)
         return 1
     return 0
+
+
+def _bounds() -> str:
+    from export.precision import ERROR_BOUNDS
+
+    return ", ".join(f"{ERROR_BOUNDS[p]:.0%} ({p})" for p in PRECISIONS if p != "fp32")
 
 
 def add_commands(sub) -> None:
@@ -226,6 +237,14 @@ def add_commands(sub) -> None:
         help="a token-by-token model with a KV cache: inputs x, past_key, past_value (+ key_mask with --mask); "
         "outputs y, present_key, present_value",
     )
+    sp.add_argument(
+        "--precision",
+        default="fp32",
+        choices=PRECISIONS,
+        help="weight precision (default fp32): int8 = dynamic int8 for full-sequence models, weight-only 8-bit "
+        "MatMulNBits for --decode; int4 = weight-only 4-bit MatMulNBits (block 32, accuracy_level 4); "
+        "quantized by onnxruntime.quantization after the lowering, float32 only",
+    )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)
     sp.set_defaults(func=cmd_export)
@@ -253,6 +272,14 @@ def add_commands(sub) -> None:
     )
     sp.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
+    sp.add_argument(
+        "--precision",
+        type=choice_list(PRECISIONS),
+        action="extend",
+        metavar="LIST",
+        help=f"weight precisions, e.g. fp32,int8,int4 (repeatable; default fp32). int8/int4 exports are compared "
+        f"with the fp32 eager block: the relative L2 error of y must be within {_bounds()}",
+    )
     sp.add_argument(
         "--decode",
         action="store_true",

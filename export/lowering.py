@@ -28,6 +28,9 @@ from .graphs import op_counts
 from .io import TensorIO
 from .lowerings import FUSED_OPS, record
 from .names import LOWERINGS
+from .precision import PrecisionError
+from .precision import apply as apply_precision
+from .precision import why_not as precision_why_not
 from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, example_inputs, lower, lower_decode
 
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
@@ -51,6 +54,8 @@ class ExportResult:
     file_bytes: int
     external_data: Path | None = None
     notes: list[str] = field(default_factory=list)
+    precision: str = "fp32"  # the weights' precision (export/precision.py)
+    precision_method: str = ""  # how it was made, with block size and accuracy level where they apply
     module: nn.Module | None = field(default=None, repr=False)  # the eager block exported
 
     def summary(self) -> str:
@@ -64,6 +69,7 @@ class ExportResult:
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
             f"  block     {self.name}: {self.spec.describe()}",
             f"  lowering  {self.lowering} (opset {self.opset}), {self.dtype}, {self.parameters:,} parameters",
+            f"  precision {self.precision_method or self.precision}",
             f"  inputs    {fmt(self.inputs)}",
             f"  outputs   {fmt(self.outputs)}",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
@@ -85,6 +91,7 @@ def export_onnx(
     overwrite: bool = False,
     provider: str = "cpu",
     decode: bool = False,
+    precision: str = "fp32",
     **overrides: Any,
 ) -> ExportResult:
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
@@ -95,6 +102,9 @@ def export_onnx(
     decode=True writes a token-by-token model (io.decode_interface): x, past_key, past_value
     [, key_mask (b, p+t) with with_mask=True] -> y, present_key, present_value, with b, t and the
     past length p dynamic (p = 0 allowed).
+    precision: "fp32" (default), "int8" or "int4": the projections' weights quantized by ONNX
+    Runtime's tools after the lowering (export/precision.py says how, per kind of export); the
+    metadata and ExportResult.precision say which.
     """
     started = time.perf_counter()
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
@@ -102,6 +112,9 @@ def export_onnx(
         raise zoo.InputTypeError(f"decode={decode!r} must be True or False")
     if decode and (need_weights or with_head_mask):
         raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
+    reason = precision_why_not(precision, dtype=dtype, provider=provider, decode=decode)
+    if reason:
+        raise PrecisionError(reason)
     if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
         _check_export_fits(zoo.spec(model_or_name, **overrides), dtype)
     module, name = _resolve_module(model_or_name, overrides)
@@ -155,7 +168,12 @@ def export_onnx(
             notes.append("the combined projection is inside ONNX Runtime's packed Attention node")
         elif counts.get("MatMul", 0) >= 3:
             notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
+    model, applied = apply_precision(model, precision, decode=decode)
+    if applied.note():
+        notes.append(applied.note())
+    counts = op_counts(model)
     _set_metadata(model, name, module.spec, lw, dtype, decode=decode)
+    model.metadata_props.update(applied.metadata())
     external = _save_atomic(model, target, module, dtype, overwrite=overwrite)
     return ExportResult(
         path=path,
@@ -173,6 +191,8 @@ def export_onnx(
         external_data=external,
         notes=notes,
         module=module,
+        precision=precision,
+        precision_method=applied.method.describe() if applied.method.tool != "none" else "",
     )
 
 

@@ -5,9 +5,11 @@ choice reads them from here.
     PROVIDERS   what a session may be asked for: a device, or "auto" (CUDA where it really works)
     DTYPES      the element types a model is exported in
     LOWERINGS   how a block becomes an ONNX graph (export/lowering.py says what each one is)
+    PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
 """
 
 DEVICES = ("cpu", "cuda")
 PROVIDERS = ("auto", *DEVICES)
 DTYPES = ("float32", "float16")
 LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
+PRECISIONS = ("fp32", "int8", "int4")  # weight precision of an export (export/precision.py)
