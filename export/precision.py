@@ -63,6 +63,10 @@ class Method:
     ops: tuple[str, ...] = ()  # the node types a quantized weight ends up in
     cuda: str | None = None  # why ONNX Runtime's CUDA provider cannot run it, or None
 
+    @property
+    def tool_name(self) -> str:
+        return {"nbits": "MatMulNBitsQuantizer", "dynamic": "quantize_dynamic"}.get(self.tool, "nothing")
+
     def describe(self) -> str:
         extra = f", block {self.block_size}, accuracy_level {self.accuracy_level}" if self.block_size else ""
         return f"{self.precision} ({self.name}{extra})"
@@ -163,24 +167,47 @@ class Applied:
         return (
             f"{self.method.precision}: {self.quantized} of {self.matrices} weight matrices quantized "
             f"({share:.0f}% of the projection weights); the rest are inside {', '.join(sorted(set(self.left)))}, "
-            f"which {self.method.name.split(',')[0]} does not quantize"
+            f"which {self.method.tool_name} does not quantize"
         )
 
 
-def _weight_nodes(model) -> list[tuple[object, object]]:
-    """(node, weight initializer) for every projection: a node that multiplies an activation by a
-    rank-2 initializer (MatMul's B, a packed Attention's weights). Unnamed nodes get a name."""
+# Nodes a weight passes through unchanged on its way to a projection (the ORT rewriter packs
+# Q/K/V weights for its Attention node with a Concat of the three initializers).
+_WEIGHT_PATH_OPS = ("Concat", "Transpose", "Reshape", "Identity")
+
+
+def _weight_nodes(model) -> list[tuple[object, list[object]]]:
+    """(node, its weight initializers) for every projection: a MatMul, Gemm or packed Attention
+    node that multiplies an activation by rank-2 initializers (directly, or through a Concat /
+    Transpose of them). Unnamed nodes get a name (the quantizers select nodes by name)."""
     inits = {i.name: i for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def weights_of(name: str, depth: int = 0) -> list | None:
+        if name in inits:
+            return [inits[name]] if len(inits[name].dims) == 2 else []
+        node = producer.get(name)
+        if node is None or node.op_type not in _WEIGHT_PATH_OPS or depth > 4:
+            return None  # an activation
+        parts = [weights_of(i, depth + 1) for i in node.input if i]
+        return None if any(p is None for p in parts) else [w for p in parts for w in p]
+
     found = []
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"attnzoo_{node.op_type}_{i}"
-        if len(node.input) < 2 or node.input[0] in inits:
+        if node.op_type not in ("MatMul", "Gemm", "Attention") or len(node.input) < 2:
             continue
-        w = inits.get(node.input[1])
-        if w is not None and len(w.dims) == 2 and node.op_type in ("MatMul", "Attention", "Gemm"):
-            found.append((node, w))
+        if weights_of(node.input[0]) is not None:
+            continue
+        ws = weights_of(node.input[1])
+        if ws:
+            found.append((node, ws))
     return found
+
+
+def _elements(weights) -> int:
+    return sum(int(w.dims[0]) * int(w.dims[1]) for w in weights)
 
 
 def apply(model, precision: str, *, decode: bool = False):
@@ -193,9 +220,10 @@ def apply(model, precision: str, *, decode: bool = False):
     m = method(precision, decode=decode)
     proto = ir.serde.serialize_model(model)
     targets = _weight_nodes(proto)
-    weights = sum(int(w.dims[0]) * int(w.dims[1]) for _, w in targets)
+    matrices = sum(len(ws) for _, ws in targets)
+    weights = sum(_elements(ws) for _, ws in targets)
     if m.tool == "none":
-        return model, Applied(m, 0, len(targets), 0, weights)
+        return model, Applied(m, 0, matrices, 0, weights)
     if not targets:
         raise PrecisionError(f"precision={precision!r}: this graph has no projection with constant weights to quantize")
     before = op_counts(proto)
@@ -204,15 +232,15 @@ def apply(model, precision: str, *, decode: bool = False):
     after = op_counts(proto)
     left_nodes = _weight_nodes(proto)
     left = tuple(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}" for n, _ in left_nodes)
-    quantized = len(targets) - len(left_nodes)
+    left_matrices = sum(len(ws) for _, ws in left_nodes)
     made = sum(after.get(op, 0) - before.get(op, 0) for op in m.ops)
-    if quantized <= 0 or made <= 0:
+    if left_matrices >= matrices or made <= 0:
         raise PrecisionError(
-            f"precision={precision!r}: {m.name} quantized none of the {len(targets)} weight matrices "
+            f"precision={precision!r}: {m.name} quantized none of the {matrices} weight matrices "
             f"(op counts after: {after}); use precision='fp32' or another lowering"
         )
-    left_weights = sum(int(w.dims[0]) * int(w.dims[1]) for _, w in left_nodes)
-    applied = Applied(m, quantized, len(targets), weights - left_weights, weights, left)
+    left_weights = sum(_elements(ws) for _, ws in left_nodes)
+    applied = Applied(m, matrices - left_matrices, matrices, weights - left_weights, weights, left)
     return ir.from_proto(proto), applied
 
 
@@ -245,6 +273,9 @@ def _dynamic(proto, targets):
             # 7-bit weights: on a CPU without VNNI (AVX2) ORT's u8s8 kernel sums pairs in int16 and
             # saturates; full 8 bits measured 69% relative error there (README, "Precision").
             reduce_range=True,
+            # ORT's contrib ops (GroupQueryAttention, MultiHeadAttention) have no ONNX shape
+            # inference, so their outputs come without a type; every float here is fp32.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             op_types_to_quantize=sorted({n.op_type for n, _ in targets}),
         )
         return onnx.load(str(out))
