@@ -229,3 +229,48 @@ def test_parity_fails_over_the_bound(monkeypatch, tmp_path):
     monkeypatch.setitem(parity.ERROR_BOUNDS, "int4", 1e-4)
     row = check("mha-causal", "ort-gqa", precision="int4", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)
     assert row.status == "FAIL" and "over the int4 bound" in row.reason and row.rel_l2 > 1e-4
+
+
+# -- the command line and the task-level script -------------------------------------------------------
+
+
+def test_cli_export_run_and_parity_take_precision(tmp_path, capsys):
+    from cli.main import main
+
+    out = tmp_path / "m.onnx"
+    small = ["--set", "d_model=64", "--set", "heads=4"]
+    assert main(["export", "mha-causal", "-o", str(out), "--lowering", "ort-gqa", "--precision", "int4", *small]) == 0
+    assert "precision int4 (weight-only MatMulNBits, 4 bits, symmetric, block 32, accuracy_level 4)" in (
+        capsys.readouterr().out
+    )
+    assert main(["run", str(out), "--provider", "cpu", "--repeats", "1", "--seq", "4"]) == 0
+    assert "precision int4 (" in capsys.readouterr().out
+    argv = ["parity", "mha-causal", "--lowering", "ort-gqa", "--case", "plain", "--precision", "fp32,int8", "-q"]
+    assert main([*argv, "--precision", "int4", *small]) == 0
+    table = capsys.readouterr().out
+    assert f"(<= {ERROR_BOUNDS['int4']:.0%})" in table and "| int8 |" in table and "3 passed" in table
+    with pytest.raises(SystemExit) as e:  # argparse's own one line: the choices
+        main(["export", "mha-causal", "-o", str(tmp_path / "x.onnx"), "--precision", "int3"])
+    assert e.value.code == 2 and "choose from 'fp32', 'int8', 'int4'" in capsys.readouterr().err
+
+
+def test_task_level_script_on_tiny_induction(tmp_path):
+    """scripts/precision_tasks.py: every block of tiny-induction through ONNX Runtime at each precision;
+    fp32 through ONNX matches eager, and each quantized row states its loss shift."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "precision_tasks.py"
+    spec = importlib.util.spec_from_file_location("precision_tasks", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "tasks.json"
+    argv = ["--models", "tiny-induction", "--precisions", "fp32,int4", "--batches", "1", "--batch", "16"]
+    assert script.main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    eager, fp32, int4 = rows
+    assert (eager["path"], fp32["precision"], int4["precision"]) == ("eager", "fp32", "int4")
+    assert abs(eager["loss"] - fp32["loss"]) < 1e-4 and eager["accuracy"] == fp32["accuracy"]
+    assert int4["loss_shift"] == pytest.approx(int4["loss"] - fp32["loss"])
+    assert int4["moved"] == (abs(int4["loss_shift"]) > script.MAX_LOSS_SHIFT)
