@@ -146,21 +146,32 @@ def export_onnx(
 
     notes: list[str] = []
     last_error: ExportError | None = None
+    partial = None  # auto + a precision: the first lowering whose weights were only partly quantized
     for lw in candidates:
         try:
             if decode:
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
                 model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask)
+            quantized, applied = apply_precision(model, precision, decode=decode)
         except ExportError as e:
             if lowering != "auto":
                 raise
             notes.append(f"auto: skipped {lw}: {e}")
             last_error = e
             continue
+        # auto prefers a lowering whose projections are all quantized (ort-mha packs a biased
+        # block's Q/K/V weights into an Attention node neither tool quantizes); else the first.
+        if lowering == "auto" and applied.left:
+            partial = partial or (lw, model, ins, outs, quantized, applied, len(notes))
+            continue
         break
-    else:  # pragma: no cover - decomposed always expresses everything
-        raise last_error or ExportError("no lowering could express this request")
+    else:
+        if partial is None:  # pragma: no cover - decomposed always expresses everything
+            raise last_error or ExportError("no lowering could express this request")
+        lw, model, ins, outs, quantized, applied, _ = partial
+    if partial is not None and partial[0] != lw:
+        notes.insert(partial[6], f"auto: skipped {partial[0]}: {partial[5].note()}")
 
     counts = op_counts(model)
     if record(lw).combined_as_separate and module.spec.layout == "combined":
@@ -168,8 +179,8 @@ def export_onnx(
             notes.append("the combined projection is inside ONNX Runtime's packed Attention node")
         elif counts.get("MatMul", 0) >= 3:
             notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
-    model, applied = apply_precision(model, precision, decode=decode)
-    if applied.note():
+    model = quantized
+    if applied.note():  # some weights stay fp32: say which, and how much
         notes.append(applied.note())
     counts = op_counts(model)
     _set_metadata(model, name, module.spec, lw, dtype, decode=decode)

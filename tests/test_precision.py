@@ -173,14 +173,17 @@ def test_attention_matmuls_stay_fp32(tmp_path):
     assert left and all(not set(n.input) & inits for n in left)
 
 
-def test_weights_inside_a_packed_attention_node_are_named(tmp_path):
+def test_weights_inside_a_packed_attention_node_are_named_and_auto_goes_on(tmp_path):
     """ORT's rewriter packs a biased block's Q/K/V weights into com.microsoft.Attention, which
-    MatMulNBits cannot hold: only W_O is quantized, and the export says so."""
-    r = export_onnx("mha-combined-bias", tmp_path / "m.onnx", lowering="ort-mha", precision="int4", d_model=64)
+    neither tool quantizes: under auto the export takes the next lowering, whose projections are
+    all quantized, and says why it skipped ort-mha (asked for by name, ort-mha keeps that note)."""
+    r = export_onnx("mha-combined-bias", tmp_path / "m.onnx", precision="int4", d_model=64)
+    assert r.lowering != "ort-mha" and r.op_counts["com.microsoft::MatMulNBits"] == 2
     note = " ".join(r.notes)
-    assert "(25% of the projection weights)" in note and "com.microsoft::Attention" in note
+    assert "auto: skipped ort-mha" in note and "(25% of the projection weights)" in note
+    assert "com.microsoft::Attention" in note
     meta = {p.key: p.value for p in onnx.load(str(r.path)).metadata_props}
-    assert meta["attnzoo.precision.quantized"] == "1 of 2 weight matrices"  # W_O, and the packed [Q|K|V]
+    assert meta["attnzoo.precision.quantized"] == "2 of 2 weight matrices"
 
 
 # -- refusals --------------------------------------------------------------------------------------
