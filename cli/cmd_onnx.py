@@ -208,7 +208,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 def _bounds() -> str:
     from export.precision import ERROR_BOUNDS
 
-    return ", ".join(f"{ERROR_BOUNDS[p]:.0%} ({p})" for p in PRECISIONS if p != "fp32")
+    return ", ".join(f"{ERROR_BOUNDS[p]:.0%} ({p})" for p in PRECISIONS if p != "fp32").replace("%", "%%")  # argparse
 
 
 def add_commands(sub) -> None:

@@ -372,7 +372,7 @@ def run_parity(
 def format_matrix(rows: list[ParityRow]) -> str:
     """A markdown table, one row per check, then a one-line tally. Quantized rows show the
     relative L2 error of y and the bound it is held to."""
-    head = "| variant | lowering | provider | dtype | precision | case | max abs | max rel | rel L2 of y (bound) "
+    head = "| variant | lowering | provider | dtype | case | precision | max abs | max rel | rel L2 of y (bound) "
     head += "| result |"
     lines = [head, "|" + "---|" * 10]
     for r in rows:
@@ -380,7 +380,7 @@ def format_matrix(rows: list[ParityRow]) -> str:
         l2 = "" if r.rel_l2 != r.rel_l2 else f"{r.rel_l2:.2%}" + ("" if r.bound != r.bound else f" (<= {r.bound:.0%})")
         result = r.status + (f": {r.reason}" if r.reason else "")
         lines.append(
-            f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.precision} | {r.case} | {nums[0]} | {nums[1]} "
+            f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.case} | {r.precision} | {nums[0]} | {nums[1]} "
             f"| {l2} | {result} |"
         )
     n = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
