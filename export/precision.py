@@ -99,7 +99,10 @@ INT8_DYNAMIC = Method(
     "dynamic",
     bits=8,
     ops=("MatMulInteger", "com.microsoft::DynamicQuantizeMatMul", "com.microsoft::QAttention"),
-    cuda="ONNX Runtime's CUDA provider has no DynamicQuantizeLinear kernel (dynamic int8 is a CPU method)",
+    # onnxruntime-gpu 1.31.1's CUDA library registers MatMulNBits (float, fp16, bf16) and a
+    # MatMulInteger for int8 x int8 only: no DynamicQuantizeLinear, no uint8-activation MatMulInteger.
+    cuda="ONNX Runtime's CUDA provider has no DynamicQuantizeLinear kernel and no MatMulInteger for the "
+    "uint8 activations dynamic int8 makes",
 )
 # (precision, decode) -> method: which one measured faster (README, "Precision").
 METHODS = {
