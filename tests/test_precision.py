@@ -277,3 +277,64 @@ def test_task_level_script_on_tiny_induction(tmp_path):
     assert abs(eager["loss"] - fp32["loss"]) < 1e-4 and eager["accuracy"] == fp32["accuracy"]
     assert int4["loss_shift"] == pytest.approx(int4["loss"] - fp32["loss"])
     assert int4["moved"] == (abs(int4["loss_shift"]) > script.MAX_LOSS_SHIFT)
+
+
+def test_bench_lays_out_precision_as_an_axis():
+    """The plan without workers: each ONNX Runtime path once per precision, eager once; a quantized
+    row's speed-up over the same path in fp32; an export a precision cannot have is n/a with why."""
+    from bench.jobs import Budget
+    from bench.plan import Export, _jobs, _rows
+
+    spec = zoo.spec("mha-causal")
+    exports = {
+        "ort-gqa": Export("ort-gqa", "a.onnx"),
+        "ort-gqa int4": Export("ort-gqa", "b.onnx", precision="int4"),
+        "ort-gqa int8": Export("ort-gqa", None, "precision='int8' cannot run on cuda: ...", precision="int8"),
+    }
+    paths, precs = ["eager-sdpa", "ort-gqa"], ["fp32", "int8", "int4"]
+    jobs = _jobs("mha-causal", {}, "cpu", "float32", 1, Budget(), paths, exports, [(1, 8)], precs)
+    assert [(j.path, j.precision, j.model) for j in jobs] == [
+        ("eager-sdpa", "fp32", ""),
+        ("ort-gqa", "fp32", "a.onnx"),
+        ("ort-gqa", "int4", "b.onnx"),
+    ]
+    measured = {(1, 8, j.path, j.precision): {"ok": True, "median_ms": ms} for j, ms in zip(jobs, (4.0, 2.0, 1.0))}
+    cells = [(p, q) for p in paths for q in (precs if p != "eager-sdpa" else ["fp32"])]
+    rows = _rows(spec, [(1, 8)], cells, exports, measured, {}, "cpu")
+    want = [("fp32", "ok"), ("fp32", "ok"), ("int8", "n/a"), ("int4", "ok")]
+    assert [(r["precision"], r["status"]) for r in rows] == want
+    assert rows[3]["speedup_vs_fp32"] == 2.0 and "cuda" in rows[2]["note"]
+
+
+@pytest.mark.slow  # five worker processes: about 35 s of CPU
+def test_bench_takes_precision_as_an_axis(capsys):
+    """bench: each ONNX Runtime path once per precision, eager once; a quantized row carries its
+    speed-up over the same path in fp32 (nothing here looks at a timing's value)."""
+    from bench.jobs import Budget
+    from bench.plan import benchmark
+    from bench.report import format_table
+
+    report = benchmark(
+        "mha-causal",
+        overrides={"d_model": 64, "heads": 4},
+        seqs=[8],
+        paths=["eager-sdpa", "ort-gqa"],
+        precisions=["fp32", "int4"],
+        threads=1,
+        budget=Budget(warmup=1, repeats=2, min_repeats=1, seconds=0.1),
+        roofline_size=64,
+        progress=False,
+    )
+    cells = [(r["path"], r["precision"], r["status"]) for r in report["rows"]]
+    assert cells == [("eager-sdpa", "fp32", "ok"), ("ort-gqa", "fp32", "ok"), ("ort-gqa", "int4", "ok")]
+    assert report["rows"][2]["speedup_vs_fp32"] > 0 and "ort-gqa int4" in report["exports"]
+    assert "| ort-gqa int4 (auto) |" in format_table(report) and "vs fp32 |" in format_table(report)
+
+
+def test_bench_refuses_what_it_cannot_measure(capsys):
+    from cli.main import main
+
+    assert main(["bench", "mha-causal", "--decode", "--precision", "int4", "--no-progress"]) == 2
+    assert "--precision with --decode" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "mha-causal", "--precision", "int2"])
