@@ -81,6 +81,7 @@ class Job:
     model: str = ""  # ONNX file for ORT jobs
     batch: int = 1
     seq: int = 1
+    precision: str = "fp32"  # the ONNX model's weight precision (export/precision.py); eager paths are fp32
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import zoo
-from export.names import DTYPES
+from export.names import DTYPES, PRECISIONS
 from zoo import files
 
 from .jobs import (
@@ -41,22 +41,46 @@ class Export:
     reason: str | None = None
     op_counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    precision: str = "fp32"
+    notes: list[str] = field(default_factory=list)
+
+
+def label(lowering: str, precision: str) -> str:
+    """The key of an export in a report: the lowering, with its precision when not fp32."""
+    return lowering if precision == "fp32" else f"{lowering} {precision}"
 
 
 def export_lowerings(
-    name: str, overrides: dict[str, Any], dtype: str, folder: Path, lowerings: Sequence[str]
+    name: str,
+    overrides: dict[str, Any],
+    dtype: str,
+    folder: Path,
+    lowerings: Sequence[str],
+    precision: str = "fp32",
+    provider: str = "cpu",
 ) -> dict[str, Export]:
-    """{lowering: Export}; a lowering that cannot express the spec gets path None and the reason."""
+    """{label(lowering, precision): Export}; one that cannot be made gets path None and the reason."""
     from export.lowering import ExportError, export_onnx
 
     out = {}
     for lw in lowerings:
+        key = label(lw, precision)
         try:
-            r = export_onnx(name, folder / f"{lw}.onnx", lowering=lw, dtype=dtype, overwrite=True, **overrides)
+            r = export_onnx(
+                name,
+                folder / f"{lw}-{precision}.onnx",
+                lowering=lw,
+                dtype=dtype,
+                overwrite=True,
+                precision=precision,
+                provider=provider,
+                **overrides,
+            )
         except ExportError as e:
-            out[lw] = Export(lw, None, str(e).splitlines()[0])
+            out[key] = Export(lw, None, str(e).splitlines()[0], precision=precision)
             continue
-        out[lw] = Export(lw, str(r.path), op_counts=r.op_counts, seconds=r.seconds)
+        out[key] = Export(lw, str(r.path), op_counts=r.op_counts, seconds=r.seconds, precision=precision)
+        out[key].notes = [n for n in r.notes if n.startswith(precision)]
     return out
 
 
@@ -65,7 +89,7 @@ def auto_lowering(provider: str, spec: zoo.AttentionSpec, exports: dict[str, Exp
     from export.lowering import auto_order
 
     order = auto_order(provider, spec, with_mask=False)
-    return next((lw for lw in order if lw in exports and exports[lw].path), None)
+    return next((lw for lw in order if lw in exports and exports[lw].path), None)  # the fp32 exports
 
 
 def _jobs(
@@ -78,12 +102,13 @@ def _jobs(
     paths: Sequence[str],
     exports: dict[str, Export],
     shapes: Sequence[tuple[int, int]],
+    precisions: Sequence[str] = ("fp32",),
 ) -> list[Job]:
     jobs = []
     for b, t in shapes:
-        for p in paths:
+        for p, prec in _cells(paths, precisions):
             lw = LOWERING_OF.get(p)
-            if lw and not exports[lw].path:
+            if lw and not exports[label(lw, prec)].path:
                 continue  # n/a: filled in from the export's reason
             jobs.append(
                 Job(
@@ -96,12 +121,18 @@ def _jobs(
                     path=p,
                     name=args_name,
                     overrides=overrides,
-                    model=exports[lw].path if lw else "",
+                    model=exports[label(lw, prec)].path if lw else "",
                     batch=b,
                     seq=t,
+                    precision=prec,
                 )
             )
     return jobs
+
+
+def _cells(paths: Sequence[str], precisions: Sequence[str]) -> list[tuple[str, str]]:
+    """(path, precision) in report order: eager paths once (fp32), each ORT path at each precision."""
+    return [(p, prec) for p in paths for prec in (precisions if p in LOWERING_OF else ("fp32",))]
 
 
 def benchmark(
@@ -119,14 +150,20 @@ def benchmark(
     timeout: float = 1800.0,
     retries: int = 2,
     progress: bool = True,
+    precisions: Sequence[str] = ("fp32",),
 ) -> dict[str, Any]:
-    """Measure every path on every (b, t); the report as a JSON-ready dict (see write_json)."""
+    """Measure every path on every (b, t), each ONNX Runtime path at each weight precision
+    (export/precision.py; eager paths stay fp32); the report as a JSON-ready dict (see write_json)."""
     from tqdm import tqdm
 
     overrides = dict(overrides or {})
     threads = threads or default_threads()
     spec = zoo.spec(name, **overrides)  # raises on a bad name or override, before any work
     _check_request(provider, dtype, paths)
+    precisions = list(dict.fromkeys(precisions))
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad or not precisions:
+        raise BenchError(f"precision {', '.join(bad) or '(none)'}: choose from {', '.join(PRECISIONS)}")
     shapes = [(b, t) for b in batches for t in seqs]
     if roofline_size is not None and (not isinstance(roofline_size, int) or roofline_size < 1):
         raise BenchError(f"roofline_size={roofline_size!r} must be a positive integer, or None to size it here")
@@ -138,7 +175,7 @@ def benchmark(
         folder = Path(tmp)
         lowerings = [LOWERING_OF[p] for p in paths if p in LOWERING_OF]
         with tqdm(
-            total=len(lowerings),
+            total=len(lowerings) * len(precisions),
             desc="export",
             unit="model",
             file=sys.stderr,
@@ -147,9 +184,10 @@ def benchmark(
         ) as bar:
             exports = {}
             for lw in lowerings:
-                bar.set_postfix_str(lw)
-                exports.update(export_lowerings(name, overrides, dtype, folder, [lw]))
-                bar.update()
+                for prec in precisions:
+                    bar.set_postfix_str(label(lw, prec))
+                    exports.update(export_lowerings(name, overrides, dtype, folder, [lw], prec, provider))
+                    bar.update()
         calib = [
             Job(
                 "roofline",
@@ -169,19 +207,21 @@ def benchmark(
                 for b, t in shapes
                 if t <= 16
             ]
-        jobs = _jobs(name, overrides, provider, dtype, threads, budget, paths, exports, shapes)
+        jobs = _jobs(name, overrides, provider, dtype, threads, budget, paths, exports, shapes, precisions)
         results: list[tuple[Job, dict[str, Any]]] = []
         with tqdm(total=len(calib) + len(jobs), desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
             for job in calib + jobs:
                 bar.set_postfix_str(
-                    f"B={job.batch} T={job.seq} {job.path}" if job.kind == "path" else f"{job.kind} {job.runtime}"
+                    f"B={job.batch} T={job.seq} {job.path} {job.precision}"
+                    if job.kind == "path"
+                    else f"{job.kind} {job.runtime}"
                 )
                 results.append((job, measure(job, timeout, retries)))
                 bar.update()
     roofline = {j.runtime: r for j, r in results if j.kind == "roofline"}
     overhead = [{"batch": j.batch, "seq": j.seq, **r} for j, r in results if j.kind == "overhead"]
-    measured = {(j.batch, j.seq, j.path): r for j, r in results if j.kind == "path"}
-    rows = _rows(spec, shapes, paths, exports, measured, roofline, provider)
+    measured = {(j.batch, j.seq, j.path, j.precision): r for j, r in results if j.kind == "path"}
+    rows = _rows(spec, shapes, _cells(paths, precisions), exports, measured, roofline, provider)
     return {
         "schema": "attnzoo.bench/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -198,6 +238,7 @@ def benchmark(
             "batch": list(batches),
             "seq": list(seqs),
             "paths": list(paths),
+            "precisions": list(precisions),
             "budget": asdict(budget),
             "flop_convention": zoo.FLOP_CONVENTION,
         },
@@ -274,27 +315,30 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
             raise BenchError("--provider cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
 
 
-def _rows(spec: zoo.AttentionSpec, shapes, paths, exports, measured, roofline, provider) -> list[dict[str, Any]]:
-    """One row per (b, t, path), with the derived figures: GFLOP/s, roofline share, vs SDPA."""
+def _rows(spec: zoo.AttentionSpec, shapes, cells, exports, measured, roofline, provider) -> list[dict[str, Any]]:
+    """One row per (b, t, path, precision), with the derived figures: GFLOP/s, roofline share,
+    vs SDPA, and a quantized row's speed-up over the same path in fp32 (when that ran)."""
     auto = auto_lowering(provider, spec, exports)
     rows = []
     for b, t in shapes:
         flop = zoo.flops(spec, b, t).total
-        base = measured.get((b, t, BASELINE), {})
-        for p in paths:
+        base = measured.get((b, t, BASELINE, "fp32"), {})
+        for p, prec in cells:
             lw = LOWERING_OF.get(p)
             row: dict[str, Any] = {
                 "batch": b,
                 "seq": t,
                 "path": p,
                 "lowering": lw,
+                "precision": prec,
                 "auto": lw is not None and lw == auto,
                 "flops": flop,
             }
-            if lw and not exports[lw].path:
-                rows.append({**row, "status": "n/a", "note": exports[lw].reason})
+            export = exports.get(label(lw, prec)) if lw else None
+            if export is not None and not export.path:
+                rows.append({**row, "status": "n/a", "note": export.reason})
                 continue
-            r = measured.get((b, t, p), {"ok": False, "error": "not run"})
+            r = measured.get((b, t, p, prec), {"ok": False, "error": "not run"})
             if not r.get("ok"):
                 rows.append({**row, "status": "error", "note": r.get("error")})
                 continue
@@ -307,5 +351,10 @@ def _rows(spec: zoo.AttentionSpec, shapes, paths, exports, measured, roofline, p
                 pm, bm = r.get("peak_added_mb"), base.get("peak_added_mb")
                 # below ~1 MB the added peak is page-granular noise; a ratio of noise says nothing
                 row["mem_vs_sdpa"] = pm / bm if pm is not None and bm and bm >= 1.0 else None
+            fp32 = measured.get((b, t, p, "fp32"), {})
+            if prec != "fp32" and fp32.get("ok"):
+                row["speedup_vs_fp32"] = fp32["median_ms"] / r["median_ms"]
+            if export is not None and export.notes:
+                row["note"] = "; ".join(export.notes)
             rows.append(row)
     return rows

@@ -21,29 +21,39 @@ def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
 def format_table(report: dict[str, Any]) -> str:
     """The rows as a markdown table, then the roofline, ORT call overhead and notes."""
     cfg = report["config"]
+    quantized = any(p != "fp32" for p in cfg.get("precisions", ["fp32"]))
     head = "| B | T | path | median ms | GFLOP/s | % roofline | +peak MB | speed-up vs SDPA | mem / SDPA |"
+    head += " vs fp32 |" if quantized else ""
     lines = [
         f"{cfg['name']} ({zoo.AttentionSpec(**cfg['spec']).describe()}), {cfg['provider']}, {cfg['dtype']}, "
-        f"{cfg['threads']} threads",
+        f"{cfg['threads']} threads" + (f", weights {', '.join(cfg['precisions'])}" if quantized else ""),
         "",
         head,
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if quantized else ""),
     ]
     notes: list[str] = []
     for r in report["rows"]:
-        name = r["path"] + (" (auto)" if r["auto"] else "")
+        prec = r.get("precision", "fp32")
+        name = r["path"] + (f" {prec}" if prec != "fp32" else "") + (" (auto)" if r["auto"] else "")
+        extra = " |" if quantized else ""
         if r["status"] != "ok":
             if r["note"] not in notes:
                 notes.append(r["note"])
             mark = f"{r['status']} [{notes.index(r['note']) + 1}]"
-            lines.append(f"| {r['batch']} | {r['seq']} | {name} | {mark} | | | | | |")
+            lines.append(f"| {r['batch']} | {r['seq']} | {name} | {mark} | | | | | |{extra}")
             continue
+        if r.get("note"):  # a quantized export that left some weights fp32 says so
+            if r["note"] not in notes:
+                notes.append(r["note"])
+            name += f" [{notes.index(r['note']) + 1}]"
+        if quantized:
+            extra = f" {_fmt(r.get('speedup_vs_fp32'), '.2f', 'x')} |"
         pct = None if r.get("roofline_fraction") is None else 100 * r["roofline_fraction"]
         lines.append(
             f"| {r['batch']} | {r['seq']} | {name} "
             f"| {_fmt(r['median_ms'], '.3g' if r['median_ms'] < 1 else '.1f')}{'*' if contended(r) else ''} "
             f"| {_fmt(r['gflops'], '.1f')} | {_fmt(pct, '.0f', '%')} | {_fmt(r.get('peak_added_mb'), '.1f')} "
-            f"| {_fmt(r.get('speedup_vs_sdpa'), '.2f', 'x')} | {_fmt(r.get('mem_vs_sdpa'), '.2f', 'x')} |"
+            f"| {_fmt(r.get('speedup_vs_sdpa'), '.2f', 'x')} | {_fmt(r.get('mem_vs_sdpa'), '.2f', 'x')} |{extra}"
         )
     lines.append("")
     for rt, r in sorted(report["roofline"].items()):

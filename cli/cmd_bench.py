@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import zoo
+from bench.decode import DECODE_PRECISIONS
 from bench.jobs import CONTENDED, DECODE_PATHS, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
 from bench.plan import benchmark
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
-from export.names import DEVICES, DTYPES
+from export.names import DEVICES, DTYPES, PRECISIONS
 
-from .common import int_list, with_set
+from .common import choice_list, int_list, with_set
 
 
 def _path_list(text: str) -> list[str]:
@@ -26,6 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_set(parser)
     parser.add_argument("--provider", choices=DEVICES, default="cpu", help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument(
+        "--precision",
+        type=choice_list(DECODE_PRECISIONS),
+        action="extend",
+        metavar="LIST",
+        help="weight precisions of the ONNX Runtime paths, e.g. fp32,int8,int4 (default fp32; eager paths stay "
+        "fp32): int8 = dynamic int8, int4 = weight-only MatMulNBits (export --precision); each quantized row also "
+        "shows its speed-up over the same path in fp32. With --decode also fp16,bf16: eager rows in that dtype",
+    )
     parser.add_argument(
         "--batch",
         "-b",
@@ -141,6 +151,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         return _run_decode_from_args(args, budget)
     if args.past:
         raise BenchError("--past goes with --decode (past lengths of the KV cache)")
+    eager_only = sorted(set(args.precision or []) - set(PRECISIONS))
+    if eager_only:
+        raise BenchError(f"--precision {','.join(eager_only)}: eager half-precision rows are a --decode option")
     report = benchmark(
         args.name,
         overrides=zoo.parse_overrides(args.set),
@@ -155,6 +168,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         retries=args.retries,
         progress=not args.no_progress,
+        precisions=args.precision or ["fp32"],
     )
     failed = any(r["status"] == "error" for r in report["rows"])
     return _finish(args, report, format_table(report), failed)
@@ -187,6 +201,7 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
         batches=args.batch or [1],
         pasts=args.past or list(DEFAULT_PAST),
         paths=paths,
+        precisions=args.precision or ["fp32"],
         threads=args.threads,
         budget=budget,
         timeout=args.timeout,

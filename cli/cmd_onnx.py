@@ -11,10 +11,10 @@ from pathlib import Path
 
 import zoo
 from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
-from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PROVIDERS
+from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, positive, source_of, with_set, with_source
+from .common import CliError, choice_list, positive, source_of, with_set, with_source
 
 
 def _block(args: argparse.Namespace, source: str) -> tuple[zoo.MultiHeadAttention, str]:
@@ -53,6 +53,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         decode=args.decode,
         cache=args.cache,
         max_len=args.max_len,
+        precision=args.precision,
         **overrides,
     )
     print(result.summary())
@@ -104,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"model     {args.path}: {name}, lowering {sess.metadata.get('attnzoo.lowering', '?')}, "
         f"{sess.metadata.get('attnzoo.dtype', '?')}"
     )
+    print(f"precision {sess.precision}")
     print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
     if sess.note:
         print(f"          {sess.note.split(': ', 1)[-1]}")
@@ -153,6 +155,7 @@ def _run_decode(sess, args: argparse.Namespace) -> int:
     )
     lowering = sess.metadata.get("attnzoo.lowering", "?")
     print(f"model     {args.path}: {name}, decode ({cache}), lowering {lowering}, {sess.dtype}")
+    print(f"precision {sess.precision}")
     print(f"provider  {sess.provider} (asked: {args.provider}; session providers: {sess.session_providers})")
     print(f"prompt    x ({b}, {t}, {spec.d_model}) with an empty cache: {prompt_ms:.3f} ms")
     print(
@@ -180,6 +183,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
         if not ok:  # asked for by name: a run that tests nothing must not pass
             raise CliError(f"--provider cuda: {why}; drop it, or use --provider auto to include CUDA where it works")
     dtypes = args.dtype or ["float32"]
+    precisions = list(dict.fromkeys(args.precision or ["fp32"]))
     if args.cache and not args.decode:
         raise CliError("--cache chooses the decode check's cache: add --decode")
     caches = list(dict.fromkeys(args.cache or CACHES))
@@ -194,13 +198,13 @@ def cmd_parity(args: argparse.Namespace) -> int:
         raise CliError(f"no attention block matches {args.pattern!r}; see `attnzoo list`")
     if args.json:
         ensure_writable_parent(Path(args.json))
-    total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(cases)
+    total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(precisions) * len(cases)
     from tqdm import tqdm
 
     bar = tqdm(total=total, desc="parity", unit="check", file=sys.stderr, disable=args.quiet)
 
     def progress(row):
-        bar.set_postfix_str(f"{row.name} {row.lowering} {row.dtype} {row.case}: {row.status}")
+        bar.set_postfix_str(f"{row.name} {row.lowering} {row.dtype} {row.precision} {row.case}: {row.status}")
         bar.update()
 
     try:
@@ -213,6 +217,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
                 providers=providers,
                 dtypes=dtypes,
                 cases=cases,
+                precisions=precisions,
                 progress=progress,
                 **zoo.parse_overrides(args.set),
             )
@@ -247,6 +252,12 @@ def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progres
                     rows.append(row)
                     progress(row)
     return rows
+
+
+def _bounds() -> str:
+    from export.precision import ERROR_BOUNDS
+
+    return ", ".join(f"{ERROR_BOUNDS[p]:.0%} ({p})" for p in PRECISIONS if p != "fp32").replace("%", "%%")  # argparse
 
 
 def add_commands(sub) -> None:
@@ -295,6 +306,14 @@ def add_commands(sub) -> None:
         default=None,
         help=f"with --cache static: the cache's capacity, recorded in the model (default {DEFAULT_MAX_LEN})",
     )
+    sp.add_argument(
+        "--precision",
+        default="fp32",
+        choices=PRECISIONS,
+        help="weight precision (default fp32): int8 = dynamic int8 for full-sequence models, weight-only 8-bit "
+        "MatMulNBits for --decode; int4 = weight-only 4-bit MatMulNBits (block 32, accuracy_level 4); "
+        "quantized by onnxruntime.quantization after the lowering, float32 only",
+    )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)
     sp.set_defaults(func=cmd_export)
@@ -328,6 +347,14 @@ def add_commands(sub) -> None:
     )
     sp.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
+    sp.add_argument(
+        "--precision",
+        type=choice_list(PRECISIONS),
+        action="extend",
+        metavar="LIST",
+        help=f"weight precisions, e.g. fp32,int8,int4 (repeatable; default fp32). int8/int4 exports are compared "
+        f"with the fp32 eager block: the relative L2 error of y must be within {_bounds()}",
+    )
     sp.add_argument(
         "--decode",
         action="store_true",

@@ -59,6 +59,19 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def choice_list(choices: tuple[str, ...]):
+    """An argparse type: one or more of `choices` separated by commas, e.g. fp32,int8,int4."""
+
+    def parse(text: str) -> list[str]:
+        values = [p for p in text.replace(",", " ").split() if p]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)} (comma-separated)")
+        return list(dict.fromkeys(values))
+
+    return parse
+
+
 def with_set(sp: argparse.ArgumentParser) -> None:
     """--set KEY=VALUE, the spec overrides every command that builds a block takes."""
     sp.add_argument(

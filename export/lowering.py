@@ -37,6 +37,9 @@ from .graphs import op_counts
 from .io import TensorIO
 from .lowerings import FUSED_OPS, record
 from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS
+from .precision import PrecisionError
+from .precision import apply as apply_precision
+from .precision import why_not as precision_why_not
 from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, example_inputs, lower, lower_decode, lower_static_decode
 
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
@@ -60,6 +63,8 @@ class ExportResult:
     file_bytes: int
     external_data: Path | None = None
     notes: list[str] = field(default_factory=list)
+    precision: str = "fp32"  # the weights' precision (export/precision.py)
+    precision_method: str = ""  # how it was made, with block size and accuracy level where they apply
     module: nn.Module | None = field(default=None, repr=False)  # the eager block exported
 
     def summary(self) -> str:
@@ -73,6 +78,7 @@ class ExportResult:
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
             f"  block     {self.name}: {self.spec.describe()}",
             f"  lowering  {self.lowering} (opset {self.opset}), {self.dtype}, {self.parameters:,} parameters",
+            f"  precision {self.precision_method or self.precision}",
             f"  inputs    {fmt(self.inputs)}",
             f"  outputs   {fmt(self.outputs)}",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
@@ -96,6 +102,7 @@ def export_onnx(
     decode: bool = False,
     cache: str = "auto",
     max_len: int | None = None,
+    precision: str = "fp32",
     **overrides: Any,
 ) -> ExportResult:
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
@@ -112,6 +119,9 @@ def export_onnx(
     (io.static_interface): x, past_key, past_value (b g n d), past_len [, key_mask (b, n)] -> y and
     the buffers; the session binds each buffer as input and output, so no step copies the cache.
     max_len is the capacity a session allocates (default names.DEFAULT_MAX_LEN), kept in the metadata.
+    precision: "fp32" (default), "int8" or "int4": the projections' weights quantized by ONNX
+    Runtime's tools after the lowering (export/precision.py says how, per kind of export); the
+    metadata and ExportResult.precision say which.
     """
     started = time.perf_counter()
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
@@ -122,6 +132,9 @@ def export_onnx(
     max_len = _check_cache_args(decode, cache, max_len)
     if decode and (need_weights or with_head_mask):
         raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
+    reason = precision_why_not(precision, dtype=dtype, provider=provider, decode=decode)
+    if reason:
+        raise PrecisionError(reason)
     if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
         _check_export_fits(zoo.spec(model_or_name, **overrides), dtype)
     module, name = _resolve_module(model_or_name, overrides)
@@ -156,6 +169,7 @@ def export_onnx(
 
     notes: list[str] = []
     last_error: ExportError | None = None
+    partial = None  # auto + a precision: the first lowering whose weights were only partly quantized
     for lw in candidates:
         try:
             if static:
@@ -164,15 +178,25 @@ def export_onnx(
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
                 model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask)
+            quantized, applied = apply_precision(model, precision, decode=decode)
         except ExportError as e:
             if lowering != "auto":
                 raise
             notes.append(f"auto: skipped {lw}: {e}")
             last_error = e
             continue
+        # auto prefers a lowering whose projections are all quantized (ort-mha packs a biased
+        # block's Q/K/V weights into an Attention node neither tool quantizes); else the first.
+        if lowering == "auto" and applied.left:
+            partial = partial or (lw, model, ins, outs, quantized, applied, len(notes))
+            continue
         break
-    else:  # pragma: no cover - decomposed always expresses everything
-        raise last_error or ExportError("no lowering could express this request")
+    else:
+        if partial is None:  # pragma: no cover - decomposed always expresses everything
+            raise last_error or ExportError("no lowering could express this request")
+        lw, model, ins, outs, quantized, applied, _ = partial
+    if partial is not None and partial[0] != lw:
+        notes.insert(partial[6], f"auto: skipped {partial[0]}: {partial[5].note()}")
 
     counts = op_counts(model)
     if record(lw).combined_as_separate and module.spec.layout == "combined":
@@ -180,11 +204,16 @@ def export_onnx(
             notes.append("the combined projection is inside ONNX Runtime's packed Attention node")
         elif counts.get("MatMul", 0) >= 3:
             notes.append("the combined projection is written as separate Q/K/V MatMuls (same function, no Split copy)")
+    model = quantized
+    if applied.note():  # some weights stay fp32: say which, and how much
+        notes.append(applied.note())
+    counts = op_counts(model)
     _set_metadata(model, name, module.spec, lw, dtype, decode=decode)
     if static:
         model.metadata_props.update({"attnzoo.cache": "static", "attnzoo.max_len": str(max_len)})
     elif decode:
         model.metadata_props["attnzoo.cache"] = "grow"
+    model.metadata_props.update(applied.metadata())
     external = _save_atomic(model, target, module, dtype, overwrite=overwrite)
     return ExportResult(
         path=path,
@@ -202,6 +231,8 @@ def export_onnx(
         external_data=external,
         notes=notes,
         module=module,
+        precision=precision,
+        precision_method=applied.method.describe() if applied.method.tool != "none" else "",
     )
 
 

@@ -6,6 +6,7 @@ choice reads them from here.
     DTYPES      the element types a model is exported in
     CACHES      how a decode model keeps its KV cache
     LOWERINGS   how a block becomes an ONNX graph (export/lowering.py says what each one is)
+    PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
 """
 
 DEVICES = ("cpu", "cuda")
@@ -15,3 +16,4 @@ CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each st
 CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the provider (export/choice.py DECODE_CACHE)
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
 LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
+PRECISIONS = ("fp32", "int8", "int4")  # weight precision of an export (export/precision.py)

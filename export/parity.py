@@ -1,8 +1,10 @@
 """Parity of exported models against eager torch, at shapes the export never saw.
 
-One row per (variant, lowering, provider, dtype, case): the max abs and max rel error over
-every checked shape and output, and PASS / FAIL / SKIP with the reason. A miss is a FAIL,
-never a warning.
+One row per (variant, lowering, provider, dtype, precision, case): the max abs and max rel error
+over every checked shape and output, and PASS / FAIL / SKIP with the reason. A miss is a FAIL,
+never a warning. A quantized export (precision int8/int4) is compared with the fp32 eager block
+under its stated bound on the relative L2 error of y (export/precision.py, ERROR_BOUNDS): the
+row carries the measured error and the bound.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import zoo
 from .io import interface
 from .lowering import DTYPES, LOWERINGS, ExportError, example_inputs, export_onnx, why_not
 from .names import DEVICES
+from .precision import ERROR_BOUNDS, rel_l2
 from .session import OnnxSession, SessionError, cuda_status
 
 
@@ -55,6 +58,9 @@ class ParityRow:
     max_rel: float = float("nan")
     shapes: int = 0
     reason: str = ""
+    precision: str = "fp32"
+    rel_l2: float = float("nan")  # the worst relative L2 error of y, ||y - y_eager|| / ||y_eager||
+    bound: float = float("nan")  # what a quantized precision is held to (ERROR_BOUNDS); nan for fp32
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,11 +151,15 @@ def check(
     workdir: str | Path | None = None,
     shapes: Iterable[tuple[int, int, int]] = SHAPES,
     seed: int = 0,
+    precision: str = "fp32",
     **overrides,
 ) -> ParityRow:
-    """Export one variant with one lowering and compare it with eager torch at `shapes`."""
+    """Export one variant with one lowering and compare it with eager torch at `shapes`.
+
+    precision int8/int4: the fp32 eager block is the reference, and the relative L2 error of y
+    at each shape must be within ERROR_BOUNDS[precision] (elementwise tolerances do not apply)."""
     name = name_or_module if isinstance(name_or_module, str) else "custom"
-    row = ParityRow(name, lowering, provider, dtype, case, "SKIP")
+    row = _new_row(name, lowering, provider, dtype, case, precision)
     if case not in CASES:
         raise zoo.ArgumentError(f"case={case!r} is not one of {CASES}")
     if provider not in PROVIDERS:
@@ -159,6 +169,7 @@ def check(
     need_weights = masked and lowering == "decomposed"
     if _skipped(row, lowering, _spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype):
         return row
+    quantized = precision != "fp32"
     torch.manual_seed(seed)
     module = _module_of(name_or_module, overrides)
     spec = module.spec
@@ -166,6 +177,7 @@ def check(
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
         export_kw = {"need_weights": need_weights, "with_mask": masked, "with_head_mask": masked}
+        export_kw["precision"] = precision
         sess = _export_and_open(row, module, path, export_kw)
         if sess is None:
             return row
@@ -201,12 +213,15 @@ def check(
             for o, r in zip(gots, refs):
                 a, rel, ok = errors(o.float().cpu().numpy(), r.cpu().numpy(), tol)
                 worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
-                all_ok = all_ok and ok
+                all_ok = all_ok and (ok or quantized)
+            l2 = rel_l2(gots[0].float().cpu().numpy(), refs[0].cpu().numpy())
+            row.rel_l2 = l2 if row.shapes == 0 else max(row.rel_l2, l2)
             row.shapes += 1
         row.max_abs, row.max_rel = worst_abs, worst_rel
+        all_ok = all_ok and not (quantized and not row.rel_l2 <= row.bound)
         row.status = "PASS" if all_ok and varied else "FAIL"
         if not all_ok:
-            row.reason = f"outside rtol={tol.rtol:g}, atol={tol.atol:g}"
+            row.reason = _miss(row, tol)
         elif not varied:
             row.reason = "the eager output is constant at every shape: nothing was compared"
         elif sess.provider != provider:
@@ -231,11 +246,12 @@ def check_decode(
     workdir: str | Path | None = None,
     seed: int = 0,
     cache: str = "grow",
+    precision: str = "fp32",
     **overrides,
 ) -> ParityRow:
     """Export a decode model (cache="grow" or "static") and run a prompt then single-token steps under
-    ONNX Runtime (the cache
-    kept by the runtime); every row must match the eager full forward of that row alone.
+    ONNX Runtime (the cache kept by the runtime); every row must match the eager full forward of that
+    row alone (for a quantized precision: within its bound on the relative L2 error of y over each run).
 
     Batch 1, then batch 3 with left padding (key_mask); each batch again in chunks (CHUNKS: t > 1
     after a past, and one single token). The export traced b=2, t=5, p=3, so every run here is at
@@ -244,7 +260,7 @@ def check_decode(
     """
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     case = "decode" if cache == "grow" else f"decode-{cache}"
-    row = ParityRow(name, lowering, provider, dtype, case, "SKIP")
+    row = _new_row(name, lowering, provider, dtype, case, precision)
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = _spec_of(name_or_module, overrides)
@@ -257,7 +273,7 @@ def check_decode(
     n = PROMPT + STEPS
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
-        export_kw = {"decode": True, "with_mask": True, "cache": cache}
+        export_kw = {"decode": True, "with_mask": True, "cache": cache, "precision": precision}
         if cache == "static":  # room for exactly the run: a step past it would be refused
             export_kw["max_len"] = n
         sess = _export_and_open(row, module, path, export_kw)
@@ -283,7 +299,10 @@ def check_decode(
                 row.status, row.reason = "FAIL", f"run failed at batch {b}: {str(e)[:200]}"
                 return row
             got = torch.cat([y0, ys], 1).float()
-            for step in range(STEPS + 1):  # step 0 is the prompt
+            quantized = precision != "fp32"  # its bound is on the whole run, not elementwise per step
+            if quantized and not _within_bound(row, got, ref, f"batch {b}, the prompt and {STEPS} steps"):
+                return row
+            for step in range(STEPS + 1 if not quantized else 0):  # step 0 is the prompt
                 cols = slice(0, PROMPT) if step == 0 else slice(PROMPT + step - 1, PROMPT + step)
                 a, rel, ok = errors(got[:, cols].numpy(), ref[:, cols].numpy(), tol)
                 worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
@@ -304,8 +323,10 @@ def check_decode(
                 row.status, row.reason = "FAIL", f"chunked run failed at batch {b}: {str(e)[:200]}"
                 return row
             got = torch.cat(ys, 1).float()
+            if quantized and not _within_bound(row, got, ref, f"batch {b}, in chunks {CHUNKS}"):
+                return row
             start = 0
-            for end in CHUNKS:
+            for end in CHUNKS if not quantized else ():
                 a, rel, ok = errors(got[:, start:end].numpy(), ref[:, start:end].numpy(), tol)
                 worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
                 if not ok:
@@ -317,7 +338,9 @@ def check_decode(
                     return row
                 start = end
             row.shapes += len(CHUNKS)
-        row.max_abs, row.max_rel, row.status = worst_abs, worst_rel, "PASS"
+        if not quantized:
+            row.max_abs, row.max_rel = worst_abs, worst_rel
+        row.status = "PASS"
     return row
 
 
@@ -328,6 +351,7 @@ def run_parity(
     providers: Iterable[str] = ("cpu",),
     dtypes: Iterable[str] = ("float32",),
     cases: Iterable[str] = CASES,
+    precisions: Iterable[str] = ("fp32",),
     progress: Callable[[ParityRow], None] | None = None,
     **overrides,
 ) -> list[ParityRow]:
@@ -337,33 +361,65 @@ def run_parity(
     if not names:
         raise zoo.UnknownNameError(f"no attention block matches {pattern!r}; see `attnzoo list`")
     rows = []
+    import itertools
+
+    grid = list(itertools.product(lowerings, providers, dtypes, precisions, cases))
     for name in names:
-        for lw in lowerings:
-            for prov in providers:
-                for dt in dtypes:
-                    for case in cases:
-                        if case.startswith("decode"):
-                            cache = case.removeprefix("decode").removeprefix("-") or "grow"
-                            row = check_decode(name, lw, dtype=dt, provider=prov, cache=cache, **overrides)
-                        else:
-                            row = check(name, lw, case=case, dtype=dt, provider=prov, **overrides)
-                        rows.append(row)
-                        if progress:
-                            progress(row)
+        for lw, prov, dt, prec, case in grid:
+            kw = {"dtype": dt, "provider": prov, "precision": prec, **overrides}
+            if case.startswith("decode"):
+                cache = case.removeprefix("decode").removeprefix("-") or "grow"
+                row = check_decode(name, lw, cache=cache, **kw)
+            else:
+                row = check(name, lw, case=case, **kw)
+            rows.append(row)
+            if progress:
+                progress(row)
     return rows
 
 
 def format_matrix(rows: list[ParityRow]) -> str:
-    """A markdown table, one row per check, then a one-line tally."""
-    head = "| variant | lowering | provider | dtype | case | max abs | max rel | result |"
-    lines = [head, "|" + "---|" * 8]
+    """A markdown table, one row per check, then a one-line tally. Quantized rows show the
+    relative L2 error of y and the bound it is held to."""
+    head = "| variant | lowering | provider | dtype | case | precision | max abs | max rel | rel L2 of y (bound) "
+    head += "| result |"
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         nums = ("", "") if r.status == "SKIP" else (f"{r.max_abs:.1e}", f"{r.max_rel:.1e}")
+        l2 = "" if r.rel_l2 != r.rel_l2 else f"{r.rel_l2:.2%}" + ("" if r.bound != r.bound else f" (<= {r.bound:.0%})")
         result = r.status + (f": {r.reason}" if r.reason else "")
         lines.append(
-            f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.case} | {nums[0]} | {nums[1]} | {result} |"
+            f"| {r.name} | {r.lowering} | {r.provider} | {r.dtype} | {r.case} | {r.precision} | {nums[0]} | {nums[1]} "
+            f"| {l2} | {result} |"
         )
     n = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
     lines.append("")
     lines.append(f"parity: {n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped")
     return "\n".join(lines)
+
+
+def _new_row(name: str, lowering: str, provider: str, dtype: str, case: str, precision: str) -> ParityRow:
+    """A SKIP row for the request; an unknown precision is refused here, before any work."""
+    from .precision import method
+
+    method(precision)  # PrecisionError naming the choices
+    bound = ERROR_BOUNDS[precision] if precision != "fp32" else float("nan")
+    return ParityRow(name, lowering, provider, dtype, case, "SKIP", precision=precision, bound=bound)
+
+
+def _miss(row: ParityRow, tol: Tolerance) -> str:
+    if row.precision != "fp32":
+        return f"relative L2 error of y {row.rel_l2:.2%} is over the {row.precision} bound {row.bound:.0%}"
+    return f"outside rtol={tol.rtol:g}, atol={tol.atol:g}"
+
+
+def _within_bound(row: ParityRow, got: torch.Tensor, ref: torch.Tensor, where: str) -> bool:
+    """Quantized decode: the run's relative L2 error of y against the bound; False (row FAIL) on a miss."""
+    a, rel, _ = errors(got.numpy(), ref.numpy(), TOLERANCE["float32"])
+    l2 = rel_l2(got.numpy(), ref.numpy())
+    so_far = [0.0 if v != v else v for v in (row.max_abs, row.max_rel, row.rel_l2)]  # nan: nothing yet
+    row.max_abs, row.max_rel, row.rel_l2 = (max(old, new) for old, new in zip(so_far, (a, rel, l2)))
+    if l2 <= row.bound:
+        return True
+    row.status, row.reason = "FAIL", f"{where}: {_miss(row, TOLERANCE['float32'])}"
+    return False

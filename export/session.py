@@ -202,12 +202,27 @@ class OnnxSession:
     def dtype(self) -> np.dtype:
         return np.dtype(_NP_DTYPE[self._inputs["x"].type]) if "x" in self._inputs else np.dtype(np.float32)
 
+    @property
+    def precision(self) -> str:
+        """The weights' precision from the metadata ("fp32" for files written before it was recorded),
+        with the method, block size and accuracy level where they apply (export/precision.py)."""
+        md = self.metadata
+        prec = md.get("attnzoo.precision", "fp32")
+        if "attnzoo.precision.method" not in md:
+            return prec
+        extra = "".join(
+            f", {k.rsplit('.', 1)[-1].replace('_', ' ')} {md[k]}"
+            for k in ("attnzoo.precision.block_size", "attnzoo.precision.accuracy_level")
+            if k in md
+        )
+        return f"{prec} ({md['attnzoo.precision.method']}{extra})"
+
     def describe(self) -> str:
         ins = ", ".join(f"{i.name} {i.type[7:-1]}{list(i.shape)}" for i in self._sess.get_inputs())
         outs = ", ".join(f"{o.name} {o.type[7:-1]}{list(o.shape)}" for o in self._sess.get_outputs())
         name = self.metadata.get("attnzoo.name", "?")
         lowering = self.metadata.get("attnzoo.lowering", "?")
-        return f"{self.path}: {name} ({lowering}) on {self.provider}; inputs {ins}; outputs {outs}"
+        return f"{self.path}: {name} ({lowering}, {self.precision}) on {self.provider}; inputs {ins}; outputs {outs}"
 
     # -- running ---------------------------------------------------------------------------
 

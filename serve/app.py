@@ -75,6 +75,7 @@ class OnnxServer:
             "spec": self.sess.spec.to_dict(),
             "lowering": self.sess.metadata.get("attnzoo.lowering"),
             "dtype": self.sess.metadata.get("attnzoo.dtype"),
+            "precision": self.sess.precision,
             "provider": self.sess.provider,
             "inputs": self.sess.input_names,
             "outputs": self.sess.output_names,

@@ -1,0 +1,291 @@
+"""Weight precision of an exported block, applied to the ONNX graph after the lowering, with
+ONNX Runtime's own quantization tools (no quantizer of ours). One record per precision:
+
+    fp32   the weights as exported (today's files)
+    int8   full-sequence exports: dynamic int8 (`quantize_dynamic`, weights QInt8 per tensor,
+           activations quantized per call: DynamicQuantizeLinear + MatMulInteger, which ORT fuses
+           into DynamicQuantizeMatMul when it loads the file; a packed `com.microsoft.Attention`
+           node becomes QAttention). Decode exports: weight-only 8-bit `MatMulNBits` (see DECODE).
+    int4   weight-only 4-bit `MatMulNBits` (`MatMulNBitsQuantizer`), symmetric, block 32,
+           accuracy_level 4 (int8 compute on the CPU)
+
+Only projections are quantized: a MatMul (or packed Attention node) whose weight input is an
+initializer of rank 2. The attention MatMuls (both inputs activations) stay fp32. An export
+where nothing was quantized is refused; one where some weight stayed fp32 says which.
+
+The error is stated, not hidden: ERROR_BOUNDS is the relative L2 error of y,
+||y_onnx - y_eager|| / ||y_eager||, against the fp32 eager block, that parity holds each
+precision to (measured on random blocks and transformers-initialised ones: README, "Precision").
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ExportError
+from .graphs import op_counts, quiet
+from .names import PRECISIONS
+
+BLOCK_SIZE = 32  # MatMulNBits: weights per scale along K
+ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations in the dot products (AVX-512 VNNI / AVX2 on the CPU)
+
+# The relative L2 error of y against the fp32 eager block that parity allows, per precision.
+# Measured 2026-12-01 on onnxruntime 1.31.1 CPU (AVX2, no VNNI) with tests/test_precision.py -m slow
+# (README, "Weight precision"): worst over the random blocks of every registered name x lowering
+# (int8 3.2%, int4 11.8%), their decode exports, and the transformers-initialised blocks of every
+# family from_hf supports (int8 4.4%, int4 17.1%, both gemma3), with about a third of headroom.
+ERROR_BOUNDS = {"int8": 0.06, "int4": 0.22}  # fp32 keeps parity's elementwise tolerances
+
+
+def rel_l2(got, ref) -> float:
+    """||got - ref|| / ||ref|| (float64; inf when got is not finite, 0 for two zero tensors)."""
+    import numpy as np
+
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if got.shape != ref.shape or not np.isfinite(got).all():
+        return float("inf")
+    den = float(np.linalg.norm(ref))
+    num = float(np.linalg.norm(got - ref))
+    return num / den if den else (0.0 if num == 0 else float("inf"))
+
+
+@dataclass(frozen=True)
+class Method:
+    """How one precision is produced, for one kind of export (full sequence or decode)."""
+
+    precision: str
+    name: str  # what the metadata and the summary call it
+    tool: str  # "none" | "nbits" | "dynamic"
+    bits: int = 32
+    block_size: int | None = None
+    accuracy_level: int | None = None
+    ops: tuple[str, ...] = ()  # the node types a quantized weight ends up in
+    cuda: str | None = None  # why ONNX Runtime's CUDA provider cannot run it, or None
+
+    @property
+    def tool_name(self) -> str:
+        return {"nbits": "MatMulNBitsQuantizer", "dynamic": "quantize_dynamic"}.get(self.tool, "nothing")
+
+    def describe(self) -> str:
+        extra = f", block {self.block_size}, accuracy_level {self.accuracy_level}" if self.block_size else ""
+        return f"{self.precision} ({self.name}{extra})"
+
+
+FP32 = Method("fp32", "fp32 weights", "none")
+INT4 = Method(
+    "int4",
+    "weight-only MatMulNBits, 4 bits, symmetric",
+    "nbits",
+    bits=4,
+    block_size=BLOCK_SIZE,
+    accuracy_level=ACCURACY_LEVEL,
+    ops=("com.microsoft::MatMulNBits",),
+)
+INT8_NBITS = Method(
+    "int8",
+    "weight-only MatMulNBits, 8 bits, symmetric",
+    "nbits",
+    bits=8,
+    block_size=BLOCK_SIZE,
+    accuracy_level=ACCURACY_LEVEL,
+    ops=("com.microsoft::MatMulNBits",),
+)
+INT8_DYNAMIC = Method(
+    "int8",
+    "dynamic int8 (quantize_dynamic: QInt8 weights in 7 bits (reduce_range), activations quantized per call)",
+    "dynamic",
+    bits=8,
+    ops=("MatMulInteger", "com.microsoft::DynamicQuantizeMatMul", "com.microsoft::QAttention"),
+    # onnxruntime-gpu 1.31.1's CUDA library registers MatMulNBits (float, fp16, bf16) and a
+    # MatMulInteger for int8 x int8 only: no DynamicQuantizeLinear, no uint8-activation MatMulInteger.
+    cuda="ONNX Runtime's CUDA provider has no DynamicQuantizeLinear kernel and no MatMulInteger for the "
+    "uint8 activations dynamic int8 makes",
+)
+# (precision, decode) -> method: which one measured faster (README, "Precision").
+METHODS = {
+    ("fp32", False): FP32,
+    ("fp32", True): FP32,
+    ("int8", False): INT8_DYNAMIC,
+    ("int8", True): INT8_NBITS,
+    ("int4", False): INT4,
+    ("int4", True): INT4,
+}
+if {p for p, _ in METHODS} != set(PRECISIONS):
+    raise ImportError(f"export/precision.py METHODS {sorted(METHODS)} do not cover PRECISIONS {PRECISIONS}")
+
+
+class PrecisionError(ExportError):
+    """A precision this export cannot have (unknown, with fp16, on a provider without its kernels)."""
+
+
+def method(precision: str, *, decode: bool = False) -> Method:
+    """The method `precision` uses for a full-sequence (decode=False) or decode export."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    return METHODS[(precision, bool(decode))]
+
+
+def why_not(precision: str, *, dtype: str, provider: str | None, decode: bool = False) -> str | None:
+    """The one-line reason an export at `precision` cannot be made for this request, or None."""
+    m = method(precision, decode=decode)
+    if m.tool == "none":
+        return None
+    if dtype != "float32":
+        return (
+            f"precision={precision!r} quantizes the fp32 weights and keeps fp32 activations; "
+            f"dtype={dtype!r} cannot be combined with it: export with dtype='float32'"
+        )
+    if provider == "cuda" and m.cuda:
+        return f"precision={precision!r} cannot run on cuda: {m.cuda}; use precision='int4' or 'fp32' there"
+    return None
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What apply() did: the method, and how many weight matrices (and weights) it quantized."""
+
+    method: Method
+    quantized: int
+    matrices: int
+    quantized_weights: int
+    weights: int
+    left: tuple[str, ...] = ()  # the node types whose weights stayed fp32
+
+    def metadata(self) -> dict[str, str]:
+        m = self.method
+        out = {"attnzoo.precision": m.precision}
+        if m.tool != "none":
+            out["attnzoo.precision.method"] = m.name
+            out["attnzoo.precision.quantized"] = f"{self.quantized} of {self.matrices} weight matrices"
+            if m.block_size:
+                out["attnzoo.precision.block_size"] = str(m.block_size)
+                out["attnzoo.precision.accuracy_level"] = str(m.accuracy_level)
+        return out
+
+    def note(self) -> str | None:
+        if not self.left:
+            return None
+        share = 100 * self.quantized_weights / max(self.weights, 1)
+        return (
+            f"{self.method.precision}: {self.quantized} of {self.matrices} weight matrices quantized "
+            f"({share:.0f}% of the projection weights); the rest are inside {', '.join(sorted(set(self.left)))}, "
+            f"which {self.method.tool_name} does not quantize"
+        )
+
+
+# Nodes a weight passes through unchanged on its way to a projection (the ORT rewriter packs
+# Q/K/V weights for its Attention node with a Concat of the three initializers).
+_WEIGHT_PATH_OPS = ("Concat", "Transpose", "Reshape", "Identity")
+
+
+def _weight_nodes(model) -> list[tuple[object, list[object]]]:
+    """(node, its weight initializers) for every projection: a MatMul, Gemm or packed Attention
+    node that multiplies an activation by rank-2 initializers (directly, or through a Concat /
+    Transpose of them). Unnamed nodes get a name (the quantizers select nodes by name)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def weights_of(name: str, depth: int = 0) -> list | None:
+        if name in inits:
+            return [inits[name]] if len(inits[name].dims) == 2 else []
+        node = producer.get(name)
+        if node is None or node.op_type not in _WEIGHT_PATH_OPS or depth > 4:
+            return None  # an activation
+        parts = [weights_of(i, depth + 1) for i in node.input if i]
+        return None if any(p is None for p in parts) else [w for p in parts for w in p]
+
+    found = []
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"attnzoo_{node.op_type}_{i}"
+        if node.op_type not in ("MatMul", "Gemm", "Attention") or len(node.input) < 2:
+            continue
+        if weights_of(node.input[0]) is not None:
+            continue
+        ws = weights_of(node.input[1])
+        if ws:
+            found.append((node, ws))
+    return found
+
+
+def _elements(weights) -> int:
+    return sum(int(w.dims[0]) * int(w.dims[1]) for w in weights)
+
+
+def apply(model, precision: str, *, decode: bool = False):
+    """Quantize the projections of an ONNX model (onnx_ir) at `precision`: (new model, Applied).
+
+    Works in memory and in a temp folder of its own (quantize_dynamic writes files); the caller
+    publishes the result atomically as for any export."""
+    import onnx_ir as ir
+
+    m = method(precision, decode=decode)
+    proto = ir.serde.serialize_model(model)
+    targets = _weight_nodes(proto)
+    matrices = sum(len(ws) for _, ws in targets)
+    weights = sum(_elements(ws) for _, ws in targets)
+    if m.tool == "none":
+        return model, Applied(m, 0, matrices, 0, weights)
+    if not targets:
+        raise PrecisionError(f"precision={precision!r}: this graph has no projection with constant weights to quantize")
+    before = op_counts(proto)
+    with quiet():
+        proto = _nbits(proto, m, targets) if m.tool == "nbits" else _dynamic(proto, targets)
+    after = op_counts(proto)
+    left_nodes = _weight_nodes(proto)
+    left = tuple(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}" for n, _ in left_nodes)
+    left_matrices = sum(len(ws) for _, ws in left_nodes)
+    made = sum(after.get(op, 0) - before.get(op, 0) for op in m.ops)
+    if left_matrices >= matrices or made <= 0:
+        raise PrecisionError(
+            f"precision={precision!r}: {m.name} quantized none of the {matrices} weight matrices "
+            f"(op counts after: {after}); use precision='fp32' or another lowering"
+        )
+    left_weights = sum(_elements(ws) for _, ws in left_nodes)
+    applied = Applied(m, matrices - left_matrices, matrices, weights - left_weights, weights, left)
+    return ir.from_proto(proto), applied
+
+
+def _nbits(proto, m: Method, targets):
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    names = {n.name for n, _ in targets if n.op_type == "MatMul"}
+    others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in names]
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=m.block_size, is_symmetric=True, accuracy_level=m.accuracy_level, bits=m.bits
+    )
+    q = MatMulNBitsQuantizer(proto, nodes_to_exclude=others, algo_config=config)
+    q.process()
+    return q.model.model
+
+
+def _dynamic(proto, targets):
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    names = [n.name for n, _ in targets]
+    tmp = Path(tempfile.mkdtemp(prefix="attnzoo-quantize-"))
+    try:
+        out = tmp / "int8.onnx"
+        quantize_dynamic(
+            proto,
+            out,
+            weight_type=QuantType.QInt8,
+            nodes_to_quantize=names,
+            # 7-bit weights: on a CPU without VNNI (AVX2) ORT's u8s8 kernel sums pairs in int16 and
+            # saturates; full 8 bits measured 69% relative error there (README, "Precision").
+            reduce_range=True,
+            # ORT's contrib ops (GroupQueryAttention, MultiHeadAttention) have no ONNX shape
+            # inference, so their outputs come without a type; every float here is fp32.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            op_types_to_quantize=sorted({n.op_type for n, _ in targets}),
+        )
+        return onnx.load(str(out))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["ACCURACY_LEVEL", "BLOCK_SIZE", "ERROR_BOUNDS", "METHODS", "Applied", "Method", "PrecisionError", "rel_l2"]
