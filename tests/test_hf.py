@@ -281,6 +281,7 @@ class Captured:
     args: tuple
     kwargs: dict
     x: Tensor  # (b t c) the module's input
+    context: Tensor | None  # (b s c) cross-attention: the encoder output the module attends to
     y: Tensor  # (b t c) what the zoo block must give
     full: Tensor  # the module's own first output (BERT: after LayerNorm; BLOOM: with the residual)
     keep: Tensor | None  # (b s) True = real token
@@ -316,12 +317,13 @@ def capture(name: str) -> Captured:
         h.remove()
     args, kwargs = seen["args"], seen["kwargs"]
     x = args[0] if args else kwargs["hidden_states"]
+    context = kwargs.get("key_value_states")  # BART / Whisper encoder_attn
     y = seen.get("dense", seen["full"])
     if case.residual_kwarg:
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
         y = y - bound.arguments[case.residual_kwarg]
     keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else None
-    _CACHE[name] = Captured(model, module, args, kwargs, x, y, seen["full"], keep)
+    _CACHE[name] = Captured(model, module, args, kwargs, x, context, y, seen["full"], keep)
     return _CACHE[name]
 
 
@@ -337,7 +339,7 @@ def test_eager_parity(name):
         got = getattr(block.spec, field)
         assert got == pytest.approx(value) if isinstance(value, float) else got == value, (field, got, value)
     with torch.no_grad():
-        y = block(c.x, mask=_key_mask(c.keep))
+        y = block(c.x, c.context, mask=_key_mask(c.keep))
     err = (y - c.y).abs().max().item()
     scale = c.y.abs().max().item()
     assert err <= ATOL, f"{name}: eager max abs err {err:.2e} (output max {scale:.2f}) > {ATOL}"
@@ -347,7 +349,7 @@ def test_eager_parity(name):
         if getattr(block.spec, field) is not None:
             without = zoo.heads.build(block.spec.replace(**{field: None}), zoo.get_projections(block))
             with torch.no_grad():
-                miss = (without(c.x, mask=_key_mask(c.keep)) - c.y).abs().max().item()
+                miss = (without(c.x, c.context, mask=_key_mask(c.keep)) - c.y).abs().max().item()
             assert miss > 1e-3, f"{name}: {field} makes no difference here ({miss:.1e})"
 
 
@@ -383,11 +385,12 @@ def _onnx_check(name: str, tmp_path, which: int) -> None:
         pytest.skip(f"{name}: no further lowering can express {block.spec.describe()}")
     errs = {}
     b, t = c.x.shape[:2]
-    mask = None if c.keep is None else c.keep[:, None, :].expand(b, t, t).contiguous()
+    s = t if c.context is None else c.context.shape[1]
+    mask = None if c.keep is None else c.keep[:, None, :].expand(b, t, s).contiguous()
     for lw in lowerings:
         path = tmp_path / f"{name}-{lw}.onnx"
         export_onnx(block, path, lowering=lw, with_mask=mask is not None)
-        y = OnnxSession(str(path), "cpu").run(c.x, mask=mask)
+        y = OnnxSession(str(path), "cpu").run(c.x, context=c.context, mask=mask)
         errs[lw] = (torch.as_tensor(y) - c.y).abs().max().item()
     msg = ", ".join(f"{lw} {e:.2e}" for lw, e in errs.items())
     assert max(errs.values()) <= ATOL, f"{name}: ONNX Runtime max abs err {msg} (> {ATOL})"

@@ -4,7 +4,7 @@
 that computes the same function, weights copied; `to_hf` writes a block's weights back into a
 module of the same shape. Each class is one row of the family table (`hf_table.ROWS`, read by
 `hf_rows.read` / `hf_rows.write`); anything the zoo cannot express exactly (a rope scaling type,
-a LayerNorm on Q/K, bidirectional Gemma-2, cross-attention) is refused with an
+a LayerNorm on Q/K, bidirectional Gemma-2, BERT's and GPT-2's cross-attention) is refused with an
 `HFConversionError` naming it.
 
 transformers is imported only when a function here needs it: `import zoo` works without it.
@@ -98,6 +98,9 @@ def from_hf(module: nn.Module) -> MultiHeadAttention:
                             does not: bloom(x, residual=r, ...)[0] == block(x) + r
       FalconAttention       rotary Falcon: multi-query, grouped (new_decoder_architecture) or
                             per-head fused rows; ALiBi Falcon is refused
+      BartAttention (and its copies), WhisperAttention
+                            the decoder's encoder_attn is a cross-attention block (d_context =
+                            d_model): module(x, key_value_states=e) == block(x, e)
 
     Dropout is not modelled: the block equals the module in eval mode. Positions for RoPE/ALiBi
     are 0..t-1 unless given (`block(x, positions=...)`); padding is a key mask
