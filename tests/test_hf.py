@@ -653,6 +653,44 @@ PRESET_MODULES = {
         dict(hidden_size=4544, num_attention_heads=71, multi_query=True, bias=False),
     ),
     "vit-b16": ("vit", "ViTAttention", "ViTConfig", dict(hidden_size=768, num_attention_heads=12, qkv_bias=True)),
+    "qwen2-7b": (
+        "qwen2",
+        "Qwen2Attention",
+        "Qwen2Config",
+        dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, use_sliding_window=False),
+    ),
+    "mixtral-8x7b": (
+        "mixtral",
+        "MixtralAttention",
+        "MixtralConfig",
+        dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, rope_theta=1e6, sliding_window=None),
+    ),
+    "phi-3-mini-4k": (
+        "phi3",
+        "Phi3Attention",
+        "Phi3Config",
+        dict(hidden_size=3072, num_attention_heads=32, num_key_value_heads=32, rope_theta=10000.0, sliding_window=2047),
+    ),
+    "gpt-j-6b": ("gptj", "GPTJAttention", "GPTJConfig", dict(n_embd=4096, n_head=16, rotary_dim=64)),
+    "opt-1.3b": ("opt", "OPTAttention", "OPTConfig", dict(hidden_size=2048, num_attention_heads=32, enable_bias=True)),
+    "gemma-3-12b-local": (
+        "gemma3",
+        "Gemma3Attention",
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=3840,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            sliding_window=1024,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+            },
+            rms_norm_eps=1e-6,
+        ),
+    ),
 }
 
 
@@ -685,3 +723,46 @@ def test_every_supported_class_has_a_parity_case():
     tested = {type(capture(name).module).__name__ for name in CASES}
     missing = sorted(set(zoo.hf.supported_classes()) - tested)
     assert not missing, f"supported by from_hf but not tested against its model: {missing}"
+
+
+def _modernbert_base(layer: int) -> nn.Module:
+    from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
+
+    cfg = transformers.ModernBertConfig(
+        hidden_size=768,
+        num_attention_heads=12,
+        num_hidden_layers=3,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],  # every 3rd layer global
+        local_attention=128,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        attention_bias=False,
+    )
+    return ModernBertAttention(cfg, layer_idx=layer)
+
+
+def _whisper_base(cross: bool) -> nn.Module:
+    from transformers.models.whisper.modeling_whisper import WhisperAttention
+
+    cfg = transformers.WhisperConfig(d_model=512, encoder_attention_heads=8, decoder_attention_heads=8)
+    return WhisperAttention(512, 8, is_decoder=cross, config=cfg)
+
+
+# presets whose modules are not built from a config alone (ModernBERT's layer kinds, Whisper's
+# constructor taking sizes): module factory on the meta device
+OTHER_PRESET_MODULES = {
+    "modernbert-base": lambda: _modernbert_base(0),
+    "modernbert-base-local": lambda: _modernbert_base(1),
+    "whisper-base-encoder": lambda: _whisper_base(cross=False),
+    "whisper-base-cross": lambda: _whisper_base(cross=True),
+}
+
+
+@pytest.mark.parametrize("preset", list(OTHER_PRESET_MODULES))
+def test_other_preset_matches_the_real_module(preset):
+    with torch.device("meta"):
+        module = OTHER_PRESET_MODULES[preset]()
+    want = zoo.spec(preset)
+    got_r, want_r = _resolved(zoo.hf.spec_from_hf(module).replace(layout=want.layout)), _resolved(want)
+    diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
+    assert not diff, f"{preset}: from_hf reads / preset holds {diff}"
