@@ -155,9 +155,15 @@ def families_markdown() -> str:
     """The transformers families from_hf knows, as the README's table (zoo.hf.family_table())."""
     from zoo.hf import family_table
 
-    lines = ["| family | class | status | modifiers | refused by name |", "|---|---|---|---|---|"]
+    lines = [
+        "| family | class | status (eager max abs err, fp32) | modifiers | refused by name |",
+        "|---|---|---|---|---|",
+    ]
     for r in family_table():
-        status = r["status"] if r["status"] == "exact" else f"refused: {r['reason']}"
+        if r["status"] == "exact":
+            status = "exact" if r["max_error"] is None else f"exact ({r['max_error']:.1e})"
+        else:
+            status = f"refused: {r['reason']}"
         mods = ", ".join(r["modifiers"]) or "-"
         lines.append(f"| {r['family']} | `{r['class']}` | {status} | {mods} | {', '.join(r['refuses']) or '-'} |")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ def test_family_table_rows_are_complete():
     table = zoo.hf.family_table()
     assert len({row["class"] for row in table}) == len(table), "a class appears twice"
     for row in table:
-        assert set(row) == {"family", "class", "status", "reason", "refuses", "modifiers", "covers"}, row
+        assert set(row) == {"family", "class", "status", "max_error", "reason", "refuses", "modifiers", "covers"}, row
         assert row["status"] in ("exact", "refused"), row
         assert (row["reason"] is None) == (row["status"] == "exact"), row
     exact = [row["class"] for row in table if row["status"] == "exact"]
@@ -38,6 +38,18 @@ def test_every_exact_row_has_a_parity_case():
     exact = {row["class"] for row in zoo.hf.family_table() if row["status"] == "exact"}
     missing = sorted(exact - tested)
     assert not missing, f"marked exact in the family table but with no parity case: {missing}"
+
+
+def test_the_measured_errors_cover_every_case_and_exact_class():
+    """zoo/hf_measured.json (scripts/measure_hf.py) holds one measurement per parity case, no stale
+    ones; every exact class shows one in the table (test_hf.py's eager test re-measures each)."""
+    measured = zoo.hf.measured_errors()
+    assert sorted(measured) == sorted(CASES), sorted(set(measured) ^ set(CASES))
+    for row in zoo.hf.family_table():
+        if row["status"] == "exact":
+            assert row["max_error"] is not None and 0 <= row["max_error"] <= 1e-5, row
+        else:
+            assert row["max_error"] is None, row
 
 
 def test_every_refusal_has_a_test():

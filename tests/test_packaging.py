@@ -38,6 +38,7 @@ def _source_files() -> set[str]:
         for f in (ROOT / top).rglob("*.py") if (ROOT / top).is_dir() else ():
             if "__pycache__" not in f.parts:
                 found.add(f.relative_to(ROOT).as_posix())
+    found.add("zoo/hf_measured.json")
     for f in (ROOT / "models").iterdir():
         if f.suffix in (".toml", ".pt"):
             found.add(f"zoo/presets/{f.name}")

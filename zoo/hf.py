@@ -4,13 +4,17 @@
 that computes the same function, weights copied; `to_hf` writes a block's weights back into a
 module of the same shape. Each class is one row of the family table (`hf_table.ROWS`, read by
 `hf_rows.read` / `hf_rows.write`); anything the zoo cannot express exactly (a rope scaling type,
-a LayerNorm on Q/K, bidirectional Gemma-2, cross-attention) is refused with an
+a LayerNorm on Q/K, bidirectional Gemma-2, BERT's and GPT-2's cross-attention) is refused with an
 `HFConversionError` naming it.
 
 transformers is imported only when a function here needs it: `import zoo` works without it.
 """
 
 from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,6 +25,7 @@ from .hf_rows import HFConversionError, HFTypeError, Row, cls_name, default_scal
 from .hf_table import ROWS
 from .spec import AttentionSpec
 
+_MEASURED = Path(__file__).with_name("hf_measured.json")
 _BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
 # Parts of a supported module that are not the whole block: say which module to pass instead.
 _PARTS = {
@@ -35,14 +40,29 @@ def supported_classes() -> dict[str, str]:
     return {row.cls: row.covers for row in ROWS if row.refused is None}
 
 
+@functools.cache
+def measured_errors() -> dict[str, dict]:
+    """case name -> {"class", "eager_max_abs_err"}: the parity cases' measured errors (fp32), as
+    scripts/measure_hf.py wrote them into zoo/hf_measured.json (tests/test_hf.py re-measures them)."""
+    return json.loads(_MEASURED.read_text())["cases"]
+
+
+def _max_error(cls: str) -> float | None:
+    errs = [m["eager_max_abs_err"] for m in measured_errors().values() if m["class"] == cls]
+    return max(errs) if errs else None
+
+
 def family_table() -> list[dict]:
-    """One dict per class in the table: family, class, status ("exact" / "refused"), reason (refused
-    classes), refuses (the configs of an exact class that are refused, by name), modifiers, covers."""
+    """One dict per class in the table: family, class, status ("exact" / "refused"), max_error (an exact
+    class's largest measured eager max abs error over its parity cases, fp32; None if unmeasured),
+    reason (refused classes), refuses (the configs of an exact class that are refused, by name),
+    modifiers, covers."""
     return [
         {
             "family": row.family,
             "class": row.cls,
             "status": "refused" if row.refused is not None else "exact",
+            "max_error": _max_error(row.cls) if row.refused is None else None,
             "reason": row.refused,
             "refuses": [check.name for check in row.checks],
             "modifiers": list(row.modifiers()),
@@ -98,6 +118,9 @@ def from_hf(module: nn.Module) -> MultiHeadAttention:
                             does not: bloom(x, residual=r, ...)[0] == block(x) + r
       FalconAttention       rotary Falcon: multi-query, grouped (new_decoder_architecture) or
                             per-head fused rows; ALiBi Falcon is refused
+      BartAttention (and its copies), WhisperAttention
+                            the decoder's encoder_attn is a cross-attention block (d_context =
+                            d_model): module(x, key_value_states=e) == block(x, e)
 
     Dropout is not modelled: the block equals the module in eval mode. Positions for RoPE/ALiBi
     are 0..t-1 unless given (`block(x, positions=...)`); padding is a key mask
@@ -150,6 +173,7 @@ __all__ = [
     "HFTypeError",
     "family_table",
     "from_hf",
+    "measured_errors",
     "spec_from_hf",
     "supported_classes",
     "to_hf",

@@ -108,18 +108,12 @@ def flag(name: str, what: str, where: str = "config") -> Check:
     return Check(f"{name} set", fn)
 
 
-def _decoder_cross(m: nn.Module) -> str | None:
-    # BART-style classes are one class for all three attentions; the decoder's encoder_attn is the
-    # one built with is_decoder=True and is_causal=False
+def encoder_attn_width(m: nn.Module) -> int | None:
+    """BART-style classes are one class for all three attentions; the decoder's encoder_attn (built with
+    is_decoder=True, is_causal=False) takes its keys and values from the encoder output, of width embed_dim."""
     if getattr(m, "is_decoder", False) and not getattr(m, "is_causal", False):
-        return (
-            "a decoder's encoder_attn (is_decoder=True, is_causal=False) is cross-attention, not converted yet "
-            "(the zoo's cross-attention has no rows for it); convert self_attn"
-        )
+        return int(m.embed_dim)
     return None
-
-
-DECODER_CROSS = Check("cross-attention", _decoder_cross)
 
 
 def beit_bias(m: nn.Module) -> str | None:

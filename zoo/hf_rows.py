@@ -3,8 +3,9 @@
 A `Row` says, as data, where one transformers attention class keeps what a zoo block needs:
 its projections (separate q/k/v or one fused projection in a named row layout), its output
 projection, its sizes, scale, causality, and where the rotary / window / softcap / QK-norm /
-ALiBi / clip_qkv settings come from. `read(row, module)` turns a module into (spec, projections) and
-`write(row, module, spec, projections)` is its inverse. The rows themselves are in `hf_table`.
+ALiBi / clip_qkv settings come from, and (cross-attention) the width of its context.
+`read(row, module)` turns a module into (spec, projections) and `write(row, module, spec,
+projections)` is its inverse. The rows themselves are in `hf_table`.
 
 transformers is imported only inside functions given transformers objects.
 
@@ -85,6 +86,7 @@ class Row:
     g: Get = "config.num_key_value_heads?"  # None -> h
     d: Get = "head_dim"
     causal: Get = True
+    context: Get = None  # cross-attention: the width of the context K/V come from (d_context); None: self
     scale: Get = "scaling"  # the score scale the module uses
     rope: str | Callable[[nn.Module, int], dict] | None = None  # "full", "partial" (config), or fields
     rope_if: Get = True  # False on layers without rotary (NoPE layers of hybrid models)
@@ -303,6 +305,9 @@ def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
     if row.alibi is not None:
         fields["alibi"] = True
         slopes = row.alibi(m, h).to(wq.dtype)
+    d_context = value(m, row.context)
+    if d_context is not None:
+        fields["d_context"] = int(d_context)
     spec = AttentionSpec(
         d_model=c,
         heads=h,

@@ -10,13 +10,13 @@ import dataclasses
 
 from .hf_checks import (
     BIDIRECTIONAL,
-    DECODER_CROSS,
     beit_bias,
     bloom_slopes,
     clip_causal,
     clip_config,
     codegen_shards,
     cross,
+    encoder_attn_width,
     falcon_alibi,
     falcon_kv,
     falcon_layout,
@@ -72,13 +72,14 @@ VIT = Row(
 BART = Row(
     family="BART",
     cls="BartAttention",
-    covers="self-attention (encoder, or the decoder's causal one); cross-attention is refused",
+    covers="self-attention (encoder, or the decoder's causal one) and the decoder's cross-attention "
+    "(encoder_attn: block(x, context) with the encoder output as context)",
     out="out_proj",
     c="embed_dim",
     h="num_heads",
     g=None,
     causal="is_causal",
-    checks=(DECODER_CROSS,),
+    context=encoder_attn_width,
 )
 
 ROBERTA = _like(BERT, family="RoBERTa", cls="RobertaAttention")
