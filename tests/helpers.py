@@ -68,12 +68,32 @@ def make_inputs(spec: zoo.AttentionSpec, b: int = 2, t: int = 5, s: int = 7, dty
 TRACED_LOWERINGS = ("decomposed", "onnx-attention", "ort-mha")
 
 
+# Presets named after a model family whose structure the other presets, the transformers family
+# tests (tests/test_hf.py: the same classes, every lowering) and the fuzzers already cover: in the
+# default run each keeps one traced lowering per matrix (rotating); the rest runs under -m slow.
+FAMILY_PRESETS = frozenset(
+    {
+        "qwen2-7b",
+        "mixtral-8x7b",
+        "phi-3-mini-4k",
+        "gpt-j-6b",
+        "opt-1.3b",
+        "gemma-3-12b-local",
+        "modernbert-base",
+        "modernbert-base-local",
+        "whisper-base-encoder",
+        "whisper-base-cross",
+    }
+)
+
+
 def matrix(names: list[str], *, rotate: int | None, lowerings=None):
     """pytest params (name, lowering) for a parity matrix, the costly cells marked `slow`.
 
     rotate=None: every name x every lowering, none slow. rotate=k: each name keeps one traced
     lowering in the default run (the k-th after its own index, so the names share the three
     lowerings out evenly) plus ort-gqa; its other traced lowerings run under `-m slow`.
+    A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, whatever rotate.
     """
     import pytest
 
@@ -82,7 +102,10 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None):
     params = []
     for i, name in enumerate(names):
         for lw in lowerings or LOWERINGS:
-            quick = rotate is None or lw not in TRACED_LOWERINGS or lw == TRACED_LOWERINGS[(i + rotate) % 3]
+            turn = lw == TRACED_LOWERINGS[(i + (rotate or 0)) % 3]
+            quick = rotate is None or lw not in TRACED_LOWERINGS or turn
+            if name in FAMILY_PRESETS:
+                quick = turn
             marks = () if quick else (pytest.mark.slow,)
             params.append(pytest.param(name, lw, marks=marks, id=f"{name}-{lw}"))
     return params
