@@ -125,7 +125,7 @@ def test_every_cli_flag_gives_a_result_or_one_line(
 
 
 @pytest.fixture(scope="module")
-def monkeypatch_module():
+def monkeypatch_module(model_path):  # the model is exported before the patches, never under them
     mp = pytest.MonkeyPatch()
     try:  # undo also when a setattr fails: a patch left behind would break every later test
         mp.setattr(lowering_mod, "lower", _reach)  # export: after every argument check

@@ -318,7 +318,8 @@ def test_answers_keep_the_request_shape_and_format(sessions):
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    """A token-by-token export (x, past_key, past_value, key_mask -> y, present_key, present_value)."""
+    """A token-by-token export (x, past_key, past_value, past_len, key_mask -> y, present_key, present_value):
+    the default static cache; requests still send and receive a past of p positions."""
     path = tmp_path_factory.mktemp("serve_decode") / "decode.onnx"
     export_onnx("mha-causal", path, decode=True, with_mask=True)
     return OnnxSession(path, provider="cpu", verbose=False)
@@ -646,7 +647,8 @@ def _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder) -> No
     prompt, step = rng.standard_normal((6, 64)).astype(np.float32), rng.standard_normal((1, 64)).astype(np.float32)
     for binary in (True, False):
         with Client(dep.url, binary=binary) as c:
-            assert c.metadata()["inputs"] == ["x", "past_key", "past_value", "key_mask"]
+            # The default decode export keeps a static cache (past_len is the session's to bind).
+            assert c.metadata()["inputs"] == ["x", "past_key", "past_value", "past_len", "key_mask"]
             y, pk, pv = c.decode(prompt)
             y2, pk2, pv2 = c.decode(step, pk, pv)  # the answer's cache goes back in as the past
         want = decoder.decode(prompt[None])

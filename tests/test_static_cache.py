@@ -154,7 +154,7 @@ def test_session_static_cache_object_steps_rewinds_and_refuses(static_model):
     with pytest.raises(zoo.ArgumentError, match="length=13 must be an int in 0..12"):
         cache.rewind(13)
     grow = path.with_name("grow.onnx")
-    export_onnx("llama-3-8b", grow, decode=True, **small_overrides("llama-3-8b"))
+    export_onnx("llama-3-8b", grow, decode=True, cache="grow", **small_overrides("llama-3-8b"))
     with pytest.raises(zoo.ArgumentError, match="keeps a grow cache"):
         OnnxSession(grow, "cpu", verbose=False).static_cache(1)
 
@@ -164,8 +164,8 @@ def test_static_cache_export_refusals(tmp_path):
     with pytest.raises(ValueError, match="cache='static' is for decode models"):
         export_onnx("llama-3-8b", out, cache="static")
     with pytest.raises(ValueError, match="max_len is the capacity of a static cache"):
-        export_onnx("llama-3-8b", out, decode=True, max_len=64)
-    with pytest.raises(ValueError, match="cache='ring' is not one of grow, static"):
+        export_onnx("llama-3-8b", out, decode=True, cache="grow", max_len=64)
+    with pytest.raises(ValueError, match="cache='ring' is not one of auto, grow, static"):
         export_onnx("llama-3-8b", out, decode=True, cache="ring")
     with pytest.raises(ValueError, match="max_len=0 must be at least 1"):
         export_onnx("llama-3-8b", out, decode=True, cache="static", max_len=0)
