@@ -33,7 +33,7 @@ BLOCK_SIZE = 32  # MatMulNBits: weights per scale along K
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations in the dot products (AVX-512 VNNI / AVX2 on the CPU)
 
 # The relative L2 error of y against the fp32 eager block that parity allows, per precision.
-# Measured 2026-12-01 on onnxruntime 1.31.1 CPU (AVX2, no VNNI) with tests/test_precision.py -m slow
+# Measured 2026-12-01 on onnxruntime 1.31.1 CPU (AVX2, no VNNI) with tests/export/test_precision.py -m slow
 # (README, "Weight precision"): worst over the random blocks of every registered name x lowering
 # (int8 3.2%, int4 11.8%), their decode exports, and the transformers-initialised blocks of every
 # family from_hf supports (int8 4.4%, int4 17.1%, both gemma3), with about a third of headroom.

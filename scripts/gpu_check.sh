@@ -30,7 +30,7 @@ print("ORT CUDA:", cuda_status())
 PY
 
 echo "== 2. CUDA-marked tests"
-timeout 240 $py -m pytest -m cuda -q -p no:cacheprovider -n 8 tests/test_parity.py tests/test_session.py tests/test_decode.py \
+timeout 240 $py -m pytest -m cuda -q -p no:cacheprovider -n 8 tests/export/test_parity.py tests/export/test_session.py tests/export/test_decode.py \
   2>&1 | tee "$OUT/cuda-tests.log" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 

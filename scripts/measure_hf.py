@@ -2,10 +2,10 @@
 
     python scripts/measure_hf.py [-o zoo/hf_measured.json]
 
-For every case of tests/test_hf.py (a tiny random model of the family, run with its own masks),
+For every case of tests/zoo/test_hf.py (a tiny random model of the family, run with its own masks),
 from_hf(module) is compared with the module's captured output in fp32: the max abs error per case,
 with the class it converts. `attnzoo families` and the README show the largest per class;
-tests/test_hf.py re-measures each case and checks it agrees with this file.
+tests/zoo/test_hf.py re-measures each case and checks it agrees with this file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the cases and their capture live with the tests
+# the cases and their capture live with the tests
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "zoo")]
 
 
 def main() -> int:
@@ -35,7 +36,7 @@ def main() -> int:
         print(f"{name:24s} {cls:28s} {err:.2e}")
     data = {
         "what": "eager max abs error of zoo.from_hf(module) against the module's output inside its own tiny "
-        "random model, fp32, per parity case of tests/test_hf.py (written by scripts/measure_hf.py)",
+        "random model, fp32, per parity case of tests/zoo/test_hf.py (written by scripts/measure_hf.py)",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "cases": cases,
     }

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 # A user's own presets (ATTNZOO_PRESETS) must not join the registry-driven parametrization: the
 # registry reads the variable when it first loads, at collection. Tests that need it set it
-# themselves (tests/test_user_presets.py, with monkeypatch and a fresh registry).
+# themselves (tests/zoo/test_user_presets.py, with monkeypatch and a fresh registry).
 os.environ.pop("ATTNZOO_PRESETS", None)
+
+# Test modules of other folders import the transformers cases (tests/zoo/test_hf.py's CASES and
+# capture) and the checkpoint writers (tests/zoo/test_checkpoint.py): make them importable from
+# any folder, whichever file runs alone.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ enough that tanh bends the scores). Its real width is exported only in tests mar
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,7 +70,7 @@ TRACED_LOWERINGS = ("decomposed", "onnx-attention", "ort-mha")
 
 
 # Presets named after a model family whose structure the other presets, the transformers family
-# tests (tests/test_hf.py: the same classes, every lowering) and the fuzzers already cover: in the
+# tests (tests/zoo/test_hf.py: the same classes, every lowering) and the fuzzers already cover: in the
 # default run each keeps one traced lowering per matrix (rotating); the rest runs under -m slow.
 FAMILY_PRESETS = frozenset(
     {
@@ -221,3 +222,6 @@ def one_line_error(capsys, argv: list[str]) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, (argv, err)
     return lines[0]
+
+
+REPO = Path(__file__).resolve().parents[1]  # the repository root, whatever folder a test lives in

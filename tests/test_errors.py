@@ -9,15 +9,14 @@ import argparse
 import importlib
 import inspect
 import pkgutil
-from pathlib import Path
 
 import pytest
 
 import zoo
 from cli.main import command_parsers, main
-from helpers import one_line_error
+from helpers import REPO, one_line_error
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 PACKAGES = [p for p in ("zoo", "analysis", "export", "bench", "serve", "cli") if (ROOT / p / "__init__.py").exists()]
 BUILTIN_BASES = (ValueError, TypeError, RuntimeError)
 # Optional stacks a module may need (Ray, Triton's client, transformers): skipped where missing.

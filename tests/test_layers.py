@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = REPO
 # package -> the packages of ours it may import (besides itself)
 ALLOWED = {
     "zoo": set(),

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = REPO
 TOP_LEVEL = ["zoo", "export", "analysis", "bench", "serve", "cli"]
 COMMANDS = ["list", "show", "audit", "families", "export", "run", "parity", "bench", "heads", "importance", "ablate"]
 COMMANDS += ["serve", "triton", "loadtest"]

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from cli.main import build_parser
+from helpers import REPO
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 TEXT = README.read_text()
 # Blocks that talk to a running server: their imports run, their calls need `attnzoo serve`
-# (tests/test_serve.py drives the same Client against a real one).
+# (tests/serve/test_serve.py drives the same Client against a real one).
 NEEDS_SERVER = re.compile(r"Client\(")
 
 

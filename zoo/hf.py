@@ -43,7 +43,7 @@ def supported_classes() -> dict[str, str]:
 @functools.cache
 def measured_errors() -> dict[str, dict]:
     """case name -> {"class", "eager_max_abs_err"}: the parity cases' measured errors (fp32), as
-    scripts/measure_hf.py wrote them into zoo/hf_measured.json (tests/test_hf.py re-measures them)."""
+    scripts/measure_hf.py wrote them into zoo/hf_measured.json (tests/zoo/test_hf.py re-measures them)."""
     return json.loads(_MEASURED.read_text())["cases"]
 
 

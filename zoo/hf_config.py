@@ -6,7 +6,7 @@ what the module's __init__ computes from its config. `hf_families.FAMILIES` hold
 once per config `model_type`, with where the layer's attention sits in a checkpoint. `_Standin` builds an
 object that looks like the module (those attributes, its config, its projections as tensors), and
 `hf_rows.read` reads it as it reads the real module: one reader for from_hf, spec_from_config and
-from_checkpoint. tests/test_checkpoint_hf.py holds spec_from_config to from_hf's spec, case by case.
+from_checkpoint. tests/zoo/test_checkpoint_hf.py holds spec_from_config to from_hf's spec, case by case.
 
 transformers is never imported here: a config object is read through its `to_dict()`.
 """

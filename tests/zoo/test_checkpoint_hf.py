@@ -1,13 +1,13 @@
 """zoo.from_checkpoint and zoo.spec_from_config against transformers' own models.
 
-Every decoder case of tests/test_hf.py whose config model_type the zoo reads (zoo.hf_families.FAMILIES):
+Every decoder case of tests/zoo/test_hf.py whose config model_type the zoo reads (zoo.hf_families.FAMILIES):
 its model is saved with save_pretrained into a temp folder, the captured layer's block is read back
 from the safetensors files, and it must compute the captured output (max abs error <= 1e-5, fp32) and
 hold the very tensors from_hf copies. spec_from_config (config object, and the saved config.json) must
 give from_hf's spec, and so must the preset `zoo.preset_toml` writes from the config. One sharded
 checkpoint exercises the index path. Under ONNX Runtime by default: ort-gqa (built node by node) where
 it applies and one traced lowering for LLaMA (the other families' traced lowerings of the same block
-run in tests/test_hf.py); the traced lowering of every family's checkpoint block under -m slow.
+run in tests/zoo/test_hf.py); the traced lowering of every family's checkpoint block under -m slow.
 """
 
 from __future__ import annotations

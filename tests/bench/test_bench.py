@@ -14,7 +14,7 @@ import pytest
 
 from cli.common import int_list as _int_list
 from cli.main import main as cli_main
-from helpers import one_line_error
+from helpers import REPO, one_line_error
 
 ROW_KEYS = {"batch", "seq", "path", "lowering", "auto", "flops", "status"}
 MEASURED_KEYS = {"median_ms", "repeats", "gflops", "roofline_fraction", "peak_added_mb", "speedup_vs_sdpa"}
@@ -99,9 +99,8 @@ def test_bench_from_a_plain_copy_of_the_tree_runs_that_copy(tmp_path):
     import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     copy = tmp_path / "checkout"
     ignore = shutil.ignore_patterns("__pycache__", "*.pt", "*.onnx")
     for name in ("zoo", "export", "analysis", "models", "scripts"):

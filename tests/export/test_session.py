@@ -12,8 +12,9 @@ import torch
 import zoo
 from export import OnnxSession, export_onnx
 from export.session import RunInputError, SessionError, cuda_status
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 The checkpoints here are written by hand (config.json + safetensors.torch.save_file) in LLaMA's
 naming, from a zoo block: from_checkpoint must give that block back, and refuse each broken variant
 (a missing tensor, a wrong shape, a truncated file, a config that does not match, int8 weights) with
-one line naming the file and the tensor. tests/test_checkpoint_hf.py checks transformers' own saves.
+one line naming the file and the tensor. tests/zoo/test_checkpoint_hf.py checks transformers' own saves.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CONFIG = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
-    "head_dim": 16,  # rope_dim / 2 a multiple of 8: ort-gqa can take it (tests/test_cli_checkpoint.py)
+    "head_dim": 16,  # rope_dim / 2 a multiple of 8: ort-gqa can take it (tests/cli/test_cli_checkpoint.py)
     "attention_bias": False,
     "rms_norm_eps": 1e-6,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},

@@ -1,6 +1,6 @@
 """The transformers family table (`zoo.hf.family_table()`) against the tests that back it.
 
-Every row marked exact has a parity case in tests/test_hf.py (run there: eager and ONNX Runtime);
+Every row marked exact has a parity case in tests/zoo/test_hf.py (run there: eager and ONNX Runtime);
 every configuration a row refuses, and every class refused as a whole, has a case here showing
 that from_hf and to_hf raise HFConversionError naming the class and the field.
 """

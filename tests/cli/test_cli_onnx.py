@@ -1,14 +1,13 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from cli.main import main
-from helpers import one_line_error
+from helpers import REPO, one_line_error
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def test_export_run_and_refusal(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Weight precision (export/precision.py): what each precision writes, its refusals, and the error
 bounds parity holds quantized exports to, on random blocks of every registered name and on the
-transformers-initialised blocks of the families from_hf supports (tests/test_hf.py's cases).
+transformers-initialised blocks of the families from_hf supports (tests/zoo/test_hf.py's cases).
 
 The default run checks one lowering and one precision per name (rotating), a few decode exports
 and a few transformers families; the rest of the matrix runs under -m slow. Each check prints the
@@ -18,7 +18,7 @@ from export.names import PRECISIONS
 from export.parity import check, check_decode
 from export.precision import ERROR_BOUNDS, PrecisionError, apply, rel_l2
 from export.session import OnnxSession
-from helpers import ALL_NAMES, small_overrides
+from helpers import ALL_NAMES, REPO, small_overrides
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 FEW_SHAPES = [(1, 7, 13), (3, 64, 64)]  # neither is the export's traced shape (2, 5, 7)
@@ -262,9 +262,8 @@ def test_task_level_script_on_tiny_induction(tmp_path):
     fp32 through ONNX matches eager, and each quantized row states its loss shift."""
     import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "precision_tasks.py"
+    path = REPO / "scripts" / "precision_tasks.py"
     spec = importlib.util.spec_from_file_location("precision_tasks", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 import zoo
+from helpers import REPO
 from zoo.registry import read_preset
 
 REQUIRED = [
@@ -129,7 +130,7 @@ def test_load_presets_from_a_user_folder(tmp_path: Path):
 
 
 def test_every_models_file_is_registered():
-    models = Path(__file__).resolve().parent.parent / "models"
+    models = REPO / "models"
     stems = {p.stem for p in models.glob("*.toml")}
     assert stems and stems <= set(zoo.names())
 

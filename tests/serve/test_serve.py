@@ -20,7 +20,7 @@ import pytest
 
 from export import export_onnx
 from export.session import OnnxSession
-from helpers import free_port, local_ray
+from helpers import REPO, free_port, local_ray
 from serve import (
     JSON,
     NPY,
@@ -530,13 +530,12 @@ def test_a_local_serve_keeps_ray_on_loopback(models):
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     from helpers import descendants, is_loopback, listening_sockets
 
     pytest.importorskip("ray")
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "cli", "serve", str(models["masked"]), "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--duration", "300"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

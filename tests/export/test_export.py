@@ -12,7 +12,7 @@ import zoo
 from cli.main import main
 from export import ExportError, OnnxSession, export_onnx
 from export.lowering import AUTO_PREFERENCE, FUSED_OPS, LOWERINGS, auto_order, why_not
-from helpers import one_line_error
+from helpers import REPO, one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +172,10 @@ def test_unwritable_destination_fails_before_exporting(tmp_path):
 
 
 def test_readme_support_table_is_the_records():
-    from pathlib import Path
 
     from export.lowerings import support_table
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     assert support_table() in readme, "README's lowering table differs from export.lowerings.support_table()"
 
 

@@ -17,8 +17,9 @@ import pytest
 
 import zoo
 import zoo.registry
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 MINE = "description = 'mine'\nreference = 'made up'\n[spec]\nd_model = 32\nheads = 2\ncausal = true\n"
 
 
