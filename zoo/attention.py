@@ -198,7 +198,6 @@ class MultiHeadAttention(nn.Module):
         written into it in place at cache.length (no copy of the past), the length advances, and
         only y is returned; key_mask is then (b, length + t). See zoo/cache.py.
         """
-        s = self.spec
         if cache is not None:
             if past_key is not None or past_value is not None:
                 raise InputError("pass either cache= (a StaticCache) or past_key/past_value, not both")
@@ -211,14 +210,7 @@ class MultiHeadAttention(nn.Module):
         else:
             k_pos = key_mask.long().cumsum(-1) - 1  # a row's n-th real key sits at position n - 1
         q_pos = k_pos[:, p:]
-        q, k, v = self.project(x)
-        for mod in self.mods.values():
-            q, k = mod.qk_merged(q, k)
-        q = rearrange(q, SPLIT_HEADS, h=s.heads)
-        k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
-        v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
-        for mod in self.mods.values():
-            q, k = mod.qk_heads(q, k, q_pos, q_pos)
+        q, k, v = self.new_heads(x, q_pos)
         if p:
             k = torch.cat((past_key, k), dim=2)
             v = torch.cat((past_value, v), dim=2)
@@ -227,6 +219,20 @@ class MultiHeadAttention(nn.Module):
             allowed = allowed & rearrange(key_mask, "b s -> b 1 1 s")
         z, _ = self.attend(q, k, v, allowed, bias)
         return self.out_proj(rearrange(z, MERGE_HEADS)), k, v
+
+    def new_heads(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A decode call's Q (b h t dk), K (b g t dk), V (b g t dv) at positions pos (b|1, t), after the
+        modifiers (QK-norm, RoPE): what the cache stores, whichever cache holds it."""
+        s = self.spec
+        q, k, v = self.project(x)
+        for mod in self.mods.values():
+            q, k = mod.qk_merged(q, k)
+        q = rearrange(q, SPLIT_HEADS, h=s.heads)
+        k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
+        v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
+        for mod in self.mods.values():
+            q, k = mod.qk_heads(q, k, pos, pos)
+        return q, k, v
 
     def _check_decode(self, x: Tensor, past_key: Tensor | None, past_value: Tensor | None, key_mask) -> int:
         """Validate a decode call; returns the past length p."""

@@ -31,7 +31,6 @@ from torch import Tensor
 from .errors import CacheFullError, InputError, InputTypeError
 from .spec import AttentionSpec
 
-SPLIT_HEADS = "b t (h d) -> b h t d"
 MERGE_HEADS = "b h t d -> b t (h d)"
 FOLD = "b (g r) t d -> b g (r t) d"
 UNFOLD = "b g (r t) d -> b (g r) t d"
@@ -108,7 +107,6 @@ def static_step(
     past_len is a 0-d int64 tensor; key_mask (b n) bool over the whole capacity (entries at or
     past past_len + t are not read).
     """
-    s = block.spec
     t, n = x.shape[1], cache_key.shape[2]
     idx = past_len + torch.arange(t, device=x.device)  # (t) cache indices written by this call
     j = torch.arange(n, device=x.device)
@@ -117,14 +115,7 @@ def static_step(
     else:
         k_pos = key_mask.long().cumsum(-1) - 1  # a row's n-th real key sits at position n - 1
         q_pos = k_pos.index_select(1, idx)
-    q, k, v = block.project(x)
-    for mod in block.mods.values():
-        q, k = mod.qk_merged(q, k)
-    q = rearrange(q, SPLIT_HEADS, h=s.heads)
-    k = rearrange(k, SPLIT_HEADS, h=s.kv_heads_)
-    v = rearrange(v, SPLIT_HEADS, h=s.kv_heads_)
-    for mod in block.mods.values():
-        q, k = mod.qk_heads(q, k, q_pos, q_pos)
+    q, k, v = block.new_heads(x, q_pos)
     if in_place:
         cache_key.index_copy_(2, idx, k)
         cache_value.index_copy_(2, idx, v)
