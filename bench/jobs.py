@@ -106,6 +106,7 @@ DECODE_PATHS = (
     "ort-onnx-attention",
     "ort-mha",
     "ort-gqa",
+    "ort-gqa-static",
 )
 EAGER_DECODE_PATHS = ("eager-sdpa", "eager-static", "transformers-static")  # measured in torch
 # An ONNX decode path -> (lowering, cache kind).

@@ -93,14 +93,27 @@ def decode_cache(provider: str, lowering: str, max_len: int | None) -> str:
     return want
 
 
+# With a static cache, the lowerings that keep one. On the CPU the folded decomposed graph reads each
+# kv head once (GroupQueryAttention's kernel streams it once per query head: at past 16000 of a
+# 16-head, 4-kv-head block it took about 4x the decomposed step); GroupQueryAttention reads only the
+# written prefix, not the whole capacity, so it wins when max_len is far above the run's length
+# (README, "Generation"). CUDA: not measured; ort-gqa's shared buffer is ORT's own decode design there.
+STATIC_DECODE_PREFERENCE = {
+    ("cpu", "gqa"): ("decomposed", "ort-gqa"),
+    ("cpu", "mha"): ("decomposed", "ort-gqa"),
+    ("cuda", "gqa"): ("ort-gqa", "decomposed"),
+    ("cuda", "mha"): ("ort-gqa", "decomposed"),
+}
+
+
 def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow") -> tuple[str, ...]:
     """The lowerings "auto" tries for a decode model, in order (a static cache: those that keep one)."""
     if provider not in TARGETS:
         raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
-    order = DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
+    kind = (provider, "gqa" if spec.group_size > 1 else "mha")
     if cache == "static":
-        order = tuple(lw for lw in order if record(lw).static_cache is None)
-    return order
+        return tuple(lw for lw in STATIC_DECODE_PREFERENCE[kind] if record(lw).static_cache is None)
+    return DECODE_PREFERENCE[kind]
 
 
 def decode_why_not(spec: zoo.AttentionSpec) -> str | None:

@@ -151,7 +151,14 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     b = g.op("Gather", shape, g.ints([0]), axis=0)  # (1,)
     t = g.op("Gather", shape, g.ints(1), axis=0)  # scalar
     decode = "past_key" in names
-    past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
+    # A static cache (io.static_interface): the buffers hold capacity n, past_len says how many
+    # positions are written; the op writes this call's keys at past_len into its present, which the
+    # session binds to the same buffer as the past (the op then skips its past -> present copy).
+    static = "past_len" in names
+    if static:
+        past_len = "past_len"
+    else:
+        past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
     total = g.op("Add", past_len, t) if decode else t
     seqlens = g.op("Expand", g.op("Cast", g.op("Sub", total, g.ints(1)), to=TensorProto.INT32), b)
     total_i32 = g.op("Cast", total, to=TensorProto.INT32)
@@ -161,8 +168,11 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         start, end = g.op("Unsqueeze", past_len, g.ints([0])), g.op("Unsqueeze", total, g.ints([0]))
         return g.op("Slice", k_pos, start, end, g.ints([1]))
 
-    if "key_mask" in names:
-        k_pos = g.op("Sub", g.op("CumSum", g.op("Cast", "key_mask", to=TensorProto.INT64), g.ints(1)), g.ints(1))
+    key_mask = "key_mask" if "key_mask" in names else None
+    if key_mask and static:  # (b n) over the capacity: the op sees the first p + t keys
+        key_mask = g.op("Slice", key_mask, g.ints([0]), g.op("Unsqueeze", total, g.ints([0])), g.ints([1]))
+    if key_mask:
+        k_pos = g.op("Sub", g.op("CumSum", g.op("Cast", key_mask, to=TensorProto.INT64), g.ints(1)), g.ints(1))
         q_pos = last_t(k_pos)
     else:
         k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
@@ -197,8 +207,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         slopes = g.const(arr(p.alibi_slopes).reshape(1, h, 1, 1), "alibi_slopes", np.float32)
         bias = g.op("Mul", slopes, g.op("Neg", g.op("Unsqueeze", rel, g.ints([1]))))
     user_mask = "mask" if "mask" in names else None
-    if "key_mask" in names:
-        user_mask = g.op("Unsqueeze", "key_mask", g.ints([1]))  # (b 1 s): the same for every query
+    if key_mask:
+        user_mask = g.op("Unsqueeze", key_mask, g.ints([1]))  # (b 1 s): the same for every query
     if user_mask is not None:
         neg = g.op("Where", user_mask, g.const(0.0, "zero", np.float32), g.const(-np.inf, "neg_inf", np.float32))
         neg = g.op("Unsqueeze", neg, g.ints([1]))  # (b 1 t|1 s)
@@ -212,8 +222,16 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     inputs = [q, k, v, *past, seqlens, total_i32, cos, sin, "", bias or ""]
     while inputs and inputs[-1] == "":
         inputs.pop()
-    z, present_k, present_v = g.op("GroupQueryAttention", *inputs, outputs=3, domain=MS_DOMAIN, **attrs)
-    if decode:
+    if static:  # the op's presents are the graph's outputs: no Identity between them and the buffers
+        z = g._name("groupqueryattention")
+        g.nodes.append(
+            helper.make_node(
+                "GroupQueryAttention", inputs, [z, "present_key", "present_value"], domain=MS_DOMAIN, **attrs
+            )
+        )
+    else:
+        z, present_k, present_v = g.op("GroupQueryAttention", *inputs, outputs=3, domain=MS_DOMAIN, **attrs)
+    if decode and not static:
         g.op("Identity", present_k, name="present_key")
         g.op("Identity", present_v, name="present_value")
 
@@ -229,7 +247,7 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     _linear(g, z, arr(p.w_o), arr(p.b_o), "o", out="y")
 
     def value_info(io: TensorIO):
-        elem = TensorProto.BOOL if io.kind == "bool" else _ONNX_TYPE[dtype]
+        elem = {"bool": TensorProto.BOOL, "int64": TensorProto.INT64}.get(io.kind, _ONNX_TYPE[dtype])
         return helper.make_tensor_value_info(io.name, elem, list(io.shape(spec)))
 
     graph = helper.make_graph(

@@ -20,7 +20,7 @@ import torch
 
 import zoo
 
-from .decoding import DecodeInputError, _check
+from .decoding import DecodeInputError, _check, chunks_one_row_at_a_time
 
 if TYPE_CHECKING:
     from .session import OnnxSession
@@ -88,12 +88,44 @@ class OrtStaticCache:
     def step(self, x: np.ndarray) -> np.ndarray:
         """x (b t c) -> y (b t c); this call's keys and values are written at `length` in place."""
         self.check_room(x.shape[1])
+        b, t = x.shape[:2]
+        if b > 1 and t > 1 and self.length > 0 and chunks_one_row_at_a_time(self.sess):
+            return self._step_rows(x)
         self.binding.bind_cpu_input("x", np.ascontiguousarray(x))
         self.binding.bind_cpu_input("past_len", np.array(self.length, np.int64))
         self.binding.bind_output("y", self.device)  # a fresh y each step (t may change); stays output 0
         self.sess.run_with_iobinding(self.binding)
         self.length += x.shape[1]
         return self.binding.get_outputs()[0].numpy()
+
+    def _step_rows(self, x: np.ndarray) -> np.ndarray:
+        """A chunk (t > 1) after a past, one row at a time: GroupQueryAttention refuses b > 1 there
+        ("batch_size must be 1 when sequence_length > 1 and past context is given"). Each row binds
+        its own slice of the buffers (a view on the CPU: still written in place); a device cache is
+        copied to the host for the chunk and back, which only a chunked call pays."""
+        import onnxruntime as ort
+
+        on_cpu = self.device == "cpu"
+        key, value = (self.key, self.value) if on_cpu else (self.key_ov.numpy(), self.value_ov.numpy())
+        ys = []
+        for r in range(x.shape[0]):
+            rows = [ort.OrtValue.ortvalue_from_numpy(buf[r : r + 1], "cpu", 0) for buf in (key, value)]
+            binding = self.sess.new_binding()
+            binding.bind_output("y", "cpu")
+            binding.bind_cpu_input("x", np.ascontiguousarray(x[r : r + 1]))
+            binding.bind_cpu_input("past_len", np.array(self.length, np.int64))
+            for name, row in zip(("past_key", "past_value"), rows):
+                binding.bind_ortvalue_input(name, row)
+                binding.bind_ortvalue_output(name.replace("past", "present"), row)
+            if "key_mask" in self.sess.input_names:
+                binding.bind_cpu_input("key_mask", self.key_mask[r : r + 1])
+            self.sess.run_with_iobinding(binding)
+            ys.append(binding.get_outputs()[0].numpy())
+        if not on_cpu:
+            self.key_ov.update_inplace(key)
+            self.value_ov.update_inplace(value)
+        self.length += x.shape[1]
+        return np.concatenate(ys)
 
     def rewind(self, length: int) -> None:
         """Keep positions < length; the next step writes at `length` (nothing is copied or cleared)."""

@@ -154,6 +154,8 @@ def lower_static_decode(module, lowering, dtype, with_key_mask):
     rec = record(lowering)
     if rec.static_cache is not None:
         raise ExportError(f"lowering={lowering!r} cannot keep a static cache: {rec.static_cache}")
+    if not rec.traced:
+        return built(rec, module, dtype, ins, outs), ins, outs
     block = traced_block(module, rec, dtype)
     torch_dtype = DTYPES[dtype]
     b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_S + EXAMPLE_T  # capacity > p + t, all sizes different

@@ -30,8 +30,9 @@ LOWERING = Lowering(
         "rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs),
         "window": Limit("causal only (local_window_size looks back)", _window_causal),
     },
-    static_cache="not offered: GroupQueryAttention can share its past/present buffer, but its kernel streams "
-    "each kv head once per query head, which the folded decomposed graph avoids; use lowering='decomposed'",
+    # The static cache: the op's past and present are one bound buffer of capacity n; seqlens_k =
+    # past_len + t - 1 tells it where to write and how many keys to read (export/gqa.py).
+    static_cache=None,
     fp16="d_k a multiple of 16 (CPU kernel)",
     kinds="no: causal self-attention with d_v = d_k only; d_k a multiple of 8",
 )

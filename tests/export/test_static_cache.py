@@ -14,6 +14,7 @@ import zoo
 from export import OnnxSession, export_onnx
 from export.choice import why_not
 from export.lowering import LOWERINGS
+from export.lowerings import LOWERING_LIST
 from export.parity import check_decode
 from helpers import ALL_NAMES, create, small_overrides
 
@@ -79,20 +80,65 @@ def test_eager_static_cache_writes_in_place_and_refuses_past_capacity():
 QUICK = {"gemma-2-9b", "qwen3-8b", "bloom-560m", "phi-2"}  # + llama-3-8b and mistral-7b below
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK else (pytest.mark.slow,)) for n in CAUSAL])
-def test_static_cache_decode_parity(name, tmp_path):
-    row = check_decode(name, "decomposed", cache="static", workdir=tmp_path, **small_overrides(name))
+STATIC = [lw.name for lw in LOWERING_LIST if lw.static_cache is None]
+
+
+@pytest.mark.parametrize(
+    "name, lowering",
+    [
+        pytest.param(n, lw, marks=() if n in QUICK else (pytest.mark.slow,))
+        for n in CAUSAL
+        for lw in STATIC
+        if why_not(lw, zoo.spec(n, **small_overrides(n)), decode=True, cache="static") is None
+    ],
+)
+def test_static_cache_decode_parity(name, lowering, tmp_path):
+    row = check_decode(name, lowering, cache="static", workdir=tmp_path, **small_overrides(name))
     assert row.case == "decode-static"
-    assert row.status == "PASS", f"{name}: {row.reason} (max abs {row.max_abs:.2e})"
+    assert row.status == "PASS", f"{name} {lowering}: {row.reason} (max abs {row.max_abs:.2e})"
     assert row.shapes == 2 * (26 + 4)
 
 
-@pytest.mark.parametrize("lowering", [lw for lw in LOWERINGS if lw != "decomposed"])
+def test_static_lowerings():
+    assert STATIC == ["decomposed", "ort-gqa"]
+
+
+@pytest.mark.parametrize("lowering", [lw for lw in LOWERINGS if lw not in STATIC])
 def test_lowerings_without_a_static_cache_say_why(lowering):
     reason = why_not(lowering, zoo.spec("llama-3-8b"), decode=True, cache="static")
     assert reason and "static cache" in reason and "decomposed" in reason
     row = check_decode("llama-3-8b", lowering, cache="static", **small_overrides("llama-3-8b"))
     assert row.status == "SKIP" and row.reason == reason
+
+
+def test_ort_gqa_static_cache_shares_the_buffers(tmp_path):
+    """GroupQueryAttention's presents are the graph's outputs (no Identity copy between them), and
+    a step writes into the bound buffer itself; a batched chunk after a past runs row by row."""
+    path = tmp_path / "gqa.onnx"
+    r = export_onnx(
+        "llama-3-8b",
+        path,
+        decode=True,
+        cache="static",
+        lowering="ort-gqa",
+        max_len=16,
+        with_mask=True,
+        **small_overrides("llama-3-8b"),
+    )
+    assert r.op_counts.get("com.microsoft::GroupQueryAttention") == 1 and not r.op_counts.get("Identity")
+    sess = OnnxSession(path, "cpu", verbose=False)
+    m = r.module
+    x = torch.randn(2, 12, m.spec.d_model)
+    with torch.no_grad():
+        want, pk, _ = m.decode(x)
+    cache = sess.static_cache(2, max_len=16)
+    key = cache.key
+    got = [cache.step(x[:, :5].numpy()), cache.step(x[:, 5:9].numpy())]  # the second: b 2, t 4, a past
+    got += [cache.step(x[:, i : i + 1].numpy()) for i in range(9, 12)]
+    assert cache.key is key and cache.length == 12
+    np.testing.assert_allclose(key[:, :, :12], pk.numpy(), rtol=1e-4, atol=1e-5)  # written in place
+    assert not key[:, :, 12:].any()
+    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +217,8 @@ def test_static_cache_export_refusals(tmp_path):
         export_onnx("llama-3-8b", out, decode=True, cache="static", max_len=0)
     with pytest.raises(TypeError, match="max_len='8' must be an int"):
         export_onnx("llama-3-8b", out, decode=True, cache="static", max_len="8")
-    with pytest.raises(ValueError, match="ort-gqa cannot keep a static cache"):
-        export_onnx("llama-3-8b", out, decode=True, cache="static", lowering="ort-gqa")
+    with pytest.raises(ValueError, match="onnx-attention cannot keep a static cache"):
+        export_onnx("llama-3-8b", out, decode=True, cache="static", lowering="onnx-attention")
     assert not out.exists()
 
 
