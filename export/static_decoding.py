@@ -79,9 +79,13 @@ class OrtStaticCache:
 
     def check_room(self, t: int) -> None:
         """Refuse, before anything is written, a run of t positions past the capacity."""
-        if self.length + t > self.capacity:
+        self.check_fits(self.capacity, self.length, t)
+
+    @staticmethod
+    def check_fits(capacity: int, length: int, t: int) -> None:
+        if length + t > capacity:
             raise zoo.CacheFullError(
-                f"this static cache holds {self.capacity} positions (max_len); {self.length} are written and "
+                f"this static cache holds {capacity} positions (max_len); {length} are written and "
                 f"{t} more do not fit: re-export with a larger --max-len (max_len=), or rewind()"
             )
 
@@ -164,8 +168,8 @@ def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) after a past (b g p d) -> y (b t c), present_key, present_value (b g p+t d)."""
     as_torch = isinstance(x, torch.Tensor)
     x, pk, pv, km, p = _check(sess, x, past_key, past_value, key_mask)
-    cache = OrtStaticCache(sess, pk, pv, km)
-    y = cache.step(x)  # refuses a call past the capacity before it writes
+    cache = _call_cache(sess, pk, pv, km, x.shape[1])
+    y = cache.step(x)
     out = (y, *cache.presents())
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
 
@@ -177,10 +181,19 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     as_torch = isinstance(x_steps, torch.Tensor)
     x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
-    cache = OrtStaticCache(sess, pk, pv, km)
-    cache.check_room(k)
+    cache = _call_cache(sess, pk, pv, km, k)
     ys = np.empty_like(x)
     for i in range(k):
         ys[:, i] = cache.step(x[:, i : i + 1])[:, 0]
     out = (ys, *cache.presents())
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
+
+
+def _call_cache(sess: OnnxSession, pk, pv, km, new: int) -> OrtStaticCache:
+    """Buffers for one stateless call that adds `new` positions to a past (the API of the growing
+    cache, and what a server calls): refused past the model's capacity, before anything is written,
+    but sized to the call (p + new), since the graph takes any capacity: a call allocates and reads
+    what it uses, not the whole max_len."""
+    p = pk.shape[2]
+    OrtStaticCache.check_fits(capacity(sess), p, new)
+    return OrtStaticCache(sess, pk, pv, km, max_len=p + new)

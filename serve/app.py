@@ -77,7 +77,9 @@ class OnnxServer:
             "dtype": self.sess.metadata.get("attnzoo.dtype"),
             "precision": self.sess.precision,
             "provider": self.sess.provider,
-            "inputs": self.sess.input_names,
+            # What a client sends: a static cache's past_len is the session's to bind, not the client's.
+            "inputs": [n for n in self.sess.input_names if n != "past_len"],
+            "cache": self.sess.cache,
             "outputs": self.sess.output_names,
             "max_batch": max_batch,
             "batch_wait_ms": batch_wait_ms,

@@ -646,8 +646,9 @@ def _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder) -> No
     prompt, step = rng.standard_normal((6, 64)).astype(np.float32), rng.standard_normal((1, 64)).astype(np.float32)
     for binary in (True, False):
         with Client(dep.url, binary=binary) as c:
-            # The default decode export keeps a static cache (past_len is the session's to bind).
-            assert c.metadata()["inputs"] == ["x", "past_key", "past_value", "past_len", "key_mask"]
+            # The default decode export keeps a static cache; past_len is the session's to bind, not a client's.
+            meta = c.metadata()
+            assert meta["inputs"] == ["x", "past_key", "past_value", "key_mask"] and meta["cache"] == "static"
             y, pk, pv = c.decode(prompt)
             y2, pk2, pv2 = c.decode(step, pk, pv)  # the answer's cache goes back in as the past
         want = decoder.decode(prompt[None])
