@@ -306,6 +306,19 @@ class MultiHeadAttention(nn.Module):
     def _mask_mods(self) -> bool:
         return any(mod.shapes_scores for mod in self.mods.values())
 
+    def position_scores(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        """What the modifiers make of positions: (allowed, bias) on the (b h t s) scores, each None
+        when no modifier has an opinion (the causal rule and user masks are the caller's)."""
+        allowed = bias = None
+        for mod in self.mods.values():
+            extra = mod.score_allowed(q_pos, k_pos)
+            if extra is not None:
+                allowed = extra if allowed is None else allowed & extra
+            add = mod.score_bias(q_pos, k_pos, dtype)
+            if add is not None:
+                bias = add if bias is None else bias + add
+        return allowed, bias
+
     def _resolve_mask(
         self,
         mask: Tensor | None,
@@ -325,13 +338,9 @@ class MultiHeadAttention(nn.Module):
             else:
                 allowed = rearrange(pos, "b t -> b 1 t 1") >= rearrange(k_pos, "b s -> b 1 1 s")
         if pos is not None:
-            for mod in self.mods.values():
-                extra = mod.score_allowed(pos, k_pos)
-                if extra is not None:
-                    allowed = extra if allowed is None else allowed & extra
-                add = mod.score_bias(pos, k_pos, x.dtype)
-                if add is not None:
-                    bias = add if bias is None else bias + add
+            extra, bias = self.position_scores(pos, k_pos, x.dtype)
+            if extra is not None:
+                allowed = extra if allowed is None else allowed & extra
         if mask is not None:
             mask = mask[(None,) * (4 - mask.dim())]  # always (b|1, h|1, t|1, s|1): SDPA wants >= 2-D
             if mask.dtype == torch.bool:

@@ -126,14 +126,9 @@ def static_step(
     # Causal in cache-index space: a query at index i reads indices <= i, so the unwritten tail
     # (indices >= past_len + t) is never read. Modifiers add their rules over token positions.
     allowed = rearrange(j, "n -> 1 1 1 n") <= rearrange(idx, "t -> 1 1 t 1")
-    bias = None
-    for mod in block.mods.values():
-        extra = mod.score_allowed(q_pos, k_pos)
-        if extra is not None:
-            allowed = allowed & extra
-        add = mod.score_bias(q_pos, k_pos, x.dtype)
-        if add is not None:
-            bias = add if bias is None else bias + add
+    extra, bias = block.position_scores(q_pos, k_pos, x.dtype)
+    if extra is not None:
+        allowed = allowed & extra
     if key_mask is not None:
         allowed = allowed & rearrange(key_mask, "b n -> b 1 1 n")
     z = folded_attention(block, q, cache_key, cache_value, allowed, bias)
