@@ -132,7 +132,7 @@ def test_parity_names_the_step_of_a_miss(monkeypatch, tmp_path):
 
 def test_session_decode_api(tmp_path):
     m = zoo.create("mistral-7b", d_model=64, heads=4, kv_heads=2, d_k=16, window=4).eval()
-    r = export_onnx(m, tmp_path / "d.onnx", lowering="ort-gqa", decode=True)
+    r = export_onnx(m, tmp_path / "d.onnx", lowering="ort-gqa", decode=True, cache="grow")
     assert [i[0] for i in r.inputs] == ["x", "past_key", "past_value"]
     assert [o[0] for o in r.outputs] == ["y", "present_key", "present_value"]
     assert r.outputs[1][2] == ("b", 2, "s", 16) and r.inputs[1][2] == ("b", 2, "p", 16)
@@ -207,7 +207,8 @@ def test_cli_export_run_parity_decode(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ms per token" in out and "finite    True" in out
     assert main(["parity", "gemma-2-9b", "--decode", "--lowering", "ort-gqa", "-q", *sets]) == 0
-    assert "1 passed, 0 failed" in capsys.readouterr().out
+    out = capsys.readouterr().out  # both caches: ort-gqa keeps the growing and the static one
+    assert "2 passed, 0 failed" in out and "| decode |" in out and "| decode-static |" in out
     assert main(["export", "mha-separate-bias", "--decode", "-o", str(tmp_path / "x.onnx")]) == 2
     assert "causal self-attention" in capsys.readouterr().err
 
@@ -224,8 +225,10 @@ def test_auto_decode_lowering_follows_the_measurements(tmp_path):
     # a lowering that cannot keep one gets the growing cache; CUDA keeps the growing one (unmeasured).
     assert export_onnx("gqa", tmp_path / "b.onnx", decode=True, d_model=128).lowering == "decomposed"
     assert OnnxSession(tmp_path / "b.onnx", "cpu", verbose=False).cache == "static"
-    r = export_onnx("gqa", tmp_path / "c.onnx", decode=True, lowering="ort-gqa", d_model=128)
+    r = export_onnx("gqa", tmp_path / "c.onnx", decode=True, lowering="onnx-attention", d_model=128)
     assert OnnxSession(r.path, "cpu", verbose=False).cache == "grow"
+    r = export_onnx("gqa", tmp_path / "d.onnx", decode=True, lowering="ort-gqa", d_model=128)
+    assert OnnxSession(r.path, "cpu", verbose=False).cache == "static"  # its shared buffer
     from export.choice import decode_cache
 
     assert decode_cache("cuda", "auto", None) == "grow" and decode_cache("cpu", "auto", None) == "static"
