@@ -122,6 +122,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y)."""
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
+    if spec.rel_buckets is not None:  # the record says so too (lowerings/ort_gqa.py); a direct call must not drop it
+        reason = "the graph built here has no T5 relative-bucket bias"
     if reason:
         raise ExportError(f"lowering='ort-gqa' cannot express this request: {reason}")
     h, kv = spec.heads, spec.kv_heads_

@@ -29,6 +29,10 @@ LOWERING = Lowering(
     modifiers={
         "rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs),
         "window": Limit("causal only (local_window_size looks back)", _window_causal),
+        "rel_buckets": Limit(
+            "the hand-built GroupQueryAttention graph (export/gqa.py) does not build T5's bucketed bias; "
+            "use a traced lowering"
+        ),
     },
     static_cache="not offered: GroupQueryAttention can share its past/present buffer, but its kernel streams "
     "each kv head once per query head, which the folded decomposed graph avoids; use lowering='decomposed'",

@@ -252,3 +252,26 @@ def test_4_api_checks_skip_an_unusable_provider_alike():
     step = parity.check_decode("mha-causal", "decomposed", provider="cuda")
     for row in (full, step):
         assert row.status == "SKIP" and why in row.reason, row
+
+
+# T5's relative buckets are computed in the graph from the positions: 8 buckets up to distance 12,
+# exported at t = 5 and run up to t = 64 (SHAPES), so a bucket table baked in for the export length, or
+# a log bucket missed by ONNX Runtime's Log, would miss. Both directions (bidirectional for two
+# lowerings, causal for one); the decode export (static cache, in-graph positions after a past) too.
+T5_SMALL = dict(d_model=32, heads=4, scale=1.0, rel_buckets=8, rel_max_distance=12)
+
+
+@pytest.mark.parametrize("lowering", ["decomposed", "onnx-attention", "ort-mha"])
+def test_t5_buckets_at_unseen_lengths(lowering, tmp_path):
+    causal = lowering == "onnx-attention"
+    row = check("mha-separate-nobias", lowering, case="masked", workdir=tmp_path, causal=causal, **T5_SMALL)
+    _assert_pass(row)
+    gqa = check("mha-separate-nobias", "ort-gqa", case="masked", workdir=tmp_path, causal=True, **T5_SMALL)
+    assert gqa.status == "SKIP" and "T5's bucketed bias" in gqa.reason
+
+
+def test_t5_buckets_decode_with_the_static_cache(tmp_path):
+    from export.parity import check_decode
+
+    row = check_decode("mha-separate-nobias", "decomposed", cache="static", workdir=tmp_path, causal=True, **T5_SMALL)
+    assert row.status == "PASS", f"{row.reason} (max abs {row.max_abs:.2e})"
