@@ -847,3 +847,24 @@ def test_other_preset_matches_the_real_module(preset):
     got_r, want_r = _resolved(zoo.hf.spec_from_hf(module).replace(layout=want.layout)), _resolved(want)
     diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
     assert not diff, f"{preset}: from_hf reads / preset holds {diff}"
+
+
+def test_a_later_t5_layer_reads_the_first_layers_table():
+    """T5 keeps its bias table in the stack's first layer: a later layer needs model=, gets that table, and
+    to_hf into it takes only that table (it cannot hold another)."""
+    c = capture("t5-layer1")
+    with pytest.raises(zoo.HFConversionError, match=r"^T5Attention layer 1 has no relative_attention_bias .*model="):
+        zoo.from_hf(c.module)
+    first = c.model.encoder.block[0].layer[0].SelfAttention
+    block = zoo.from_hf(c.module, model=c.model)
+    assert torch.equal(block.mods["rel_buckets"].table, first.relative_attention_bias.weight)
+    other = copy.deepcopy(c.model)
+    with pytest.raises(zoo.HFConversionError, match="is not inside the T5Model given as model="):
+        zoo.from_hf(c.module, model=other)
+    permuted = zoo.permute_heads(block, [1, 0, 2, 3])  # same function, its table's columns swapped
+    with pytest.raises(zoo.HFConversionError, match="relative bias table is not the one T5Attention layer 1 reads"):
+        zoo.to_hf(permuted, c.module, model=c.model)
+    # into the first layer it goes, table and all (every layer of the stack reads it from there)
+    owner = copy.deepcopy(first)
+    zoo.to_hf(zoo.permute_heads(zoo.from_hf(first), [1, 0, 2, 3]), owner)
+    assert torch.equal(owner.relative_attention_bias.weight, first.relative_attention_bias.weight[:, [1, 0, 2, 3]])
