@@ -82,7 +82,7 @@ FAMILY_PRESETS = frozenset(
         "gemma-3-12b-local",
         "gemma-3-12b-global",
         "starcoder2-7b",
-        "t5-base-decoder",
+        "t5-base-encoder",
         "modernbert-base",
         "modernbert-base-local",
         "whisper-base-encoder",

@@ -575,12 +575,14 @@ CASES: dict[str, dict] = {
     # MT5 is T5's code, UMT5 gives every layer its own table and names the context encoder_hidden_states
     "t5": dict(make=_t5("T5Model", "T5Config"), spec_checks=dict(T5_SPEC, causal=False)),
     "t5-decoder": dict(make=_t5("T5Model", "T5Config", "decoder"), spec_checks=dict(T5_SPEC, causal=True)),
-    "t5-layer1": dict(make=_t5("T5Model", "T5Config", layer=1), spec_checks=dict(T5_SPEC, causal=False)),
+    "t5-layer1": dict(make=_t5("T5Model", "T5Config", layer=1), spec_checks=dict(T5_SPEC, causal=False), variant=True),
     "t5-decoder-layer1": dict(
         make=_t5("T5Model", "T5Config", "decoder", layer=1), spec_checks=dict(T5_SPEC, causal=True), variant=True
     ),
-    "t5-cross": dict(make=_t5("T5Model", "T5Config", "cross"), spec_checks=dict(CROSS, scale=1.0, rel_buckets=None)),
-    "mt5-layer1": dict(make=_t5("MT5Model", "MT5Config", layer=1), spec_checks=T5_SPEC, variant=True),
+    "t5-cross": dict(
+        make=_t5("T5Model", "T5Config", "cross"), spec_checks=dict(CROSS, scale=1.0, rel_buckets=None), variant=True
+    ),
+    "mt5-layer1": dict(make=_t5("MT5Model", "MT5Config", layer=1), spec_checks=T5_SPEC),
     "umt5-layer1": dict(make=_t5("UMT5Model", "UMT5Config", "decoder", layer=1), spec_checks=T5_SPEC),
     "umt5-cross": dict(make=_t5("UMT5Model", "UMT5Config", "cross"), spec_checks=CROSS, variant=True),
     # -- vision

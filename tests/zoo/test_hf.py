@@ -818,20 +818,18 @@ def _whisper_base(cross: bool) -> nn.Module:
     return WhisperAttention(512, 8, is_decoder=cross, config=cfg)
 
 
-def _t5_base(decoder: bool) -> nn.Module:
+def _t5_base_encoder() -> nn.Module:
     from transformers.models.t5.modeling_t5 import T5Attention
 
     # google-t5/t5-base: d_model 768, num_heads 12, d_kv 64, 32 buckets, max_distance 128 (the default)
     cfg = transformers.T5Config(d_model=768, num_heads=12, d_kv=64, relative_attention_num_buckets=32)
-    cfg.is_decoder = decoder
-    return T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0, is_causal=decoder)
+    return T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0, is_causal=False)
 
 
 # presets whose modules are not built from a config alone (ModernBERT's layer kinds, Whisper's
 # constructor taking sizes, T5's first layer): module factory on the meta device
 OTHER_PRESET_MODULES = {
-    "t5-base-encoder": lambda: _t5_base(decoder=False),
-    "t5-base-decoder": lambda: _t5_base(decoder=True),
+    "t5-base-encoder": _t5_base_encoder,
     "modernbert-base": lambda: _modernbert_base(0),
     "modernbert-base-local": lambda: _modernbert_base(1),
     "whisper-base-encoder": lambda: _whisper_base(cross=False),
