@@ -129,9 +129,10 @@ def transformers_static_why_not(spec: zoo.AttentionSpec) -> str | None:
         or mods != {"rope"}
         or spec.rope_dim not in (None, spec.d_k_)
         or spec.rope_interleaved
+        or spec.rope_scale is not None
         or spec.d_v_ != spec.d_k_
     ):
-        return "measured for LLaMA-shaped blocks (full rotary, no bias, no window/softcap/QK-norm/ALiBi)"
+        return "measured for LLaMA-shaped blocks (full unscaled rotary, no bias, no window/softcap/QK-norm/ALiBi)"
     return None
 
 

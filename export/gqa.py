@@ -12,7 +12,9 @@ the block's weights, with the axis vocabulary as dim names:
                                      attention_bias = ALiBi + user mask)     (b t (h dv))
               -> head_mask, zero rows where no key is allowed -> MatMul(+bias) -> y (b t c)
 
-The op is always causal, self-attention, d_v = d_k; its rotary wants rope_dim/2 a multiple of 8.
+The rotary caches come from the block's frequencies (rope_scale included: positions / scale). T5's
+relative buckets are not built here (the record refuses them). The op is always causal,
+self-attention, d_v = d_k; its rotary wants rope_dim/2 a multiple of 8.
 Conventions measured on onnxruntime 1.31.1 CPU against the eager block (tests keep them):
 local_window_size = W attends to W keys, itself included (the zoo's `window`); softcap is
 applied before the bias; a row whose bias is all -inf gives 0.
@@ -122,6 +124,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y)."""
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
+    if spec.rel_buckets is not None:  # the record says so too (lowerings/ort_gqa.py); a direct call must not drop it
+        reason = "the graph built here has no T5 relative-bucket bias"
     if reason:
         raise ExportError(f"lowering='ort-gqa' cannot express this request: {reason}")
     h, kv = spec.heads, spec.kv_heads_

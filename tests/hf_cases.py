@@ -123,6 +123,39 @@ def _whisper(part: str):
     return make
 
 
+def _t5(model_cls: str, config_cls: str, part: str = "encoder", layer: int = 0):
+    """A tiny T5-style encoder-decoder. part: "encoder" (self-attention, bidirectional buckets, padded),
+    "decoder" (causal self-attention, buckets of the past, no padding) or "cross" (EncDecAttention: decoder
+    queries over T - 3 positions, keys from the padded encoder output). Layer `layer` of that stack: T5 and
+    MT5 keep the bias table in layer 0 only; 8 buckets up to distance 12, so that T = 10 reaches the
+    log-spaced ones."""
+
+    def make():
+        config = getattr(transformers, config_cls)(
+            vocab_size=VOCAB,
+            d_model=64,
+            d_kv=16,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=12,
+            pad_token_id=0,
+            decoder_start_token_id=0,
+        )
+        config._attn_implementation = "eager"
+        model = randomize(getattr(transformers, model_cls)(config))
+        tokens = ids()["input_ids"]
+        if part == "decoder":
+            return model, model.decoder.block[layer].layer[0].SelfAttention, ids(decoder_input_ids=tokens)
+        if part == "cross":
+            module = model.decoder.block[layer].layer[1].EncDecAttention
+            return model, module, ids(keep(), decoder_input_ids=tokens[:, : T - 3])
+        return model, model.encoder.block[layer].layer[0].SelfAttention, ids(keep(), decoder_input_ids=tokens)
+
+    return make
+
+
 def _vision(model_cls: str, config_cls: str, layer: Callable[[nn.Module], nn.Module], **cfg):
     def make():
         config = getattr(transformers, config_cls)(
@@ -166,8 +199,13 @@ GEMMA3 = dict(
     layer_types=["sliding_attention", "full_attention"],
     rope_parameters=GEMMA3_ROPE,
 )
+# the 4B+ configs: global layers scale their rotary linearly (positions / 8)
+GEMMA3_LINEAR = dict(
+    GEMMA3, rope_parameters=dict(GEMMA3_ROPE, full_attention={"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0})
+)
 SLIDING_THEN_FULL = dict(TWO, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
 CROSS = {"causal": False, "d_context": 64}
+T5_SPEC = {"scale": 1.0, "rel_buckets": 8, "rel_max_distance": 12, "bias": False}
 BERT_OUT = dict(output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": False})
 
 # name -> Case fields (test_hf.Case)
@@ -221,6 +259,10 @@ CASES: dict[str, dict] = {
         make=model_of("Gemma3TextModel", "Gemma3TextConfig", _second, **GEMMA3),
         spec_checks={"window": None, "rope_theta": 1e6},
         variant=True,
+    ),
+    "gemma3-global-linear": dict(
+        make=model_of("Gemma3TextModel", "Gemma3TextConfig", _second, **GEMMA3_LINEAR),
+        spec_checks={"window": None, "rope_theta": 1e6, "rope_scale": 8.0},
     ),
     "cohere": dict(
         make=model_of("CohereModel", "CohereConfig", _self_attn, **LLAMA), spec_checks={"rope_interleaved": True}
@@ -529,6 +571,20 @@ CASES: dict[str, dict] = {
     "pegasus-cross": dict(make=_encdec("PegasusModel", "PegasusConfig", "cross"), spec_checks=CROSS, variant=True),
     # Whisper's k_proj has no bias: the block holds zeros there
     "whisper-cross": dict(make=_whisper("cross"), spec_checks=dict(CROSS, bias=True)),
+    # T5: relative position buckets; layer 1 reads layer 0's table (from_hf(module, model=model));
+    # MT5 is T5's code, UMT5 gives every layer its own table and names the context encoder_hidden_states
+    "t5": dict(make=_t5("T5Model", "T5Config"), spec_checks=dict(T5_SPEC, causal=False)),
+    "t5-decoder": dict(make=_t5("T5Model", "T5Config", "decoder"), spec_checks=dict(T5_SPEC, causal=True)),
+    "t5-layer1": dict(make=_t5("T5Model", "T5Config", layer=1), spec_checks=dict(T5_SPEC, causal=False), variant=True),
+    "t5-decoder-layer1": dict(
+        make=_t5("T5Model", "T5Config", "decoder", layer=1), spec_checks=dict(T5_SPEC, causal=True), variant=True
+    ),
+    "t5-cross": dict(
+        make=_t5("T5Model", "T5Config", "cross"), spec_checks=dict(CROSS, scale=1.0, rel_buckets=None), variant=True
+    ),
+    "mt5-layer1": dict(make=_t5("MT5Model", "MT5Config", layer=1), spec_checks=T5_SPEC),
+    "umt5-layer1": dict(make=_t5("UMT5Model", "UMT5Config", "decoder", layer=1), spec_checks=T5_SPEC),
+    "umt5-cross": dict(make=_t5("UMT5Model", "UMT5Config", "cross"), spec_checks=CROSS, variant=True),
     # -- vision
     "deit": dict(make=_vision("DeiTModel", "DeiTConfig", lambda m: m.layers[0].attention, patch_size=4)),
     "dinov2": dict(make=_vision("Dinov2Model", "Dinov2Config", lambda m: m.encoder.layer[0].attention, patch_size=4)),
@@ -605,13 +661,8 @@ def _cross_like(inner: nn.Module) -> nn.Module:
     return inner
 
 
-def t5_attention() -> nn.Module:
-    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=64, num_layers=1, num_heads=4)
-    return transformers.T5Model(cfg).encoder.block[0].layer[0].SelfAttention
-
-
-# Classes refused as a whole: class -> a module of it
-REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {"T5Attention": t5_attention}
+# Classes refused as a whole: class -> a module of it (none since T5 became exact)
+REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {}
 # Every causal LLaMA-style row refuses bidirectional configs; these cases hold one module of each
 BIDIRECTIONAL_CASES = {
     "LlamaAttention": "llama",

@@ -30,7 +30,8 @@ def specs(
     draw, *, cross: bool | None = None, causal: bool | None = None, d_v_equals_d_k: bool = False
 ) -> zoo.AttentionSpec:
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
-    causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv.
+    causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv, T5's
+    relative buckets.
     Small, so a forward costs little.
     Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
@@ -58,7 +59,21 @@ def specs(
         fields["window"] = draw(st.one_of(st.none(), st.integers(1, 6)))
     # clip_qkv: small enough that projections of unit inputs hit it.
     fields["clip_qkv"] = draw(st.one_of(st.none(), st.floats(0.05, 3.0)))
+    # T5's relative buckets: self-attention only; few buckets and a short max_distance, so that
+    # distances up to 8 reach the log-spaced buckets and the last one.
+    if not is_cross:
+        fields.update(draw(rel_buckets(fields["causal"])))
     return zoo.AttentionSpec(**fields)
+
+
+@st.composite
+def rel_buckets(draw, causal: bool) -> dict:
+    """rel_buckets / rel_max_distance (or neither) valid for a causal or bidirectional block."""
+    n = draw(st.one_of(st.none(), st.integers(2 if causal else 4, 12)))
+    if n is None:
+        return {}
+    exact = (n if causal else n // 2) // 2
+    return {"rel_buckets": n, "rel_max_distance": exact + draw(st.integers(1, 6))}
 
 
 @st.composite
@@ -105,6 +120,7 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         causal=True,
         window=draw(st.one_of(st.none(), st.integers(1, 6))),
         clip_qkv=draw(st.one_of(st.none(), st.floats(0.05, 3.0))),
+        **draw(rel_buckets(True)),
     )
 
 

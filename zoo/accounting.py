@@ -29,7 +29,7 @@ class ParameterCount:
     w_v: int
     w_o: int
     biases: int
-    modifiers: int = 0  # learned modifier weights (QK-norm); RoPE and ALiBi add none
+    modifiers: int = 0  # learned modifier weights (QK-norm, T5's bias table); RoPE and ALiBi add none
 
     @property
     def weights(self) -> int:
@@ -59,7 +59,8 @@ def count_parameters(spec_or_module: AttentionSpec | nn.Module) -> int:
 
     No bias: d_model*(h*dk + g*dk + g*dv) + (h*dv)*d_model (self-attention), which is
     4*d^2 when h*dk = h*dv = d_model = d. With bias, add h*dk + g*dk + g*dv + d_model.
-    QK-norm adds its weights: 2*dk ("head") or h*dk + g*dk ("full").
+    QK-norm adds its weights: 2*dk ("head") or h*dk + g*dk ("full"); T5's relative buckets their table,
+    rel_buckets*h.
     """
     if isinstance(spec_or_module, AttentionSpec):
         return parameter_breakdown(spec_or_module).total

@@ -37,6 +37,7 @@ class Projections:
     q_norm: Tensor | None = None
     k_norm: Tensor | None = None
     alibi_slopes: Tensor | None = None
+    rel_bias: Tensor | None = None  # T5's relative bias table (buckets, h)
 
 
 def _require_module(m: object) -> MultiHeadAttention:

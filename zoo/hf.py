@@ -93,19 +93,21 @@ def _row(module: object) -> Row:
     return row
 
 
-def _derive(module: nn.Module) -> tuple[Row, AttentionSpec, Projections]:
+def _derive(module: nn.Module, model: nn.Module | None) -> tuple[Row, AttentionSpec, Projections]:
     row = _row(module)
+    if model is not None and not isinstance(model, nn.Module):
+        raise HFTypeError(f"model must be the transformers model the module sits in, got {type(model).__name__}")
     with torch.no_grad():
-        spec, p = read(row, module)
+        spec, p = read(row, module, model)
     return row, spec, p
 
 
-def spec_from_hf(module: nn.Module) -> AttentionSpec:
+def spec_from_hf(module: nn.Module, *, model: nn.Module | None = None) -> AttentionSpec:
     """The spec from_hf would give `module`, without copying weights (works on the meta device)."""
-    return _derive(module)[1]
+    return _derive(module, model)[1]
 
 
-def from_hf(module: nn.Module) -> MultiHeadAttention:
+def from_hf(module: nn.Module, *, model: nn.Module | None = None) -> MultiHeadAttention:
     """A zoo block computing what the transformers attention `module` computes, weights copied.
 
     x (b t c) -> y (b t c). What the block covers is the row's `covers` (`supported_classes()`):
@@ -121,30 +123,41 @@ def from_hf(module: nn.Module) -> MultiHeadAttention:
       BartAttention (and its copies), WhisperAttention
                             the decoder's encoder_attn is a cross-attention block (d_context =
                             d_model): module(x, key_value_states=e) == block(x, e)
+      T5Attention (MT5, UMT5)
+                            self-attention with T5's relative position buckets (encoder:
+                            bidirectional; decoder: causal, past distances), no score scaling;
+                            EncDecAttention is a cross-attention block. T5 and MT5 keep the bias
+                            table in the stack's first layer only: for a later layer pass
+                            `model=` (the model it sits in) and the block gets that table
 
     Dropout is not modelled: the block equals the module in eval mode. Positions for RoPE/ALiBi
     are 0..t-1 unless given (`block(x, positions=...)`); padding is a key mask
     (`block(x, mask=keep[:, None, None, :])`). A module whose Q/K/V/O biases are only partly
     present (ViT without qkv_bias) gets bias=True with zeros in their place: the same function.
     Unsupported classes (HFTypeError) and config values the zoo cannot express, such as a
-    rope_type other than "default" (HFConversionError), are refused, never approximated;
+    rope_type other than "default" or "linear" (HFConversionError), are refused, never approximated;
     `family_table()` lists every class with its status.
+
+    `model`: the transformers model `module` sits in, needed only where the module reads state that
+    another layer holds (T5's relative bias table, in its stack's first layer).
     """
-    _, spec, p = _derive(module)
+    _, spec, p = _derive(module, model)
     block = build(spec, p)
     return block.eval()
 
 
-def to_hf(block: MultiHeadAttention, module: nn.Module) -> nn.Module:
+def to_hf(block: MultiHeadAttention, module: nn.Module, *, model: nn.Module | None = None) -> nn.Module:
     """Write `block`'s weights into the transformers attention `module` (in place; returns it).
 
     The block must compute a function of the module's shape: the spec the module implies
     (from_hf's) and the block's must agree on every field but the layout. A bias the module
-    lacks must be zero in the block; BLOOM takes only its own ALiBi slopes.
+    lacks must be zero in the block; BLOOM takes only its own ALiBi slopes. T5's relative bias
+    table is written into the layer that owns it (the stack's first; every layer of the stack reads
+    it); a later layer (`model=` as for from_hf) takes only the table it already reads.
     """
     if not isinstance(block, MultiHeadAttention):
         raise HFTypeError(f"expected a zoo MultiHeadAttention block, got {type(block).__name__}")
-    row, want, _ = _derive(module)
+    row, want, _ = _derive(module, model)
     # Compare values, not spellings: a scale written out as the default is the default.
     have = block.spec.replace(
         layout=want.layout, bias=want.bias, scale=default_scale(block.spec.scale_, block.spec.d_k_)
@@ -164,7 +177,7 @@ def to_hf(block: MultiHeadAttention, module: nn.Module) -> nn.Module:
         zeros = [t.new_zeros(t.shape[0]) for t in (p.w_q, p.w_k, p.w_v, p.w_o)]
         p.b_q, p.b_k, p.b_v, p.b_o = zeros
     with torch.no_grad():
-        write(row, module, want, p)
+        write(row, module, want, p, model)
     return module
 
 

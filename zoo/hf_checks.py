@@ -141,3 +141,41 @@ def clip_causal(m: nn.Module) -> bool:
 
 def codegen_shards(m: nn.Module) -> str | None:
     return None if m.mp_num == 4 else f"mp_num={m.mp_num}: the zoo reads CodeGen's fused rows in 4 shards"
+
+
+def t5_context(m: nn.Module) -> int | None:
+    """T5's EncDecAttention (a decoder layer's module that is not causal) takes its keys and values from
+    the encoder output, of width d_model; its self-attention modules take none."""
+    if getattr(m, "is_decoder", False) and not getattr(m, "is_causal", False):
+        return int(m.d_model)
+    return None
+
+
+def t5_bias(m: nn.Module, model: nn.Module | None) -> tuple[nn.Module, bool] | None:
+    """The relative bias table T5's self-attention `m` reads: its own (the stack's first layer, every UMT5
+    layer), or the first layer's, found in `model` (T5 and MT5 share it down the stack). None for
+    cross-attention, which has no distances and no bias."""
+    from .hf_rows import HFConversionError
+
+    if t5_context(m) is not None:
+        return None
+    if getattr(m, "has_relative_attention_bias", False):
+        return m.relative_attention_bias, True
+    name = f"{cls_name(m)} layer {getattr(m, 'layer_idx', '?')}"
+    if model is None:
+        raise HFConversionError(
+            f"{name} has no relative_attention_bias of its own: it reads its stack's first layer's table; "
+            f"pass the model it sits in: from_hf(module, model=model)"
+        )
+    for stack in model.modules():
+        blocks = getattr(stack, "block", None)
+        if isinstance(blocks, nn.ModuleList) and any(sub is m for sub in blocks.modules()):
+            owners = [
+                sub
+                for sub in blocks.modules()
+                if type(sub) is type(m) and getattr(sub, "has_relative_attention_bias", False)
+            ]
+            if owners:
+                return owners[0].relative_attention_bias, False
+            raise HFConversionError(f"{name}: no layer of its stack holds a relative_attention_bias table")
+    raise HFConversionError(f"{name} is not inside the {type(model).__name__} given as model=; pass its own model")

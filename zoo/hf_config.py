@@ -262,6 +262,7 @@ _SOURCES = {
         "no_rope_layers[{layer}]",
     ),
     "rope_dim": ("rope_parameters.partial_rotary_factor", "rotary_dim"),
+    "rope_scale": ("rope_parameters.factor", "rope_parameters.{kind}.factor", "rope_scaling.factor"),
     "window": ("sliding_window", "layer_types[{layer}]"),
     "softcap": ("attn_logit_softcapping",),
     "qk_norm_eps": ("rms_norm_eps",),

@@ -3,7 +3,7 @@
 A `Row` says, as data, where one transformers attention class keeps what a zoo block needs:
 its projections (separate q/k/v or one fused projection in a named row layout), its output
 projection, its sizes, scale, causality, and where the rotary / window / softcap / QK-norm /
-ALiBi / clip_qkv settings come from, and (cross-attention) the width of its context.
+ALiBi / clip_qkv / relative-bucket settings come from, and (cross-attention) the width of its context.
 `read(row, module)` turns a module into (spec, projections) and `write(row, module, spec,
 projections)` is its inverse. The rows themselves are in `hf_table`.
 
@@ -99,6 +99,11 @@ class Row:
     norms: tuple[str, str] = ("q_norm", "k_norm")
     norm_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     alibi: Callable[[nn.Module, int], Tensor] | None = None  # module, heads -> slopes (h)
+    # T5's relative position bias: module, its model (or None) -> (the nn.Embedding holding the table
+    # (buckets, h), whether the module owns it), or None on layers without one (cross-attention)
+    rel_bias: Callable[[nn.Module, nn.Module | None], tuple[nn.Module, bool] | None] | None = None
+    rel_buckets: Get = "relative_attention_num_buckets"  # read where rel_bias gives a table
+    rel_max_distance: Get = "relative_attention_max_distance"
     checks: tuple[Check, ...] = ()  # configs of this class the zoo refuses
 
     def modifiers(self) -> tuple[str, ...]:
@@ -108,6 +113,7 @@ class Row:
             mods.append("rope-interleaved" if self.rope_interleaved else "rope")
         for name, on in (
             ("alibi", self.alibi),
+            ("rel_buckets", self.rel_bias),
             ("window", self.window),
             ("softcap", self.softcap),
             ("qk_norm", self.qk_norm),
@@ -227,7 +233,8 @@ def layer_type(m: nn.Module) -> str | None:
 
 
 def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
-    """rope_theta / rope_dim from `config.rope_parameters`; anything but the default rotary is refused."""
+    """rope_theta / rope_dim / rope_scale from `config.rope_parameters`: the default rotary, or "linear" (the
+    frequencies divided by `factor`); every other rope_type is refused, named."""
     params = getattr(m.config, "rope_parameters", None)
     kind = layer_type(m)
     if isinstance(params, dict) and kind in params and isinstance(params[kind], dict):
@@ -235,11 +242,12 @@ def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
     if not isinstance(params, dict) or "rope_theta" not in params:
         raise HFConversionError(f"{cls_name(m)}: config.rope_parameters={params!r} has no rope_theta")
     rope_type = params.get("rope_type", "default")
-    if rope_type != "default":
+    if rope_type not in ("default", "linear"):
         raise HFConversionError(
             f"{cls_name(m)}: config.rope_parameters rope_type={rope_type!r} (scaled rotary frequencies) is not "
-            f"expressible in the zoo, which models the default rotary only"
+            f"expressible in the zoo, which models the default rotary and linear scaling (rope_scale) only"
         )
+    scale = float(params["factor"]) if rope_type == "linear" else 1.0
     factor = float(params.get("partial_rotary_factor", 1.0))
     if not partial and factor != 1.0:
         raise HFConversionError(
@@ -247,7 +255,11 @@ def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
             f"rotary does not read; refusing rather than guessing which dims rotate"
         )
     rope_dim = int(head_dim * factor)
-    return {"rope_theta": float(params["rope_theta"]), "rope_dim": None if rope_dim == head_dim else rope_dim}
+    return {
+        "rope_theta": float(params["rope_theta"]),
+        "rope_dim": None if rope_dim == head_dim else rope_dim,
+        "rope_scale": None if scale == 1.0 else scale,
+    }
 
 
 def _norm_eps(norm: nn.Module) -> float:
@@ -260,8 +272,9 @@ def _norm_eps(norm: nn.Module) -> float:
 # -- the reader and the writer -------------------------------------------------------------------
 
 
-def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
-    """(spec, projections) of module `m` as `row` describes it; refusals raise HFConversionError."""
+def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[AttentionSpec, Projections]:
+    """(spec, projections) of module `m` as `row` describes it; refusals raise HFConversionError.
+    `model`: the model `m` sits in, for a row that reads state another layer holds (T5's shared table)."""
     if row.refused is not None:
         raise HFConversionError(f"{row.cls}: {row.refused}")
     for check in row.checks:
@@ -294,7 +307,7 @@ def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
         got = value(m, get)
         if got is not None:
             fields[field] = int(got) if field == "window" else float(got)
-    q_norm = k_norm = slopes = None
+    q_norm = k_norm = slopes = rel = None
     if row.qk_norm is not None:
         nq, nk = (value(m, path) for path in row.norms)
         eq, ek = _norm_eps(nq), _norm_eps(nk)
@@ -305,6 +318,10 @@ def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
     if row.alibi is not None:
         fields["alibi"] = True
         slopes = row.alibi(m, h).to(wq.dtype)
+    held = row.rel_bias(m, model) if row.rel_bias is not None else None
+    if held is not None:
+        fields.update(rel_buckets=int(value(m, row.rel_buckets)), rel_max_distance=int(value(m, row.rel_max_distance)))
+        rel = held[0].weight.detach().clone()
     d_context = value(m, row.context)
     if d_context is not None:
         fields["d_context"] = int(d_context)
@@ -319,12 +336,21 @@ def read(row: Row, m: nn.Module) -> tuple[AttentionSpec, Projections]:
         scale=default_scale(float(value(m, row.scale)), d),
         **fields,
     )
-    p = Projections(wq, wk, wv, wo, bq, bk, bv, bo, q_norm=q_norm, k_norm=k_norm, alibi_slopes=slopes)
+    p = Projections(wq, wk, wv, wo, bq, bk, bv, bo, q_norm=q_norm, k_norm=k_norm, alibi_slopes=slopes, rel_bias=rel)
     return spec, p
 
 
-def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections) -> None:
+def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections, model: nn.Module | None = None) -> None:
     """Write projections `p` (of a block with `spec`, the one `read` gives for `m`) into module `m`."""
+    held = row.rel_bias(m, model) if row.rel_bias is not None and p.rel_bias is not None else None
+    if held is not None and not held[1]:
+        shared = held[0].weight
+        if not torch.equal(p.rel_bias.to(shared), shared):
+            raise HFConversionError(
+                f"the block's relative bias table is not the one {row.cls} layer {getattr(m, 'layer_idx', '?')} "
+                f"reads (its stack's first layer holds it for every layer); write the table through that first "
+                f"layer's module, or permute/prune no heads of a layer that does not own it"
+            )
     if row.alibi is not None and p.alibi_slopes is not None:
         want = row.alibi(m, spec.heads).to(p.alibi_slopes)
         # the zoo's own slopes (fresh blocks) differ from the model's fp32 powers by rounding only
@@ -344,6 +370,8 @@ def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections) -> None:
         for path, w, b in ((row.q, p.w_q, p.b_q), (row.k, p.w_k, p.b_k), (row.v, p.w_v, p.b_v)):
             write_linear(value(m, path), w, b, path, row.conv1d)
     write_linear(value(m, row.out), p.w_o, p.b_o, row.out, row.conv1d)
+    if held is not None and held[1]:  # the layer owns the table (T5: every layer of the stack reads it)
+        held[0].weight.copy_(p.rel_bias)
     if row.qk_norm is not None and p.q_norm is not None:
         for path, weight in zip(row.norms, (p.q_norm, p.k_norm)):
             value(m, path).weight.copy_(weight - row.norm_offset)

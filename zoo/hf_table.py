@@ -23,6 +23,8 @@ from .hf_checks import (
     fixed_rope,
     layernorm_qk,
     mpt_slopes,
+    t5_bias,
+    t5_context,
 )
 from .hf_rows import Check, Row
 
@@ -83,6 +85,25 @@ BART = Row(
 )
 
 ROBERTA = _like(BERT, family="RoBERTa", cls="RobertaAttention")
+
+T5 = Row(
+    family="T5",
+    cls="T5Attention",
+    covers="self-attention (encoder: bidirectional; decoder: causal) with the relative position bias of its "
+    "stack's first layer (layers after the first: from_hf(module, model=model)), no score scaling; and the "
+    "decoder's cross-attention (EncDecAttention: block(x, context))",
+    q="q",
+    k="k",
+    v="v",
+    out="o",
+    c="d_model",
+    h="n_heads",
+    g=None,
+    d="key_value_proj_dim",
+    causal="is_causal",
+    context=t5_context,
+    rel_bias=t5_bias,
+)
 
 ROWS: tuple[Row, ...] = (
     BERT,
@@ -323,12 +344,9 @@ ROWS: tuple[Row, ...] = (
     _like(BART, family="Marian", cls="MarianAttention"),
     _like(BART, family="Pegasus", cls="PegasusAttention"),
     _like(BART, family="Whisper", cls="WhisperAttention"),
-    Row(
-        family="T5",
-        cls="T5Attention",
-        refused="T5 adds a learned relative position bias by buckets (shared from the first layer) and does not "
-        "scale the scores; the zoo has no relative-bucket modifier yet",
-    ),
+    T5,
+    _like(T5, family="MT5", cls="MT5Attention"),
+    _like(T5, family="UMT5", cls="UMT5Attention", covers=T5.covers.replace(" of its stack's first layer", "")),
     # -- vision
     _like(VIT, family="DeiT", cls="DeiTAttention"),
     _like(VIT, family="DINOv2", cls="Dinov2Attention"),

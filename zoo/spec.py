@@ -50,7 +50,10 @@ class AttentionSpec:
     rope_theta: float | None = None  # rotary positions on Q and K, base theta (LLaMA: 500000.0); None = off
     rope_dim: int | None = None  # rotated leading dims of each head, even; None = all of d_k (NeoX: partial)
     rope_interleaved: bool = False  # False: rotate halves (NeoX/LLaMA); True: adjacent pairs (GPT-J)
+    rope_scale: float | None = None  # linear rope scaling: positions divided by it (Gemma-3 global: 8.0); None = 1
     alibi: bool = False  # per-head linear distance bias, Press et al./BLOOM slopes
+    rel_buckets: int | None = None  # T5's learned per-head bias over bucketed key - query distances; None = off
+    rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket
     window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
     qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)

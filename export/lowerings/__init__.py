@@ -26,8 +26,8 @@ def record(name: str) -> Lowering:
 
 
 # The README's table rows: each modifier (by its name in zoo/modifiers/) and its README label.
-_ROWS = (("rope", "rotary (any `rope_dim`)"), ("alibi", "ALiBi"), ("window", "window"), ("softcap", "softcap"))
-_ROWS += (("qk_norm", "QK-norm"), ("clip_qkv", "clip_qkv"))
+_ROWS = (("rope", "rotary (any `rope_dim`, `rope_scale`)"), ("alibi", "ALiBi"), ("rel_buckets", "T5 relative buckets"))
+_ROWS += (("window", "window"), ("softcap", "softcap"), ("qk_norm", "QK-norm"), ("clip_qkv", "clip_qkv"))
 
 
 def support_table() -> str:

@@ -29,6 +29,10 @@ LOWERING = Lowering(
     modifiers={
         "rope": Limit("rope_dim / 2 a multiple of 8", _rotary_pairs),
         "window": Limit("causal only (local_window_size looks back)", _window_causal),
+        "rel_buckets": Limit(
+            "the hand-built GroupQueryAttention graph (export/gqa.py) does not build T5's bucketed bias; "
+            "use a traced lowering"
+        ),
     },
     # The static cache: the op's past and present are one bound buffer of capacity n; seqlens_k =
     # past_len + t - 1 tells it where to write and how many keys to read (export/gqa.py).

@@ -90,3 +90,17 @@ def test_auto_passes_gqa_by_for_a_head_size_its_kernel_refuses(tmp_path):
     torch.testing.assert_close(
         OnnxSession(r.path, provider="cpu", verbose=False).run(x), block(x), rtol=1e-4, atol=1e-5
     )
+
+
+def test_t5_buckets_are_refused_by_the_record_and_by_the_builder():
+    """The ort-gqa record names T5's bias (export_onnx and auto read it); a direct call of the builder
+    refuses too, rather than building a graph without the bias."""
+    from export import gqa
+    from export.errors import ExportError
+    from export.io import interface
+
+    block = zoo.create("mha-causal", d_model=32, heads=2, rel_buckets=8, rel_max_distance=12).eval()
+    assert "T5's bucketed bias" in why_not("ort-gqa", block.spec)
+    ins, outs = interface(block.spec, need_weights=False, with_mask=False, with_head_mask=False)
+    with pytest.raises(ExportError, match="no T5 relative-bucket bias"):
+        gqa.build(block, "float32", ins, outs)

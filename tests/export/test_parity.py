@@ -252,3 +252,47 @@ def test_4_api_checks_skip_an_unusable_provider_alike():
     step = parity.check_decode("mha-causal", "decomposed", provider="cuda")
     for row in (full, step):
         assert row.status == "SKIP" and why in row.reason, row
+
+
+# T5's relative buckets are computed in the graph from the positions: 8 buckets up to distance 12,
+# exported at t = 5 and run up to t = 64 (SHAPES), so a bucket table baked in for the export length, or
+# a log bucket missed by ONNX Runtime's Log, would miss. Both directions (bidirectional for two
+# lowerings, causal for one); the decode export (static cache, in-graph positions after a past) too.
+T5_SMALL = dict(d_model=32, heads=4, scale=1.0, rel_buckets=8, rel_max_distance=12)
+
+
+@pytest.mark.parametrize("lowering", ["decomposed", "onnx-attention", "ort-mha"])
+def test_t5_buckets_at_unseen_lengths(lowering, tmp_path):
+    causal = lowering == "onnx-attention"
+    row = check("mha-separate-nobias", lowering, case="masked", workdir=tmp_path, causal=causal, **T5_SMALL)
+    _assert_pass(row)
+    gqa = check("mha-separate-nobias", "ort-gqa", case="masked", workdir=tmp_path, causal=True, **T5_SMALL)
+    assert gqa.status == "SKIP" and "T5's bucketed bias" in gqa.reason
+
+
+def test_t5_buckets_decode_with_the_static_cache(tmp_path):
+    from export.parity import check_decode
+
+    row = check_decode("mha-separate-nobias", "decomposed", cache="static", workdir=tmp_path, causal=True, **T5_SMALL)
+    assert row.status == "PASS", f"{row.reason} (max abs {row.max_abs:.2e})"
+
+
+def test_t5_bucket_edges_under_onnx_runtime(tmp_path):
+    """T5's own 32 buckets up to 128 put range edges on whole distances (16, 32, 64, 128: log ratios of
+    exactly 1/4, 1/2, 3/4, 1), where ONNX Runtime's Log rounding one ulp off T5's would move a bucket.
+    With W_Q zeroed the scores are the bias alone, so one moved bucket moves y by far more than 1e-5;
+    300 positions reach every edge in both directions."""
+    from export import OnnxSession, export_onnx
+
+    torch.manual_seed(0)
+    m = zoo.create("t5-base-encoder", d_model=64, heads=4).eval()
+    with torch.no_grad():
+        m.q_proj.weight.zero_()
+        m.mods["rel_buckets"].table.mul_(3)
+    path = tmp_path / "t5.onnx"
+    export_onnx(m, path, lowering="decomposed")
+    x = torch.randn(1, 300, 64)
+    with torch.no_grad():
+        y = m(x)
+    err = (torch.as_tensor(OnnxSession(str(path), "cpu").run(x)) - y).abs().max().item()
+    assert err <= TOLERANCE["float32"].atol, f"max abs err {err:.2e}"

@@ -21,6 +21,8 @@ def test_no_bias_formula_from_the_design(name):
     expected = s.d_model * h * dk + s.d_kv_in * (g * dk + g * dv) + h * dv * s.d_model
     # QK-norm's RMSNorm weights: one d_k vector each for Q and K ("head"), or h*d_k and g*d_k ("full")
     expected += {None: 0, "head": 2 * dk, "full": h * dk + g * dk}[s.qk_norm]
+    # T5's relative bias table: one learned value per bucket and head
+    expected += (s.rel_buckets or 0) * h
     assert zoo.count_parameters(s) == expected
 
 

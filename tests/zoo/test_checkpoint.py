@@ -186,9 +186,15 @@ def test_an_older_config_json_is_read():
     assert zoo.spec_from_config(gemma2, layer=1).window is None
     gemma3 = dict(gemma2, model_type="gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4, sliding_window_pattern=2)
     gemma3["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}  # the global layers' only
-    assert (zoo.spec_from_config(gemma3, layer=0).rope_theta, zoo.spec_from_config(gemma3, layer=0).window) == (1e4, 4)
-    with pytest.raises(zoo.HFConversionError, match="rope_type='linear'"):
+    local, glob = zoo.spec_from_config(gemma3, layer=0), zoo.spec_from_config(gemma3, layer=1)
+    assert (local.rope_theta, local.window, local.rope_scale) == (1e4, 4, None)
+    assert (glob.rope_theta, glob.window, glob.rope_scale) == (1e6, None, 8.0)
+    gemma3["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}  # other scalings stay refused, named
+    with pytest.raises(zoo.HFConversionError, match="rope_type='yarn'"):
         zoo.spec_from_config(gemma3, layer=1)
+    t5 = {"model_type": "t5", "d_model": 64, "num_heads": 4, "d_kv": 16, "num_layers": 2}
+    with pytest.raises(zoo.HFConversionError, match=r"model_type='t5'.*use zoo.from_hf\(module\)"):
+        zoo.spec_from_config(t5)
 
 
 def test_no_transformers_is_needed(saved):

@@ -153,10 +153,16 @@ def test_a_causal_lm_checkpoint_has_its_model_prefix(tmp_path):
 def test_spec_from_config_refuses_what_from_hf_refuses_and_reads_clip_qkv():
     cfg = transformers.LlamaConfig(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=50,
-        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
     )  # fmt: skip
-    with pytest.raises(zoo.HFConversionError, match="rope_type='linear'"):
+    with pytest.raises(zoo.HFConversionError, match="rope_type='dynamic'"):
         zoo.spec_from_config(cfg)
+    cfg.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}  # read, as from_hf does
+    assert (
+        zoo.spec_from_config(cfg).rope_scale
+        == 2.0
+        == zoo.hf.spec_from_hf(transformers.LlamaModel(cfg).layers[0].self_attn).rope_scale
+    )
     olmo = transformers.OlmoConfig(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=50, clip_qkv=8.0
     )

@@ -317,7 +317,8 @@ def capture(name: str) -> Captured:
         h.remove()
     args, kwargs = seen["args"], seen["kwargs"]
     x = args[0] if args else kwargs["hidden_states"]
-    context = kwargs.get("key_value_states")  # BART / Whisper encoder_attn
+    # BART / Whisper encoder_attn, T5's EncDecAttention; UMT5 names it encoder_hidden_states
+    context = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
     y = seen.get("dense", seen["full"])
     if case.residual_kwarg:
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
@@ -335,14 +336,14 @@ def eager_error(name: str) -> tuple[str, float]:
     """(class, eager max abs error) of the case: what scripts/measure_hf.py records."""
     c = capture(name)
     with torch.no_grad():
-        y = zoo.from_hf(c.module)(c.x, c.context, mask=_key_mask(c.keep))
+        y = zoo.from_hf(c.module, model=c.model)(c.x, c.context, mask=_key_mask(c.keep))
     return type(c.module).__name__, (y - c.y).abs().max().item()
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_eager_parity(name):
     c = capture(name)
-    block = zoo.from_hf(c.module)
+    block = zoo.from_hf(c.module, model=c.model)
     for field, value in (CASES[name].spec_checks or {}).items():
         got = getattr(block.spec, field)
         assert got == pytest.approx(value) if isinstance(value, float) else got == value, (field, got, value)
@@ -357,10 +358,12 @@ def test_eager_parity(name):
     assert recorded["class"] == cls, (recorded, cls)
     low, high = recorded["eager_max_abs_err"] / 8 - 1e-7, recorded["eager_max_abs_err"] * 8 + 1e-7
     assert low <= err <= high, f"{name}: measured {err:.2e}, zoo/hf_measured.json says {recorded}"
-    # the window, the cap and the clamp bite at these sizes: the block without them misses the reference
-    for field in ("window", "softcap", "clip_qkv"):
+    # the window, the cap, the clamp, the rope scale and T5's buckets bite at these sizes: the block
+    # without them misses the reference
+    for field in ("window", "softcap", "clip_qkv", "rope_scale", "rel_buckets"):
         if getattr(block.spec, field) is not None:
-            without = zoo.heads.build(block.spec.replace(**{field: None}), zoo.get_projections(block))
+            off = {field: None, **({"rel_max_distance": 128} if field == "rel_buckets" else {})}
+            without = zoo.heads.build(block.spec.replace(**off), zoo.get_projections(block))
             with torch.no_grad():
                 miss = (without(c.x, c.context, mask=_key_mask(c.keep)) - c.y).abs().max().item()
             assert miss > 1e-3, f"{name}: {field} makes no difference here ({miss:.1e})"
@@ -389,7 +392,7 @@ def _split_lowerings(name: str, block: zoo.MultiHeadAttention) -> tuple[list[str
 
 def _onnx_check(name: str, tmp_path, which: int) -> None:
     c = capture(name)
-    block = zoo.from_hf(c.module)
+    block = zoo.from_hf(c.module, model=c.model)
     assert why_not("decomposed", block.spec) is None  # the plain lowering expresses every block
     lowerings = _split_lowerings(name, block)[which]
     if not lowerings:
@@ -421,6 +424,10 @@ def test_onnx_parity_every_lowering(name, tmp_path):
     _onnx_check(name, tmp_path, 1)
 
 
+def _path(c: Captured) -> str:
+    return next(n for n, sub in c.model.named_modules() if sub is c.module)
+
+
 def _replay(module: nn.Module, c: Captured) -> Tensor:
     with torch.no_grad():
         out = module(*c.args, **c.kwargs)
@@ -431,17 +438,19 @@ def _replay(module: nn.Module, c: Captured) -> Tensor:
 def test_round_trip(name):
     """to_hf(from_hf(m), fresh) makes fresh compute m's output; the fresh weights all get overwritten."""
     c = capture(name)
-    block = zoo.from_hf(c.module)
-    fresh = _randomize(copy.deepcopy(c.module), seed=7)
+    block = zoo.from_hf(c.module, model=c.model)
+    # the module inside a copy of its model (T5's later layers read the first layer's table there)
+    model = copy.deepcopy(c.model)
+    fresh = _randomize(next(sub for n, sub in model.named_modules() if n == _path(c)), seed=7)
     if CASES[name].output_is_dense_of is not None:  # BERT's LayerNorm is outside the block: keep m's
         norm = zoo.hf_rows.value(c.module, CASES[name].layernorm)
         zoo.hf_rows.value(fresh, CASES[name].layernorm).load_state_dict(norm.state_dict())
     assert (_replay(fresh, c) - c.full).abs().max().item() > 1e-3  # fresh really differs before
-    assert zoo.to_hf(block, fresh) is fresh
+    assert zoo.to_hf(block, fresh, model=model) is fresh
     err = (_replay(fresh, c) - c.full).abs().max().item()
     assert err <= 1e-6, f"{name}: round trip max abs err {err:.2e}"
     # and back again: the same block
-    again = zoo.from_hf(fresh)
+    again = zoo.from_hf(fresh, model=model)
     for (k, v), (k2, v2) in zip(block.state_dict().items(), again.state_dict().items()):
         assert k == k2 and torch.equal(v, v2), k
 
@@ -501,13 +510,41 @@ def test_a_part_of_a_block_points_to_the_whole():
         zoo.from_hf(bert.self)
 
 
-def test_rope_scaling_is_refused():
-    cfg = transformers.LlamaConfig(
-        **LLAMA, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
-    )
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ],
+    ids=lambda p: p["rope_type"],
+)
+def test_rope_scaling_other_than_linear_is_refused(params):
+    cfg = transformers.LlamaConfig(**LLAMA, rope_parameters=dict(params, rope_theta=10000.0))
     attn = transformers.LlamaModel(cfg).layers[0].self_attn
-    with pytest.raises(zoo.HFConversionError, match="rope_type='linear'"):
+    with pytest.raises(zoo.HFConversionError, match=f"rope_type='{params['rope_type']}'"):
         zoo.from_hf(attn)
+
+
+def test_linear_rope_scaling_divides_the_positions():
+    """LLaMA with rope_type linear: the block's rope_scale, and the same function as the module."""
+    cfg = transformers.LlamaConfig(**LLAMA, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.5})
+    model = _randomize(transformers.LlamaModel(cfg))
+    block = zoo.from_hf(model.layers[0].self_attn)
+    assert block.spec.rope_scale == 2.5 and "positions/2.5" in block.spec.describe()
+    x = torch.randn(2, 9, 64)
+    pos = torch.arange(9)[None]
+    cos_sin = model.rotary_emb(x, pos)
+    with torch.no_grad():
+        want = model.layers[0].self_attn(x, position_embeddings=cos_sin, attention_mask=None)[0]
+        err = (block(x) - want).abs().max().item()
+    assert err <= ATOL, f"linear rope: max abs err {err:.2e}"
 
 
 def test_phi_layernorm_on_qk_is_refused():
@@ -691,6 +728,39 @@ PRESET_MODULES = {
             rms_norm_eps=1e-6,
         ),
     ),
+    "gemma-3-12b-global": (
+        "gemma3",
+        "Gemma3Attention",
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=3840,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            sliding_window=1024,
+            num_hidden_layers=1,
+            layer_types=["full_attention"],  # layer 0 global here (every 6th in the real model)
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+            },
+            rms_norm_eps=1e-6,
+        ),
+    ),
+    "starcoder2-7b": (
+        "starcoder2",
+        "Starcoder2Attention",
+        "Starcoder2Config",
+        dict(
+            hidden_size=4608,
+            num_attention_heads=36,
+            num_key_value_heads=4,
+            rope_theta=1e6,
+            sliding_window=4096,
+            use_bias=True,
+        ),
+    ),
 }
 
 
@@ -748,9 +818,18 @@ def _whisper_base(cross: bool) -> nn.Module:
     return WhisperAttention(512, 8, is_decoder=cross, config=cfg)
 
 
+def _t5_base_encoder() -> nn.Module:
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    # google-t5/t5-base: d_model 768, num_heads 12, d_kv 64, 32 buckets, max_distance 128 (the default)
+    cfg = transformers.T5Config(d_model=768, num_heads=12, d_kv=64, relative_attention_num_buckets=32)
+    return T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0, is_causal=False)
+
+
 # presets whose modules are not built from a config alone (ModernBERT's layer kinds, Whisper's
-# constructor taking sizes): module factory on the meta device
+# constructor taking sizes, T5's first layer): module factory on the meta device
 OTHER_PRESET_MODULES = {
+    "t5-base-encoder": _t5_base_encoder,
     "modernbert-base": lambda: _modernbert_base(0),
     "modernbert-base-local": lambda: _modernbert_base(1),
     "whisper-base-encoder": lambda: _whisper_base(cross=False),
@@ -766,3 +845,24 @@ def test_other_preset_matches_the_real_module(preset):
     got_r, want_r = _resolved(zoo.hf.spec_from_hf(module).replace(layout=want.layout)), _resolved(want)
     diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
     assert not diff, f"{preset}: from_hf reads / preset holds {diff}"
+
+
+def test_a_later_t5_layer_reads_the_first_layers_table():
+    """T5 keeps its bias table in the stack's first layer: a later layer needs model=, gets that table, and
+    to_hf into it takes only that table (it cannot hold another)."""
+    c = capture("t5-layer1")
+    with pytest.raises(zoo.HFConversionError, match=r"^T5Attention layer 1 has no relative_attention_bias .*model="):
+        zoo.from_hf(c.module)
+    first = c.model.encoder.block[0].layer[0].SelfAttention
+    block = zoo.from_hf(c.module, model=c.model)
+    assert torch.equal(block.mods["rel_buckets"].table, first.relative_attention_bias.weight)
+    other = copy.deepcopy(c.model)
+    with pytest.raises(zoo.HFConversionError, match="is not inside the T5Model given as model="):
+        zoo.from_hf(c.module, model=other)
+    permuted = zoo.permute_heads(block, [1, 0, 2, 3])  # same function, its table's columns swapped
+    with pytest.raises(zoo.HFConversionError, match="relative bias table is not the one T5Attention layer 1 reads"):
+        zoo.to_hf(permuted, c.module, model=c.model)
+    # into the first layer it goes, table and all (every layer of the stack reads it from there)
+    owner = copy.deepcopy(first)
+    zoo.to_hf(zoo.permute_heads(zoo.from_hf(first), [1, 0, 2, 3]), owner)
+    assert torch.equal(owner.relative_attention_bias.weight, first.relative_attention_bias.weight[:, [1, 0, 2, 3]])

@@ -1,4 +1,5 @@
-"""Rotary positions, ALiBi, sliding window, softcap and QK-norm: their math, checks and head operations."""
+"""Rotary positions, ALiBi, T5's relative buckets, sliding window, softcap and QK-norm: their math, checks
+and head operations."""
 
 import math
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.modifiers import ALiBi, Rotary, alibi_slopes
+from zoo.modifiers import ALiBi, RelativeBuckets, Rotary, alibi_slopes, relative_bucket
 
 D = dict(d_model=64, heads=4)
 
@@ -39,6 +40,17 @@ def close(a, b, tol=1e-6):
         (dict(clip_qkv=-1.0), "clip_qkv"),
         (dict(clip_qkv=float("inf")), "clip_qkv"),
         (dict(clip_qkv=True), "clip_qkv"),
+        (dict(rope_scale=8.0), "set rope_theta"),
+        (dict(rope_theta=1e4, rope_scale=0.5), "rope_scale"),
+        (dict(rope_theta=1e4, rope_scale=float("inf")), "rope_scale"),
+        (dict(rel_buckets=32, d_context=32), "cross-attention"),
+        (dict(rel_buckets=3), r"rel_buckets=3 must be an integer in 4\.\.65536"),
+        (dict(rel_buckets=1, causal=True), r"integer in 2\.\.65536"),
+        (dict(rel_buckets=32.0), "rel_buckets"),
+        (dict(rel_buckets=True), "rel_buckets"),
+        (dict(rel_buckets=32, rel_max_distance=8), "rel_max_distance=8 must exceed the 8 exact"),
+        (dict(rel_buckets=32, rel_max_distance=0), "rel_max_distance=0 must be an integer"),
+        (dict(rel_max_distance=64), "set rel_buckets"),
     ],
 )
 def test_invalid_modifier_values_are_spec_errors(fields, match):
@@ -302,3 +314,98 @@ def test_rotary_angles_stay_fp32_in_any_dtype(dtype):
     cos, _ = rot.cos_sin(pos, torch.float32)
     inv = 1 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
     assert torch.equal(cos[0, 0], (pos[..., None].float() * inv).cos()[0])
+
+
+# -- T5's relative position buckets ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("buckets, max_distance", [(32, 128), (8, 12), (33, 200), (4, 5)])
+def test_relative_buckets_are_t5s(causal, buckets, max_distance):
+    """The bucket function against transformers' own, and the plain reference, over +-4 max_distance."""
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    if causal is False and buckets < 4:
+        pytest.skip("bidirectional needs 4 buckets")
+    rel = torch.arange(-4 * max_distance, 4 * max_distance + 1)
+    want = t5.T5Attention._relative_position_bucket(
+        rel, bidirectional=not causal, num_buckets=buckets, max_distance=max_distance
+    )
+    got = relative_bucket(rel, bidirectional=not causal, buckets=buckets, max_distance=max_distance)
+    assert torch.equal(got, want), (rel[got != want][:5], got[got != want][:5], want[got != want][:5])
+    spec = zoo.spec("mha-separate-nobias", **D, causal=causal, rel_buckets=buckets, rel_max_distance=max_distance)
+    plain = torch.tensor([RelativeBuckets.reference(spec, j) for j in rel.tolist()])
+    assert torch.equal(plain, want)
+    assert int(want.max()) == buckets - 1 - (buckets % 2 if not causal else 0)  # the far bucket is reached
+
+
+def test_relative_bias_values_count_and_describe():
+    m = zoo.create("mha-separate-nobias", **D, rel_buckets=8, rel_max_distance=12, scale=1.0).double()
+    table = m.mods["rel_buckets"].table
+    assert zoo.count_parameters(m) == zoo.count_parameters(m.spec) == 4 * 64 * 64 + 8 * 4
+    assert "rel-buckets(8, max_distance=12, bidirectional)" in m.spec.describe()
+    pos = torch.arange(6)[None]
+    bias = m.mods["rel_buckets"].score_bias(pos, pos, torch.float64)
+    assert bias.shape == (1, 4, 6, 6)
+    # i=0, j=3: key after the query, distance 3 -> bucket 4 + (2 + log bucket) = 6 ... read off the function
+    b = relative_bucket(torch.tensor(3), bidirectional=True, buckets=8, max_distance=12).item()
+    assert b >= 4 and torch.equal(bias[0, :, 0, 3], table[b].double())
+    assert torch.equal(
+        bias[0, :, 3, 0],
+        table[relative_bucket(torch.tensor(-3), bidirectional=True, buckets=8, max_distance=12).item()].double(),
+    )
+
+
+def test_relative_bias_follows_its_heads_and_decodes():
+    m = zoo.create("gqa", causal=True, rel_buckets=8, rel_max_distance=12).eval()
+    x = torch.randn(2, 20, 64)  # distances up to 19: every bucket
+    perm = [4, 5, 6, 7, 1, 0, 3, 2]
+    pm = zoo.permute_heads(m, perm)
+    close(pm(x), m(x), 1e-5)
+    assert torch.equal(pm.mods["rel_buckets"].table, m.mods["rel_buckets"].table[:, perm])
+    pr = zoo.prune_heads(m, [3, 7])
+    hm = torch.ones(8)
+    hm[[3, 7]] = 0
+    close(pr(x), m(x, head_mask=hm), 1e-5)
+    assert torch.equal(pr.mods["rel_buckets"].table, m.mods["rel_buckets"].table[:, [0, 1, 2, 4, 5, 6]])
+    close(zoo.to_separate(zoo.to_combined(m))(x), m(x), 1e-6)
+    # the growing cache and the static one give the rows of the full forward
+    y = m(x)
+    _, pk, pv = m.decode(x[:, :7])
+    y2, _, _ = m.decode(x[:, 7:], pk, pv)
+    close(y2, y[:, 7:], 1e-5)
+    cache = zoo.StaticCache.empty(m.spec, batch=2, max_len=24)
+    ys = [m.decode(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 20))]
+    close(torch.cat(ys, 1), y, 1e-5)
+    # the bias bites: without it, another function
+    plain = zoo.heads.build(m.spec.replace(rel_buckets=None, rel_max_distance=128), zoo.get_projections(m))
+    assert (plain(x) - y).abs().max() > 1e-3
+
+
+def test_relative_buckets_audit_catches_a_wrong_bucket():
+    from zoo.audit import run_audit
+
+    m = zoo.create("mha-separate-nobias", **D, rel_buckets=8, rel_max_distance=12)
+    steps = run_audit(m, seq=9)
+    assert all(s.ok for s in steps), [(s.title, s.detail) for s in steps if not s.ok]
+    assert any(s.title.startswith("rel_buckets") and "0 differ" in s.detail for s in steps)
+    mod = m.mods["rel_buckets"]
+    right = mod.buckets
+    mod.buckets = lambda rel: right(rel).clamp_max(6)  # the last bucket never used
+    bad = {s.title: s.ok for s in run_audit(m, seq=9)}
+    assert not bad["rel_buckets: T5's buckets and relative positions"]
+    assert not bad["per head: mask, softmax rows, masked weights"]
+
+
+# -- linear rope scaling ------------------------------------------------------------------------------
+
+
+def test_rope_scale_divides_the_positions():
+    """rope_scale=k at position p rotates as the unscaled rotary at p / k: at multiples of k, exactly."""
+    m = zoo.create("mha-causal", **D, rope_theta=1e4, rope_scale=4.0).double()
+    plain = zoo.heads.build(m.spec.replace(rope_scale=None), zoo.get_projections(m)).double()
+    x = torch.randn(2, 6, 64, dtype=torch.float64)
+    pos = torch.arange(6)
+    close(m(x, positions=4 * pos), plain(x, positions=pos), 1e-6)
+    assert (m(x) - plain(x)).abs().max() > 1e-3
+    assert "positions/4" in m.spec.describe()
+    assert torch.equal(Rotary.frequencies(m.spec) * 4, Rotary.frequencies(m.spec.replace(rope_scale=None)))

@@ -1,5 +1,5 @@
-"""Projection, position and score modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, sliding window,
-logit softcap.
+"""Projection, position and score modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, T5's relative
+position buckets, sliding window, logit softcap.
 
 Each modifier is one class that says everything about itself:
 
@@ -26,7 +26,7 @@ What a lowering cannot express for a modifier lives on the export side, in each 
 record (export/lowerings/), keyed by the modifier's `name`: zoo knows nothing of ONNX.
 
 One module per family: `base` (the protocol, shared helpers), `clip`, `qk_norm`, `rotary`, `alibi`,
-`scores` (window, softcap); this package lists them in order of application and re-exports
+`relative` (T5's buckets), `scores` (window, softcap); this package lists them in order of application and re-exports
 every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
@@ -50,6 +50,7 @@ from .base import (
 )
 from .clip import ClipQKV
 from .qk_norm import QK_NORMS, QKNorm, rms_norm
+from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
 
@@ -64,6 +65,7 @@ __all__ = [
     "Modifier",
     "PruneRefusal",
     "QKNorm",
+    "RelativeBuckets",
     "Rotary",
     "Softcap",
     "Window",
@@ -74,6 +76,7 @@ __all__ = [
     "is_number",
     "parameters_added",
     "prune_refusal",
+    "relative_bucket",
     "relative_distance",
     "relative_positions_audit",
     "rms_norm",
@@ -82,7 +85,7 @@ __all__ = [
 
 # The order is the order of application at each stage (the clamp on the projections first, then
 # QK-norm before RoPE, as every model does).
-MODIFIERS: tuple[type[Modifier], ...] = (ClipQKV, QKNorm, Rotary, ALiBi, Window, Softcap)
+MODIFIERS: tuple[type[Modifier], ...] = (ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
 
 
 def check_spec(spec: AttentionSpec) -> None:

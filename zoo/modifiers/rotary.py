@@ -18,12 +18,14 @@ if TYPE_CHECKING:
 class Rotary(Modifier):
     """Rotary position embedding on the first `rope_dim` dims of each Q and K head.
 
-    Pair i of a head rotates by angle pos * theta^(-2i/rope_dim). Halves (NeoX/LLaMA):
+    Pair i of a head rotates by angle pos * theta^(-2i/rope_dim) / rope_scale. Halves (NeoX/LLaMA):
     pair i is (x[i], x[i + rope_dim/2]); interleaved (GPT-J): pair i is (x[2i], x[2i+1]).
+    rope_scale (transformers' rope_type "linear", Gemma-3's global layers: 8) divides the positions,
+    which is dividing the frequencies, as transformers does (inv_freq / factor, in fp32).
     """
 
     name = "rope"
-    fields = ("rope_theta", "rope_dim", "rope_interleaved")
+    fields = ("rope_theta", "rope_dim", "rope_interleaved", "rope_scale")
     # Rotary angles are fp32 (as transformers computes them), so a shift moves y by fp32 rounding.
     shift_tolerance = 1e-6
     HALVES = "... (r n) -> ... n r"  # r = 2: first half, second half
@@ -43,9 +45,10 @@ class Rotary(Modifier):
 
     @staticmethod
     def frequencies(spec: AttentionSpec) -> Tensor:
-        """theta^(-2i/rope_dim) for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
+        """theta^(-2i/rope_dim) / rope_scale for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
         rd = Rotary.rotated(spec)
-        return 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+        inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+        return inv_freq if spec.rope_scale is None else inv_freq / spec.rope_scale
 
     @classmethod
     def active(cls, spec: AttentionSpec) -> bool:
@@ -56,12 +59,18 @@ class Rotary(Modifier):
         if not isinstance(spec.rope_interleaved, bool):
             raise SpecError(f"rope_interleaved={spec.rope_interleaved!r} must be True or False")
         if spec.rope_theta is None:
-            if spec.rope_dim is not None or spec.rope_interleaved:
+            if spec.rope_dim is not None or spec.rope_interleaved or spec.rope_scale is not None:
                 raise SpecError(
-                    f"rope_dim={spec.rope_dim} / rope_interleaved={spec.rope_interleaved} need rotary "
-                    f"positions: set rope_theta (e.g. 10000.0)"
+                    f"rope_dim={spec.rope_dim} / rope_interleaved={spec.rope_interleaved} / "
+                    f"rope_scale={spec.rope_scale} need rotary positions: set rope_theta (e.g. 10000.0)"
                 )
             return
+        sc = spec.rope_scale
+        if sc is not None and (not is_number(sc) or not 1 <= sc <= 1e6):
+            raise SpecError(
+                f"rope_scale={sc!r} must be a number in [1, 1e6] (positions are divided by it; Gemma-3 uses 8.0) "
+                f"or None"
+            )
         if not is_number(spec.rope_theta) or not 1 < spec.rope_theta <= 1e12:
             raise SpecError(f"rope_theta={spec.rope_theta!r} must be a number in (1, 1e12] (e.g. 10000.0)")
         if spec.is_cross:
@@ -80,7 +89,9 @@ class Rotary(Modifier):
     def describe(cls, spec: AttentionSpec) -> str:
         rd = cls.rotated(spec)
         part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
-        return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{', interleaved' if spec.rope_interleaved else ''})"
+        scale = f", positions/{spec.rope_scale:g}" if spec.rope_scale is not None else ""
+        pairs = ", interleaved" if spec.rope_interleaved else ""
+        return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{pairs}{scale})"
 
     def cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32."""
@@ -103,7 +114,24 @@ class Rotary(Modifier):
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
-        return relative_positions_audit(m, x, "rope")
+        title, ok, detail = relative_positions_audit(m, x, "rope")
+        sc = m.spec.rope_scale
+        if sc is None:
+            return title, ok, detail
+        # Linear scaling: position p rotates as p / scale would without it. Written out in float64:
+        # the block's angles at p against theta^(-2i/d) * p / scale.
+        rd = cls.rotated(m.spec)
+        i = torch.arange(0, rd, 2, dtype=torch.float64)
+        pos = torch.arange(x.shape[1], dtype=torch.float64)
+        want = pos[:, None] / sc * m.spec.rope_theta ** (-i / rd)
+        have = pos[:, None] * m.mods["rope"].inv_freq.double()
+        err = (have - want).abs().max().item()
+        return (
+            f"rope: positions / {sc:g} and relative positions",
+            ok and err < 1e-5,
+            f"angles at positions 0..{x.shape[1] - 1} vs theta^(-2i/d) * p / {sc:g}: max err {err:.1e} (fp32); "
+            + detail,
+        )
 
     @classmethod
     def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
