@@ -93,11 +93,13 @@ def decode_cache(provider: str, lowering: str, max_len: int | None) -> str:
     return want
 
 
-# With a static cache, the lowerings that keep one. On the CPU the folded decomposed graph reads each
-# kv head once (GroupQueryAttention's kernel streams it once per query head: at past 16000 of a
-# 16-head, 4-kv-head block it took about 4x the decomposed step); GroupQueryAttention reads only the
-# written prefix, not the whole capacity, so it wins when max_len is far above the run's length
-# (README, "Generation"). CUDA: not measured; ort-gqa's shared buffer is ORT's own decode design there.
+# With a static cache, the lowerings that keep one, measured (`attnzoo bench NAME --decode --paths
+# ort-gqa-static,ort-decomposed-static`; README "Generation", docs/bench/decode-static-lowerings.md):
+# on the CPU the folded decomposed graph reads each kv head once, GroupQueryAttention's kernel once per
+# query head (GQA block, past 16384: 12.9 against 27.3 ms at B 1, 83 against 151 ms at B 8); the op
+# reads only the written prefix, so it wins at short pasts (past 128: 2.8 against 3.2 ms), and with one
+# kv head per query head the two are within 15% either way. CUDA: not measured; the shared buffer is
+# ORT's own decode design there.
 STATIC_DECODE_PREFERENCE = {
     ("cpu", "gqa"): ("decomposed", "ort-gqa"),
     ("cpu", "mha"): ("decomposed", "ort-gqa"),
