@@ -91,13 +91,15 @@ FAMILY_PRESETS = frozenset(
 )
 
 
-def matrix(names: list[str], *, rotate: int | None, lowerings=None):
+def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bool = True):
     """pytest params (name, lowering) for a parity matrix, the costly cells marked `slow`.
 
     rotate=None: every name x every lowering, none slow. rotate=k: each name keeps one traced
     lowering in the default run (the k-th after its own index, so the names share the three
     lowerings out evenly) plus ort-gqa; its other traced lowerings run under `-m slow`.
-    A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, whatever rotate.
+    A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, whatever
+    rotate, and none with families=False (its kind of block is another preset's, and its
+    transformers family is proven under ONNX Runtime in tests/zoo/test_hf.py).
     """
     import pytest
 
@@ -109,7 +111,7 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None):
             turn = lw == TRACED_LOWERINGS[(i + (rotate or 0)) % 3]
             quick = rotate is None or lw not in TRACED_LOWERINGS or turn
             if name in FAMILY_PRESETS:
-                quick = turn
+                quick = turn and families
             marks = () if quick else (pytest.mark.slow,)
             params.append(pytest.param(name, lw, marks=marks, id=f"{name}-{lw}"))
     return params
