@@ -60,9 +60,9 @@ def cmd_preset(args: argparse.Namespace) -> int:
         raise CliError(
             f"-o {args.output}: a preset's name is its file's stem; write --name {args.name} to {args.name}.toml"
         )
+    text = zoo.preset_toml(args.config, args.name, layer=args.layer)  # a shipped name is refused before any write
     if args.output is not None:
         ensure_writable_parent(args.output)
-    text = zoo.preset_toml(args.config, args.name, layer=args.layer)
     if args.output is None:
         sys.stdout.write(text)
         return 0

@@ -4,7 +4,10 @@ Presets are data: one TOML file per name in the repository's `models/` folder, l
 first time the registry is read. `register()` adds more from code. A user's own presets (same
 format, same checks) come from the folders in the `ATTNZOO_PRESETS` environment variable (a path
 list, read when the registry loads) or `add_presets(folder)` at run time; a name that clashes
-with another preset is refused naming both files.
+with another preset is refused naming both files. The shipped presets' names are reserved: no
+user preset, `register()` or `preset_toml` may take one, and `unregister()` does not remove one.
+A folder named twice (or added again) is one folder: a file already registered from the same path
+is not a clash with itself.
 """
 
 from __future__ import annotations
@@ -64,10 +67,23 @@ def register(
 
 
 def unregister(name: str) -> None:
-    """Remove a name added with `register` (tests and notebooks use this)."""
+    """Remove a name added with `register` or a user's preset (tests and notebooks use this).
+    A shipped preset is refused: its name is reserved, and a variant takes a name of its own."""
     _ensure_loaded()
-    _lookup(name)
+    e = _lookup(name)
+    if is_shipped(name):
+        raise ArgumentError(
+            f"{name!r} is a shipped preset ({e.source}); shipped names are reserved and stay registered: "
+            f"register your variant under a name of its own, e.g. 'my-{name}'"
+        )
     del _REGISTRY[name]
+
+
+def is_shipped(name: str) -> bool:
+    """Whether `name` is one of the presets attnzoo ships (models/*.toml): a reserved name."""
+    _ensure_loaded()
+    e = _REGISTRY.get(name) if isinstance(name, str) else None
+    return e is not None and e.source != "code" and Path(e.source).parent in _PRESET_DIRS
 
 
 def names(pattern: str = "*") -> list[str]:
@@ -96,7 +112,9 @@ def create(name: str, *, fused: bool = True, **overrides: Any) -> MultiHeadAtten
 
 def add_presets(folder: str | os.PathLike) -> list[str]:
     """Register every `*.toml` preset in `folder` (the shipped presets' format and checks); returns
-    the names added. All or nothing: a malformed file or a clashing name adds none of the folder's."""
+    the folder's names, all registered. All or nothing: a malformed file or a clashing name adds none
+    of the folder's. Adding a folder again is no clash: a file registered before from the same path
+    is kept (if it has changed since, it is refused: unregister its name first)."""
     if not isinstance(folder, (str, os.PathLike)) or str(folder) == "":
         raise InputTypeError(f"folder must be a path to a folder of *.toml presets, got {folder!r}")
     _ensure_loaded()
@@ -111,7 +129,7 @@ load_presets = add_presets  # the older name
 
 def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
     fields = {k: kw.pop(k) for k in list(kw) if k not in ("description", "reference", "source")}
-    if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t"):
+    if _bad_name(name):
         raise ArgumentError(f"name={name!r} must be a non-empty string without spaces or wildcards")
     if spec is None:
         spec = AttentionSpec(**fields)
@@ -121,12 +139,27 @@ def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
         raise InputTypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
     if name in _REGISTRY:
         where = f" by {kw['source']}" if kw.get("source", "code") != "code" else ""
+        if is_shipped(name):
+            raise DuplicateNameError(_reserved(name, kw.get("source", "code")))
         raise DuplicateNameError(
             f"{name!r} is registered twice{where} and by {_REGISTRY[name].source}; rename one of them"
         )
     e = Entry(name=name, spec=spec, **kw)
     _REGISTRY[name] = e
     return e
+
+
+def _reserved(name: str, source: str) -> str:
+    """The refusal of a user's preset (or `register`) taking a shipped preset's name."""
+    what = f"{source} takes" if source != "code" else "register() takes"
+    return (
+        f"{what} the name {name!r} of a shipped preset ({_REGISTRY[name].source}); shipped names are "
+        f"reserved: give your variant a name of its own, e.g. 'my-{name}'"
+    )
+
+
+def _bad_name(name: object) -> bool:
+    return not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t")
 
 
 def _lookup(name: str) -> Entry:
@@ -154,8 +187,9 @@ def _ensure_loaded() -> None:
 
 
 def user_folders() -> list[Path]:
-    """The folders named by ATTNZOO_PRESETS (empty entries skipped); a missing one is refused."""
-    folders = []
+    """The folders named by ATTNZOO_PRESETS (empty entries skipped, a folder named twice taken once);
+    a missing one is refused."""
+    folders, seen = [], set()
     for part in os.environ.get(ENV, "").split(os.pathsep):
         if not part.strip():
             continue
@@ -164,29 +198,51 @@ def user_folders() -> list[Path]:
             raise PresetFileError(
                 f"{ENV}: {part} is not a folder; name folders of *.toml presets ({os.pathsep}-separated)"
             )
-        folders.append(folder)
+        if folder.resolve() not in seen:  # P:P, P:P/ or a link to P: one folder
+            seen.add(folder.resolve())
+            folders.append(folder)
     return folders
 
 
 def _load_dir(directory: Path) -> list[str]:
     if not directory.is_dir():
+        if directory.exists():
+            raise PresetFileError(
+                f"preset folder {directory} is not a folder; name the folder that holds the *.toml presets"
+                + (f" ({directory.parent})" if directory.suffix == ".toml" else "")
+            )
         raise PresetFileError(f"preset folder {directory} does not exist")
     read = [(read_preset(path), path) for path in sorted(directory.glob("*.toml"))]
-    for (name, _, _), path in read:  # every clash is found before anything is added
-        if name in _REGISTRY:
-            raise DuplicateNameError(
-                f"{name!r} is registered twice: by {path} and by {_REGISTRY[name].source}; rename one of them"
-            )
-    added = []
-    for (name, spec, meta), path in read:
+    new = []
+    for (name, spec, meta), path in read:  # every clash is found before anything is added
+        if name not in _REGISTRY:
+            new.append((name, spec, meta, path))
+            continue
+        old = _REGISTRY[name]
+        if old.source != "code" and Path(old.source).resolve() == path.resolve():  # the same file again
+            if (old.spec, old.description, old.reference) != (spec, meta["description"], meta["reference"]):
+                raise DuplicateNameError(
+                    f"{path} has changed since it was registered as {name!r}; "
+                    f"zoo.unregister({name!r}) first to register the new version"
+                )
+            continue
+        if is_shipped(name):
+            raise DuplicateNameError(_reserved(name, str(path)))
+        raise DuplicateNameError(f"{name!r} is registered twice: by {path} and by {old.source}; rename one of them")
+    for name, spec, meta, path in new:
         _add(name, spec, source=str(path), **meta)
-        added.append(name)
-    return added
+    return [name for (name, _, _), _ in read]
 
 
 def read_preset(path: str | Path) -> tuple[str, AttentionSpec, dict[str, str]]:
     """Parse one preset file: (name, spec, {description, reference}). Name = file stem."""
     path = Path(path)
+    if _bad_name(path.stem):
+        fixed = "".join("-" if ch in "*?[] \t" else ch for ch in path.stem) or "my-preset"
+        raise PresetFileError(
+            f"{path}: a preset's name is its file's stem, and {path.stem!r} has spaces or wildcards; "
+            f"rename the file, e.g. to {fixed}.toml"
+        )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:

@@ -8,6 +8,7 @@ registry, which the registry-driven tests parametrize over, never sees these pre
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,8 +56,7 @@ def test_add_presets_at_run_time(fresh, tmp_path):
     folder = _folder(tmp_path, "mine", {"my-block": MINE})
     assert zoo.add_presets(folder) == ["my-block"]
     assert zoo.entry("my-block").description == "mine"
-    with pytest.raises(zoo.DuplicateNameError, match="registered twice"):
-        zoo.add_presets(str(folder))  # the same folder twice clashes with itself
+    assert zoo.add_presets(str(folder)) == ["my-block"]  # the same folder again: the same presets, no clash
     with pytest.raises(zoo.PresetFileError, match="does not exist"):
         zoo.add_presets(tmp_path / "nope")
     with pytest.raises(zoo.InputTypeError, match="folder must be a path"):
@@ -71,6 +71,74 @@ def test_a_clash_with_a_shipped_name_names_both_files(fresh, tmp_path):
     msg = str(e.value)
     assert str(folder / "gpt2-small.toml") in msg and str(Path("models") / "gpt2-small.toml") in msg
     assert "\n" not in msg
+
+
+def test_the_same_folder_twice_in_the_variable_is_one_folder(fresh, tmp_path):
+    folder = _folder(tmp_path, "mine", {"my-block": MINE})
+    (tmp_path / "link").symlink_to(folder)
+    again = [str(folder), f"{folder}{os.sep}", str(tmp_path / "link")]
+    fresh.setenv("ATTNZOO_PRESETS", os.pathsep.join([str(folder), *again]))
+    assert zoo.names("my-*") == ["my-block"]  # not "registered twice" by one file
+    assert zoo.registry.user_folders() == [folder]
+    assert zoo.add_presets(folder) == ["my-block"]  # added once more at run time: still one preset
+    (folder / "my-block.toml").write_text(MINE.replace("d_model = 32", "d_model = 48"))
+    with pytest.raises(zoo.DuplicateNameError, match=r"my-block.toml has changed .*zoo.unregister\('my-block'\)"):
+        zoo.add_presets(folder)  # edited since: not silently kept, not silently replaced
+    zoo.unregister("my-block")
+    assert zoo.add_presets(folder) == ["my-block"] and zoo.spec("my-block").d_model == 48
+
+
+def test_add_presets_of_a_file_says_it_is_not_a_folder(fresh, tmp_path):
+    folder = _folder(tmp_path, "mine", {"my-block": MINE})
+    with pytest.raises(zoo.PresetFileError) as e:
+        zoo.add_presets(folder / "my-block.toml")
+    assert "is not a folder" in str(e.value) and f"({folder})" in str(e.value)  # the folder to give instead
+    assert "does not exist" not in str(e.value)
+    fresh.setattr(zoo.registry, "_REGISTRY", {})
+    fresh.setattr(zoo.registry, "_loaded", False)
+    fresh.setenv("ATTNZOO_PRESETS", str(folder / "my-block.toml"))
+    with pytest.raises(zoo.PresetFileError, match="is not a folder"):  # the variable says the same
+        zoo.names()
+
+
+def test_a_preset_file_with_a_bad_name_names_its_file(fresh, tmp_path):
+    folder = _folder(tmp_path, "mine", {"UPPER Case": MINE, "my-fine": MINE})
+    with pytest.raises(zoo.PresetFileError) as e:
+        zoo.add_presets(folder)
+    msg = str(e.value)
+    assert msg.startswith(str(folder / "UPPER Case.toml") + ":") and "UPPER-Case.toml" in msg and "\n" not in msg
+    assert "my-fine" not in zoo.names()  # all or nothing
+
+
+def test_shipped_names_are_reserved(fresh, tmp_path):
+    shipped = zoo.entry("llama-3-8b")
+    with pytest.raises(zoo.ArgumentError, match=r"'llama-3-8b' is a shipped preset .*name of its own"):
+        zoo.unregister("llama-3-8b")
+    assert zoo.entry("llama-3-8b") == shipped
+    folder = _folder(tmp_path, "mine", {"llama-3-8b": MINE})
+    with pytest.raises(zoo.DuplicateNameError, match="shipped names are reserved") as e:
+        zoo.add_presets(folder)
+    assert "rename one of them" not in str(e.value)  # the shipped one is not to be renamed
+    with pytest.raises(zoo.DuplicateNameError, match="shipped names are reserved"):
+        zoo.register("llama-3-8b", d_model=8, heads=2)
+    zoo.register("my-tiny", d_model=8, heads=2)
+    zoo.unregister("my-tiny")  # a name of the user's own still goes
+    assert "my-tiny" not in zoo.names()
+
+
+def test_preset_refuses_a_shipped_name_when_writing(fresh, tmp_path, capsys):
+    from cli.main import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    with pytest.raises(zoo.ArgumentError, match=r"'llama-3-8b' is a shipped preset's .*my-llama-3-8b"):
+        zoo.preset_toml(LLAMA, "llama-3-8b")
+    out = tmp_path / "presets" / "llama-3-8b.toml"
+    assert main(["preset", "--config", str(config), "--name", "llama-3-8b", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnzoo preset: error:") and "shipped names are reserved" in err and err.count("\n") == 1
+    assert not out.exists() and not out.parent.exists()  # nothing written, no folder made
+    assert main(["preset", "--config", str(config), "--name", "llama-3-8b"]) == 2  # printing it too
 
 
 def test_a_clash_between_two_user_folders_names_both_files(fresh, tmp_path):
