@@ -101,11 +101,12 @@ def with_source(sp: argparse.ArgumentParser, *, checkpoint: bool = True, config:
             help="a transformers checkpoint folder (config.json + *.safetensors) instead of NAME: "
             "layer --layer's attention with its weights",
         )
+    given = " / ".join(flag for flag, on in (("--config", config), ("--checkpoint", checkpoint)) if on)
     sp.add_argument(
         "--layer",
         type=number_in(int, 0),
         default=None,
-        help="which layer of --config / --checkpoint (default 0); layers differ (sliding, no rotary, ...)",
+        help=f"which layer of {given} (default 0); layers differ (sliding, no rotary, ...)",
     )
 
 
@@ -129,5 +130,11 @@ def source_of(args: argparse.Namespace, positional: str) -> str:
     if given[0] == "name" and args.layer is not None:
         raise CliError("--layer picks a layer of --config or --checkpoint; a registered NAME has none")
     if given[0] == "checkpoint" and getattr(args, "set", None):
-        raise CliError("--set changes a spec, but --checkpoint's weights fix it; use --config to change fields")
+        if hasattr(args, "config"):
+            raise CliError("--set changes a spec, but --checkpoint's weights fix it; use --config to change fields")
+        raise CliError(  # parity has no --config: a preset of the layer takes --set
+            "--set changes a spec, but --checkpoint's weights fix it; drop --set, or check a changed spec as a "
+            "preset: attnzoo preset --config DIR/config.json --name my-layer -o FOLDER/my-layer.toml, then "
+            "ATTNZOO_PRESETS=FOLDER attnzoo parity my-layer --set ..."
+        )
     return given[0]

@@ -120,8 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()  # imports the command modules (onnx, onnxruntime, ...)
         if interrupt.seen():  # a Ctrl-C that some import swallowed
             raise KeyboardInterrupt
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
         prog = f"attnzoo {args.command}"
+        if extra:  # argparse would name the top-level parser: the command's own says `attnzoo families: error:`
+            given = list(sys.argv[1:] if argv is None else argv)
+            before = args.command in given and extra[0] in given[: given.index(args.command)]
+            owner = parser if before else parser.commands[args.command]  # `attnzoo --bogus list`: the top level's
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
         verbose = bool(getattr(args, "verbose", False))
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -129,7 +129,7 @@ def export_onnx(
         raise zoo.InputTypeError(f"decode={decode!r} must be True or False")
     if decode and cache == "auto" and isinstance(lowering, str) and isinstance(provider, str):
         cache = decode_cache(provider, lowering, max_len) if lowering in ("auto", *LOWERINGS) else "grow"
-    max_len = _check_cache_args(decode, cache, max_len)
+    max_len = _check_cache_args(decode, cache, max_len, lowering=lowering)
     if decode and (need_weights or with_head_mask):
         raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
     reason = precision_why_not(precision, dtype=dtype, provider=provider, decode=decode)
@@ -258,8 +258,9 @@ def _check_export_args(path, lowering, dtype, provider, need_weights, with_mask,
             raise ExportError(f"{arg}={value!r} is not one of {', '.join(choices)}")
 
 
-def _check_cache_args(decode: bool, cache: str, max_len: int | None) -> int | None:
-    """The static cache's capacity (None for a growing cache), after checking cache and max_len."""
+def _check_cache_args(decode: bool, cache: str, max_len: int | None, *, lowering: Any = "auto") -> int | None:
+    """The static cache's capacity (None for a growing cache), after checking cache and max_len; a
+    max_len without a static cache is refused suggesting what works for `lowering`."""
     if not isinstance(cache, str) or cache not in CACHE_CHOICES:
         raise ExportError(f"cache={cache!r} is not one of {', '.join(CACHE_CHOICES)}")
     if cache == "auto":  # not a decode export: nothing to keep
@@ -273,8 +274,22 @@ def _check_cache_args(decode: bool, cache: str, max_len: int | None) -> int | No
             raise ExportError(f"max_len={max_len} must be at least 1 (the static cache's capacity)")
         return DEFAULT_MAX_LEN if max_len is None else max_len
     if max_len is not None:
-        raise ExportError("max_len is the capacity of a static cache: pass cache='static' (CLI: --cache static)")
+        raise ExportError(_max_len_without_static(decode, lowering))
     return None
+
+
+def _max_len_without_static(decode: bool, lowering: Any) -> str:
+    """What to do with a max_len the export has no static cache for: the fix that works."""
+    what = "max_len is the capacity of a static cache"
+    if not decode:
+        return f"{what}, for decode models: add decode=True (CLI: --decode) or drop max_len (--max-len)"
+    keepers = [lw for lw in LOWERINGS if record(lw).static_cache is None]
+    if lowering in ("auto", *keepers):
+        return f"{what}: pass cache='static' (CLI: --cache static), or drop max_len (--max-len) for a growing cache"
+    return (
+        f"{what}, and lowering={lowering!r} cannot keep one ({record(lowering).static_cache}): drop max_len "
+        f"(--max-len) for its growing cache, or take a lowering that keeps one: {', '.join(keepers)} or auto"
+    )
 
 
 # Exporting holds the fp32 module, its copy in the export dtype, torch's traced program and

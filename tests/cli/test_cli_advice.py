@@ -1,0 +1,72 @@
+"""A refusal's advice is something the command can do: no flag it lacks, no fix it then refuses,
+and the command that refuses names itself (`attnzoo families: error:`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.main import build_parser, command_parsers, main
+
+
+def _error(capsys, code) -> str:
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def _exit(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own refusals exit from inside main
+        return e.code
+
+
+def test_families_extra_argument_names_the_command(capsys):
+    err = _error(capsys, _exit(["families", "extra"]))
+    assert err.startswith("attnzoo families: error: unrecognized arguments: extra"), err
+    err = _error(capsys, _exit(["list", "mha-*", "more"]))
+    assert err.startswith("attnzoo list: error: unrecognized arguments: more"), err
+    err = _error(capsys, _exit(["--bogus", "list"]))  # before the command: the top level's own
+    assert err.startswith("attnzoo: error: unrecognized arguments: --bogus"), err
+
+
+def test_parity_checkpoint_set_suggests_no_flag_parity_lacks(capsys, tmp_path):
+    err = _error(capsys, main(["parity", "--checkpoint", str(tmp_path), "--set", "heads=2"]))
+    assert "--set changes a spec" in err and "--config" not in err.replace("preset --config", ""), err
+    assert "attnzoo parity my-layer --set" in err  # what works: the layer as a preset takes --set
+    parity = command_parsers(build_parser())["parity"]
+    layer = next(a for a in parity._actions if "--layer" in a.option_strings)
+    assert "--config" not in layer.help and "--checkpoint" in layer.help
+    assert {"--config"}.isdisjoint(o for a in parity._actions for o in a.option_strings)
+    err = _error(capsys, main(["export", "--checkpoint", str(tmp_path), "--set", "heads=2", "-o", "x.onnx"]))
+    assert "use --config to change fields" in err  # export has --config: that advice stays
+
+
+SMALL = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set", "d_k=16"]
+
+
+@pytest.mark.parametrize("lowering", ["onnx-attention", "ort-mha"])
+def test_decode_max_len_advice_works_for_the_lowering(capsys, tmp_path, lowering):
+    out = tmp_path / "m.onnx"
+    argv = ["export", "llama-3-8b", *SMALL, "--decode", "--max-len", "16", "-o", str(out)]
+    err = _error(capsys, main([*argv, "--lowering", lowering]))
+    assert f"lowering='{lowering}' cannot keep one" in err and "--cache static" not in err, err
+    assert "drop max_len (--max-len)" in err and "decomposed, ort-gqa or auto" in err, err
+    assert main([*argv, "--lowering", "ort-gqa"]) == 0  # a lowering that keeps one
+    assert "past_len" in capsys.readouterr().out  # the static cache's input
+
+
+@pytest.mark.slow  # a traced decode export: 12 s
+@pytest.mark.parametrize("lowering", ["onnx-attention", "ort-mha"])
+def test_decode_max_len_advice_drop_it_works(capsys, tmp_path, lowering):
+    argv = ["export", "llama-3-8b", *SMALL, "--decode", "--lowering", lowering, "-o", str(tmp_path / "m.onnx")]
+    assert main(argv) == 0, capsys.readouterr().err  # the advice's other half: no --max-len, its growing cache
+
+
+def test_max_len_without_a_static_cache_says_what_works(capsys, tmp_path):
+    out = str(tmp_path / "m.onnx")
+    err = _error(capsys, main(["export", "gpt2-small", "--max-len", "16", "-o", out]))
+    assert "add decode=True (CLI: --decode)" in err, err  # not --cache static, which then wants --decode
+    err = _error(capsys, main(["export", "gpt2-small", "--decode", "--cache", "grow", "--max-len", "16", "-o", out]))
+    assert "pass cache='static' (CLI: --cache static)" in err, err
