@@ -5,7 +5,8 @@ Every writer of the package (ONNX exports, JSON reports, pictures) goes through 
 - a regular file (or a new name) is written into a temp file beside it and renamed into place,
   so a reader never sees half a file; the result gets the mode `open()` would give it: the
   mode of the file it replaces, or 0o666 less the umask for a new one;
-- a symlink is followed, and its target is written that way (the link stays a link);
+- a symlink is followed, and its target is written that way (the link stays a link); a dangling
+  one (its target, or a folder on the way to it, missing) is refused: it names no file to write;
 - a character device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe) is written through,
   as `cat > path` would: replacing it would, as root, replace the system's /dev/null;
 - anything else that exists (a folder, a socket, a block device) is refused with one line.
@@ -28,10 +29,12 @@ STALE_SECONDS = 3600
 
 
 def resolve_output(path: str | os.PathLike) -> Path:
-    """The path a write really goes to: symlinks followed (a dangling one names the file to
-    create), and a refusal for what cannot be written. Returns an absolute path."""
+    """The path a write really goes to: symlinks followed, and a refusal for what cannot be written
+    (a dangling link among them: writing through it would create its target's folders anywhere).
+    Returns an absolute path."""
     if str(path) == "":
         raise OutputPathError("the output path is empty; name a file")
+    _refuse_dangling(path)
     target = Path(os.path.realpath(path))
     try:
         st = target.stat()
@@ -44,6 +47,18 @@ def resolve_output(path: str | os.PathLike) -> Path:
     kind = "a folder" if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)
     where = f" ({target})" if str(target) != os.path.abspath(path) else ""
     raise OutputPathError(f"cannot write {path}{where}: it is {kind}; name a file")
+
+
+def _refuse_dangling(path: str | os.PathLike) -> None:
+    """A symlink on the way to `path` (the file itself or a folder above it) whose target is missing."""
+    here = Path(os.path.abspath(path))
+    for p in (here, *here.parents):
+        if p.is_symlink() and not p.exists():
+            what = "it is a dangling symlink" if p == here else f"its folder {p} is a dangling symlink"
+            raise OutputPathError(
+                f"cannot write {path}: {what} (to {os.readlink(p)}, which does not exist); point the link at "
+                "an existing file or folder, or name another path"
+            )
 
 
 def _kind(mode: int) -> str:

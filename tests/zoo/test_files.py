@@ -53,11 +53,33 @@ def test_symlink_is_followed_and_its_target_written(tmp_path):
     assert not list(real.parent.glob(".attnzoo-*")) and not list(tmp_path.glob(".attnzoo-*"))
 
 
-def test_dangling_symlink_creates_its_target(tmp_path):
+def test_dangling_symlink_is_refused(tmp_path):
     link = tmp_path / "link.json"
-    link.symlink_to(tmp_path / "made.json")
-    write_atomic(link, _write("x"))
-    assert link.is_symlink() and (tmp_path / "made.json").read_text() == "x"
+    link.symlink_to(tmp_path / "made.json")  # its folder exists, the file does not
+    with pytest.raises(OutputPathError, match=r"link.json: it is a dangling symlink \(to .*made.json, which does"):
+        write_atomic(link, _write("x"))
+    assert link.is_symlink() and not (tmp_path / "made.json").exists()
+    far = tmp_path / "far.json"
+    far.symlink_to(tmp_path / "nonexistent" / "dir" / "made.json")
+    folder = tmp_path / "out"
+    folder.symlink_to(tmp_path / "gone" / "dir")  # a folder on the way
+    for path in (far, folder / "r.json"):
+        with pytest.raises(OutputPathError, match="dangling symlink"):
+            files.ensure_writable_parent(path)
+        with pytest.raises(OutputPathError, match="dangling symlink"):
+            write_atomic(path, _write("x"))
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "gone").exists()  # no folder made
+
+
+def test_export_o_through_a_dangling_symlink_is_refused(tmp_path, capsys):
+    from cli.main import main
+
+    link = tmp_path / "model.onnx"
+    link.symlink_to(tmp_path / "nonexistent" / "dir" / "model.onnx")
+    assert main(["export", "mha-causal", "--set", "d_model=32", "--set", "heads=2", "-o", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert "dangling symlink" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "nonexistent").exists() and link.is_symlink()
 
 
 def test_fifo_is_written_through_not_replaced(tmp_path):
@@ -113,6 +135,7 @@ def test_cli_json_report_through_a_symlink(tmp_path, capsys):
     from cli.main import main
 
     real = tmp_path / "out.json"
+    real.write_text("old")  # a link to nothing is refused (test_dangling_symlink_is_refused)
     link = tmp_path / "link.json"
     link.symlink_to(real)
     assert main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--json", str(link)]) == 0
