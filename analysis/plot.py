@@ -100,14 +100,28 @@ def plot_curve(
     ylabel: str,
     title: str,
     threshold: float | None = None,
+    point_labels: Sequence[str] | None = None,
+    extra: Sequence[tuple[float, float, str]] = (),
 ) -> Path:
-    """A line plot (the pruning sweep), with an optional horizontal threshold line."""
+    """A line plot (the pruning sweep), with an optional horizontal threshold line; point_labels[i]
+    is written beside point i (the heads it removed), and each of `extra` (x, y, label) is drawn as a
+    marked point of its own, in the legend (the "half the heads" point)."""
+    xs, ys = list(xs), list(ys)
+    if point_labels is not None and len(point_labels) != len(xs):
+        raise AnalysisError(f"{len(point_labels)} point labels for {len(xs)} points; give one each")
     plt = _matplotlib()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(list(xs), list(ys), marker="o")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, ys, marker="o", label="sweep (each point: + the heads it zeroed)" if point_labels else None)
+    for x, y, text in zip(xs, ys, point_labels or ()):
+        if text:
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=7, rotation=30)
+    for x, y, text in extra:
+        ax.plot([x], [y], marker="*", markersize=14, linestyle="none", color="tab:red", label=text)
     if threshold is not None:
         ax.axhline(threshold, color="gray", linestyle="--", label=f"0.9 x start = {threshold:.3f}")
-        ax.legend(fontsize=8)
+    if threshold is not None or point_labels or extra:
+        ax.legend(fontsize=8, loc="best")
+    ax.margins(x=0.08, y=0.12)  # room for the labels at the ends
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -173,10 +187,11 @@ def plot_head_formats(
     *,
     titles: Sequence[str],
     suptitle: str | None = None,
+    marked: Sequence[int] = (),
 ) -> Path:
     """One row per head, one column per example: maps[j] (heads t s) is example j's attention
     (e.g. cross-attention, query = target character, key = source character); titles[r] names
-    head r's role, written over its row."""
+    head r's role, written over its row, in bold for the rows in `marked` (the day and year heads)."""
     if len(maps) != len(sources) or len(sources) != len(targets) or not maps:
         raise AnalysisError(f"{len(maps)} maps for {len(sources)} sources and {len(targets)} targets; give one each")
     heads = maps[0].shape[0]
@@ -201,7 +216,7 @@ def plot_head_formats(
             ax.set_xticks(range(len(sources[j])), list(sources[j]), fontsize=7)
             ax.set_yticks(range(len(targets[j])), list(targets[j]), fontsize=6)
             if j == 0:
-                ax.set_title(titles[r], fontsize=9, loc="left")
+                ax.set_title(titles[r], fontsize=9, loc="left", fontweight="bold" if r in marked else "normal")
     if suptitle:
         fig.suptitle(suptitle, fontsize=11)
     return _save(fig, plt, Path(path))

@@ -153,14 +153,20 @@ def _heads_dates(model, args: argparse.Namespace) -> int:
         maps = model.cross_attention_maps(sources, translations)  # (layers b h t s)
         flat = [(layer, h) for layer in range(model.layers) for h in range(model.heads_per_layer[layer])]
         per_example = [torch.stack([maps[layer, j, h] for layer, h in flat]) for j in range(len(sources))]
+        named = {report.day_head: "the day head", report.year_head: "the year head"}  # as the text names them
         plot.plot_head_formats(
             per_example,
             sources,
             translations,
             args.plot,
-            titles=[f"L{layer}H{h}: {report.roles[layer][h].title()}" for layer, h in flat],
+            titles=[
+                f"L{layer}H{h}" + (f" ({named[(layer, h)]})" if (layer, h) in named else "")
+                + f": {report.roles[layer][h].title()}"
+                for layer, h in flat
+            ],
             suptitle=f"{args.name} cross-attention per head (row i writes target character i; roles measured "
             f"on {report.n} held-out dates)",
+            marked=[r for r, head in enumerate(flat) if head in named],
         )
         print(f"wrote {args.plot}")
     if args.json:
@@ -203,6 +209,8 @@ def cmd_importance(args: argparse.Namespace) -> int:
         f"{task.metric_name} {half_metric:.3f} (full model {sweep.metrics[0]:.3f})"
     )
     if args.plot:
+        added = [p[len(q) :] for q, p in zip([[], *sweep.pruned], sweep.pruned)]  # the heads each point zeroed
+        n = len(ranked_heads(norm))  # the sweep's fractions are of these heads
         plot.plot_curve(
             [100 * f for f in sweep.fractions],
             sweep.metrics,
@@ -211,6 +219,8 @@ def cmd_importance(args: argparse.Namespace) -> int:
             ylabel=task.metric_name,
             title=f"{args.name}: pruning by importance",
             threshold=sweep.threshold,
+            point_labels=["+" + ",".join(f"L{a}H{b}" for a, b in heads) if heads else "" for heads in added],
+            extra=[(100 * len(half) / n, half_metric, f"half the heads zeroed ({len(half)}): {half_metric:.3f}")],
         )
         print(f"wrote {args.plot}")
     if args.json:

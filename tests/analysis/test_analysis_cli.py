@@ -55,12 +55,36 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
     assert words in err and "\n" not in err and "Traceback" not in err
 
 
-def test_importance_table_and_curve(tmp_path, capsys):
-    png = tmp_path / "sweep.png"
-    assert main(["importance", "tiny-induction", "--batches", "1", "--batch", "16", "--plot", str(png), "-q"]) == 0
+@pytest.fixture
+def svg_text(monkeypatch):
+    """Pictures keep their words as SVG text (not glyph paths): the test reads what a picture says."""
+    import matplotlib
+
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")
+
+    def read(path) -> str:
+        import html
+        import re
+
+        return html.unescape(" ".join(re.findall(r"<text[^>]*>(.*?)</text>", path.read_text(), flags=re.S)))
+
+    return read
+
+
+def test_importance_plot_names_each_points_heads_and_the_half_point(tmp_path, capsys, svg_text):
+    svg, js = tmp_path / "sweep.svg", tmp_path / "sweep.json"
+    argv = ["importance", "tiny-induction", "--batches", "1", "--batch", "16", "--plot", str(svg), "--json", str(js)]
+    assert main([*argv, "-q"]) == 0
     out = capsys.readouterr().out
     assert "pruning sweep" in out and "0.9 x start" in out
-    assert png.exists()
+    data = json.loads(js.read_text())
+    words = svg_text(svg)
+    pruned = data["sweep"]["pruned"]
+    for before, after in zip(pruned, pruned[1:]):  # each point after the first names the heads it zeroed
+        added = after[len(before) :]
+        assert "+" + ",".join(f"L{a}H{b}" for a, b in added) in words, (added, words)
+    half = data["half"]
+    assert f"half the heads zeroed ({len(half['heads'])}): {half['metric']:.3f}" in words, words
 
 
 def test_ablate_table(tmp_path, capsys):
@@ -101,16 +125,21 @@ def test_onnx_latency_of_blocks_with_and_without_head_mask():
     assert len(meter._sessions) == 0
 
 
-def test_heads_on_dates_roles_picture_and_json(tmp_path, capsys):
-    png, js = tmp_path / "roles.png", tmp_path / "roles.json"
-    assert main(["heads", "tiny-dates", "--n", "30", "--plot", str(png), "--json", str(js)]) == 0
+def test_dates_picture_marks_the_day_head_and_the_year_head(tmp_path, capsys, svg_text):
+    svg, js = tmp_path / "roles.svg", tmp_path / "roles.json"
+    assert main(["heads", "tiny-dates", "--n", "30", "--plot", str(svg), "--json", str(js)]) == 0
     out = capsys.readouterr().out
     assert "field scores" in out and "day head" in out and "punctuation" in out
-    assert png.stat().st_size > 20_000
     data = json.loads(js.read_text())
     assert len(data["translations"]) == 3  # one held-out date in each of the three formats
     assert set(data["field_scores"]["all"]) == {"day", "month", "year"}
     assert data["day_head"] != data["year_head"]
+    words = svg_text(svg)
+    for what in ("day", "year"):
+        layer, h = data[f"{what}_head"]
+        assert f"{what} head: L{layer}H{h}" in out  # the text names it; the picture marks the same head
+        assert f"L{layer}H{h} (the {what} head): " in words, words
+        assert words.count(f"the {what} head") == 1, words
 
 
 def test_importance_reports_removing_half_the_heads(capsys):
