@@ -298,7 +298,7 @@ def _cite(v: Any) -> str:
 def preset_toml(config: Any, name: str, layer: int = 0) -> str:
     """A preset file (models/*.toml format) holding layer `layer`'s spec from `config`, each field with a
     comment citing the config values it was read from. `zoo.add_presets` on its folder registers it
-    under its file's stem, which should be `name`."""
+    under its file's stem, which should be `name`; a shipped preset's name is refused (it is reserved)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t/\\"):
         raise ArgumentError(f"name={name!r} must be a non-empty preset name without spaces, slashes or wildcards")
     from .registry import entry, is_shipped
