@@ -372,7 +372,8 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
     spec = spec_from_config(config, layer)
     st = prepare(config, layer)
     raw = config_dict(config)
-    data = {**_normalized(st.kind, dict(raw)), **raw}  # cite the config's own keys where it has them
+    # cite the config's own keys where it has them; rope_parameters as resolved (rope_scaling may replace it)
+    data = {**_normalized(st.kind, dict(raw)), **{k: v for k, v in raw.items() if k != "rope_parameters"}}
     where = str(config) if isinstance(config, (str, os.PathLike)) else f"a {type(config).__name__}"
 
     def cited(fld: str) -> list[str]:
