@@ -231,6 +231,8 @@ SIZE_FIELDS = (
     "sliding_window_pattern",
 )
 
+_ZERO_MEANS_OFF = {"sliding_window"}  # Qwen2-MoE's config class defaults it to 0 where no layer slides
+
 
 def _check_sizes(kind: str, cfg: ConfigView, fam: Family) -> None:
     """Every size field the config gives is a positive integer (null: the family's default), before any is used."""
@@ -238,9 +240,10 @@ def _check_sizes(kind: str, cfg: ConfigView, fam: Family) -> None:
         v = cfg.get(name)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-            key = fam.aliases.get(name, name)
-            raise HFConversionError(f"{kind} config: {key}={v!r} must be a positive integer; fix it in the config")
+        floor = 0 if name in _ZERO_MEANS_OFF else 1
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < floor:
+            key, what = fam.aliases.get(name, name), "a positive integer" if floor else "an integer >= 0 (0: off)"
+            raise HFConversionError(f"{kind} config: {key}={v!r} must be {what}; fix it in the config")
 
 
 def _reason(e: Exception) -> str:
