@@ -108,6 +108,9 @@ def rope_parameters(kind: str, data: dict) -> dict:
     Per-layer-type dicts ({"full_attention": {...}, "sliding_attention": {...}}) get each of these."""
     fam = FAMILIES[kind]
     scaling, given = data.get("rope_scaling"), data.get("rope_parameters")
+    for key, v in (("rope_scaling", scaling), ("rope_parameters", given)):
+        if v is not None and not isinstance(v, dict):
+            raise HFConversionError(f"{kind} config: {key}={v!r} must be an object (a dict of rotary settings) or null")
     theta_key, partial_key = fam.rope_keys
     if kind == "gemma3_text":
         params = copy.deepcopy(given) if isinstance(given, dict) else {}

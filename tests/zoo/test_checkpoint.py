@@ -224,6 +224,8 @@ def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_does(saved)
     assert (zoo.spec_from_config(legacy).rope_scale, zoo.spec_from_config(legacy).rope_theta) == (2.0, 10000.0)
     for empty in (None, {}):  # an empty rope_scaling leaves rope_parameters in charge
         assert zoo.spec_from_config(dict(CONFIG, rope_scaling=empty)) == zoo.spec_from_config(CONFIG)
+    with pytest.raises(zoo.HFConversionError, match=r"rope_scaling='linear' must be an object"):
+        zoo.spec_from_config(dict(CONFIG, rope_scaling="linear"))
     yarn = dict(CONFIG, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(zoo.HFConversionError, match=r"rope_type='yarn'"):
         zoo.spec_from_config(yarn, layer=1)
