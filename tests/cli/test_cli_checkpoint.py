@@ -167,3 +167,13 @@ def test_a_checkpoint_export_summary_names_the_checkpoint_and_layer(ckpt, capsys
     text = capsys.readouterr().out
     assert f"  block     {folder} layer 1: " in text and "custom" not in text
     assert OnnxSession(str(out), "cpu").metadata["attnzoo.name"] == f"{folder} layer 1"
+
+
+def test_export_onnx_label_must_be_a_non_empty_string(ckpt, tmp_path):
+    from export import export_onnx
+
+    _, block = ckpt
+    for bad in ("", " ", 3):
+        with pytest.raises(zoo.InputTypeError, match="label=.* must be a non-empty string"):
+            export_onnx(block, tmp_path / "x.onnx", label=bad)
+    assert not (tmp_path / "x.onnx").exists()
