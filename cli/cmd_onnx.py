@@ -34,7 +34,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from export.lowering import export_onnx
 
     source = source_of(args, "name")
-    what, overrides = args.name, zoo.parse_overrides(args.set)
+    what, overrides, label = args.name, zoo.parse_overrides(args.set), None
     if source != "name":
         ensure_writable_parent(args.output)  # before reading a checkpoint
         what, label = _block(args, source)
@@ -54,6 +54,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         cache=args.cache,
         max_len=args.max_len,
         precision=args.precision,
+        label=label,
         **overrides,
     )
     print(result.summary())

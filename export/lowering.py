@@ -103,6 +103,7 @@ def export_onnx(
     cache: str = "auto",
     max_len: int | None = None,
     precision: str = "fp32",
+    label: str | None = None,
     **overrides: Any,
 ) -> ExportResult:
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
@@ -122,6 +123,8 @@ def export_onnx(
     precision: "fp32" (default), "int8" or "int4": the projections' weights quantized by ONNX
     Runtime's tools after the lowering (export/precision.py says how, per kind of export); the
     metadata and ExportResult.precision say which.
+    label names a module in the summary and the metadata (attnzoo.name), e.g. the checkpoint and layer it
+    came from; default: the registered name, or "custom" for a module.
     """
     started = time.perf_counter()
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
@@ -138,10 +141,13 @@ def export_onnx(
     if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
         _check_export_fits(zoo.spec(model_or_name, **overrides), dtype)
     module, name = _resolve_module(model_or_name, overrides)
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise zoo.InputTypeError(f"label={label!r} must be a non-empty string")
     order = auto_order(provider, module.spec, with_mask=with_mask)
     path = Path(path)
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file path such as {path / (name + '.onnx')}")
+    name = label or name
     try:
         target = resolve_output(path)  # symlinks followed; a device or FIFO is written through
         if target.exists() and not overwrite and not is_special(target):

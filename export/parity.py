@@ -77,6 +77,8 @@ def errors(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> tuple[float, flo
     if out.shape != ref.shape:
         return float("inf"), float("inf"), False
     diff = np.abs(out - ref)
+    if np.isnan(out).any() or np.isnan(ref).any():  # NaN is shown as NaN, not as inf
+        return float("nan"), float("nan"), False
     if not np.isfinite(out).all():
         return float("inf"), float("inf"), False
     max_abs = float(diff.max()) if diff.size else 0.0
@@ -85,6 +87,11 @@ def errors(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> tuple[float, flo
     max_rel = float((diff[big] / np.abs(ref[big])).max()) if big.any() else 0.0
     ok = bool((diff <= tol.atol + tol.rtol * np.abs(ref)).all())
     return max_abs, max_rel, ok
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger error, NaN winning (max() would keep whichever came first)."""
+    return a if a != a else b if b != b else max(a, b)
 
 
 def _reference_module(module: zoo.MultiHeadAttention, dtype: str, device: str) -> zoo.MultiHeadAttention:
@@ -212,7 +219,7 @@ def check(
             gots = got if isinstance(got, tuple) else (got,)
             for o, r in zip(gots, refs):
                 a, rel, ok = errors(o.float().cpu().numpy(), r.cpu().numpy(), tol)
-                worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+                worst_abs, worst_rel = _worse(worst_abs, a), _worse(worst_rel, rel)
                 all_ok = all_ok and (ok or quantized)
             l2 = rel_l2(gots[0].float().cpu().numpy(), refs[0].cpu().numpy())
             row.rel_l2 = l2 if row.shapes == 0 else max(row.rel_l2, l2)
@@ -305,7 +312,7 @@ def check_decode(
             for step in range(STEPS + 1 if not quantized else 0):  # step 0 is the prompt
                 cols = slice(0, PROMPT) if step == 0 else slice(PROMPT + step - 1, PROMPT + step)
                 a, rel, ok = errors(got[:, cols].numpy(), ref[:, cols].numpy(), tol)
-                worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+                worst_abs, worst_rel = _worse(worst_abs, a), _worse(worst_rel, rel)
                 if not ok:
                     where = "the prompt" if step == 0 else f"step {step} (position {PROMPT + step - 1})"
                     row.status, row.max_abs, row.max_rel = "FAIL", worst_abs, worst_rel
@@ -328,7 +335,7 @@ def check_decode(
             start = 0
             for end in CHUNKS if not quantized else ():
                 a, rel, ok = errors(got[:, start:end].numpy(), ref[:, start:end].numpy(), tol)
-                worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+                worst_abs, worst_rel = _worse(worst_abs, a), _worse(worst_rel, rel)
                 if not ok:
                     row.status, row.max_abs, row.max_rel = "FAIL", worst_abs, worst_rel
                     row.reason = (
@@ -408,6 +415,8 @@ def _new_row(name: str, lowering: str, provider: str, dtype: str, case: str, pre
 
 
 def _miss(row: ParityRow, tol: Tolerance) -> str:
+    if row.max_abs != row.max_abs:
+        return "NaN in the output (or the eager reference)"
     if row.precision != "fp32":
         return f"relative L2 error of y {row.rel_l2:.2%} is over the {row.precision} bound {row.bound:.0%}"
     return f"outside rtol={tol.rtol:g}, atol={tol.atol:g}"
@@ -418,7 +427,7 @@ def _within_bound(row: ParityRow, got: torch.Tensor, ref: torch.Tensor, where: s
     a, rel, _ = errors(got.numpy(), ref.numpy(), TOLERANCE["float32"])
     l2 = rel_l2(got.numpy(), ref.numpy())
     so_far = [0.0 if v != v else v for v in (row.max_abs, row.max_rel, row.rel_l2)]  # nan: nothing yet
-    row.max_abs, row.max_rel, row.rel_l2 = (max(old, new) for old, new in zip(so_far, (a, rel, l2)))
+    row.max_abs, row.max_rel, row.rel_l2 = (_worse(old, new) for old, new in zip(so_far, (a, rel, l2)))
     if l2 <= row.bound:
         return True
     row.status, row.reason = "FAIL", f"{where}: {_miss(row, TOLERANCE['float32'])}"

@@ -135,3 +135,26 @@ def decode_runs(draw) -> tuple[int, list[int], list[int]]:
     cuts = [*sorted(inner), n]
     pads = [0] + [draw(st.integers(0, n - 1)) for _ in range(b - 1)]
     return b, cuts, pads
+
+
+# A config.json's size fields as a careful user breaks them: zero, negative, huge, not integers.
+CONFIG_SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers")
+BAD_SIZES = [0, -1, -4, 2**31, 2**62, 2**64, 10**30, 1.5, 64.0, True, "64", None, [], {}]
+
+
+@st.composite
+def config_sizes(draw) -> dict:
+    """1 to 3 size fields of a LLaMA config.json, each zero, negative, huge or of the wrong type."""
+    fields = draw(st.lists(st.sampled_from(CONFIG_SIZE_FIELDS), min_size=1, max_size=3, unique=True))
+    return {f: draw(st.sampled_from(BAD_SIZES) | st.integers(-(2**70), 2**70)) for f in fields}
+
+
+@st.composite
+def shard_names(draw) -> str:
+    """A shard name in model.safetensors.index.json that leaves the checkpoint folder: `..` steps (with
+    folders in between) or an absolute path."""
+    part = st.sampled_from(["x.safetensors", "model.safetensors", "sub", ".", "passwd", "blobs"])
+    inside = draw(st.lists(part, max_size=2))
+    ups = draw(st.integers(1, 3))
+    rel = "/".join([*inside, *([".."] * (ups + len([p for p in inside if p != "."]))), "x.safetensors"])
+    return draw(st.sampled_from([rel, "/etc/passwd", "/" + rel, "//x.safetensors", "../" * ups + "model.safetensors"]))

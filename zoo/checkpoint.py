@@ -53,7 +53,15 @@ def _files(folder: Path) -> tuple[dict[str, str] | None, list[str]]:
                 raise TypeError("weight_map is not an object")
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
-        return {str(k): str(v) for k, v in weight_map.items()}, []
+        weight_map = {str(k): str(v) for k, v in weight_map.items()}
+        for name, shard in weight_map.items():  # every name, before any file is opened
+            why = _outside(shard)
+            if why:
+                raise CheckpointError(
+                    f"{index}: shard {shard!r} (holding {name!r}) {why}; an index names safetensors files inside "
+                    f"its checkpoint folder"
+                )
+        return weight_map, []
     if (folder / SINGLE).is_file():
         return None, [SINGLE]
     found = sorted(p.name for p in folder.glob("*.safetensors"))
@@ -63,6 +71,23 @@ def _files(folder: Path) -> tuple[dict[str, str] | None, list[str]]:
             f"(save_pretrained writes them)"
         )
     return None, found
+
+
+def _outside(shard: str) -> str | None:
+    """Why a shard name in the index leaves the checkpoint folder (or cannot be a file name), or None.
+
+    The name is judged as written, not where it leads: a symlink inside the folder (a hub cache's
+    snapshot links into its blobs folder) is a shard of the folder."""
+    if not shard or "\x00" in shard:
+        return "is not a file name"
+    if os.path.isabs(shard) or shard.startswith(("/", "\\")) or Path(shard).drive:
+        return "is an absolute path, outside the checkpoint folder"
+    depth = 0
+    for part in shard.replace("\\", "/").split("/"):
+        depth += -1 if part == ".." else 0 if part in ("", ".") else 1
+        if depth < 0:
+            return "resolves outside the checkpoint folder"
+    return None
 
 
 def _open(folder: Path, name: str):  # noqa: ANN202 - safetensors' handle
@@ -177,7 +202,7 @@ def load_tensors(folder: str | os.PathLike, st: Stand) -> dict[str, Tensor]:
 def _checked(names: _Names, full: str, shape: tuple[int, ...], st: Stand) -> Tensor:
     t = names.tensor(full)
     file = names.folder / names.map[full]
-    if t.dtype not in FLOATS:
+    if t.dtype not in FLOATS:  # (checked first: isfinite below needs a float tensor)
         raise CheckpointError(
             f"{file}: {full!r} is {str(t.dtype).removeprefix('torch.')}; the block holds float weights "
             f"(float32/float16/bfloat16/float64) — quantized checkpoints are not read"
@@ -186,6 +211,15 @@ def _checked(names: _Names, full: str, shape: tuple[int, ...], st: Stand) -> Ten
         raise CheckpointError(
             f"{file}: {full!r} has shape {tuple(t.shape)}, the config implies {tuple(shape)} ({_describe(st)}): "
             f"the config does not match the weights"
+        )
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        nan, bad = int(torch.isnan(t).sum()), int((~finite).sum())
+        what = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (bad - nan, "inf")) if n)
+        first = tuple((~finite).nonzero()[0].tolist())
+        raise CheckpointError(
+            f"{file}: {full!r} holds {what} (the first at index {first}); the block needs finite weights: "
+            f"the checkpoint is damaged or was saved after training diverged"
         )
     return t
 
@@ -202,6 +236,11 @@ def from_checkpoint(folder: str | os.PathLike, layer: int = 0, dtype: Any = None
     if not isinstance(folder, (str, os.PathLike)):
         raise InputTypeError(f"folder must be a path to a checkpoint folder, got {type(folder).__name__}")
     path = Path(folder)
+    if path.is_file():
+        raise CheckpointError(
+            f"{folder}: a file; give the checkpoint folder that holds config.json and *.safetensors "
+            f"({path.parent}), not a file in it"
+        )
     if not path.is_dir():
         raise CheckpointError(f"{folder}: no such folder; give a checkpoint folder (config.json + *.safetensors)")
     if not (path / "config.json").is_file():

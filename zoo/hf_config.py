@@ -13,8 +13,10 @@ transformers is never imported here: a config object is read through its `to_dic
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import math
 import numbers
 import os
 from dataclasses import dataclass
@@ -88,21 +90,57 @@ def _normalized(kind: str, data: dict) -> dict:
         data = dict(data["text_config"], model_type="gemma3_text")
     if kind in DEFAULT_TRUE:
         data.setdefault(DEFAULT_TRUE[kind], True)
-    if "rope_parameters" not in data:  # transformers 4: rope_theta (default 10000) and rope_scaling
-        params: dict = {"rope_type": "default"}
-        params["rope_theta"] = data.get("rope_theta", data.get("rotary_emb_base", 10000.0))
-        factor = data.get("partial_rotary_factor", data.get("rotary_pct"))
-        if factor is not None:
-            params["partial_rotary_factor"] = factor
-        scaling = data.get("rope_scaling")
+    return dict(data, rope_parameters=rope_parameters(kind, data))
+
+
+_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def rope_parameters(kind: str, data: dict) -> dict:
+    """config.rope_parameters as transformers 5 resolves it from a config.json (its
+    `convert_rope_params_to_dict`), so spec_from_config and from_checkpoint read what from_hf reads:
+
+    - a non-empty `rope_scaling` replaces `rope_parameters` whole (Gemma 3: it updates the global layers');
+    - rope_theta, where the chosen dict lacks it, is the top-level `rope_theta` (GPT-NeoX: `rotary_emb_base`;
+      Gemma 3's sliding layers: `rope_local_base_freq`), else the family's default;
+    - partial_rotary_factor likewise (GPT-NeoX: `rotary_pct`), where the family has one;
+    - rope_type is `rope_type`, else the legacy `type`, else "default" (Phi-3 calls su/yarn longrope).
+    Per-layer-type dicts ({"full_attention": {...}, "sliding_attention": {...}}) get each of these."""
+    fam = FAMILIES[kind]
+    scaling, given = data.get("rope_scaling"), data.get("rope_parameters")
+    for key, v in (("rope_scaling", scaling), ("rope_parameters", given)):
+        if v is not None and not isinstance(v, dict):
+            raise HFConversionError(f"{kind} config: {key}={v!r} must be an object (a dict of rotary settings) or null")
+    theta_key, partial_key = fam.rope_keys
+    if kind == "gemma3_text":
+        params = copy.deepcopy(given) if isinstance(given, dict) else {}
+        for k in _LAYER_KINDS:
+            if not isinstance(params.get(k), dict):
+                params[k] = {"rope_type": "default"}
         if isinstance(scaling, dict):
-            params.update(scaling)
-            params["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind == "gemma3_text" and "rope_local_base_freq" in data:  # sliding layers: their own base, unscaled
-            local = {"rope_type": "default", "rope_theta": data["rope_local_base_freq"]}
-            params = {"full_attention": params, "sliding_attention": local}
-        data = dict(data, rope_parameters=params)
-    return data
+            params["full_attention"].update(scaling)
+        params["full_attention"].setdefault("rope_theta", data.get("rope_theta", fam.theta))
+        params["sliding_attention"].setdefault("rope_theta", data.get("rope_local_base_freq", 10000.0))
+    else:
+        chosen = scaling or given
+        params = copy.deepcopy(chosen) if isinstance(chosen, dict) else {}
+        partial = data.get(partial_key, fam.partial)
+        for p in _rope_dicts(params, data):
+            p.setdefault("rope_theta", data.get(theta_key, fam.theta))
+            if partial is not None:
+                p.setdefault("partial_rotary_factor", partial)
+    for p in _rope_dicts(params, data):
+        p.setdefault("rope_type", p.get("type", "default"))
+        if kind == "phi3" and p["rope_type"] in ("su", "yarn"):
+            p["rope_type"] = "longrope"
+    return params
+
+
+def _rope_dicts(params: dict, data: dict) -> list[dict]:
+    """The per-layer-type dicts of a nested rope_parameters, or [params] for a flat one."""
+    labels = set(_LAYER_KINDS) | set(data.get("layer_types") or ())
+    nested = [params[k] for k in params if k in labels]
+    return [p for p in nested if isinstance(p, dict)] if nested else [params]
 
 
 @dataclass
@@ -157,6 +195,7 @@ def prepare(config: Any, layer: Any) -> Stand:
     data = config_dict(config)
     kind, fam = family_of(data)
     cfg = ConfigView(_normalized(kind, data), fam.aliases)
+    _check_sizes(kind, cfg, fam)
     try:
         n = int(cfg.num_hidden_layers)
         if layer >= n:
@@ -172,7 +211,42 @@ def prepare(config: Any, layer: Any) -> Stand:
         raise HFConversionError(
             f"{kind} config: cannot read layer {layer} ({_reason(e)}); is it a {kind} config?"
         ) from None
-    return Stand(kind, fam, row, cfg, attrs, layer, c, h, g, d, fam.has_bias(cfg))
+    st = Stand(kind, fam, row, cfg, attrs, layer, c, h, g, d, fam.has_bias(cfg))
+    for name, shape in st.shapes().items():
+        if math.prod(shape) >= 2**63:
+            raise HFConversionError(
+                f"{kind} config: its sizes (hidden_size={c}, heads={h}, kv_heads={g}, head_dim={d}) make {name} "
+                f"{shape}, past what a tensor can hold (2**63 elements); fix the config's size fields"
+            )
+    return st
+
+
+# the size fields a family reads (transformers' names; the family's aliases apply): a positive integer where given
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "rotary_dim",
+    "sliding_window",
+    "sliding_window_pattern",
+)
+
+_ZERO_MEANS_OFF = {"sliding_window"}  # Qwen2-MoE's config class defaults it to 0 where no layer slides
+
+
+def _check_sizes(kind: str, cfg: ConfigView, fam: Family) -> None:
+    """Every size field the config gives is a positive integer (null: the family's default), before any is used."""
+    for name in SIZE_FIELDS:
+        v = cfg.get(name)
+        if v is None:
+            continue
+        floor = 0 if name in _ZERO_MEANS_OFF else 1
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < floor:
+            key, what = fam.aliases.get(name, name), "a positive integer" if floor else "an integer >= 0 (0: off)"
+            raise HFConversionError(f"{kind} config: {key}={v!r} must be {what}; fix it in the config")
 
 
 def _reason(e: Exception) -> str:
@@ -311,7 +385,8 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
     spec = spec_from_config(config, layer)
     st = prepare(config, layer)
     raw = config_dict(config)
-    data = {**_normalized(st.kind, dict(raw)), **raw}  # cite the config's own keys where it has them
+    # cite the config's own keys where it has them; rope_parameters as resolved (rope_scaling may replace it)
+    data = {**_normalized(st.kind, dict(raw)), **{k: v for k, v in raw.items() if k != "rope_parameters"}}
     where = str(config) if isinstance(config, (str, os.PathLike)) else f"a {type(config).__name__}"
 
     def cited(fld: str) -> list[str]:

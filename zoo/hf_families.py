@@ -207,6 +207,11 @@ class Family:
     where: str = "layers.{layer}.self_attn"  # the layer's attention module in the model (checkpoint names)
     aliases: dict[str, str] = field(default_factory=dict)
     slopes: Callable[[int], Tensor] | None = None  # ALiBi slopes without transformers
+    # the rotary defaults of its transformers config class where rope_parameters leaves them out: the
+    # top-level keys read for rope_theta and partial_rotary_factor, and their defaults (None: unset)
+    theta: float = 10000.0
+    partial: float | None = None
+    rope_keys: tuple[str, str] = ("rope_theta", "partial_rotary_factor")
 
     def has_bias(self, cfg: ConfigView) -> bool:
         return bool(cfg.get(self.bias, False)) if isinstance(self.bias, str) else self.bias
@@ -219,31 +224,37 @@ GPT = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_lay
 FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaAttention", LLAMA),
     "mistral": Family("MistralAttention", LLAMA, bias=False),
-    "mixtral": Family("MixtralAttention", LLAMA, bias=False),
+    "mixtral": Family("MixtralAttention", LLAMA, bias=False, theta=1e6),
     "gemma": Family("GemmaAttention", LLAMA),
     "gemma2": Family("Gemma2Attention", llama_like(scaling=_gemma_scaling, kinds=_every(None, 2), extra=_softcap)),
     "gemma3_text": Family(
-        "Gemma3Attention", llama_like(scaling=_gemma_scaling, kinds=_every("sliding_window_pattern", 6))
+        "Gemma3Attention", llama_like(scaling=_gemma_scaling, kinds=_every("sliding_window_pattern", 6)), theta=1e6
     ),
     "qwen2": Family("Qwen2Attention", SLIDING, bias=True),
     "qwen2_moe": Family("Qwen2MoeAttention", SLIDING, bias="qkv_bias"),
     "qwen3": Family("Qwen3Attention", SLIDING),
     "olmo": Family("OlmoAttention", LLAMA),
     "olmo2": Family("Olmo2Attention", LLAMA),
-    "phi": Family("PhiAttention", llama_like(extra=_rotary_ndims), bias=True),
-    "phi3": Family("Phi3Attention", LLAMA, bias=False),
-    "cohere": Family("CohereAttention", LLAMA),
+    "phi": Family("PhiAttention", llama_like(extra=_rotary_ndims), bias=True, partial=0.5),
+    "phi3": Family("Phi3Attention", LLAMA, bias=False, partial=1.0),
+    "cohere": Family("CohereAttention", LLAMA, theta=5e5),
     "cohere2": Family("Cohere2Attention", llama_like(kinds=_every("sliding_window_pattern", 4))),
-    "stablelm": Family("StableLmAttention", llama_like(extra=_rotary_ndims), bias="use_qkv_bias"),
+    "stablelm": Family("StableLmAttention", llama_like(extra=_rotary_ndims), bias="use_qkv_bias", partial=0.25),
     "starcoder2": Family("Starcoder2Attention", LLAMA, bias="use_bias"),
     "granite": Family("GraniteAttention", llama_like(scaling=lambda cfg, d: cfg.attention_multiplier)),
-    "persimmon": Family("PersimmonAttention", llama_like(extra=_rotary_ndims), bias=True),
-    "helium": Family("HeliumAttention", LLAMA),
-    "nemotron": Family("NemotronAttention", LLAMA),
-    "smollm3": Family("SmolLM3Attention", llama_like(extra=_smollm3)),
+    "persimmon": Family("PersimmonAttention", llama_like(extra=_rotary_ndims), bias=True, partial=0.5),
+    "helium": Family("HeliumAttention", LLAMA, theta=1e5),
+    "nemotron": Family("NemotronAttention", LLAMA, partial=0.5),
+    "smollm3": Family("SmolLM3Attention", llama_like(extra=_smollm3), theta=2e6),
     "exaone4": Family("Exaone4Attention", llama_like(kinds=_every("sliding_window_pattern", 4), extra=_exaone4)),
-    "glm": Family("GlmAttention", LLAMA),
-    "gpt_neox": Family("GPTNeoXAttention", _gpt_neox, where="layers.{layer}.attention"),
+    "glm": Family("GlmAttention", LLAMA, partial=0.5),
+    "gpt_neox": Family(
+        "GPTNeoXAttention",
+        _gpt_neox,
+        where="layers.{layer}.attention",
+        partial=0.25,
+        rope_keys=("rotary_emb_base", "rotary_pct"),
+    ),
     "gpt2": Family("GPT2Attention", _gpt2, bias=True, where="h.{layer}.attn", aliases=GPT),
     "bloom": Family(
         "BloomAttention",

@@ -94,3 +94,86 @@ def test_preset_from_a_config(ckpt, capsys, tmp_path):
     _one_line_error(capsys, main(bad), "a preset's name is its file's stem")
     name, spec, _ = zoo.read_preset(out)
     assert name == "my-llama" and spec == block.spec
+
+
+def _config(folder, **changes) -> None:
+    import json
+
+    (folder / "config.json").write_text(json.dumps(dict(CONFIG, **changes)))
+
+
+def _every_command(folder, tmp_path) -> list[list[str]]:
+    out = str(tmp_path / "every.onnx")
+    return [
+        ["show", "--config", str(folder), "--layer", "1"],
+        ["preset", "--config", str(folder), "--name", "x", "--layer", "1"],
+        ["export", "--config", str(folder), "--layer", "1", "-o", out],
+        ["export", "--checkpoint", str(folder), "--layer", "1", "-o", out],
+        ["parity", "--checkpoint", str(folder), "--layer", "1", "--lowering", "ort-gqa", "-q"],
+    ]
+
+
+@pytest.mark.parametrize("bad", [-4, 0])
+def test_every_command_says_num_attention_heads_must_be_a_positive_integer(ckpt, capsys, tmp_path, bad):
+    folder, _ = ckpt
+    _config(folder, num_attention_heads=bad)
+    for argv in _every_command(folder, tmp_path):
+        _one_line_error(capsys, main(argv), f"num_attention_heads={bad} must be a positive integer")
+
+
+def test_every_command_refuses_yarn_in_rope_scaling_by_name(ckpt, capsys, tmp_path):
+    folder, _ = ckpt
+    _config(folder, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    for argv in _every_command(folder, tmp_path):
+        _one_line_error(capsys, main(argv), "rope_type='yarn'", "is not expressible")
+    _config(folder, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    assert main(["show", "--config", str(folder), "--layer", "1"]) == 0
+    assert any(line.split() == ["rope_scale", "4.0"] for line in capsys.readouterr().out.splitlines())
+
+
+def test_nan_weights_are_refused_by_export_and_parity(ckpt, capsys, tmp_path):
+    folder, block = ckpt
+    tensors = _tensors(block)
+    tensors["model.layers.1.self_attn.q_proj.weight"] = tensors["model.layers.1.self_attn.q_proj.weight"].clone()
+    tensors["model.layers.1.self_attn.q_proj.weight"][0, 1] = float("nan")
+    _write(folder, tensors)
+    for argv in _every_command(folder, tmp_path)[3:]:
+        _one_line_error(capsys, main(argv), "'model.layers.1.self_attn.q_proj.weight' holds 1 NaN")
+
+
+def test_a_shard_index_naming_a_file_outside_the_folder_is_refused(ckpt, capsys, tmp_path):
+    import json
+
+    folder, _ = ckpt
+    weights = ("q_proj", "k_proj", "v_proj", "o_proj")
+    for shard in ("../elsewhere/x.safetensors", "/etc/passwd"):
+        index = {"weight_map": {f"model.layers.1.self_attn.{w}.weight": shard for w in weights}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        argv = ["export", "--checkpoint", str(folder), "--layer", "1", "-o", str(tmp_path / "o.onnx")]
+        _one_line_error(capsys, main(argv), repr(shard), "outside the checkpoint folder")
+        assert not (tmp_path / "o.onnx").exists()
+
+
+def test_export_checkpoint_given_config_json_asks_for_the_folder(ckpt, capsys, tmp_path):
+    folder, _ = ckpt
+    argv = ["export", "--checkpoint", str(folder / "config.json"), "-o", str(tmp_path / "o.onnx")]
+    _one_line_error(capsys, main(argv), "a file; give the checkpoint folder", f"({folder})")
+
+
+def test_a_checkpoint_export_summary_names_the_checkpoint_and_layer(ckpt, capsys, tmp_path):
+    folder, _ = ckpt
+    out = tmp_path / "named.onnx"
+    assert main(["export", "--checkpoint", str(folder), "--layer", "1", "--lowering", "ort-gqa", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"  block     {folder} layer 1: " in text and "custom" not in text
+    assert OnnxSession(str(out), "cpu").metadata["attnzoo.name"] == f"{folder} layer 1"
+
+
+def test_export_onnx_label_must_be_a_non_empty_string(ckpt, tmp_path):
+    from export import export_onnx
+
+    _, block = ckpt
+    for bad in ("", " ", 3):
+        with pytest.raises(zoo.InputTypeError, match="label=.* must be a non-empty string"):
+            export_onnx(block, tmp_path / "x.onnx", label=bad)
+    assert not (tmp_path / "x.onnx").exists()

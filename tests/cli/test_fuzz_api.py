@@ -32,7 +32,7 @@ from cli.main import build_parser, command_parsers, main
 from export import OnnxSession, export_onnx
 from export import lowering as lowering_mod
 from export import parity as parity_mod
-from strategies import fuzz_settings
+from strategies import config_sizes, fuzz_settings, shard_names
 
 COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate")
 PAST_64_BITS = ["99999999999999999999999", "-99999999999999999999999", str(2**64), str(2**63)]
@@ -242,3 +242,63 @@ def test_session_run_arguments(arg, data, model_path):
     y = _one_line_or_result(call)
     if y is not None:
         assert torch.isfinite(torch.as_tensor(np.asarray(y))).all()
+
+
+@pytest.fixture(scope="module")
+def fuzz_checkpoint(tmp_path_factory):
+    """A hand-written LLaMA checkpoint (tests/zoo/test_checkpoint.py) to break."""
+    pytest.importorskip("safetensors")
+    from test_checkpoint import CONFIG, _tensors, _write
+
+    folder = tmp_path_factory.mktemp("fuzz-ckpt") / "ckpt"
+    _write(folder, _tensors(zoo.MultiHeadAttention(zoo.spec_from_config(CONFIG, layer=1)).eval()))
+    return folder, CONFIG
+
+
+@fuzz_settings(60)
+@given(sizes=config_sizes(), command=st.sampled_from(["show", "preset", "export-config", "export-checkpoint"]))
+def test_config_size_fields_give_one_line_in_every_command(sizes, command, fuzz_checkpoint, monkeypatch_module):
+    import json
+
+    folder, config = fuzz_checkpoint
+    (folder / "config.json").write_text(json.dumps(dict(config, **sizes)))
+    try:
+        out = str(folder.parent / "o.onnx")
+        argv = {
+            "show": ["show", "--config", str(folder)],
+            "preset": ["preset", "--config", str(folder), "--name", "x"],
+            "export-config": ["export", "--config", str(folder), "-o", out, "--force"],
+            "export-checkpoint": ["export", "--checkpoint", str(folder), "-o", out, "--force"],
+        }[command]
+        rc, err = _run_cli(argv)
+    finally:
+        (folder / "config.json").write_text(json.dumps(config))
+    assert "Traceback" not in err, (sizes, err)
+    assert rc in (0, 2, "reached"), (sizes, command, rc, err)
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1, (sizes, command, err)
+    bad = [k for k, v in sizes.items() if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)]
+    if bad:  # zero, negative or not an integer: refused, naming a field that is
+        assert rc == 2 and any(f"{k}={sizes[k]!r} must be a positive integer" in err for k in bad), (sizes, err)
+
+
+@fuzz_settings(40)
+@given(shard=shard_names())
+def test_shard_names_outside_the_folder_give_one_line_before_any_open(shard, fuzz_checkpoint):
+    import json
+
+    import safetensors
+
+    folder, _ = fuzz_checkpoint
+    weights = ("q_proj", "k_proj", "v_proj", "o_proj")
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {f"model.layers.1.self_attn.{w}.weight": shard for w in weights}}))
+    opened: list = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(safetensors, "safe_open", lambda *a, **k: opened.append(a))
+        try:
+            with pytest.raises(zoo.CheckpointError, match="outside the checkpoint folder") as e:
+                zoo.from_checkpoint(folder, layer=1)
+        finally:
+            index.unlink()
+    assert "\n" not in str(e.value) and not opened, (shard, opened)

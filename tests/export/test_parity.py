@@ -1,5 +1,7 @@
 """Every registered variant x every lowering: eager torch vs ONNX Runtime at unseen shapes."""
 
+import copy
+
 import pytest
 import torch
 
@@ -89,6 +91,29 @@ def test_parity_can_fail(monkeypatch, tmp_path):
     row = check("mha-separate-bias", "decomposed", workdir=tmp_path)
     assert row.status == "FAIL" and row.max_abs > 1e-3
     assert "FAIL" in format_matrix([row]) and "1 failed" in format_matrix([row])
+
+
+def test_parity_shows_nan_as_nan(monkeypatch, tmp_path):
+    """An ONNX model whose output holds NaN: the row shows NaN (not inf) and says so."""
+    import numpy as np
+
+    import export.parity as parity
+
+    real_export = parity.export_onnx
+
+    def export_with_a_nan(module, path, **kw):
+        other = copy.deepcopy(module)
+        with torch.no_grad():
+            other.out_proj.weight[0, 0] = float("nan")
+        return real_export(other, path, **kw)
+
+    monkeypatch.setattr(parity, "export_onnx", export_with_a_nan)
+    row = check("mha-separate-bias", "decomposed", workdir=tmp_path)
+    assert row.status == "FAIL" and row.max_abs != row.max_abs and "NaN" in row.reason
+    assert "| nan | nan |" in format_matrix([row])
+    a = np.array([1.0, 2.0, 3.0])
+    assert all(v != v for v in errors(np.array([np.nan, 2, np.inf]), a, TOLERANCE["float32"])[:2])
+    assert errors(np.array([np.inf, 2, 3]), a, TOLERANCE["float32"])[:2] == (float("inf"), float("inf"))
 
 
 def test_errors_helper():

@@ -209,3 +209,98 @@ def test_no_transformers_is_needed(saved):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_does(saved):
+    """transformers 5 lets a non-empty rope_scaling replace rope_parameters whole (rope_theta then from the
+    top-level key or the default): linear scaling is applied, other scalings are refused by name."""
+    folder, block = saved
+    linear = dict(CONFIG, rope_theta=500000.0, rope_scaling={"rope_type": "linear", "factor": 4})
+    spec = zoo.spec_from_config(linear, layer=1)
+    assert (spec.rope_scale, spec.rope_theta) == (4.0, 500000.0)
+    (folder / "config.json").write_text(json.dumps(linear))
+    assert zoo.from_checkpoint(folder, layer=1).spec == spec
+    legacy = dict(CONFIG, rope_scaling={"type": "linear", "factor": 2.0})  # the older key name, no rope_theta
+    assert (zoo.spec_from_config(legacy).rope_scale, zoo.spec_from_config(legacy).rope_theta) == (2.0, 10000.0)
+    for empty in (None, {}):  # an empty rope_scaling leaves rope_parameters in charge
+        assert zoo.spec_from_config(dict(CONFIG, rope_scaling=empty)) == zoo.spec_from_config(CONFIG)
+    with pytest.raises(zoo.HFConversionError, match=r"rope_scaling='linear' must be an object"):
+        zoo.spec_from_config(dict(CONFIG, rope_scaling="linear"))
+    yarn = dict(CONFIG, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(zoo.HFConversionError, match=r"rope_type='yarn'"):
+        zoo.spec_from_config(yarn, layer=1)
+    (folder / "config.json").write_text(json.dumps(yarn))
+    with pytest.raises(zoo.HFConversionError, match=r"rope_type='yarn'"):
+        zoo.from_checkpoint(folder, layer=1)
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"])
+@pytest.mark.parametrize("bad", [-4, 0, 2.5, True])
+def test_config_size_fields_must_be_positive_integers(saved, field, bad):
+    folder, _ = saved
+    want = rf"{field}={bad!r} must be a positive integer"
+    with pytest.raises(zoo.HFConversionError, match=want):
+        zoo.spec_from_config(dict(CONFIG, **{field: bad}))
+    (folder / "config.json").write_text(json.dumps(dict(CONFIG, **{field: bad})))
+    with pytest.raises(zoo.HFConversionError, match=want):
+        zoo.from_checkpoint(folder, layer=1)
+
+
+def test_config_sizes_past_a_tensor_are_refused():
+    with pytest.raises(zoo.HFConversionError, match=r"past what a tensor can hold"):
+        zoo.spec_from_config(dict(CONFIG, head_dim=2**62))
+    with pytest.raises(zoo.HFConversionError, match=r"num_hidden_layers=-1 must be a positive integer"):
+        zoo.spec_from_config(dict(CONFIG, num_hidden_layers=-1))
+
+
+def _index(folder, shard: str) -> None:
+    names = [PREFIX + n for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")]
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, shard)}))
+
+
+@pytest.mark.parametrize("shard", ["../elsewhere/x.safetensors", "sub/../../x.safetensors", "/etc/passwd", "//x"])
+def test_shard_names_outside_the_checkpoint_folder_are_refused(saved, shard, monkeypatch):
+    folder, _ = saved
+    outside = folder.parent / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    (outside / "x.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    _index(folder, shard)
+    import safetensors
+
+    opened = []
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: opened.append(a) or 1 / 0)
+    with pytest.raises(zoo.CheckpointError, match=r"outside the checkpoint folder") as e:
+        zoo.from_checkpoint(folder, layer=1)
+    assert repr(shard) in str(e.value) and "\n" not in str(e.value) and not opened  # refused before any open
+
+
+def test_a_symlinked_shard_inside_the_folder_is_read(saved):
+    """A hub cache's snapshot: the shard is a link into a blobs folder elsewhere; the index names it inside."""
+    folder, block = saved
+    blobs = folder.parent / "blobs"
+    blobs.mkdir()
+    (folder / "model.safetensors").rename(blobs / "0123abcd")
+    (folder / "model-00001-of-00001.safetensors").symlink_to(blobs / "0123abcd")
+    _index(folder, "model-00001-of-00001.safetensors")
+    assert torch.equal(zoo.from_checkpoint(folder, layer=1).out_proj.weight, block.out_proj.weight)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nan_or_inf_weights_are_refused_naming_the_tensor(saved, bad):
+    folder, block = saved
+    tensors = _tensors(block)
+    tensors[PREFIX + "k_proj.weight"] = tensors[PREFIX + "k_proj.weight"].clone()
+    tensors[PREFIX + "k_proj.weight"][3, 5] = bad
+    _write(folder, tensors)
+    kind = "NaN" if bad != bad else "inf"
+    want = rf"'model.layers.1.self_attn.k_proj.weight' holds 1 {kind} \(the first at index \(3, 5\)\)"
+    with pytest.raises(zoo.CheckpointError, match=want) as e:
+        zoo.from_checkpoint(folder, layer=1)
+    assert "model.safetensors" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_config_json_file_is_not_a_checkpoint_folder(saved):
+    folder, _ = saved
+    with pytest.raises(zoo.CheckpointError, match=r"config.json: a file; give the checkpoint folder") as e:
+        zoo.from_checkpoint(folder / "config.json", layer=1)
+    assert f"({folder})" in str(e.value)
