@@ -138,6 +138,10 @@ def export_onnx(
     if isinstance(model_or_name, str):  # a size past the machine is refused before any allocation
         _check_export_fits(zoo.spec(model_or_name, **overrides), dtype)
     module, name = _resolve_module(model_or_name, overrides)
+    if max_len is not None:  # a capacity past the machine (or past int64) cannot be served: refused here
+        from zoo.cache import check_static_fits
+
+        check_static_fits(module.spec, 1, max_len, DTYPES[dtype].itemsize, key_mask=with_mask)
     order = auto_order(provider, module.spec, with_mask=with_mask)
     path = Path(path)
     if path.is_dir():
