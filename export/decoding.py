@@ -40,6 +40,8 @@ def _require_decode_model(sess: OnnxSession) -> zoo.AttentionSpec:
 
 def _as_numpy(name: str, v: Any, dtype: np.dtype | None) -> np.ndarray:
     if isinstance(v, torch.Tensor):
+        if v.device.type == "meta":
+            raise zoo.InputTypeError(f"{name} is a meta tensor (no data); pass a tensor on the CPU or a numpy array")
         if v.device.type != "cpu":
             v = v.cpu()
         v = v.detach().numpy()
@@ -50,13 +52,28 @@ def _as_numpy(name: str, v: Any, dtype: np.dtype | None) -> np.ndarray:
     return np.ascontiguousarray(v)
 
 
-def _check(sess: OnnxSession, x, past_key, past_value, key_mask, *, steps: int | None = None):
+def check_x(sess: OnnxSession, x, *, batch: int | None = None) -> np.ndarray:
+    """x of a decode call as a contiguous numpy array, checked against the model: a torch tensor or
+    numpy array of the model's dtype, shaped (b >= 1, t >= 1, d_model), with b = `batch` when given
+    (a static cache's bound buffers fix it). The one check of x that sess.decode, generate_steps
+    and OrtStaticCache.step share; raises InputTypeError or DecodeInputError."""
+    spec = _require_decode_model(sess)
+    x = _as_numpy("x", x, sess.dtype)
+    if x.ndim != 3 or x.shape[-1] != spec.d_model or x.shape[0] == 0 or x.shape[1] == 0:
+        raise DecodeInputError(f"x has shape {x.shape}; expected (b >= 1, t >= 1, c={spec.d_model})")
+    if batch is not None and x.shape[0] != batch:
+        raise DecodeInputError(
+            f"x has shape {x.shape}, batch {x.shape[0]}; this cache was made for batch={batch}: "
+            f"send (b={batch}, t, c={spec.d_model}), or make one with sess.static_cache({x.shape[0]})"
+        )
+    return x
+
+
+def check_decode_inputs(sess: OnnxSession, x, past_key, past_value, key_mask, *, steps: int | None = None):
     """numpy x, past_key, past_value, key_mask (or None) checked against the spec; p."""
     spec = _require_decode_model(sess)
     dtype = sess.dtype
-    x = _as_numpy("x", x, dtype)
-    if x.ndim != 3 or x.shape[-1] != spec.d_model or x.shape[0] == 0 or x.shape[1] == 0:
-        raise DecodeInputError(f"x has shape {x.shape}; expected (b >= 1, t >= 1, c={spec.d_model})")
+    x = check_x(sess, x)
     b = x.shape[0]
     g, dk, dv = spec.kv_heads_, spec.d_k_, spec.d_v_
     if (past_key is None) != (past_value is None):
@@ -89,7 +106,7 @@ def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) at positions p..p+t-1 -> y (b t c), present_key, present_value (b g p+t d).
     torch in -> torch out (on the CPU); numpy in -> numpy out."""
     as_torch = isinstance(x, torch.Tensor)
-    x, pk, pv, km, p = _check(sess, x, past_key, past_value, key_mask)
+    x, pk, pv, km, p = check_decode_inputs(sess, x, past_key, past_value, key_mask)
     b, t = x.shape[:2]
     if b > 1 and t > 1 and p > 0 and chunks_one_row_at_a_time(sess):
         # GroupQueryAttention refuses b > 1 with t > 1 and a past ("batch_size must be 1 when
@@ -129,7 +146,7 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     import onnxruntime as ort
 
     as_torch = isinstance(x_steps, torch.Tensor)
-    x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
+    x, pk, pv, km, p = check_decode_inputs(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
     device = "cuda" if sess.provider == "cuda" else "cpu"
     binding = sess.new_binding()

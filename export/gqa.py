@@ -160,7 +160,12 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     # session binds to the same buffer as the past (the op then skips its past -> present copy).
     static = "past_len" in names
     if static:
-        past_len = "past_len"
+        # The graph's guard: another runtime may feed any past_len. Outside 0..n-t it becomes n + 1,
+        # which the op refuses (total n + 1 + t is neither within the buffer nor past + t), so a bad
+        # past_len never writes: without it -1 with t = 1 asked the op for 0 keys, and n for a grown present.
+        n_cap = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0)
+        bad = g.op("Or", g.op("Less", "past_len", g.ints(0)), g.op("Greater", g.op("Add", "past_len", t), n_cap))
+        past_len = g.op("Where", bad, g.op("Add", n_cap, g.ints(1)), "past_len")
     else:
         past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
     total = g.op("Add", past_len, t) if decode else t

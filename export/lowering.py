@@ -143,6 +143,10 @@ def export_onnx(
     module, name = _resolve_module(model_or_name, overrides)
     if label is not None and (not isinstance(label, str) or not label.strip()):
         raise zoo.InputTypeError(f"label={label!r} must be a non-empty string")
+    if max_len is not None:  # a capacity past the machine (or past int64) cannot be served: refused here
+        from zoo.cache import check_static_fits
+
+        check_static_fits(module.spec, 1, max_len, DTYPES[dtype].itemsize, key_mask=with_mask)
     order = auto_order(provider, module.spec, with_mask=with_mask)
     path = Path(path)
     if path.is_dir():

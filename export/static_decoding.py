@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 import zoo
+from zoo.cache import check_static_fits
 
-from .decoding import DecodeInputError, _check, chunks_one_row_at_a_time
+from .decoding import DecodeInputError, check_decode_inputs, check_x, chunks_one_row_at_a_time
 
 if TYPE_CHECKING:
     from .session import OnnxSession
@@ -29,9 +30,29 @@ if TYPE_CHECKING:
 def capacity(sess: OnnxSession) -> int:
     """The static cache's capacity n recorded at export (attnzoo.max_len)."""
     try:
-        return int(sess.metadata["attnzoo.max_len"])
+        n = int(sess.metadata["attnzoo.max_len"])
     except (KeyError, ValueError):
         raise zoo.InputError(f"{sess.path} has no attnzoo.max_len metadata; re-export it with attnzoo") from None
+    if n < 1:
+        raise zoo.InputError(f"{sess.path} records a capacity of {n} (attnzoo.max_len); re-export it with --max-len N")
+    return n
+
+
+def checked_capacity(sess: OnnxSession, batch: int, max_len) -> int:
+    """The capacity of a cache of `batch` rows: max_len (None: the exported one), a positive int no larger
+    than the exported capacity, whose buffers fit in this machine's memory (zoo.ResourceError before
+    anything is allocated, not numpy's MemoryError)."""
+    exported = capacity(sess)
+    n = exported if max_len is None else max_len
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise zoo.ArgumentError(f"max_len={n!r} must be a positive int (the cache's capacity)")
+    if n > exported:
+        raise zoo.ArgumentError(
+            f"max_len={n} is past this model's capacity of {exported} positions (attnzoo.max_len, fixed at "
+            f"export): give max_len <= {exported}, or re-export with --max-len {n} (max_len={n})"
+        )
+    check_static_fits(sess.spec, batch, n, sess.dtype.itemsize, key_mask="key_mask" in sess.input_names)
+    return n
 
 
 class OrtStaticCache:
@@ -42,21 +63,21 @@ class OrtStaticCache:
         cache.rewind(p)            # forget everything after position p (nothing is copied)
         key, value = cache.presents()
 
-    max_len (default: the model's attnzoo.max_len) is the capacity; each step reads all of it
-    (the unwritten tail is masked), so choose it near the longest run, as with transformers'
-    StaticCache. key_mask (b, p + k) covers the past and the positions the run will add.
+    max_len (default: the model's attnzoo.max_len) is the capacity, at most the exported one;
+    each step reads all of it (the unwritten tail is masked), so choose it near the longest run,
+    as with transformers' StaticCache. key_mask (b, p + k) covers the past and the positions the
+    run will add. Buffers past the machine's memory are refused (zoo.ResourceError) before any
+    is allocated.
     """
 
     def __init__(self, sess: OnnxSession, pk: np.ndarray, pv: np.ndarray, km: np.ndarray | None, *, max_len=None):
         import onnxruntime as ort
 
-        n = capacity(sess) if max_len is None else max_len
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise zoo.ArgumentError(f"max_len={n!r} must be a positive int (the cache's capacity)")
         b, g, p = pk.shape[:3]
+        n = checked_capacity(sess, b, max_len)
         if p > n:
             raise zoo.CacheFullError(f"a static cache of {n} positions (max_len) cannot hold a past of {p}")
-        self.sess, self.length, self.capacity = sess, p, n
+        self.sess, self.length, self.capacity, self.batch = sess, p, n, b
         self.key = np.zeros((b, g, n, pk.shape[3]), pk.dtype)
         self.value = np.zeros((b, g, n, pv.shape[3]), pv.dtype)
         self.key[:, :, :p] = pk
@@ -79,22 +100,41 @@ class OrtStaticCache:
 
     def check_room(self, t: int) -> None:
         """Refuse, before anything is written, a run of t positions past the capacity."""
-        self.check_fits(self.capacity, self.length, t)
+        self.check_fits(self.capacity, self.length, t, rewind=True)
 
     @staticmethod
-    def check_fits(capacity: int, length: int, t: int) -> None:
+    def check_fits(capacity: int, length: int, t: int, *, rewind: bool = False) -> None:
+        """Refuse length + t positions past `capacity`; `rewind`: the caller holds a cache it can rewind()."""
         if length + t > capacity:
+            fix = "re-export with a larger --max-len (max_len=)" + (", or rewind()" if rewind else "")
             raise zoo.CacheFullError(
                 f"this static cache holds {capacity} positions (max_len); {length} are written and "
-                f"{t} more do not fit: re-export with a larger --max-len (max_len=), or rewind()"
+                f"{t} more do not fit: {fix}"
             )
 
-    def step(self, x: np.ndarray) -> np.ndarray:
-        """x (b t c) -> y (b t c); this call's keys and values are written at `length` in place."""
+    def step(self, x):
+        """x (b t c) -> y (b t c); this call's keys and values are written at `length` in place.
+
+        x is checked as sess.decode checks it (a torch tensor or numpy array of the model's dtype,
+        (b, t >= 1, d_model)) and must have this cache's batch; torch in -> torch out (on the CPU),
+        numpy in -> numpy out."""
+        as_torch = isinstance(x, torch.Tensor)
+        x = check_x(self.sess, x, batch=self.batch)
+        if x.shape[1] > 1:  # a chunk's scores (b h t n); one token's are smaller than the buffers held
+            self.sess.check_size(x.shape[0], x.shape[1], self.capacity)
+        y = self._advance(x)
+        return torch.from_numpy(y) if as_torch else y
+
+    def _advance(self, x: np.ndarray) -> np.ndarray:
+        """step() after its checks (decode and generate_steps have made them for the whole call)."""
         self.check_room(x.shape[1])
         b, t = x.shape[:2]
         if b > 1 and t > 1 and self.length > 0 and chunks_one_row_at_a_time(self.sess):
             return self._step_rows(x)
+        return self._step(x)
+
+    def _step(self, x: np.ndarray) -> np.ndarray:
+        """One run over the buffers bound once: this call's keys and values land in them in place."""
         self.binding.bind_cpu_input("x", np.ascontiguousarray(x))
         self.binding.bind_cpu_input("past_len", np.array(self.length, np.int64))
         self.binding.bind_output("y", self.device)  # a fresh y each step (t may change); stays output 0
@@ -151,8 +191,9 @@ def static_cache(sess: OnnxSession, batch: int, past_key=None, past_value=None, 
     """sess.static_cache(...): an OrtStaticCache for `batch` rows holding the given past (None: empty)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise zoo.ArgumentError(f"batch={batch!r} must be a positive int")
+    checked_capacity(sess, batch, max_len)  # before any array of `batch` rows is made
     x = np.zeros((batch, 1, sess.spec.d_model), sess.dtype)
-    _, pk, pv, _, p = _check(sess, x, past_key, past_value, None)
+    _, pk, pv, _, p = check_decode_inputs(sess, x, past_key, past_value, None)
     if key_mask is not None:
         if "key_mask" not in sess.input_names:
             raise DecodeInputError("this model has no key_mask input; re-export with --mask (with_mask=True)")
@@ -167,9 +208,9 @@ def static_cache(sess: OnnxSession, batch: int, past_key=None, past_value=None, 
 def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) after a past (b g p d) -> y (b t c), present_key, present_value (b g p+t d)."""
     as_torch = isinstance(x, torch.Tensor)
-    x, pk, pv, km, p = _check(sess, x, past_key, past_value, key_mask)
+    x, pk, pv, km, p = check_decode_inputs(sess, x, past_key, past_value, key_mask)
     cache = _call_cache(sess, pk, pv, km, x.shape[1])
-    y = cache.step(x)
+    y = cache._advance(x)
     out = (y, *cache.presents())
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
 
@@ -179,12 +220,12 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
 
     key_mask, if the model takes one, is (b p+k) for the whole run."""
     as_torch = isinstance(x_steps, torch.Tensor)
-    x, pk, pv, km, p = _check(sess, x_steps, past_key, past_value, key_mask, steps=None)
+    x, pk, pv, km, p = check_decode_inputs(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
     cache = _call_cache(sess, pk, pv, km, k)
     ys = np.empty_like(x)
     for i in range(k):
-        ys[:, i] = cache.step(x[:, i : i + 1])[:, 0]
+        ys[:, i] = cache._advance(x[:, i : i + 1])[:, 0]
     out = (ys, *cache.presents())
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
 
@@ -195,5 +236,5 @@ def _call_cache(sess: OnnxSession, pk, pv, km, new: int) -> OrtStaticCache:
     but sized to the call (p + new), since the graph takes any capacity: a call allocates and reads
     what it uses, not the whole max_len."""
     p = pk.shape[2]
-    OrtStaticCache.check_fits(capacity(sess), p, new)
+    OrtStaticCache.check_fits(capacity(sess), p, new)  # no rewind(): the caller holds no cache
     return OrtStaticCache(sess, pk, pv, km, max_len=p + new)

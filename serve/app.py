@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from zoo import AttnzooError
-
 from .batching import run_batch
 from .protocol import (
     DEFAULT_MAX_BODY,
@@ -27,6 +25,7 @@ from .protocol import (
     ServeError,
     decode_request,
     encode_response,
+    failure_answer,
     rows_of,
 )
 
@@ -80,6 +79,7 @@ class OnnxServer:
             # What a client sends: a static cache's past_len is the session's to bind, not the client's.
             "inputs": [n for n in self.sess.input_names if n != "past_len"],
             "cache": self.sess.cache,
+            "max_len": self.info.max_len,  # a static cache's capacity: p + t past it is a 413
             "outputs": self.sess.output_names,
             "max_batch": max_batch,
             "batch_wait_ms": batch_wait_ms,
@@ -128,11 +128,8 @@ class OnnxServer:
             return PlainTextResponse(str(e), e.status)
         item.enqueued = time.perf_counter()
         outputs, timing = await self._batched(item)
-        if isinstance(outputs, AttnzooError):  # e.g. the padded batch would not fit in memory: try again later
-            return PlainTextResponse(f"the server cannot run this batch now: {outputs}", 503)
         if isinstance(outputs, Exception):  # this request's group failed; the batch's other groups did not
-            first = (str(outputs).strip().splitlines() or [""])[0][:300]
-            return PlainTextResponse(f"the model run failed: {type(outputs).__name__}: {first}", 500)
+            return PlainTextResponse(*failure_answer(outputs))
         try:
             body, kind = encode_response(item, outputs, self.info.outputs)
         except RequestError as e:

@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 
+from zoo import AttnzooError, CacheFullError
+
 from .bodies import read_json, read_npy, read_npz
 from .schema import (
     DECODE_FIELDS,
@@ -150,6 +152,13 @@ def _check_decode(arrays: dict[str, np.ndarray], info: ModelInfo, x: np.ndarray,
     p = past["past_key"].shape[2]
     if past["past_value"].shape[2] != p:
         raise RequestError(f"past_key holds {p} positions but past_value {past['past_value'].shape[2]}")
+    if info.max_len is not None and p + t > info.max_len:  # can never succeed: a 4xx, not "try later"
+        raise RequestError(
+            f"p+t = {p}+{t} = {p + t} cached and new positions; this model's static cache holds "
+            f"max_len={info.max_len} (GET /metadata): keep p+t <= {info.max_len}, or serve an export "
+            f"with a larger --max-len",
+            413,
+        )
     if b * (p + t) > info.max_tokens:
         raise RequestError(
             f"b*(p+t) = {b}*{p + t} cached and new positions; at most {info.max_tokens} per request", 413
@@ -202,6 +211,19 @@ def encode_response(item: Item, outputs: tuple[np.ndarray, ...], names: tuple[st
     return json.dumps(doc).encode(), JSON
 
 
+def failure_answer(error: Exception) -> tuple[str, int]:
+    """(one line, HTTP status) for a batch group whose run raised `error`. A request past a static
+    cache's capacity is the client's (413: it can never succeed, so a client must not retry it);
+    another attnzoo refusal (the padded batch would not fit in memory now) is 503, try again later;
+    anything else is the model run failing, 500."""
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    if isinstance(error, CacheFullError):
+        return first, 413
+    if isinstance(error, AttnzooError):
+        return f"the server cannot run this batch now: {first}", 503
+    return f"the model run failed: {type(error).__name__}: {first}", 500
+
+
 def rows_of(items: list[Item]) -> int:
     return sum(it.rows for it in items)
 
@@ -222,6 +244,7 @@ __all__ = [
     "check_arrays",
     "decode_request",
     "encode_response",
+    "failure_answer",
     "read_json",
     "read_npy",
     "read_npz",

@@ -52,6 +52,7 @@ class ModelInfo:
     d_k: int = 0
     d_v: int = 0
     has_key_mask: bool = False
+    max_len: int | None = None  # a static cache's capacity (attnzoo.max_len): p + t past it is refused
 
     @classmethod
     def of(
@@ -64,6 +65,12 @@ class ModelInfo:
         decode = "past_key" in sess.input_names
         if decode and "past_value" not in sess.input_names:
             raise ServeError(f"{sess.path} has past_key but no past_value input; export it with attnzoo --decode")
+        max_len = None
+        if "past_len" in sess.input_names:  # a static cache: its buffers' capacity, fixed at export
+            raw = sess.metadata.get("attnzoo.max_len", "")
+            if not raw.isdigit() or int(raw) < 1:
+                raise ServeError(f"{sess.path} records no valid capacity (attnzoo.max_len={raw!r}); re-export it")
+            max_len = int(raw)
         return cls(
             d_model=spec.d_model,
             d_context=spec.d_context,
@@ -80,6 +87,7 @@ class ModelInfo:
             d_k=spec.d_k_,
             d_v=spec.d_v_,
             has_key_mask="key_mask" in sess.input_names,
+            max_len=max_len,
         )
 
 

@@ -29,11 +29,33 @@ from einops import rearrange, repeat
 from torch import Tensor
 
 from .errors import CacheFullError, InputError, InputTypeError
+from .limits import check_fits
 from .spec import AttentionSpec
 
 MERGE_HEADS = "b h t d -> b t (h d)"
 FOLD = "b (g r) t d -> b g (r t) d"
 UNFOLD = "b g (r t) d -> b (g r) t d"
+
+
+def static_cache_bytes(spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False) -> int:
+    """Bytes of a static cache's buffers: key (b g n dk) and value (b g n dv), and a key mask (b n) bool."""
+    return batch * max_len * (spec.kv_heads_ * (spec.d_k_ + spec.d_v_) * itemsize + int(key_mask))
+
+
+def check_static_fits(
+    spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False, device=None
+) -> None:
+    """Raise ResourceError, before anything is allocated, for buffers past the memory of this machine
+    (or of `device`, a CUDA device's total memory); a "meta" device allocates nothing."""
+    limit = None
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "meta":
+        return
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        limit = torch.cuda.get_device_properties(device).total_memory
+    need = static_cache_bytes(spec, batch, max_len, itemsize, key_mask=key_mask)
+    where = f" on {device}" if limit is not None else ""
+    check_fits(need, f"a static cache (batch={batch}, max_len={max_len}){where}", limit=limit)
 
 
 @dataclass
@@ -65,6 +87,13 @@ class StaticCache:
                 raise InputTypeError(f"{name}={v!r} must be an int")
             if v < 1:
                 raise InputError(f"{name}={v} must be at least 1")
+        if not isinstance(dtype, torch.dtype):
+            raise InputTypeError(f"dtype={dtype!r} must be a torch.dtype, e.g. torch.float32")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise InputTypeError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda')") from None
+        check_static_fits(spec, batch, max_len, dtype.itemsize, device=device)  # before torch allocates
         g = spec.kv_heads_
         key = torch.zeros(batch, g, max_len, spec.d_k_, dtype=dtype, device=device)
         value = torch.zeros(batch, g, max_len, spec.d_v_, dtype=dtype, device=device)
@@ -74,8 +103,13 @@ class StaticCache:
     def from_past(cls, past_key: Tensor, past_value: Tensor, *, max_len: int) -> StaticCache:
         """A cache of capacity max_len holding a past (b g p d) from a growing-cache call."""
         b, g, p, dk = past_key.shape
+        if isinstance(max_len, bool) or not isinstance(max_len, int):
+            raise InputTypeError(f"max_len={max_len!r} must be an int")
         if max_len < p:
             raise CacheFullError(f"max_len={max_len} cannot hold a past of {p} positions; give max_len >= {p}")
+        need = b * g * max_len * (dk + past_value.shape[-1]) * past_key.element_size()
+        if past_key.device.type != "meta":
+            check_fits(need, f"a static cache (batch={b}, max_len={max_len})")
         key = past_key.new_zeros(b, g, max_len, dk)
         value = past_value.new_zeros(b, g, max_len, past_value.shape[-1])
         key[:, :, :p] = past_key
@@ -108,6 +142,11 @@ def static_step(
     past past_len + t are not read).
     """
     t, n = x.shape[1], cache_key.shape[2]
+    if not in_place:
+        # The exported graph's guard: another runtime may feed any past_len, and ScatterElements and
+        # Gather read a negative index from the end (past_len = -1 wrote at n - 1). Outside 0..n-t it
+        # is moved to n, past the end, where the write is refused (eager calls are checked before).
+        past_len = torch.where((past_len < 0) | (past_len > n - t), n, past_len)
     idx = past_len + torch.arange(t, device=x.device)  # (t) cache indices written by this call
     j = torch.arange(n, device=x.device)
     if key_mask is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import analysis.ablate
@@ -302,3 +302,64 @@ def test_shard_names_outside_the_folder_give_one_line_before_any_open(shard, fuz
         finally:
             index.unlink()
     assert "\n" not in str(e.value) and not opened, (shard, opened)
+
+
+@pytest.fixture(scope="module")
+def static_path(tmp_path_factory):
+    """A static-cache decode export of capacity 8 (what sess.static_cache binds)."""
+    path = tmp_path_factory.mktemp("fz_static") / "s.onnx"
+    return export_onnx("mha-causal", path, decode=True, cache="static", max_len=8, lowering="decomposed").path
+
+
+def _bad_step_inputs():
+    """x values a static cache of batch 2 over d_model 64 must refuse: every wrong kind."""
+    return [
+        None,
+        3,
+        "x",
+        [[[0.0] * 64]],
+        np.zeros((2, 1, 64)),  # float64
+        np.zeros((2, 1, 64), np.float16),
+        np.zeros((2, 1, 64), np.int64),
+        torch.zeros(2, 1, 64, dtype=torch.float64),
+        torch.zeros(2, 1, 64, dtype=torch.bool),
+        np.zeros(64, np.float32),  # 1-D
+        np.zeros((1, 64), np.float32),
+        np.zeros((2, 1, 1, 64), np.float32),
+        np.zeros((2, 1, 65), np.float32),  # width
+        np.zeros((2, 1, 0), np.float32),
+        np.zeros((1, 1, 64), np.float32),  # batch
+        np.zeros((3, 1, 64), np.float32),
+        np.zeros((0, 1, 64), np.float32),
+        np.zeros((2, 0, 64), np.float32),  # empty t
+        np.zeros((2, 9, 64), np.float32),  # past the capacity of 8
+        torch.zeros(2, 10**6, 64, device="meta"),
+    ]
+
+
+# capfd is read afresh in each example
+@settings(fuzz_settings(60), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bad=st.sampled_from(_bad_step_inputs()), written=st.integers(0, 8))
+def test_static_cache_step_arguments(bad, written, static_path, capfd):
+    sess = OnnxSession(static_path, "cpu", verbose=False)
+    cache = sess.static_cache(2)
+    if written:
+        cache.step(np.zeros((2, written, 64), np.float32))
+    key = cache.key.copy()
+    capfd.readouterr()
+    assert _one_line_or_result(lambda: cache.step(bad)) is None, type(bad)
+    assert cache.length == written and np.array_equal(cache.key, key)  # refused before anything is written
+    assert capfd.readouterr().err == ""  # refused before ONNX Runtime (which logs its own errors on stderr)
+
+
+@fuzz_settings(60)
+@given(
+    arg=st.sampled_from(["batch", "max_len"]),
+    value=st.sampled_from(BAD_VALUES + [9, 2**40, 2**64, "8", 8.0]),
+)
+def test_static_cache_arguments(arg, value, static_path):
+    sess = OnnxSession(static_path, "cpu", verbose=False)
+    kw = {"batch": 1, "max_len": None, arg: value}
+    cache = _one_line_or_result(lambda: sess.static_cache(kw.pop("batch"), **kw))
+    if cache is not None:  # accepted: a real cache within the exported capacity
+        assert 1 <= cache.capacity <= 8 and cache.key.shape[0] == (value if arg == "batch" else 1)

@@ -13,6 +13,7 @@ import torch
 import zoo
 from export import OnnxSession, export_onnx
 from export.choice import why_not
+from export.decoding import DecodeInputError
 from export.lowering import LOWERINGS
 from export.lowerings import LOWERING_LIST
 from export.parity import check_decode
@@ -234,9 +235,122 @@ def test_cli_static_cache(tmp_path, capsys):
     assert main(["run", str(path), "-b", "2", "-t", "5", "--steps", "6", "--provider", "cpu"]) == 0
     assert "static cache of capacity 40" in capsys.readouterr().out
     assert main(["run", str(path), "-t", "38", "--steps", "6", "--provider", "cpu"]) == 2
-    assert "holds 40 positions" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds 40 positions" in err and "--max-len" in err and "rewind" not in err  # `run` holds no cache
     assert main(["parity", "mistral-7b", "--decode", "--cache", "static", "--lowering", "decomposed", "-q", *sets]) == 0
     out = capsys.readouterr().out
     assert "decode-static" in out and "1 passed, 0 failed" in out
     assert main(["parity", "mistral-7b", "--cache", "static", *sets]) == 2
     assert "add --decode" in capsys.readouterr().err
+
+
+STEP_BAD = [
+    (np.zeros((1, 1, 64)), zoo.InputTypeError, "x has dtype float64; this model takes float32"),
+    (np.zeros((1, 1, 65), np.float32), DecodeInputError, r"x has shape \(1, 1, 65\); expected"),
+    (np.zeros((2, 1, 64), np.float32), DecodeInputError, "this cache was made for batch=1"),
+    (np.zeros(64, np.float32), DecodeInputError, r"x has shape \(64,\); expected \(b >= 1, t >= 1, c=64\)"),
+    (np.zeros((1, 0, 64), np.float32), DecodeInputError, r"x has shape \(1, 0, 64\)"),
+    ([[[0.0] * 64]], zoo.InputTypeError, "must be a torch.Tensor or numpy array, got list"),
+]
+
+
+@pytest.mark.parametrize("x, error, words", STEP_BAD, ids=["float64", "width", "batch", "1-D", "empty-t", "list"])
+def test_static_cache_step_checks_x_as_decode_does(static_model, capfd, x, error, words):
+    """OrtStaticCache.step shares sess.decode's check of x (dtype, rank, width, batch, empty): a typed
+    one-line error before ONNX Runtime runs (which raised its own RuntimeError and logged on stderr)."""
+    path, r = static_model
+    sess = OnnxSession(path, "cpu", verbose=False)
+    cache = sess.static_cache(1)
+    cache.step(np.zeros((1, 2, 64), np.float32))
+    key = cache.key.copy()
+    capfd.readouterr()
+    with pytest.raises(error, match=words):
+        cache.step(x)
+    assert capfd.readouterr().err == ""
+    assert cache.length == 2 and np.array_equal(cache.key, key)  # nothing written
+    if "batch" not in words:  # the same refusal as sess.decode's (which has no cache of a batch yet)
+        with pytest.raises(error, match=words):
+            sess.decode(x)
+    y = cache.step(torch.zeros(1, 1, 64))  # torch in -> torch out, as sess.decode
+    assert isinstance(y, torch.Tensor) and y.shape == (1, 1, 64) and cache.length == 3
+
+
+def test_static_cache_max_len_past_the_exported_capacity_is_refused(static_model):
+    path, _ = static_model
+    sess = OnnxSession(path, "cpu", verbose=False)
+    with pytest.raises(zoo.ArgumentError, match=r"max_len=100 is past this model's capacity of 24 positions"):
+        sess.static_cache(1, max_len=100)
+    with pytest.raises(zoo.ArgumentError, match="max_len=25 is past"):
+        sess.static_cache(1, max_len=25)
+    assert sess.static_cache(1, max_len=24).capacity == 24 and sess.static_cache(1).capacity == 24
+
+
+def test_static_capacity_past_the_machine_is_refused_before_allocating(static_model, tmp_path, capsys):
+    """export, the session and the eager cache refuse buffers past the machine's memory with a
+    ResourceError naming the size (not a capacity past int64 recorded, numpy's MemoryError, torch's
+    allocator error)."""
+    import onnx
+
+    from cli.main import main
+
+    out = tmp_path / "big.onnx"
+    for n in (10**23, 2**40):
+        with pytest.raises(zoo.ResourceError, match=rf"a static cache \(batch=1, max_len={n}\) needs about"):
+            export_onnx("llama-3-8b", out, decode=True, cache="static", max_len=n, **small_overrides("llama-3-8b"))
+    assert not out.exists()
+    argv = ["export", "mha-causal", "--decode", "--cache", "static", "--max-len", "99999999999999999999999"]
+    assert main([*argv, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "max_len=99999999999999999999999) needs about" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+    path, _ = static_model  # a file that records a capacity past the machine (as an older export could)
+    model = onnx.load(str(path))
+    for prop in model.metadata_props:
+        if prop.key == "attnzoo.max_len":
+            prop.value = str(2**40)
+    onnx.save(model, str(out))
+    sess = OnnxSession(out, "cpu", verbose=False)
+    with pytest.raises(zoo.ResourceError, match=r"max_len=1099511627776\) needs about .* this machine has"):
+        sess.static_cache(1)
+    with pytest.raises(zoo.ResourceError, match="batch=1099511627776"):
+        sess.static_cache(2**40, max_len=1)
+    y, pk, _ = sess.decode(np.zeros((1, 3, 64), np.float32))  # a call sizes its buffers to itself
+    assert pk.shape[2] == 3
+
+    spec = zoo.spec("llama-3-8b")
+    with pytest.raises(zoo.ResourceError, match=r"a static cache \(batch=1, max_len=1099511627776\) needs"):
+        zoo.StaticCache.empty(spec, batch=1, max_len=2**40)
+    with pytest.raises(zoo.ResourceError, match="needs about"):
+        zoo.StaticCache.from_past(torch.zeros(1, 8, 1, 128), torch.zeros(1, 8, 1, 128), max_len=2**40)
+    assert zoo.StaticCache.empty(spec, batch=1, max_len=2**40, device="meta").capacity == 2**40  # nothing allocated
+
+
+@pytest.mark.parametrize("lowering", STATIC)
+def test_static_graph_refuses_past_len_outside_its_buffer(lowering, tmp_path):
+    """The graph run directly (another runtime, no session): past_len = -1 wrapped around and wrote
+    at position n - 1; outside 0..n-t the graph now refuses the write, in both static lowerings."""
+    import onnxruntime as ort
+
+    path = tmp_path / "m.onnx"
+    r = export_onnx(
+        "llama-3-8b", path, decode=True, cache="static", lowering=lowering, max_len=16, **small_overrides("llama-3-8b")
+    )
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    s = r.spec
+    rng = np.random.default_rng(0)
+    for past_len, t in ((-1, 1), (-16, 1), (-1, 2), (16, 1), (15, 2), (100, 1)):
+        key = np.zeros((1, s.kv_heads_, 16, s.d_k_), np.float32)
+        feeds = {"x": rng.standard_normal((1, t, s.d_model)).astype(np.float32), "past_key": key}
+        feeds |= {"past_value": key.copy(), "past_len": np.array(past_len, np.int64)}
+        with pytest.raises(Exception, match="ScatterElements|GroupQueryAttention"):
+            sess.run(None, feeds)
+    for past_len, t in ((0, 1), (15, 1), (14, 2)):  # the valid range still writes where it should
+        key = np.zeros((1, s.kv_heads_, 16, s.d_k_), np.float32)
+        feeds = {"x": rng.standard_normal((1, t, s.d_model)).astype(np.float32), "past_key": key}
+        feeds |= {"past_value": key.copy(), "past_len": np.array(past_len, np.int64)}
+        _, pk, _ = sess.run(None, feeds)
+        written = np.nonzero(np.abs(pk).sum((0, 1, 3)))[0]
+        assert pk.shape[2] == 16 and list(written) == list(range(past_len, past_len + t))

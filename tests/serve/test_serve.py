@@ -450,6 +450,32 @@ def test_decode_requests_are_checked(decoder, arrays, words):
     assert words in str(e.value) and 400 <= e.value.status < 500
 
 
+def test_a_static_request_past_the_capacity_is_a_4xx_naming_max_len(decoder):
+    """p + t past a static cache's capacity can never succeed: a 413 naming max_len (never a 503 a
+    client retries, no rewind() advice, which HTTP has not), the capacity in /metadata's ModelInfo."""
+    import zoo
+    from serve.protocol import failure_answer
+
+    info = _info(decoder)
+    assert info.max_len == int(decoder.metadata["attnzoo.max_len"]) == 4096
+    small = dataclasses.replace(info, max_len=64)  # what a 64-position export looks like to the server
+    past = np.zeros((1, 4, 60, 16), np.float32)
+    fits = check_arrays({"x": np.zeros((1, 4, 64), np.float32), "past_key": past, "past_value": past}, small)
+    assert fits.p + fits.t == 64
+    with pytest.raises(RequestError) as e:
+        check_arrays({"x": np.zeros((1, 5, 64), np.float32), "past_key": past, "past_value": past}, small)
+    assert e.value.status == 413 and "max_len=64" in str(e.value) and "p+t = 60+5 = 65" in str(e.value)
+    assert "rewind" not in str(e.value)
+    # A run that still meets the capacity (the session's own refusal) is the client's too.
+    full = np.zeros((1, 4, 4092, 16), np.float32)
+    with pytest.raises(zoo.CacheFullError) as run:
+        decoder.decode(np.zeros((1, 5, 64), np.float32), full, full)
+    line, status = failure_answer(run.value)
+    assert status == 413 and "max_len" in line and "rewind" not in line
+    assert failure_answer(zoo.ResourceError("the padded batch needs 9 GB"))[1] == 503  # try later
+    assert failure_answer(RuntimeError("boom"))[1] == 500
+
+
 def test_a_cache_sent_to_a_full_sequence_model_is_refused(sessions):
     arrays = {"x": np.zeros((1, 2, 64), np.float32), "past_key": np.zeros((1, 4, 1, 16), np.float32)}
     with pytest.raises(RequestError, match="full-sequence model"):
@@ -649,6 +675,11 @@ def _a_decode_model_beside_it_passes_the_cache_in_and_out(server, decoder) -> No
             # The default decode export keeps a static cache; past_len is the session's to bind, not a client's.
             meta = c.metadata()
             assert meta["inputs"] == ["x", "past_key", "past_value", "key_mask"] and meta["cache"] == "static"
+            assert meta["max_len"] == 4096  # the capacity, so that a client can check p + t first
+            full = np.zeros((4, 4092, 16), np.float32)
+            with pytest.raises(ClientError, match=r"HTTP 413: p\+t = 4092\+5 = 4097 .* max_len=4096") as e:
+                c.decode(np.zeros((5, 64), np.float32), full, full)
+            assert "rewind" not in str(e.value) and c.retried == 0  # the client's mistake: final, not retried
             y, pk, pv = c.decode(prompt)
             y2, pk2, pv2 = c.decode(step, pk, pv)  # the answer's cache goes back in as the past
         want = decoder.decode(prompt[None])
