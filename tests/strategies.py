@@ -135,3 +135,12 @@ def decode_runs(draw) -> tuple[int, list[int], list[int]]:
     cuts = [*sorted(inner), n]
     pads = [0] + [draw(st.integers(0, n - 1)) for _ in range(b - 1)]
     return b, cuts, pads
+
+
+@st.composite
+def row_scales(draw) -> tuple[float, ...]:
+    """Per-row input scales for one batch (2 to 4 rows): one row at scale 1 somewhere, the others
+    from 0.1x to 20x, so quantized exports meet batch mates much larger and much smaller."""
+    others = draw(st.lists(st.sampled_from([0.1, 1.0, 4.0, 20.0]), min_size=1, max_size=3))
+    at = draw(st.integers(0, len(others)))
+    return (*others[:at], 1.0, *others[at:])
