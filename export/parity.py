@@ -3,8 +3,10 @@
 One row per (variant, lowering, provider, dtype, precision, case): the max abs and max rel error
 over every checked shape and output, and PASS / FAIL / SKIP with the reason. A miss is a FAIL,
 never a warning. A quantized export (precision int8/int4) is compared with the fp32 eager block
-under its stated bound on the relative L2 error of y (export/precision.py, ERROR_BOUNDS): the
-row carries the measured error and the bound.
+under its stated bound on the relative L2 error of y of each batch row (export/precision.py,
+ERROR_BOUNDS): the row carries the measured error and the bound. It is also run on a batch of rows
+of different scales (each row must get its answer alone) and, when causal, with its later positions
+scaled (the earlier ones must not move): MIXED_SCALES.
 """
 
 from __future__ import annotations
@@ -266,7 +268,7 @@ def _row_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _coupling(row, sess, ref_module, spec, ins, need_weights: bool, device: str, scales) -> str:
     """The mixed-scale batch and, for a causal block, the scaled future (see MIXED_SCALES); the
-    row's rel_l2 takes the batch's worst row. '' when both hold, else the reason."""
+    row's rel_l2 takes the worst of the batch's rows at scale <= 1. '' when both hold, else the reason."""
     tol = TOLERANCE["float32"]
     b = len(scales)
     feeds = example_inputs(spec, ins, torch.float32, b, MIXED_T, MIXED_T)

@@ -61,7 +61,9 @@ def test_onnx_runtime_matches_eager(spec, lowering, dtype, case, shape_list, tmp
     scales=row_scales(),
     shape=shapes(),
 )
-def test_quantized_rows_in_mixed_scale_batches_match_eager(spec, lowering, precision, case, scales, shape, tmp_path_factory):
+def test_quantized_rows_in_mixed_scale_batches_match_eager(
+    spec, lowering, precision, case, scales, shape, tmp_path_factory
+):
     """A quantized export through parity: its error bound at a random shape, then a batch whose rows
     are scaled differently (each row must equal that row alone; the scale-1 row is held to the bound)
     and, for a causal block, its later positions scaled 20x (the earlier ones must not move)."""
@@ -71,10 +73,8 @@ def test_quantized_rows_in_mixed_scale_batches_match_eager(spec, lowering, preci
     with torch.no_grad():
         for p in module.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    row = check(
-        module, lowering, case=case, precision=precision, shapes=[shape], row_scales=scales,
-        workdir=tmp_path_factory.getbasetemp(),
-    )
+    workdir = tmp_path_factory.getbasetemp()
+    row = check(module, lowering, case=case, precision=precision, shapes=[shape], row_scales=scales, workdir=workdir)
     if row.status == "FAIL" and "constant" in row.reason:
         return  # e.g. h = 1 with every key masked: nothing to compare, not a miss
     assert row.status == "PASS", (spec.describe(), lowering, precision, case, scales, shape, row)

@@ -156,7 +156,8 @@ def quantized_exports(tmp_path_factory):
             path = folder / f"{name}-{lowering}-{precision}.onnx"
             r = export_onnx(name, path, lowering=lowering, precision=precision, d_model=64, heads=4)
             assert r.lowering == lowering
-            made[name, lowering, precision] = OnnxSession(path, "cpu", verbose=False), zoo.spec(name, d_model=64, heads=4)
+            spec = zoo.spec(name, d_model=64, heads=4)
+            made[name, lowering, precision] = OnnxSession(path, "cpu", verbose=False), spec
         return made[name, lowering, precision]
 
     return get
