@@ -34,12 +34,15 @@ from .names import PRECISIONS
 BLOCK_SIZE = 32  # MatMulNBits: weights per scale along K
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations in the dot products (AVX-512 VNNI / AVX2 on the CPU)
 
-# The relative L2 error of y against the fp32 eager block that parity allows, per precision.
-# Measured 2026-12-01 on onnxruntime 1.31.1 CPU (AVX2, no VNNI) with tests/export/test_precision.py -m slow
-# (README, "Weight precision"): worst over the random blocks of every registered name x lowering
-# (int8 3.2%, int4 11.8%), their decode exports, and the transformers-initialised blocks of every
-# family from_hf supports (int8 4.4%, int4 17.1%, both gemma3), with about a third of headroom.
-ERROR_BOUNDS = {"int8": 0.06, "int4": 0.22}  # fp32 keeps parity's elementwise tolerances
+# The relative L2 error of y against the fp32 eager block that parity allows, per precision, per
+# batch row. Re-measured 2026-12-01 for issue 25 on onnxruntime 1.31.1 CPU ("AMD EPYC" in
+# /proc/cpuinfo, AVX-512 with VNNI, 2 cores) with parity's check as it is now, every row on its own
+# and the scale-1 row of a mixed-scale batch (1x, 4x, 20x) included: every registered name x
+# lowering (148 each; int8 worst 1.74%, int4 17.1%, both t5-base-encoder ort-mha), 21 decode exports
+# (int8 1.19%, int4 12.6%) and 21 transformers families for int8 (worst 1.65%, gemma3-global); the
+# int4 transformers worst, 17.1% (gemma3-sliding), is the earlier measurement (int4 did not change).
+# README, "Weight precision". About a third of headroom or more.
+ERROR_BOUNDS = {"int8": 0.03, "int4": 0.22}  # fp32 keeps parity's elementwise tolerances
 
 
 def rel_l2(got, ref) -> float:
