@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="extend",
         metavar="LIST",
         help="weight precisions of the ONNX Runtime paths, e.g. fp32,int8,int4 (default fp32; eager paths stay "
-        "fp32): int8 = dynamic int8, int4 = weight-only MatMulNBits (export --precision); each quantized row also "
+        "fp32): int8 / int4 = weight-only 8-bit / 4-bit MatMulNBits (export --precision); each quantized row also "
         "shows its speed-up over the same path in fp32. With --decode also fp16,bf16: eager rows in that dtype",
     )
     parser.add_argument(

@@ -311,9 +311,9 @@ def add_commands(sub) -> None:
         "--precision",
         default="fp32",
         choices=PRECISIONS,
-        help="weight precision (default fp32): int8 = dynamic int8 for full-sequence models, weight-only 8-bit "
-        "MatMulNBits for --decode; int4 = weight-only 4-bit MatMulNBits (block 32, accuracy_level 4); "
-        "quantized by onnxruntime.quantization after the lowering, float32 only",
+        help="weight precision (default fp32): int8 / int4 = weight-only 8-bit / 4-bit MatMulNBits (block 32, "
+        "accuracy_level 4: activations quantized per row inside the kernel); quantized by onnxruntime.quantization "
+        "after the lowering, float32 only",
     )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)

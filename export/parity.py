@@ -3,8 +3,10 @@
 One row per (variant, lowering, provider, dtype, precision, case): the max abs and max rel error
 over every checked shape and output, and PASS / FAIL / SKIP with the reason. A miss is a FAIL,
 never a warning. A quantized export (precision int8/int4) is compared with the fp32 eager block
-under its stated bound on the relative L2 error of y (export/precision.py, ERROR_BOUNDS): the
-row carries the measured error and the bound.
+under its stated bound on the relative L2 error of y of each batch row (export/precision.py,
+ERROR_BOUNDS): the row carries the measured error and the bound. It is also run on a batch of rows
+of different scales (each row must get its answer alone) and, when causal, with its later positions
+scaled (the earlier ones must not move): MIXED_SCALES.
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ TOLERANCE = {
 SHAPES = [(1, 1, 5), (3, 1, 3), (1, 7, 13), (3, 7, 1), (1, 64, 33), (3, 64, 64)]
 CASES = ("plain", "masked")  # masked = bool mask (one fully masked row) + head_mask (one head zeroed)
 PROVIDERS = DEVICES  # parity compares on a concrete device
+# A quantized export is also run on a batch of rows of different scales (row i's inputs times
+# MIXED_SCALES[i]): each row's answer must equal that row run alone (fp32 tolerances), and a row
+# at scale <= 1 is held to the bound on its own error, whatever its batch mates. (A row scaled up
+# has a sharper softmax, which passes more of the quantization error on, alone or batched: README,
+# "Precision".) A causal self-attention block is run once more with positions MIXED_T // 2 onward
+# scaled by FUTURE_SCALE: the earlier positions must not move.
+MIXED_SCALES = (1.0, 4.0, 20.0)
+MIXED_T = 16
+FUTURE_SCALE = 20.0
 
 
 @dataclass
@@ -159,12 +170,15 @@ def check(
     shapes: Iterable[tuple[int, int, int]] = SHAPES,
     seed: int = 0,
     precision: str = "fp32",
+    row_scales: tuple[float, ...] = MIXED_SCALES,
     **overrides,
 ) -> ParityRow:
     """Export one variant with one lowering and compare it with eager torch at `shapes`.
 
     precision int8/int4: the fp32 eager block is the reference, and the relative L2 error of y
-    at each shape must be within ERROR_BOUNDS[precision] (elementwise tolerances do not apply)."""
+    of each batch row at each shape must be within ERROR_BOUNDS[precision] (elementwise tolerances
+    do not apply); then a batch of rows scaled `row_scales` must give each row its answer alone,
+    and a causal block's earlier positions must not move when later ones are scaled (_coupling)."""
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     row = _new_row(name, lowering, provider, dtype, case, precision)
     if case not in CASES:
@@ -200,40 +214,105 @@ def check(
                 feeds["mask"][0, -1, :] = False  # a query row with no allowed key
                 # ablate the last head; with a single head, halve it (zeroing it would leave y = b_O)
                 feeds["head_mask"][:, -1] = 0 if spec.heads > 1 else 0.5
-            with torch.no_grad():
-                ref_out = ref_module(
-                    feeds["x"].float().to(device),
-                    feeds["context"].float().to(device) if "context" in feeds else None,
-                    feeds["mask"][:, None].to(device) if masked else None,
-                    need_weights=need_weights,
-                    head_mask=feeds["head_mask"].float().to(device) if masked else None,
-                )
-            refs = ref_out if isinstance(ref_out, tuple) else (ref_out,)
+            refs = _reference(ref_module, feeds, need_weights, device)
             varied = varied or bool((refs[0] != refs[0].flatten()[0]).any())
-            args = {k: v.to(device) for k, v in feeds.items()}
             try:
-                got = sess.run(args["x"], args.get("context"), args.get("mask"), args.get("head_mask"))
+                gots = _run(sess, feeds, device)
             except Exception as e:  # noqa: BLE001 - a runtime failure is a FAIL with its text
                 row.status, row.reason = "FAIL", f"run failed at (b,t,s)={(b, t, s)}: {str(e)[:200]}"
                 return row
-            gots = got if isinstance(got, tuple) else (got,)
             for o, r in zip(gots, refs):
                 a, rel, ok = errors(o.float().cpu().numpy(), r.cpu().numpy(), tol)
                 worst_abs, worst_rel = _worse(worst_abs, a), _worse(worst_rel, rel)
                 all_ok = all_ok and (ok or quantized)
-            l2 = rel_l2(gots[0].float().cpu().numpy(), refs[0].cpu().numpy())
+            l2 = _row_l2(gots[0], refs[0])
             row.rel_l2 = l2 if row.shapes == 0 else max(row.rel_l2, l2)
             row.shapes += 1
+        if quantized and all_ok:
+            try:
+                row.reason = _coupling(row, sess, ref_module, spec, ins, need_weights, device, row_scales)
+            except Exception as e:  # noqa: BLE001 - a runtime failure is a FAIL with its text
+                row.reason = f"run failed in the mixed-scale or causality check: {str(e)[:200]}"
         row.max_abs, row.max_rel = worst_abs, worst_rel
-        all_ok = all_ok and not (quantized and not row.rel_l2 <= row.bound)
+        all_ok = all_ok and not (quantized and not row.rel_l2 <= row.bound) and not row.reason
         row.status = "PASS" if all_ok and varied else "FAIL"
         if not all_ok:
-            row.reason = _miss(row, tol)
+            row.reason = row.reason or _miss(row, tol)
         elif not varied:
             row.reason = "the eager output is constant at every shape: nothing was compared"
         elif sess.provider != provider:
             row.status, row.reason = "FAIL", f"ran on {sess.provider}, not {provider}"
     return row
+
+
+def _reference(ref_module: zoo.MultiHeadAttention, feeds: dict, need_weights: bool, device: str) -> tuple:
+    """The eager outputs for one set of feeds, as a tuple (y, and the weights when asked for)."""
+    masked = "mask" in feeds
+    with torch.no_grad():
+        out = ref_module(
+            feeds["x"].float().to(device),
+            feeds["context"].float().to(device) if "context" in feeds else None,
+            feeds["mask"][:, None].to(device) if masked else None,
+            need_weights=need_weights,
+            head_mask=feeds["head_mask"].float().to(device) if "head_mask" in feeds else None,
+        )
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _run(sess: OnnxSession, feeds: dict, device: str) -> tuple:
+    """The session's outputs for one set of feeds, as a tuple of tensors of their own."""
+    args = {k: v.to(device) for k, v in feeds.items()}
+    got = sess.run(args["x"], args.get("context"), args.get("mask"), args.get("head_mask"))
+    return tuple(g.clone() for g in (got if isinstance(got, tuple) else (got,)))
+
+
+def _row_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst relative L2 error of y over the batch rows, each row against its own norm (a
+    batch of small and large rows is not judged by its largest row)."""
+    got, ref = got.float().cpu().numpy(), ref.float().cpu().numpy()
+    return max(rel_l2(g, r) for g, r in zip(got, ref))
+
+
+def _coupling(row, sess, ref_module, spec, ins, need_weights: bool, device: str, scales) -> str:
+    """The mixed-scale batch and, for a causal block, the scaled future (see MIXED_SCALES); the
+    row's rel_l2 takes the worst of the batch's rows at scale <= 1. '' when both hold, else the reason."""
+    tol = TOLERANCE["float32"]
+    b = len(scales)
+    feeds = example_inputs(spec, ins, torch.float32, b, MIXED_T, MIXED_T)
+    for name in ("x", "context"):
+        if name in feeds:
+            feeds[name] *= torch.tensor(scales, dtype=torch.float32).view(b, 1, 1)
+    refs = _reference(ref_module, feeds, need_weights, device)
+    batched = _run(sess, feeds, device)
+    small = [i for i, k in enumerate(scales) if k <= 1]  # the rows at the scale the bound is stated for
+    if small:
+        row.rel_l2 = max(row.rel_l2, _row_l2(batched[0][small], refs[0][small]))
+    row.shapes += 1
+    shown = ", ".join(f"{k:g}x" for k in scales)
+    for i in range(b):
+        alone = _run(sess, {k: v[i : i + 1] for k, v in feeds.items()}, device)
+        for o, a in zip(batched, alone):
+            diff, _, ok = errors(o[i : i + 1].float().cpu().numpy(), a.float().cpu().numpy(), tol)
+            if not ok:
+                return (
+                    f"row {i} (inputs scaled {scales[i]:g}x) in a batch of rows scaled {shown} differs from "
+                    f"that row alone by max abs {diff:.2e}: a row's answer depends on its batch mates"
+                )
+    if not spec.causal or spec.is_cross:
+        return ""
+    half = MIXED_T // 2
+    first = {k: v[:1] for k, v in feeds.items()}
+    later = {k: v.clone() for k, v in first.items()}
+    later["x"][:, half:] *= FUTURE_SCALE
+    now, then = _run(sess, first, device)[0], _run(sess, later, device)[0]
+    row.shapes += 1
+    diff, _, ok = errors(then[:, :half].float().cpu().numpy(), now[:, :half].float().cpu().numpy(), tol)
+    if not ok:
+        return (
+            f"causal: positions 0..{half - 1} moved by max abs {diff:.2e} when positions {half}..{MIXED_T - 1} "
+            f"were scaled {FUTURE_SCALE:g}x: past outputs depend on future tokens"
+        )
+    return ""
 
 
 # Decode parity: a prompt of PROMPT positions, then STEPS single-token steps; batch 1, and
@@ -258,7 +337,8 @@ def check_decode(
 ) -> ParityRow:
     """Export a decode model (cache="grow" or "static") and run a prompt then single-token steps under
     ONNX Runtime (the cache kept by the runtime); every row must match the eager full forward of that
-    row alone (for a quantized precision: within its bound on the relative L2 error of y over each run).
+    row alone (for a quantized precision: within its bound on the relative L2 error of y over each run,
+    row by row).
 
     Batch 1, then batch 3 with left padding (key_mask); each batch again in chunks (CHUNKS: t > 1
     after a past, and one single token). The export traced b=2, t=5, p=3, so every run here is at
@@ -423,9 +503,10 @@ def _miss(row: ParityRow, tol: Tolerance) -> str:
 
 
 def _within_bound(row: ParityRow, got: torch.Tensor, ref: torch.Tensor, where: str) -> bool:
-    """Quantized decode: the run's relative L2 error of y against the bound; False (row FAIL) on a miss."""
+    """Quantized decode: the run's relative L2 error of y (its worst batch row) against the bound;
+    False (row FAIL) on a miss."""
     a, rel, _ = errors(got.numpy(), ref.numpy(), TOLERANCE["float32"])
-    l2 = rel_l2(got.numpy(), ref.numpy())
+    l2 = _row_l2(got, ref)
     so_far = [0.0 if v != v else v for v in (row.max_abs, row.max_rel, row.rel_l2)]  # nan: nothing yet
     row.max_abs, row.max_rel, row.rel_l2 = (_worse(old, new) for old, new in zip(so_far, (a, rel, l2)))
     if l2 <= row.bound:

@@ -158,3 +158,12 @@ def shard_names(draw) -> str:
     ups = draw(st.integers(1, 3))
     rel = "/".join([*inside, *([".."] * (ups + len([p for p in inside if p != "."]))), "x.safetensors"])
     return draw(st.sampled_from([rel, "/etc/passwd", "/" + rel, "//x.safetensors", "../" * ups + "model.safetensors"]))
+
+
+@st.composite
+def row_scales(draw) -> tuple[float, ...]:
+    """Per-row input scales for one batch (2 to 4 rows): one row at scale 1 somewhere, the others
+    from 0.1x to 20x, so quantized exports meet batch mates much larger and much smaller."""
+    others = draw(st.lists(st.sampled_from([0.1, 1.0, 4.0, 20.0]), min_size=1, max_size=3))
+    at = draw(st.integers(0, len(others)))
+    return (*others[:at], 1.0, *others[at:])

@@ -19,10 +19,11 @@ from export import OnnxSession, export_onnx
 from export.lowering import LOWERINGS, why_not
 from export.names import CACHES
 from export.parity import TOLERANCE, check
-from strategies import bool_mask, decode_runs, decode_specs, float_mask, fuzz_settings, shapes, specs
+from strategies import bool_mask, decode_runs, decode_specs, float_mask, fuzz_settings, row_scales, shapes, specs
 
 # Each ONNX example is one export (~2-4 s on 2 cores); the eager ones cost milliseconds.
 ONNX_EXAMPLES = 5
+QUANTIZED_EXAMPLES = 3  # each also runs a mixed-scale batch (and a scaled future when causal)
 EAGER_EXAMPLES = 60
 
 
@@ -49,6 +50,34 @@ def test_onnx_runtime_matches_eager(spec, lowering, dtype, case, shape_list, tmp
     if row.status == "FAIL" and "constant" in row.reason:
         return  # e.g. h = 1 with every key masked: nothing to compare, not a miss
     assert row.status == "PASS", (spec.describe(), lowering, dtype, case, shape_list, row)
+
+
+@fuzz_settings(QUANTIZED_EXAMPLES)
+@given(
+    spec=specs(),
+    lowering=st.sampled_from(LOWERINGS),
+    precision=st.sampled_from(["int8", "int4"]),
+    case=st.sampled_from(["plain", "masked"]),
+    scales=row_scales(),
+    shape=shapes(),
+)
+def test_quantized_rows_in_mixed_scale_batches_match_eager(
+    spec, lowering, precision, case, scales, shape, tmp_path_factory
+):
+    """A quantized export through parity: its error bound at a random shape, then a batch whose rows
+    are scaled differently (each row must equal that row alone; the scale-1 row is held to the bound)
+    and, for a causal block, its later positions scaled 20x (the earlier ones must not move)."""
+    need_weights = case == "masked" and lowering == "decomposed"
+    assume(why_not(lowering, spec, need_weights=need_weights) is None)
+    module = zoo.MultiHeadAttention(spec).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    workdir = tmp_path_factory.getbasetemp()
+    row = check(module, lowering, case=case, precision=precision, shapes=[shape], row_scales=scales, workdir=workdir)
+    if row.status == "FAIL" and "constant" in row.reason:
+        return  # e.g. h = 1 with every key masked: nothing to compare, not a miss
+    assert row.status == "PASS", (spec.describe(), lowering, precision, case, scales, shape, row)
 
 
 @fuzz_settings(ONNX_EXAMPLES)

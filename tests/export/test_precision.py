@@ -128,9 +128,91 @@ def test_error_bound_on_transformers_blocks(case, precision, tmp_path):
     assert 0 < err <= ERROR_BOUNDS[precision], f"{case} {r.lowering} {precision}: rel L2 {err:.2%}"
 
 
+# -- a row's answer depends on that row, a position's on what it may attend to ----------------------
+
+# Every lowering that can be quantized, on a causal block (mha-causal: combined projection, no bias)
+# and, for ort-mha, on the biased block whose Q/K/V ORT packs into com.microsoft.Attention (which
+# stays fp32: its output projection is the quantized MatMul there). Default run: every int8 cell and
+# int4 on ort-gqa (built, not traced); the other int4 cells under -m slow.
+COUPLING_CASES = [("mha-causal", lw) for lw in LOWERINGS] + [("mha-combined-bias", "ort-mha")]
+
+
+def _coupling_params(causal_only: bool = False):
+    return [
+        pytest.param(n, lw, p, marks=() if p == "int8" or lw == "ort-gqa" else (pytest.mark.slow,), id=f"{n}-{lw}-{p}")
+        for n, lw in COUPLING_CASES
+        for p in QUANTIZED
+        if not causal_only or zoo.spec(n).causal
+    ]
+
+
+@pytest.fixture(scope="module")
+def quantized_exports(tmp_path_factory):
+    """(name, lowering, precision) -> (session, spec), exported once for the tests below."""
+    folder, made = tmp_path_factory.mktemp("coupling"), {}
+
+    def get(name, lowering, precision):
+        if (name, lowering, precision) not in made:
+            path = folder / f"{name}-{lowering}-{precision}.onnx"
+            r = export_onnx(name, path, lowering=lowering, precision=precision, d_model=64, heads=4)
+            assert r.lowering == lowering
+            spec = zoo.spec(name, d_model=64, heads=4)
+            made[name, lowering, precision] = OnnxSession(path, "cpu", verbose=False), spec
+        return made[name, lowering, precision]
+
+    return get
+
+
+@pytest.mark.parametrize("name, lowering, precision", _coupling_params())
+def test_quantized_row_independent_of_batch_mates(name, lowering, precision, quantized_exports):
+    """A row's y is bit-equal alone and batched with a row 20x larger (issue 25: dynamic int8 took one
+    activation scale per tensor, and row a's error went from 1.6% alone to 57% beside a 20x row)."""
+    sess, spec = quantized_exports(name, lowering, precision)
+    torch.manual_seed(0)
+    a, big = torch.randn(1, 16, spec.d_model), 20 * torch.randn(1, 16, spec.d_model)
+    alone = sess.run(a).clone()
+    batched = sess.run(torch.cat([a, big])).clone()
+    assert torch.equal(batched[:1], alone), f"max change {float((batched[:1] - alone).abs().max()):.3g}"
+    assert torch.equal(batched[1:], sess.run(big))  # and the large row is its own answer too
+
+
+@pytest.mark.parametrize("name, lowering, precision", _coupling_params(causal_only=True))
+def test_quantized_causal_positions_independent_of_the_future(name, lowering, precision, quantized_exports):
+    """Positions 0..7 of a causal block's 16 are bit-equal when positions 8..15 are scaled 20x (issue 25:
+    they moved by 20% of their scale under dynamic int8)."""
+    sess, spec = quantized_exports(name, lowering, precision)
+    torch.manual_seed(1)
+    x = torch.randn(2, 16, spec.d_model)
+    later = x.clone()
+    later[:, 8:] *= 20
+    now, then = sess.run(x).clone(), sess.run(later).clone()
+    assert torch.equal(then[:, :8], now[:, :8]), f"max change {float((then[:, :8] - now[:, :8]).abs().max()):.3g}"
+    assert not torch.equal(then[:, 8:], now[:, 8:])  # the scaled positions did change
+
+
+def test_parity_int8_checks_a_mixed_scale_batch_and_causality(monkeypatch, tmp_path):
+    """parity --precision int8 runs rows of different scales in one batch and scales a causal block's
+    future; a session that couples rows (its batch answered by the batch's largest row) FAILS it."""
+    import export.parity as parity
+
+    row = check("mha-causal", "ort-gqa", precision="int8", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)
+    assert row.status == "PASS" and row.shapes == len(FEW_SHAPES) + 2, row  # + the mixed batch + the future
+
+    real = parity._run
+
+    def coupled(sess, feeds, device):  # every row scaled like the batch's largest: the old per-tensor flaw
+        outs = real(sess, feeds, device)
+        peak = feeds["x"].abs().amax(dim=(1, 2))
+        return tuple(o * (1 + 1e-3 * (peak.max() / peak).view(-1, *[1] * (o.dim() - 1))) for o in outs)
+
+    monkeypatch.setattr(parity, "_run", coupled)
+    row = check("mha-causal", "ort-gqa", precision="int8", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)
+    assert row.status == "FAIL" and "depends on its batch mates" in row.reason, row
+
+
 # -- what an export at a precision writes ----------------------------------------------------------
 
-QUANTIZED_OPS = {"int4": "com.microsoft::MatMulNBits", "int8": "MatMulInteger"}
+QUANTIZED_OPS = {"int4": "com.microsoft::MatMulNBits", "int8": "com.microsoft::MatMulNBits"}
 
 
 @pytest.mark.parametrize("precision", QUANTIZED)
@@ -204,9 +286,13 @@ def test_fp16_with_a_quantized_precision_is_one_line(precision, tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_dynamic_int8_on_cuda_is_refused():
-    with pytest.raises(PrecisionError, match="cuda.*DynamicQuantizeLinear"):
-        export_onnx("mha-causal", "m.onnx", precision="int8", provider="cuda")
+def test_int8_full_sequence_is_weight_only_8_bit_and_not_refused_for_cuda():
+    """int8 is MatMulNBits for full-sequence exports too (dynamic int8's DynamicQuantizeLinear, which
+    the CUDA provider lacks, is gone), so cuda is no longer refused by the precision."""
+    from export.precision import method, why_not as precision_why_not
+
+    assert method("int8") is method("int8", decode=True) and method("int8").tool == "nbits"
+    assert precision_why_not("int8", dtype="float32", provider="cuda") is None
 
 
 def test_a_graph_without_weights_is_refused():

@@ -265,6 +265,23 @@ def test_padded_batch_equals_each_request_alone(sessions):
         _close(res[0], _alone(sess, it)[0])
 
 
+def test_int8_padded_mixed_scale_batch_equals_each_request_alone(tmp_path):
+    """int8 through the server's batching: requests whose inputs differ 20x in scale, padded into one
+    run, each get the answer they get alone (issue 25: dynamic int8 took one activation scale for the
+    whole batch, and 0 of 40 such requests were bit-equal to running alone)."""
+    export_onnx("mha-combined-bias", tmp_path / "int8.onnx", with_mask=True, precision="int8")
+    sess = OnnxSession(tmp_path / "int8.onnx", provider="cpu", verbose=False)
+    info = _info(sess)
+    rng = np.random.default_rng(3)
+    items = [
+        check_arrays({"x": (scale * rng.standard_normal((b, t, 64))).astype(np.float32)}, info)
+        for b, t, scale in ((1, 5, 1.0), (2, 8, 20.0), (1, 6, 0.1), (1, 8, 4.0))
+    ]
+    assert len(length_groups(items, has_mask=True)) == 1  # one padded run
+    for it, res in zip(items, run_batch(sess, items, info)):
+        _close(res[0], _alone(sess, it)[0])
+
+
 def test_lengths_share_a_run_only_within_twice_each_other(sessions):
     info = _info(sessions["masked"])
     items = [check_arrays({"x": np.zeros((1, t, 64), np.float32)}, info) for t in (16, 20, 31, 33, 64, 65, 128, 3)]
