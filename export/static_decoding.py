@@ -28,14 +28,17 @@ if TYPE_CHECKING:
 
 
 def capacity(sess: OnnxSession) -> int:
-    """The static cache's capacity n recorded at export (attnzoo.max_len)."""
-    try:
-        n = int(sess.metadata["attnzoo.max_len"])
-    except (KeyError, ValueError):
-        raise zoo.InputError(f"{sess.path} has no attnzoo.max_len metadata; re-export it with attnzoo") from None
-    if n < 1:
-        raise zoo.InputError(f"{sess.path} records a capacity of {n} (attnzoo.max_len); re-export it with --max-len N")
-    return n
+    """The static cache's capacity n recorded at export (attnzoo.max_len): the one reader of that key
+    (the session and the server), ASCII digits only ('²'.isdigit() is True, int('²') fails)."""
+    raw = sess.metadata.get("attnzoo.max_len")
+    if raw is None:
+        raise zoo.InputError(f"{sess.path} has no attnzoo.max_len metadata; re-export it with attnzoo")
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise zoo.InputError(
+            f"{sess.path} records no valid capacity (attnzoo.max_len={raw!r}, not a positive int); "
+            f"re-export it with --max-len N"
+        )
+    return int(raw)
 
 
 def checked_capacity(sess: OnnxSession, batch: int, max_len) -> int:

@@ -67,10 +67,12 @@ class ModelInfo:
             raise ServeError(f"{sess.path} has past_key but no past_value input; export it with attnzoo --decode")
         max_len = None
         if "past_len" in sess.input_names:  # a static cache: its buffers' capacity, fixed at export
-            raw = sess.metadata.get("attnzoo.max_len", "")
-            if not raw.isdigit() or int(raw) < 1:
-                raise ServeError(f"{sess.path} records no valid capacity (attnzoo.max_len={raw!r}); re-export it")
-            max_len = int(raw)
+            from export.static_decoding import capacity  # the one reader of attnzoo.max_len
+
+            try:
+                max_len = capacity(sess)
+            except AttnzooError as e:
+                raise ServeError(str(e)) from None
         return cls(
             d_model=spec.d_model,
             d_context=spec.d_context,

@@ -467,6 +467,20 @@ def test_decode_requests_are_checked(decoder, arrays, words):
     assert words in str(e.value) and 400 <= e.value.status < 500
 
 
+def test_a_static_capacity_that_is_not_ascii_digits_is_a_serve_error(decoder, monkeypatch):
+    """The server reads attnzoo.max_len with the session's reader (export's capacity()): '²'.isdigit()
+    is True, and int('²') raised a raw ValueError out of ModelInfo.of; every bad value is a ServeError."""
+    for raw in ("²", "٣", "0", "-3", " 7", "1_0", "x", ""):
+        monkeypatch.setitem(decoder.metadata, "attnzoo.max_len", raw)
+        with pytest.raises(ServeError, match=re.escape(f"attnzoo.max_len={raw!r}")):
+            _info(decoder)
+    monkeypatch.delitem(decoder.metadata, "attnzoo.max_len")
+    with pytest.raises(ServeError, match="has no attnzoo.max_len metadata"):
+        _info(decoder)
+    monkeypatch.setitem(decoder.metadata, "attnzoo.max_len", "4096")
+    assert _info(decoder).max_len == 4096
+
+
 def test_a_static_request_past_the_capacity_is_a_4xx_naming_max_len(decoder):
     """p + t past a static cache's capacity can never succeed: a 413 naming max_len (never a 503 a
     client retries, no rewind() advice, which HTTP has not), the capacity in /metadata's ModelInfo."""
