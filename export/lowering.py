@@ -220,7 +220,9 @@ def export_onnx(
     counts = op_counts(model)
     _set_metadata(model, name, module.spec, lw, dtype, decode=decode)
     if static:
-        model.metadata_props.update({"attnzoo.cache": "static", "attnzoo.max_len": str(max_len)})
+        # past_len's valid range, for a runtime that feeds the graph directly (t: this call's tokens)
+        valid = "0 <= past_len <= max_len - t"
+        model.metadata_props.update({"attnzoo.cache": "static", "attnzoo.max_len": str(max_len), "attnzoo.past_len": valid})
     elif decode:
         model.metadata_props["attnzoo.cache"] = "grow"
     model.metadata_props.update(applied.metadata())

@@ -39,7 +39,11 @@ UNFOLD = "b g (r t) d -> b (g r) t d"
 
 def static_cache_bytes(spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False) -> int:
     """Bytes of a static cache's buffers: key (b g n dk) and value (b g n dv), and a key mask (b n) bool."""
-    return batch * max_len * (spec.kv_heads_ * (spec.d_k_ + spec.d_v_) * itemsize + int(key_mask))
+    return _buffer_bytes(batch, max_len, spec.kv_heads_, spec.d_k_ + spec.d_v_, itemsize, key_mask)
+
+
+def _buffer_bytes(batch: int, max_len: int, kv_heads: int, d_kv: int, itemsize: int, key_mask: bool) -> int:
+    return batch * max_len * (kv_heads * d_kv * itemsize + int(key_mask))
 
 
 def check_static_fits(
@@ -47,13 +51,16 @@ def check_static_fits(
 ) -> None:
     """Raise ResourceError, before anything is allocated, for buffers past the memory of this machine
     (or of `device`, a CUDA device's total memory); a "meta" device allocates nothing."""
+    _check_bytes_fit(static_cache_bytes(spec, batch, max_len, itemsize, key_mask=key_mask), batch, max_len, device)
+
+
+def _check_bytes_fit(need: int, batch: int, max_len: int, device) -> None:
     limit = None
     device = torch.device(device) if device is not None else None
     if device is not None and device.type == "meta":
         return
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
         limit = torch.cuda.get_device_properties(device).total_memory
-    need = static_cache_bytes(spec, batch, max_len, itemsize, key_mask=key_mask)
     where = f" on {device}" if limit is not None else ""
     check_fits(need, f"a static cache (batch={batch}, max_len={max_len}){where}", limit=limit)
 
@@ -107,9 +114,8 @@ class StaticCache:
             raise InputTypeError(f"max_len={max_len!r} must be an int")
         if max_len < p:
             raise CacheFullError(f"max_len={max_len} cannot hold a past of {p} positions; give max_len >= {p}")
-        need = b * g * max_len * (dk + past_value.shape[-1]) * past_key.element_size()
-        if past_key.device.type != "meta":
-            check_fits(need, f"a static cache (batch={b}, max_len={max_len})")
+        need = _buffer_bytes(b, max_len, g, dk + past_value.shape[-1], past_key.element_size(), False)
+        _check_bytes_fit(need, b, max_len, past_key.device)  # empty()'s check: a CUDA past against its device
         key = past_key.new_zeros(b, g, max_len, dk)
         value = past_value.new_zeros(b, g, max_len, past_value.shape[-1])
         key[:, :, :p] = past_key
@@ -142,12 +148,18 @@ def static_step(
     past past_len + t are not read).
     """
     t, n = x.shape[1], cache_key.shape[2]
+    ok = None
     if not in_place:
         # The exported graph's guard: another runtime may feed any past_len, and ScatterElements and
-        # Gather read a negative index from the end (past_len = -1 wrote at n - 1). Outside 0..n-t it
-        # is moved to n, past the end, where the write is refused (eager calls are checked before).
-        past_len = torch.where((past_len < 0) | (past_len > n - t), n, past_len)
+        # Gather read a negative index from the end (past_len = -1 wrote at n - 1). Outside 0..n-t
+        # the indices are moved to 0.. (clipped to n - 1, for t > n) and the write below puts back
+        # what is there: every index stays inside the buffer, whether or not the runtime checks
+        # bounds, and the buffer is unchanged (eager calls are checked before).
+        ok = (past_len >= 0) & (past_len <= n - t)
+        past_len = torch.where(ok, past_len, 0)
     idx = past_len + torch.arange(t, device=x.device)  # (t) cache indices written by this call
+    if ok is not None:
+        idx = idx.clamp(max=n - 1)
     j = torch.arange(n, device=x.device)
     if key_mask is None:
         k_pos, q_pos = j[None], idx[None]
@@ -160,8 +172,12 @@ def static_step(
         cache_value.index_copy_(2, idx, v)
     else:  # ONNX ScatterElements on axis 2: no transpose of the cache around the write
         where = rearrange(idx, "t -> 1 1 t 1")
-        cache_key = cache_key.scatter(2, where.expand_as(k), k)
-        cache_value = cache_value.scatter(2, where.expand_as(v), v)
+        wk, wv = where.expand_as(k), where.expand_as(v)
+        # a bad past_len writes back the t positions' own values (a Gather of t, not a Where of n)
+        k_w = torch.where(ok, k, cache_key.gather(2, wk))
+        v_w = torch.where(ok, v, cache_value.gather(2, wv))
+        cache_key = cache_key.scatter(2, wk, k_w)
+        cache_value = cache_value.scatter(2, wv, v_w)
     # Causal in cache-index space: a query at index i reads indices <= i, so the unwritten tail
     # (indices >= past_len + t) is never read. Modifiers add their rules over token positions.
     allowed = rearrange(j, "n -> 1 1 1 n") <= rearrange(idx, "t -> 1 1 t 1")

@@ -326,27 +326,61 @@ def test_static_capacity_past_the_machine_is_refused_before_allocating(static_mo
     assert zoo.StaticCache.empty(spec, batch=1, max_len=2**40, device="meta").capacity == 2**40  # nothing allocated
 
 
+def test_static_cache_from_a_cuda_past_is_judged_against_the_device(monkeypatch):
+    """from_past shares empty()'s check: a CUDA past is judged against its device's memory (it was
+    judged against the host's), before anything is allocated, and a meta past allocates nothing."""
+
+    class CudaPast:  # what from_past reads of a (b g p d) CUDA tensor before it allocates
+        device = torch.device("cuda", 0)
+
+        def __init__(self, d):
+            self.shape = (1, 2, 3, d)
+
+        def element_size(self):
+            return 4
+
+    class Props:
+        total_memory = 2**20  # a 1 MiB device: far less than this machine's memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props)
+    with pytest.raises(zoo.ResourceError, match=r"a static cache \(batch=1, max_len=8192\) on cuda:0 needs about"):
+        zoo.StaticCache.from_past(CudaPast(16), CudaPast(16), max_len=8192)  # 2 MiB of buffers
+    meta = torch.zeros(1, 2, 3, 16, device="meta")
+    assert zoo.StaticCache.from_past(meta, meta, max_len=2**40).capacity == 2**40
+
+
 @pytest.mark.parametrize("lowering", STATIC)
 def test_static_graph_refuses_past_len_outside_its_buffer(lowering, tmp_path):
     """The graph run directly (another runtime, no session): past_len = -1 wrapped around and wrote
-    at position n - 1; outside 0..n-t the graph now refuses the write, in both static lowerings."""
+    at position n - 1. Outside 0..n-t the decomposed graph now writes nothing, with every index
+    inside the buffer (no runtime bounds check needed); GroupQueryAttention refuses the call. The
+    valid range is in the metadata."""
     import onnxruntime as ort
 
     path = tmp_path / "m.onnx"
     r = export_onnx(
         "llama-3-8b", path, decode=True, cache="static", lowering=lowering, max_len=16, **small_overrides("llama-3-8b")
     )
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert meta["attnzoo.past_len"] == "0 <= past_len <= max_len - t" and meta["attnzoo.max_len"] == "16"
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     s = r.spec
     rng = np.random.default_rng(0)
-    for past_len, t in ((-1, 1), (-16, 1), (-1, 2), (16, 1), (15, 2), (100, 1)):
-        key = np.zeros((1, s.kv_heads_, 16, s.d_k_), np.float32)
+    for past_len, t in ((-1, 1), (-16, 1), (-1, 2), (16, 1), (15, 2), (100, 1), (0, 17), (-5, 20)):
+        key = rng.standard_normal((1, s.kv_heads_, 16, s.d_k_)).astype(np.float32)
         feeds = {"x": rng.standard_normal((1, t, s.d_model)).astype(np.float32), "past_key": key}
         feeds |= {"past_value": key.copy(), "past_len": np.array(past_len, np.int64)}
-        with pytest.raises(Exception, match="ScatterElements|GroupQueryAttention"):
-            sess.run(None, feeds)
+        if lowering == "decomposed":  # a no-op write: the buffers come back as they went in
+            _, pk, pv = sess.run(None, feeds)
+            assert pk.shape == pv.shape == key.shape and np.array_equal(pk, key) and np.array_equal(pv, key)
+        else:
+            with pytest.raises(Exception, match="GroupQueryAttention"):
+                sess.run(None, feeds)
     for past_len, t in ((0, 1), (15, 1), (14, 2)):  # the valid range still writes where it should
         key = np.zeros((1, s.kv_heads_, 16, s.d_k_), np.float32)
         feeds = {"x": rng.standard_normal((1, t, s.d_model)).astype(np.float32), "past_key": key}
