@@ -356,14 +356,13 @@ def test_static_graph_refuses_past_len_outside_its_buffer(lowering, tmp_path):
     at position n - 1. Outside 0..n-t the decomposed graph now writes nothing, with every index
     inside the buffer (no runtime bounds check needed); GroupQueryAttention refuses the call. The
     valid range is in the metadata."""
+    import onnx
     import onnxruntime as ort
 
     path = tmp_path / "m.onnx"
     r = export_onnx(
         "llama-3-8b", path, decode=True, cache="static", lowering=lowering, max_len=16, **small_overrides("llama-3-8b")
     )
-    import onnx
-
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert meta["attnzoo.past_len"] == "0 <= past_len <= max_len - t" and meta["attnzoo.max_len"] == "16"
     opts = ort.SessionOptions()
