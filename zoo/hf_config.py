@@ -414,13 +414,10 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
     under its file's stem, which should be `name`; a shipped preset's name is refused (it is reserved)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t/\\"):
         raise ArgumentError(f"name={name!r} must be a non-empty preset name without spaces, slashes or wildcards")
-    from .registry import entry, is_shipped
+    from .registry import is_shipped, reserved
 
     if is_shipped(name):  # it would not load: shipped names are reserved
-        raise ArgumentError(
-            f"name={name!r} is a shipped preset's ({entry(name).source}); shipped names are reserved: "
-            f"give your variant a name of its own, e.g. my-{name}"
-        )
+        raise ArgumentError(reserved(name, "a preset file written under its name would not load"))
     spec = spec_from_config(config, layer)
     st = prepare(config, layer)
     raw = config_dict(config)
