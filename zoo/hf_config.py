@@ -265,7 +265,8 @@ def _check_head_width(kind: str, cfg: ConfigView, fam: Family) -> None:
     """Where the config leaves head_dim out, the family derives it as hidden_size // num_attention_heads:
     more heads than channels leave each head none."""
     c, h, g = cfg.get("hidden_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
-    hk, ck = fam.aliases.get("num_attention_heads", "num_attention_heads"), fam.aliases.get("hidden_size", "hidden_size")
+    hk = fam.aliases.get("num_attention_heads", "num_attention_heads")
+    ck = fam.aliases.get("hidden_size", "hidden_size")
     for name in ("hidden_size", "num_attention_heads", "num_hidden_layers"):  # no default to fall back on
         key = fam.aliases.get(name, name)
         if cfg.get(name, 0) is None:
