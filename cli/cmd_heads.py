@@ -153,7 +153,10 @@ def _heads_dates(model, args: argparse.Namespace) -> int:
         maps = model.cross_attention_maps(sources, translations)  # (layers b h t s)
         flat = [(layer, h) for layer in range(model.layers) for h in range(model.heads_per_layer[layer])]
         per_example = [torch.stack([maps[layer, j, h] for layer, h in flat]) for j in range(len(sources))]
-        named = {report.day_head: "the day head", report.year_head: "the year head"}  # as the text names them
+        named: dict[tuple[int, int], str] = {}  # as the text names them; a head that is both says both
+        for head, name in ((report.day_head, "the day head"), (report.year_head, "the year head")):
+            if head is not None:
+                named[head] = f"{named[head]} and {name}" if head in named else name
         plot.plot_head_formats(
             per_example,
             sources,

@@ -159,6 +159,10 @@ class Stand:
     d: int
     bias: bool
 
+    def key(self, name: str) -> str:
+        """The config's own name for a transformers config key (GPT-2's n_embd for hidden_size)."""
+        return self.family.aliases.get(name, name)
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The tensors the row reads, relative to the attention module, with the shapes the config implies."""
         row, c, h, g, d = self.row, self.c, self.h, self.g, self.d
@@ -196,6 +200,7 @@ def prepare(config: Any, layer: Any) -> Stand:
     kind, fam = family_of(data)
     cfg = ConfigView(_normalized(kind, data), fam.aliases)
     _check_sizes(kind, cfg, fam)
+    _check_head_width(kind, cfg, fam)
     try:
         n = int(cfg.num_hidden_layers)
         if layer >= n:
@@ -205,6 +210,12 @@ def prepare(config: Any, layer: Any) -> Stand:
         probe = _Standin.make(row, cfg, attrs, {}, fam)
         c, h, d = int(value(probe, row.c)), int(value(probe, row.h)), int(value(probe, row.d))
         g = int(value(probe, row.g) or h)
+        if row.window is not None and value(probe, row.window) == 0:
+            raise HFConversionError(
+                f"{kind} config: sliding_window=0 makes layer {layer} slide over no keys (a window counts the keys "
+                f"a query sees, itself included); give sliding_window a positive integer, or null "
+                f"(or use_sliding_window=false where the config has it) for no window"
+            )
     except AttnzooError:
         raise
     except (AttributeError, KeyError, IndexError, TypeError, ValueError, ArithmeticError) as e:
@@ -215,7 +226,8 @@ def prepare(config: Any, layer: Any) -> Stand:
     for name, shape in st.shapes().items():
         if math.prod(shape) >= 2**63:
             raise HFConversionError(
-                f"{kind} config: its sizes (hidden_size={c}, heads={h}, kv_heads={g}, head_dim={d}) make {name} "
+                f"{kind} config: its sizes ({st.key('hidden_size')}={c}, {st.key('num_attention_heads')}={h}, "
+                f"{st.key('num_key_value_heads')}={g}, head_dim={d}) make {name} "
                 f"{shape}, past what a tensor can hold (2**63 elements); fix the config's size fields"
             )
     return st
@@ -247,6 +259,34 @@ def _check_sizes(kind: str, cfg: ConfigView, fam: Family) -> None:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < floor:
             key, what = fam.aliases.get(name, name), "a positive integer" if floor else "an integer >= 0 (0: off)"
             raise HFConversionError(f"{kind} config: {key}={v!r} must be {what}; fix it in the config")
+
+
+def _check_head_width(kind: str, cfg: ConfigView, fam: Family) -> None:
+    """Where the config leaves head_dim out, the family derives it as hidden_size // num_attention_heads:
+    more heads than channels leave each head none."""
+    c, h, g = cfg.get("hidden_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
+    hk = fam.aliases.get("num_attention_heads", "num_attention_heads")
+    ck = fam.aliases.get("hidden_size", "hidden_size")
+    for name in ("hidden_size", "num_attention_heads", "num_hidden_layers"):  # no default to fall back on
+        key = fam.aliases.get(name, name)
+        if cfg.get(name, 0) is None:
+            raise HFConversionError(f"{kind} config: {key}=null has no default; give it a positive integer")
+    if isinstance(h, int) and isinstance(g, int) and h % g:
+        raise HFConversionError(
+            f"{kind} config: num_key_value_heads={g} must divide {hk}={h} (each kv head serves the same number of "
+            f"query heads); fix one of them in the config"
+        )
+    if cfg.get("head_dim") is not None or not isinstance(c, int) or not isinstance(h, int) or c // h >= 1:
+        return
+    raise HFConversionError(
+        f"{kind} config: {ck}={c} over {hk}={h} leaves each head {c} // {h} = 0 channels; "
+        f"fix the config: {hk} at most {ck} (a divisor of it, e.g. {_divisor_near(c, h)}), or give head_dim"
+    )
+
+
+def _divisor_near(c: int, h: int) -> int:
+    """The largest divisor of c not above min(h, 64) (a head count to suggest)."""
+    return max(k for k in range(1, min(h, 64, c) + 1) if c % k == 0)
 
 
 def _reason(e: Exception) -> str:
@@ -375,13 +415,10 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
     under its file's stem, which should be `name`; a shipped preset's name is refused (it is reserved)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t/\\"):
         raise ArgumentError(f"name={name!r} must be a non-empty preset name without spaces, slashes or wildcards")
-    from .registry import entry, is_shipped
+    from .registry import is_shipped, reserved
 
     if is_shipped(name):  # it would not load: shipped names are reserved
-        raise ArgumentError(
-            f"name={name!r} is a shipped preset's ({entry(name).source}); shipped names are reserved: "
-            f"give your variant a name of its own, e.g. my-{name}"
-        )
+        raise ArgumentError(reserved(name, "a preset file written under its name would not load"))
     spec = spec_from_config(config, layer)
     st = prepare(config, layer)
     raw = config_dict(config)

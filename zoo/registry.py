@@ -72,10 +72,7 @@ def unregister(name: str) -> None:
     _ensure_loaded()
     e = _lookup(name)
     if is_shipped(name):
-        raise ArgumentError(
-            f"{name!r} is a shipped preset ({e.source}); shipped names are reserved and stay registered: "
-            f"register your variant under a name of its own, e.g. 'my-{name}'"
-        )
+        raise ArgumentError(reserved(name, "it stays registered"))
     del _REGISTRY[name]
 
 
@@ -140,7 +137,8 @@ def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
     if name in _REGISTRY:
         where = f" by {kw['source']}" if kw.get("source", "code") != "code" else ""
         if is_shipped(name):
-            raise DuplicateNameError(_reserved(name, kw.get("source", "code")))
+            by = kw.get("source", "code")
+            raise DuplicateNameError(reserved(name, f"{'register()' if by == 'code' else by} cannot take its name"))
         raise DuplicateNameError(
             f"{name!r} is registered twice{where} and by {_REGISTRY[name].source}; rename one of them"
         )
@@ -149,12 +147,13 @@ def _add(name: str, spec: AttentionSpec | None, **kw: Any) -> Entry:
     return e
 
 
-def _reserved(name: str, source: str) -> str:
-    """The refusal of a user's preset (or `register`) taking a shipped preset's name."""
-    what = f"{source} takes" if source != "code" else "register() takes"
+def reserved(name: str, what: str) -> str:
+    """The one refusal of a shipped preset's name (a user's preset, `register`, `unregister`, `preset_toml`
+    taking or dropping it); `what` says what became of the asking, e.g. "it stays registered"."""
+    _ensure_loaded()
     return (
-        f"{what} the name {name!r} of a shipped preset ({_REGISTRY[name].source}); shipped names are "
-        f"reserved: give your variant a name of its own, e.g. 'my-{name}'"
+        f"{name!r} is a shipped preset ({_REGISTRY[name].source}): {what}; shipped names are reserved: "
+        f"give your variant a name of its own, e.g. {'my-' + name!r}"
     )
 
 
@@ -227,7 +226,7 @@ def _load_dir(directory: Path) -> list[str]:
                 )
             continue
         if is_shipped(name):
-            raise DuplicateNameError(_reserved(name, str(path)))
+            raise DuplicateNameError(reserved(name, f"{path} cannot take its name"))
         raise DuplicateNameError(f"{name!r} is registered twice: by {path} and by {old.source}; rename one of them")
     for name, spec, meta, path in new:
         _add(name, spec, source=str(path), **meta)

@@ -142,6 +142,28 @@ def test_dates_picture_marks_the_day_head_and_the_year_head(tmp_path, capsys, sv
         assert words.count(f"the {what} head") == 1, words
 
 
+def test_a_head_that_is_the_day_head_and_the_year_head_says_both(tmp_path, capsys, svg_text, monkeypatch):
+    import dataclasses
+
+    from analysis import roles
+
+    real = roles.dates_heads
+
+    def one_head_both(*a, **k):  # the year head is the best other head; a one-head model has none other
+        r = real(*a, **k)
+        return dataclasses.replace(r, year_head=r.day_head)
+
+    monkeypatch.setattr(roles, "dates_heads", one_head_both)
+    svg = tmp_path / "both.svg"
+    assert main(["heads", "tiny-dates", "--n", "30", "--plot", str(svg), "--json", str(tmp_path / "b.json")]) == 0
+    data = json.loads((tmp_path / "b.json").read_text())
+    layer, h = data["day_head"]
+    assert data["year_head"] == data["day_head"]
+    words = svg_text(svg)
+    assert f"L{layer}H{h} (the day head and the year head): " in words, words
+    assert words.count("the year head") == 1 and words.count("the day head") == 1, words
+
+
 def test_importance_reports_removing_half_the_heads(capsys):
     assert main(["importance", "tiny-dates", "--batches", "1", "--batch", "32", "-q"]) == 0
     assert "half the heads zeroed (4, least important first)" in capsys.readouterr().out

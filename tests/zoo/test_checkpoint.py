@@ -253,6 +253,33 @@ def test_config_sizes_past_a_tensor_are_refused():
         zoo.spec_from_config(dict(CONFIG, num_hidden_layers=-1))
 
 
+@pytest.mark.parametrize("heads", [128, 2**31, 10**30])
+def test_more_heads_than_hidden_size_names_both_fields(saved, heads):
+    folder, _ = saved
+    config = dict(CONFIG, num_attention_heads=heads, num_key_value_heads=None, head_dim=None)
+    want = rf"hidden_size=64 over num_attention_heads={heads} leaves each head .* 0 channels; fix the config"
+    with pytest.raises(zoo.HFConversionError, match=want) as e:
+        zoo.spec_from_config(config)
+    assert "\n" not in str(e.value)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(zoo.HFConversionError, match=want):
+        zoo.from_checkpoint(folder, layer=1)
+
+
+def test_kv_heads_not_dividing_heads_names_the_config_keys():
+    with pytest.raises(zoo.HFConversionError, match=r"num_key_value_heads=3 must divide num_attention_heads=4"):
+        zoo.spec_from_config(dict(CONFIG, num_key_value_heads=3))
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen2_moe"])
+def test_sliding_window_zero_names_the_config_key(model_type):
+    config = dict(CONFIG, model_type=model_type, sliding_window=0, use_sliding_window=True)
+    with pytest.raises(zoo.HFConversionError, match=r"sliding_window=0 makes layer 1 slide over no keys.*give"):
+        zoo.spec_from_config(config, layer=1)
+    if model_type != "mistral":  # Qwen2-MoE's config class writes 0 where sliding is off: that is read
+        assert zoo.spec_from_config(dict(config, use_sliding_window=False), layer=1).window is None
+
+
 def _index(folder, shard: str) -> None:
     names = [PREFIX + n for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")]
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, shard)}))

@@ -119,6 +119,7 @@ def test_shipped_names_are_reserved(fresh, tmp_path):
     with pytest.raises(zoo.DuplicateNameError, match="shipped names are reserved") as e:
         zoo.add_presets(folder)
     assert "rename one of them" not in str(e.value)  # the shipped one is not to be renamed
+    assert str(e.value).startswith("'llama-3-8b' is a shipped preset") and "'my-llama-3-8b'" in str(e.value)
     with pytest.raises(zoo.DuplicateNameError, match="shipped names are reserved"):
         zoo.register("llama-3-8b", d_model=8, heads=2)
     zoo.register("my-tiny", d_model=8, heads=2)
@@ -126,12 +127,29 @@ def test_shipped_names_are_reserved(fresh, tmp_path):
     assert "my-tiny" not in zoo.names()
 
 
+def test_the_shipped_name_refusal_is_one_message_everywhere(fresh, tmp_path):
+    folder = _folder(tmp_path, "mine", {"llama-3-8b": MINE})
+    calls = {
+        "unregister": lambda: zoo.unregister("llama-3-8b"),
+        "register": lambda: zoo.register("llama-3-8b", d_model=8, heads=2),
+        "add_presets": lambda: zoo.add_presets(folder),
+        "preset_toml": lambda: zoo.preset_toml(LLAMA, "llama-3-8b"),
+    }
+    src = zoo.entry("llama-3-8b").source
+    for what, call in calls.items():
+        with pytest.raises(zoo.AttnzooError) as e:
+            call()
+        head, _, tail = str(e.value).partition(": ")
+        assert head == f"'llama-3-8b' is a shipped preset ({src})", (what, str(e.value))
+        assert tail.endswith("; shipped names are reserved: give your variant a name of its own, e.g. 'my-llama-3-8b'")
+
+
 def test_preset_refuses_a_shipped_name_when_writing(fresh, tmp_path, capsys):
     from cli.main import main
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA))
-    with pytest.raises(zoo.ArgumentError, match=r"'llama-3-8b' is a shipped preset's .*my-llama-3-8b"):
+    with pytest.raises(zoo.ArgumentError, match=r"'llama-3-8b' is a shipped preset .*'my-llama-3-8b'"):
         zoo.preset_toml(LLAMA, "llama-3-8b")
     out = tmp_path / "presets" / "llama-3-8b.toml"
     assert main(["preset", "--config", str(config), "--name", "llama-3-8b", "-o", str(out)]) == 2
