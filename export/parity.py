@@ -425,10 +425,56 @@ def check_decode(
                     return row
                 start = end
             row.shapes += len(CHUNKS)
-        if not quantized:
+        if quantized:
+            try:
+                row.reason = _decode_coupling(row, sess, spec, MIXED_SCALES)
+            except Exception as e:  # noqa: BLE001 - a runtime failure is a FAIL with its text
+                row.reason = f"run failed in the mixed-scale or causality check: {str(e)[:200]}"
+            if row.reason:
+                row.status = "FAIL"
+                return row
+        else:
             row.max_abs, row.max_rel = worst_abs, worst_rel
         row.status = "PASS"
     return row
+
+
+def _decode_coupling(row, sess, spec, scales) -> str:
+    """check_decode's mixed-scale batch and scaled future, for a quantized decode export: a prompt
+    then single steps on rows scaled `scales` must give each row its answer alone, and a prompt's
+    earlier positions must not move when its later ones are scaled. '' when both hold, else the reason."""
+    tol = TOLERANCE["float32"]
+    b, n = len(scales), PROMPT + 4
+
+    def run(x):
+        keep = torch.ones(x.shape[0], n, dtype=torch.bool)
+        y0, pk, pv = sess.decode(x[:, :PROMPT], key_mask=keep[:, :PROMPT])
+        ys, _, _ = sess.generate_steps(x[:, PROMPT:], pk, pv, key_mask=keep)
+        return torch.cat([y0, ys], 1).float()
+
+    x = torch.randn(b, n, spec.d_model) * torch.tensor(scales, dtype=torch.float32).view(b, 1, 1)
+    batched = run(x)
+    row.shapes += 1
+    shown = ", ".join(f"{k:g}x" for k in scales)
+    for i in range(b):
+        diff, _, ok = errors(batched[i : i + 1].numpy(), run(x[i : i + 1]).numpy(), tol)
+        if not ok:
+            return (
+                f"decode: row {i} (inputs scaled {scales[i]:g}x) in a batch of rows scaled {shown} differs from "
+                f"that row alone by max abs {diff:.2e}: a row's answer depends on its batch mates"
+            )
+    half, keep = PROMPT // 2, torch.ones(1, PROMPT, dtype=torch.bool)
+    later = x[:1, :PROMPT].clone()
+    later[:, half:] *= FUTURE_SCALE
+    now, then = sess.decode(x[:1, :PROMPT], key_mask=keep)[0], sess.decode(later, key_mask=keep)[0]
+    row.shapes += 1
+    diff, _, ok = errors(then[:, :half].float().numpy(), now[:, :half].float().numpy(), tol)
+    if not ok:
+        return (
+            f"decode causal: prompt positions 0..{half - 1} moved by max abs {diff:.2e} when positions "
+            f"{half}..{PROMPT - 1} were scaled {FUTURE_SCALE:g}x: past outputs depend on future tokens"
+        )
+    return ""
 
 
 def run_parity(

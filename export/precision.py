@@ -8,7 +8,7 @@ ONNX Runtime's own quantization tool (no quantizer of ours). One record per prec
 
 accuracy_level 4 makes the CPU kernel quantize the activations to int8 itself, per row (one token)
 and per block of 32 along K, at each call: a row's answer depends on that row alone, never on its
-batch mates or on later positions. (Until issue 25 full-sequence int8 was `quantize_dynamic`, whose
+batch mates or on later positions. (Full-sequence int8 used to be `quantize_dynamic`, whose
 DynamicQuantizeLinear takes one activation scale for the whole input tensor: a row beside a 20x
 larger one lost most of its precision, and a causal block's past outputs moved with future tokens.)
 
@@ -35,14 +35,15 @@ BLOCK_SIZE = 32  # MatMulNBits: weights per scale along K
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations in the dot products (AVX-512 VNNI / AVX2 on the CPU)
 
 # The relative L2 error of y against the fp32 eager block that parity allows, per precision, per
-# batch row. Re-measured 2026-12-01 for issue 25 on onnxruntime 1.31.1 CPU ("AMD EPYC" in
+# batch row. Re-measured 2026-12-01 on onnxruntime 1.31.1 CPU ("AMD EPYC" in
 # /proc/cpuinfo, AVX-512 with VNNI, 2 cores) with parity's check as it is now, every row on its own
 # and the scale-1 row of a mixed-scale batch (1x, 4x, 20x) included: every registered name x
 # lowering (148 each; int8 worst 1.74%, int4 17.1%, both t5-base-encoder ort-mha), 21 decode exports
 # (int8 1.19%, int4 12.6%) and 21 transformers families for int8 (worst 1.65%, gemma3-global); the
 # int4 transformers worst, 17.1% (gemma3-sliding), is the earlier measurement (int4 did not change).
-# README, "Weight precision". About a third of headroom or more.
-ERROR_BOUNDS = {"int8": 0.03, "int4": 0.22}  # fp32 keeps parity's elementwise tolerances
+# README, "Weight precision". int8 keeps more than 2x headroom: only one CPU kind measured it, and
+# ONNX Runtime's int8 kernels for MatMulNBits differ between AVX-512 VNNI and AVX2.
+ERROR_BOUNDS = {"int8": 0.04, "int4": 0.22}  # fp32 keeps parity's elementwise tolerances
 
 
 def rel_l2(got, ref) -> float:

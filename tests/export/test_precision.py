@@ -117,12 +117,13 @@ def test_error_bound_on_transformers_blocks(case, precision, tmp_path):
     import test_hf
 
     c = test_hf.capture(case)
-    block = zoo.from_hf(c.module)
+    block = zoo.from_hf(c.module, model=c.model)  # a later T5 layer reads its stack's table
     b, t = c.x.shape[:2]
-    mask = None if c.keep is None else c.keep[:, None, :].expand(b, t, t).contiguous()
+    s = t if c.context is None else c.context.shape[1]
+    mask = None if c.keep is None else c.keep[:, None, :].expand(b, t, s).contiguous()
     path = tmp_path / f"{case}-{precision}.onnx"
     r = export_onnx(block, path, precision=precision, with_mask=mask is not None)
-    y = OnnxSession(path, "cpu", verbose=False).run(c.x, mask=mask)
+    y = OnnxSession(path, "cpu", verbose=False).run(c.x, context=c.context, mask=mask)
     err = rel_l2(torch.as_tensor(y).numpy(), c.y.numpy())
     print(f"precision-error transformers {case} {r.lowering} {precision} rel_l2={err:.5f}")
     assert 0 < err <= ERROR_BOUNDS[precision], f"{case} {r.lowering} {precision}: rel L2 {err:.2%}"
@@ -208,6 +209,66 @@ def test_parity_int8_checks_a_mixed_scale_batch_and_causality(monkeypatch, tmp_p
     monkeypatch.setattr(parity, "_run", coupled)
     row = check("mha-causal", "ort-gqa", precision="int8", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)
     assert row.status == "FAIL" and "depends on its batch mates" in row.reason, row
+
+
+def test_parity_int8_fails_a_session_whose_past_depends_on_the_future(monkeypatch, tmp_path):
+    """The causality check itself: a session whose earlier positions move with later ones, row by row
+    (so the mixed-scale batch still holds), FAILS parity naming the positions."""
+    import export.parity as parity
+
+    real = parity._run
+
+    def leaky(sess, feeds, device):  # each row's first half nudged by its own second half
+        outs = real(sess, feeds, device)
+        x = feeds["x"]
+        if x.shape[1] != parity.MIXED_T:
+            return outs
+        half = parity.MIXED_T // 2
+        nudge = 1e-3 * x[:, half:].abs().amax(dim=(1, 2)).view(-1, 1, 1)
+        y = outs[0].clone()
+        y[:, :half] += nudge
+        return (y, *outs[1:])
+
+    monkeypatch.setattr(parity, "_run", leaky)
+    row = check("mha-causal", "ort-gqa", precision="int8", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)
+    assert row.status == "FAIL" and "past outputs depend on future tokens" in row.reason, row
+
+
+def test_parity_decode_int8_checks_a_mixed_scale_batch_and_causality(monkeypatch, tmp_path):
+    """parity --decode --precision int8 runs rows of different scales through the prompt and steps, and
+    scales a prompt's later positions; a session that couples rows, or leaks the future, FAILS it."""
+    import export.parity as parity
+
+    kw = {"precision": "int8", "workdir": tmp_path, "cache": "static", "d_model": 64, "heads": 4}
+    row = check_decode("mha-causal", "ort-gqa", **kw)
+    assert row.status == "PASS", row
+    passed = row.shapes
+
+    real = OnnxSession.decode
+
+    def coupled(sess, x, *a, **k):  # every row scaled like the batch's largest: the old per-tensor flaw
+        y, pk, pv = real(sess, x, *a, **k)
+        peak = torch.as_tensor(x).abs().amax(dim=(1, 2))
+        return y * (1 + 1e-3 * (peak.max() / peak).view(-1, 1, 1)), pk, pv
+
+    monkeypatch.setattr(OnnxSession, "decode", coupled)
+    row = check_decode("mha-causal", "ort-gqa", **kw)
+    assert row.status == "FAIL" and "decode: row" in row.reason and "batch mates" in row.reason, row
+
+    def leaky(sess, x, *a, **k):  # a prompt's first half nudged by its own second half, row by row
+        y, pk, pv = real(sess, x, *a, **k)
+        x = torch.as_tensor(x)
+        if x.shape[1] != parity.PROMPT:
+            return y, pk, pv
+        half = parity.PROMPT // 2
+        y = y.clone()
+        y[:, :half] += 1e-4 * x[:, half:].abs().amax(dim=(1, 2)).view(-1, 1, 1)
+        return y, pk, pv
+
+    monkeypatch.setattr(OnnxSession, "decode", leaky)
+    row = check_decode("mha-causal", "ort-gqa", **kw)
+    assert row.status == "FAIL" and "past outputs depend on future tokens" in row.reason, row
+    assert passed > 2  # the passing run counted the two checks among its shapes
 
 
 # -- what an export at a precision writes ----------------------------------------------------------

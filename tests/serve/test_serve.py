@@ -265,12 +265,13 @@ def test_padded_batch_equals_each_request_alone(sessions):
         _close(res[0], _alone(sess, it)[0])
 
 
-def test_int8_padded_mixed_scale_batch_equals_each_request_alone(tmp_path):
-    """int8 through the server's batching: requests whose inputs differ 20x in scale, padded into one
-    run, each get the answer they get alone (issue 25: dynamic int8 took one activation scale for the
-    whole batch, and 0 of 40 such requests were bit-equal to running alone)."""
-    export_onnx("mha-combined-bias", tmp_path / "int8.onnx", with_mask=True, precision="int8")
-    sess = OnnxSession(tmp_path / "int8.onnx", provider="cpu", verbose=False)
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_padded_mixed_scale_batch_equals_each_request_alone(precision, tmp_path):
+    """A quantized export through the server's batching: requests whose inputs differ 200x in scale,
+    padded into one run, each get the answer they get alone (dynamic int8 took one activation scale
+    for the whole batch, and 0 of 40 such requests were bit-equal to running alone)."""
+    export_onnx("mha-combined-bias", tmp_path / "q.onnx", with_mask=True, precision=precision)
+    sess = OnnxSession(tmp_path / "q.onnx", provider="cpu", verbose=False)
     info = _info(sess)
     rng = np.random.default_rng(3)
     items = [
@@ -279,7 +280,7 @@ def test_int8_padded_mixed_scale_batch_equals_each_request_alone(tmp_path):
     ]
     assert len(length_groups(items, has_mask=True)) == 1  # one padded run
     for it, res in zip(items, run_batch(sess, items, info)):
-        _close(res[0], _alone(sess, it)[0])
+        assert np.array_equal(res[0], _alone(sess, it)[0]), (precision, it.b, it.t)  # bit-equal
 
 
 def test_lengths_share_a_run_only_within_twice_each_other(sessions):
