@@ -163,7 +163,8 @@ def _heads_dates(model, args: argparse.Namespace) -> int:
             translations,
             args.plot,
             titles=[
-                f"L{layer}H{h}" + (f" ({named[(layer, h)]})" if (layer, h) in named else "")
+                f"L{layer}H{h}"
+                + (f" ({named[(layer, h)]})" if (layer, h) in named else "")
                 + f": {report.roles[layer][h].title()}"
                 for layer, h in flat
             ],

@@ -222,7 +222,8 @@ def export_onnx(
     if static:
         # past_len's valid range, for a runtime that feeds the graph directly (t: this call's tokens)
         valid = "0 <= past_len <= max_len - t"
-        model.metadata_props.update({"attnzoo.cache": "static", "attnzoo.max_len": str(max_len), "attnzoo.past_len": valid})
+        static_meta = {"attnzoo.cache": "static", "attnzoo.max_len": str(max_len), "attnzoo.past_len": valid}
+        model.metadata_props.update(static_meta)
     elif decode:
         model.metadata_props["attnzoo.cache"] = "grow"
     model.metadata_props.update(applied.metadata())

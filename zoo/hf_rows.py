@@ -244,9 +244,9 @@ def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
     rope_type = params.get("rope_type", "default")
     if rope_type not in ("default", "linear"):
         raise HFConversionError(
-            f"{cls_name(m)}: config.rope_parameters rope_type={rope_type!r} (scaled rotary frequencies; a config.json's "
-            f"rope_scaling, where set, is what transformers reads there) is not expressible in the zoo, which models "
-            f"the default rotary and linear scaling (rope_scale) only"
+            f"{cls_name(m)}: config.rope_parameters rope_type={rope_type!r} (scaled rotary frequencies; a "
+            f"config.json's rope_scaling, where set, is what transformers reads there) is not expressible in the "
+            f"zoo, which models the default rotary and linear scaling (rope_scale) only"
         )
     scale = float(params["factor"]) if rope_type == "linear" else 1.0
     factor = float(params.get("partial_rotary_factor", 1.0))

@@ -70,7 +70,7 @@ def unregister(name: str) -> None:
     """Remove a name added with `register` or a user's preset (tests and notebooks use this).
     A shipped preset is refused: its name is reserved, and a variant takes a name of its own."""
     _ensure_loaded()
-    e = _lookup(name)
+    _lookup(name)  # an unknown name is refused as unknown first
     if is_shipped(name):
         raise ArgumentError(reserved(name, "it stays registered"))
     del _REGISTRY[name]

@@ -166,8 +166,8 @@ def quantized_exports(tmp_path_factory):
 
 @pytest.mark.parametrize("name, lowering, precision", _coupling_params())
 def test_quantized_row_independent_of_batch_mates(name, lowering, precision, quantized_exports):
-    """A row's y is bit-equal alone and batched with a row 20x larger (issue 25: dynamic int8 took one
-    activation scale per tensor, and row a's error went from 1.6% alone to 57% beside a 20x row)."""
+    """A row's y is bit-equal alone and batched with a row 20x larger (dynamic int8, the former method,
+    took one activation scale per tensor: row a's error went from 1.6% alone to 57% beside a 20x row)."""
     sess, spec = quantized_exports(name, lowering, precision)
     torch.manual_seed(0)
     a, big = torch.randn(1, 16, spec.d_model), 20 * torch.randn(1, 16, spec.d_model)
@@ -179,8 +179,8 @@ def test_quantized_row_independent_of_batch_mates(name, lowering, precision, qua
 
 @pytest.mark.parametrize("name, lowering, precision", _coupling_params(causal_only=True))
 def test_quantized_causal_positions_independent_of_the_future(name, lowering, precision, quantized_exports):
-    """Positions 0..7 of a causal block's 16 are bit-equal when positions 8..15 are scaled 20x (issue 25:
-    they moved by 20% of their scale under dynamic int8)."""
+    """Positions 0..7 of a causal block's 16 are bit-equal when positions 8..15 are scaled 20x (under
+    dynamic int8 they moved by 20% of their scale)."""
     sess, spec = quantized_exports(name, lowering, precision)
     torch.manual_seed(1)
     x = torch.randn(2, 16, spec.d_model)
@@ -350,7 +350,8 @@ def test_fp16_with_a_quantized_precision_is_one_line(precision, tmp_path):
 def test_int8_full_sequence_is_weight_only_8_bit_and_not_refused_for_cuda():
     """int8 is MatMulNBits for full-sequence exports too (dynamic int8's DynamicQuantizeLinear, which
     the CUDA provider lacks, is gone), so cuda is no longer refused by the precision."""
-    from export.precision import method, why_not as precision_why_not
+    from export.precision import method
+    from export.precision import why_not as precision_why_not
 
     assert method("int8") is method("int8", decode=True) and method("int8").tool == "nbits"
     assert precision_why_not("int8", dtype="float32", provider="cuda") is None
