@@ -90,7 +90,7 @@ def test_cli_shows_a_real_bug_with_its_traceback(monkeypatch):
         main(["list"])
 
 
-def test_7_show_of_a_huge_spec_allocates_nothing_and_answers(capsys):
+def test_show_of_a_huge_spec_allocates_nothing_and_answers(capsys):
     assert main(["show", "transformer-base", "--set", "d_model=1000000000", "--set", "heads=1"]) == 0
     out = capsys.readouterr().out
     assert "too large for torch" in out and "4,000,000,000,000,000,000" in out
@@ -103,12 +103,12 @@ def test_7_show_of_a_huge_spec_allocates_nothing_and_answers(capsys):
         ["export", "transformer-base", "--set", "d_model=1000000", "--set", "heads=1", "-o", "/tmp/never.onnx"],
     ],
 )
-def test_7_huge_width_is_refused_with_the_number(capsys, argv):
+def test_huge_width_is_refused_with_the_number(capsys, argv):
     line = one_line_error(capsys, argv)
     assert "needs about" in line and "this machine has" in line
 
 
-def test_7_allocation_failure_that_still_happens_is_one_line(monkeypatch, capsys):
+def test_allocation_failure_that_still_happens_is_one_line(monkeypatch, capsys):
     import cli.main as cli
 
     def oom(args):
@@ -126,7 +126,7 @@ def _with_func(parser: argparse.ArgumentParser, func):
     return parser
 
 
-def test_7_check_fits_names_need_and_limit():
+def test_check_fits_names_need_and_limit():
     from zoo.limits import check_fits, machine_memory_bytes
 
     assert machine_memory_bytes() and machine_memory_bytes() > 2**20

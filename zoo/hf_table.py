@@ -173,7 +173,7 @@ ROWS: tuple[Row, ...] = (
         checks=(Check("alibi=True", falcon_alibi),),
     ),
     VIT,
-    # -- decoders added from the family list of issue 18
+    # -- further decoder families, built on LLAMA's row (their parity cases: tests/hf_cases.py)
     _like(LLAMA, family="Qwen2", cls="Qwen2Attention", window=SLIDING),
     _like(LLAMA, family="Qwen2-MoE", cls="Qwen2MoeAttention", window=SLIDING),
     _like(LLAMA, family="Mixtral", cls="MixtralAttention", window="config.sliding_window?"),

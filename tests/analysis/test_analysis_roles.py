@@ -1,4 +1,5 @@
-"""Issue 19's targets on the shipped weights, measured on held-out data (a seed training never used)."""
+"""What the heads of the shipped models do (the dates model's day and year heads, head importance and
+pruning), measured on held-out data (a seed training never used)."""
 
 from __future__ import annotations
 

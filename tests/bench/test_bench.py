@@ -142,11 +142,11 @@ def test_bench_from_a_plain_copy_of_the_tree_runs_that_copy(tmp_path):
         (["--plot", "x.txt"], "--plot"),
     ],
 )
-def test_8_bench_flags_are_checked_before_any_work(capsys, flags, match):
+def test_bench_flags_are_checked_before_any_work(capsys, flags, match):
     assert match in one_line_error(capsys, ["bench", "mha-causal", "--seq", "4", *flags])
 
 
-def test_8_roofline_is_sized_to_the_dtype_and_machine():
+def test_roofline_is_sized_to_the_dtype_and_machine():
     from bench import jobs as bench
     from bench.measure import _roofline
 
@@ -157,7 +157,7 @@ def test_8_roofline_is_sized_to_the_dtype_and_machine():
     assert out["gflops"] > 0
 
 
-def test_8_sigterm_unwinds_like_ctrl_c():
+def test_sigterm_unwinds_like_ctrl_c():
     from bench.plan import _terminate_as_interrupt
 
     with pytest.raises(KeyboardInterrupt), _terminate_as_interrupt():
@@ -166,7 +166,7 @@ def test_8_sigterm_unwinds_like_ctrl_c():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_8_stale_bench_folders_are_swept(tmp_path, monkeypatch):
+def test_stale_bench_folders_are_swept(tmp_path, monkeypatch):
     import tempfile
 
     from bench import plan as bench

@@ -122,7 +122,7 @@ def test_help_for_every_command():
 # -- attnzoo run: sizes past the machine, -s on a self-attention model -------------------------
 
 
-def test_7_run_past_the_machine_is_refused_before_inputs_are_made(exports, capsys):
+def test_run_past_the_machine_is_refused_before_inputs_are_made(exports, capsys):
     line = one_line_error(capsys, ["run", str(exports["decomposed"]), "-b", "100000", "-t", "100000"])
     assert "needs about" in line and "(100000, 100000, 100000)" in line
 

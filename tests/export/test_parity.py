@@ -192,7 +192,7 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("scale", [1.0, 300.0, 15000.0])
-def test_3_eager_fp16_is_finite_on_both_paths(exports, scale):
+def test_eager_fp16_is_finite_on_both_paths(exports, scale):
     m = zoo.create("mha-combined-bias")
     m.load_state_dict(exports["self"].state_dict())
     m = m.half().eval()
@@ -230,13 +230,13 @@ def _fp16_run(exports, model: str, scale: float) -> float:
 
 
 @pytest.mark.parametrize("model", sorted(FP16_LIMITS))
-def test_3_fp16_exports_hold_up_to_their_documented_limit(exports, model):
+def test_fp16_exports_hold_up_to_their_documented_limit(exports, model):
     for scale in (1.0, 30.0, FP16_LIMITS[model][0]):
         assert _fp16_run(exports, model, scale) < 1e-2, (model, scale)
 
 
 @pytest.mark.parametrize("model", sorted(FP16_LIMITS))
-def test_3_fp16_exports_past_their_limit_fail_as_the_readme_says(exports, model):
+def test_fp16_exports_past_their_limit_fail_as_the_readme_says(exports, model):
     # If this starts failing, ONNX Runtime (or the lowering) changed: move FP16_LIMITS and the
     # README's precision table with it; don't delete the test.
     _, past, how = FP16_LIMITS[model]
@@ -247,7 +247,7 @@ def test_3_fp16_exports_past_their_limit_fail_as_the_readme_says(exports, model)
         assert 0.1 < rel < float("inf"), (model, rel)
 
 
-def test_3_fp16_projections_overflow_is_the_real_limit(exports):
+def test_fp16_projections_overflow_is_the_real_limit(exports):
     # Past ~65504 / (|x| |W|) the fp16 projections themselves are inf: fp16's range, not a bug.
     m = zoo.create("mha-combined-bias")
     m.load_state_dict(exports["self"].state_dict())
@@ -257,7 +257,7 @@ def test_3_fp16_projections_overflow_is_the_real_limit(exports):
         assert not torch.isfinite(m.qkv_proj(x)).all()
 
 
-def test_4_parity_with_an_unusable_provider_fails(capsys):
+def test_parity_with_an_unusable_provider_fails(capsys):
     from export.session import cuda_status
 
     ok, why = cuda_status()
@@ -267,7 +267,7 @@ def test_4_parity_with_an_unusable_provider_fails(capsys):
     assert why in line
 
 
-def test_4_api_checks_skip_an_unusable_provider_alike():
+def test_api_checks_skip_an_unusable_provider_alike():
     """Without the CLI's refusal, both parity checks answer SKIP with the same reason."""
     from export import parity
     from export.session import cuda_status

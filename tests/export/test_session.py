@@ -172,7 +172,7 @@ def test_node_placement_shows_the_attention_node(tmp_path):
 
 
 @pytest.mark.parametrize("shape", [(0, 4, 64), (2, 0, 64)])
-def test_1_session_refuses_empty_batch_or_sequence(exports, shape):
+def test_session_refuses_empty_batch_or_sequence(exports, shape):
     sess = OnnxSession(exports["decomposed"], "cpu", verbose=False)
     with pytest.raises(RunInputError, match="empty input"):
         sess.run(torch.randn(*shape))  # b = 0 on the decomposed graph was a SIGFPE (exit 136)
@@ -180,13 +180,13 @@ def test_1_session_refuses_empty_batch_or_sequence(exports, shape):
         sess.run(np.zeros(shape, dtype=np.float32))
 
 
-def test_1_session_refuses_empty_context(exports):
+def test_session_refuses_empty_context(exports):
     sess = OnnxSession(exports["cross-decomposed"], "cpu", verbose=False)
     with pytest.raises(RunInputError, match=r"s=0"):
         sess.run(torch.randn(2, 3, 64), torch.randn(2, 0, 48))
 
 
-def test_1_empty_batch_in_a_fresh_process_is_one_error_not_a_crash(exports):
+def test_empty_batch_in_a_fresh_process_is_one_error_not_a_crash(exports):
     code = (
         "import torch, sys; from export import OnnxSession\n"
         f"s = OnnxSession({str(exports['decomposed'])!r}, 'cpu', verbose=False)\n"
@@ -196,7 +196,7 @@ def test_1_empty_batch_in_a_fresh_process_is_one_error_not_a_crash(exports):
     assert r.returncode == 3 and "refused" in r.stdout, (r.returncode, r.stderr[-500:])
 
 
-def test_7_onnx_runtime_allocation_failure_is_a_resource_error(exports, monkeypatch):
+def test_onnx_runtime_allocation_failure_is_a_resource_error(exports, monkeypatch):
     sess = OnnxSession(exports["decomposed"], "cpu", verbose=False)
 
     class FakeOrt:

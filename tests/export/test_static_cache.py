@@ -2,8 +2,8 @@
 written in place, eagerly (block.decode(x, cache=...)) and under ONNX Runtime (cache="static").
 
 Eagerly every causal preset decodes in any split, batch 3 left-padded, to what the growing cache
-gives; under ONNX Runtime the parity check of issue 17 (a prompt, 25 single steps, chunks, batch 1
-and 3 left-padded) passes for presets covering every modifier, the rest under -m slow.
+gives; under ONNX Runtime the decode parity check (export.parity.check_decode: a prompt, 25 single
+steps, chunks, batch 1 and 3 left-padded) passes for presets covering every modifier, the rest under -m slow.
 """
 
 import numpy as np

@@ -233,7 +233,7 @@ def test_heads_picture_with_an_unknown_suffix_is_refused(tmp_path, capsys):
 # -- no-overwrite cannot be raced; an unwritable target is named before any work ---------------
 
 
-def test_5_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, monkeypatch):
+def test_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, monkeypatch):
     target = tmp_path / "same.onnx"
     real = lowering_mod.lower
 
@@ -249,7 +249,7 @@ def test_5_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, mo
     assert not list(tmp_path.glob(".attnzoo-*"))
 
 
-def test_5_unwritable_target_is_named_before_any_work(monkeypatch, capsys):
+def test_unwritable_target_is_named_before_any_work(monkeypatch, capsys):
     def never(*a, **kw):
         raise AssertionError("the export ran before the output folder was checked")
 

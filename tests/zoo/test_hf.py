@@ -270,7 +270,7 @@ CASES: dict[str, Case] = {
     "vit": Case(_vit, spec_checks={"causal": False, "bias": True}),
 }
 
-# the families of issue 18 (tests/hf_cases.py), each with its own tiny model
+# the further families (tests/hf_cases.py), each with its own tiny model
 CASES.update({name: Case(**fields) for name, fields in hf_cases.CASES.items()})
 
 
@@ -381,8 +381,8 @@ def _split_lowerings(name: str, block: zoo.MultiHeadAttention) -> tuple[list[str
     rotation = list(CASES).index(name) % len(TORCH_EXPORTED)
     preferred = TORCH_EXPORTED[rotation:] + TORCH_EXPORTED[:rotation]
     first = next(lw for lw in preferred if lw in allowed)
-    # One lowering per case by default (issue: the case x lowering matrix beyond one goes under
-    # -m slow): ort-gqa where it applies (built by hand, milliseconds), else one traced lowering.
+    # One lowering per case by default (the case x lowering matrix beyond one goes under -m slow,
+    # to keep the default run short): ort-gqa where it applies (built by hand, milliseconds), else one traced lowering.
     if "ort-gqa" in allowed:
         fast = ["ort-gqa"]
     else:

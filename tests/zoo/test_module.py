@@ -244,7 +244,7 @@ def test_sdpa_sharing_kv_heads_equals_repeating_them(name):
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_6_nan_float_mask_is_refused_on_every_path(need_weights):
+def test_nan_float_mask_is_refused_on_every_path(need_weights):
     m = zoo.create("mha-combined-bias").eval()
     mask = torch.zeros(5, 5)
     mask[2] = float("nan")

@@ -101,7 +101,7 @@ def test_training_mode_dropout_warns():
 # -- the torch peer's constructor options: exact, refused, or said out loud --------------------
 
 
-def test_2_sequence_first_peer_converts_with_a_warning_naming_the_layout():
+def test_sequence_first_peer_converts_with_a_warning_naming_the_layout():
     peer = nn.MultiheadAttention(64, 4).eval()  # batch_first=False is torch's default
     with pytest.warns(UserWarning, match=r"batch_first=False.*\(t, b, c\)"):
         m = zoo.from_torch_mha(peer).eval()
@@ -112,7 +112,7 @@ def test_2_sequence_first_peer_converts_with_a_warning_naming_the_layout():
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
 
 
-def test_2_batch_first_peer_converts_silently():
+def test_batch_first_peer_converts_silently():
     import warnings
 
     with warnings.catch_warnings():
@@ -128,6 +128,6 @@ def test_2_batch_first_peer_converts_silently():
         ({"kdim": 16, "vdim": 24}, "kdim=16 != vdim=24"),
     ],
 )
-def test_2_peer_options_the_zoo_cannot_express_are_refused(kwargs, match):
+def test_peer_options_the_zoo_cannot_express_are_refused(kwargs, match):
     with pytest.raises(zoo.ArgumentError, match=match):
         zoo.from_torch_mha(nn.MultiheadAttention(64, 4, batch_first=True, **kwargs))
