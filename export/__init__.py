@@ -1,4 +1,4 @@
-"""attnzoo's export side: ONNX lowerings, ONNX Runtime sessions, parity, benchmarks.
+"""attnzoo's export side: ONNX lowerings, ONNX Runtime sessions, parity (benchmarks live in bench/).
 
     from export import export_onnx, OnnxSession
     r = export_onnx("mha-combined-bias", "out.onnx")

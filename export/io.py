@@ -1,8 +1,11 @@
 """The ONNX interface of an exported block, described once as data.
 
 Every exported model has the inputs and outputs below (the optional ones when asked for),
-with the axis vocabulary as dynamic-axis names. Export, sessions and parity all read this
-table; nothing else spells out input names or axes.
+with the axis vocabulary as dynamic-axis names. Tracing names every traced graph's inputs and outputs
+from this table and checks each export against it (tracing.check_interface); parity and `attnzoo run`
+build inputs from it. It is not the only place that spells the names: decoding.py, static_decoding.py,
+gqa.py (its hand-built graph), tracing.py's decode wrappers and session.py also write them as strings,
+so a name changed here must change there as well.
 """
 
 from __future__ import annotations

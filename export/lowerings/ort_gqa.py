@@ -1,6 +1,8 @@
 """`ort-gqa`: com.microsoft GroupQueryAttention, built node by node (export/gqa.py): causal
 self-attention with d_v = d_k; rotary, window, softcap and kv heads inside the op; ALiBi and
-masks as its attention_bias. The decode lowering of choice (past/present in the op)."""
+masks as its attention_bias; it decodes with past/present in the op. `auto` takes it first for a growing
+decode cache with shared kv heads on the CPU and for decoding on CUDA; on the CPU the default static cache
+goes to `decomposed` (export/choice.py)."""
 
 from .. import gqa
 from .base import Limit, Lowering
