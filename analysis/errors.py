@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import zoo
-
-# Under the library's error root where the zoo has one, so the CLI prints it as one line.
-_BASES: tuple[type[Exception], ...] = (zoo.AttnzooError, ValueError) if hasattr(zoo, "AttnzooError") else (ValueError,)
+from zoo import AttnzooError
 
 
-class AnalysisError(*_BASES):
-    """Bad input to an analysis function: the message names the value and the fix."""
+class AnalysisError(AttnzooError, ValueError):
+    """Bad input to an analysis function: the message names the value and the fix. Under the library's
+    error root, so the CLI prints it as one line; `except ValueError` catches it too."""

@@ -21,6 +21,8 @@ from torch import Tensor, nn
 import zoo
 import zoo.heads
 
+from .errors import AnalysisError
+
 KINDS = ("none", "l1", "l0")
 
 # Louizos et al. 2018's constants (also Voita et al. 2019's).
@@ -36,7 +38,7 @@ class HeadGates(nn.Module):
     def __init__(self, kind: str, heads: tuple[int, ...], generator: torch.Generator) -> None:
         super().__init__()
         if kind not in KINDS[1:]:
-            raise ValueError(f"gate kind {kind!r} is not one of {KINDS[1:]}")
+            raise AnalysisError(f"gate kind {kind!r} is not one of {KINDS[1:]}")
         self.kind = kind
         self.generator = generator
         init = LOG_ALPHA_INIT if kind == "l0" else 1.0

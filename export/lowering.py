@@ -155,8 +155,10 @@ def export_onnx(
     try:
         target = resolve_output(path)  # symlinks followed; a device or FIFO is written through
         if target.exists() and not overwrite and not is_special(target):
-            raise FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
+            raise zoo.OutputExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
         ensure_writable_parent(target)
+    except zoo.OutputExistsError:  # stays what it was: a FileExistsError (and under the root)
+        raise
     except zoo.OutputPathError as e:  # an export's refusals are ExportErrors, its path's too
         raise ExportError(str(e)) from None
 

@@ -123,7 +123,9 @@ class OnnxSession:
         if self.path.is_dir():
             raise SessionError(f"{self.path} is a folder; give the path of an .onnx file")
         if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no such file; export one with `attnzoo export NAME -o {self.path}`")
+            raise zoo.MissingFileError(
+                f"{self.path}: no such file; export one with `attnzoo export NAME -o {self.path}`"
+            )
         self.metadata = self._read_metadata()
         ort = _ort()
         self.note = ""

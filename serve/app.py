@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from zoo import MissingFileError
+
 from .batching import run_batch
 from .protocol import (
     DEFAULT_MAX_BODY,
@@ -223,7 +225,7 @@ def start(
         raise ServeError(f"cpus_per_replica={cpus_per_replica!r} must be >= 0")
     path = Path(model)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; export one with `attnzoo export NAME --mask -o {path}`")
+        raise MissingFileError(f"{path}: no such file; export one with `attnzoo export NAME --mask -o {path}`")
     if Path(str(path) + ".data").exists():
         raise ServeError(f"{path} keeps its weights in an external file; serving sends one file to each replica")
     # Check here, in one process, what every replica would otherwise fail on.

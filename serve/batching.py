@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .protocol import PAD_FACTOR, Item, ModelInfo
+from .protocol import PAD_FACTOR, Item, ModelInfo, ServeError
 
 # -- batching ----------------------------------------------------------------------------------
 
@@ -112,7 +112,7 @@ def pad_batch(items: list[Item], info: ModelInfo) -> dict[str, np.ndarray]:
             head_mask[rows] = it.head_mask
         r += it.rows
     if not same and mask is None:
-        raise ValueError("requests of different lengths need the model's mask input to share a batch")
+        raise ServeError("requests of different lengths need the model's mask input to share a batch")
     feeds = {"x": x}
     if context is not None:
         feeds["context"] = context

@@ -77,14 +77,18 @@ _ZIP_MAGIC = b"PK\x03\x04"
 def _npy_header(f, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
     """(shape, dtype, bytes of data the header declares) of the .npy at f's position; f is left
     after the header. Reads the header only (a few hundred bytes), never the data."""
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     try:
         version = np.lib.format.read_magic(f)
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in read:
-            raise ValueError(f"format version {version[0]}.{version[1]} is not read here; write it with np.save")
-        shape, _, dtype = read[version](f)
+        if version in read:
+            shape, _, dtype = read[version](f)
     except Exception as e:  # noqa: BLE001 - numpy raises ValueError/EOFError/...
         raise RequestError(f"{what} is not a .npy array ({type(e).__name__}: {str(e)[:80]})") from None
+    if version not in read:
+        raise RequestError(
+            f"{what} is not a .npy array (ValueError: format version {version[0]}.{version[1]} is not read here; "
+            "write it with np.save)"
+        )
     if dtype.hasobject:
         raise RequestError(f"{what} holds Python objects ({dtype}); send numbers")
     return tuple(shape), dtype, math.prod(shape) * dtype.itemsize

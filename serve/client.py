@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo import AttnzooError
+from zoo import AttnzooError, InputTypeError
 
 from .protocol import DECODE_FIELDS, FIELDS, JSON, NPY, NPZ
 
@@ -44,6 +44,11 @@ class ClientError(AttnzooError, RuntimeError):
     def __init__(self, reply: Reply) -> None:
         super().__init__(f"HTTP {reply.status}: {reply.body.decode(errors='replace').strip()[:300]}")
         self.reply = reply
+
+
+class ClientConnectionError(AttnzooError, ConnectionError, RuntimeError):
+    """No answer from the server after the client's retries (refused, reset, timed out); the message
+    names the request, the address and the last failure. `except ConnectionError` catches it too."""
 
 
 class ClientOptionError(AttnzooError, ValueError):
@@ -120,7 +125,7 @@ class Client:
             last = reply
         if isinstance(last, Reply):
             return last
-        raise ConnectionError(f"{method} {self.prefix}{path} on {self.host}:{self.port} failed: {last}")
+        raise ClientConnectionError(f"{method} {self.prefix}{path} on {self.host}:{self.port} failed: {last}")
 
     def _send(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Reply:
         if self._conn is None:
@@ -151,7 +156,7 @@ class Client:
         model's past_key, past_value and key_mask."""
         unknown = sorted(set(cache) - set(DECODE_FIELDS))
         if unknown:
-            raise TypeError(f"unknown request field(s) {unknown}; a request has {', '.join(FIELDS)}")
+            raise InputTypeError(f"unknown request field(s) {unknown}; a request has {', '.join(FIELDS)}")
         given = {"x": x, "context": context, "mask": mask, "head_mask": head_mask, **cache}
         arrays = {k: np.asarray(v) for k, v in given.items() if v is not None}
         if not self.binary:

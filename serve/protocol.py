@@ -108,15 +108,17 @@ def check_arrays(arrays: dict[str, np.ndarray], info: ModelInfo, *, loose: set[s
             raise RequestError("this model takes no mask (it was exported without --mask)")
         if mask.dtype != np.bool_:
             raise RequestError(f"mask has dtype {mask.dtype}; send bool (True = may attend)")
-        try:
-            if mask.ndim > 3:
-                raise ValueError
-            mask = np.broadcast_to(mask, (b, t, s))
-        except ValueError:
+        fits = mask.ndim <= 3
+        if fits:
+            try:
+                mask = np.broadcast_to(mask, (b, t, s))
+            except ValueError:
+                fits = False
+        if not fits:
             raise RequestError(
                 f"mask of shape {tuple(mask.shape)} does not broadcast to (b, t, s) = {(b, t, s)}; "
                 "send (s,), (t, s) or (b, t, s)"
-            ) from None
+            )
     head_mask = arrays.get("head_mask")
     if head_mask is not None:
         if not info.has_head_mask:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zoo import AttnzooError
+from zoo import AttnzooError, OutputExistsError
 
 KINDS = ("cpu", "gpu")
 _TRITON_TYPE = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bool": "TYPE_BOOL"}
@@ -129,7 +129,7 @@ def write_repository(
     ensure_writable_parent(repo / "probe")
     for n in names:
         if (repo / n).exists() and not overwrite:
-            raise FileExistsError(f"{repo / n} exists; pass overwrite=True (CLI: --force) to replace it")
+            raise OutputExistsError(f"{repo / n} exists; pass overwrite=True (CLI: --force) to replace it")
     provider = "cuda" if kind == "gpu" else "cpu"
     # Folders and files get the modes open() and mkdir() would give them (mkdtemp's is 0700).
     umask = os.umask(0)

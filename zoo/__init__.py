@@ -18,7 +18,16 @@ from .accounting import (
 from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
 from .cache import StaticCache
 from .checkpoint import CheckpointError, from_checkpoint
-from .errors import ArgumentError, AttnzooError, CacheFullError, InputTypeError, OutputPathError, ResourceError
+from .errors import (
+    ArgumentError,
+    AttnzooError,
+    CacheFullError,
+    InputTypeError,
+    MissingFileError,
+    OutputExistsError,
+    OutputPathError,
+    ResourceError,
+)
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 
 # transformers is imported inside from_hf/to_hf only: `import zoo` works without it.
@@ -48,6 +57,8 @@ from .torch_peer import from_torch_mha, to_torch_mha
 __version__ = "0.1.0"
 
 __all__ = [
+    "MissingFileError",
+    "OutputExistsError",
     "OutputPathError",
     "ArgumentError",
     "AttnzooError",

@@ -49,10 +49,10 @@ def _files(folder: Path) -> tuple[dict[str, str] | None, list[str]]:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
             weight_map = data["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: not a safetensors index (TypeError: weight_map is not an object)")
         weight_map = {str(k): str(v) for k, v in weight_map.items()}
         for name, shard in weight_map.items():  # every name, before any file is opened
             why = _outside(shard)

@@ -46,12 +46,25 @@ class OutputPathError(AttnzooError, ValueError):
     """An output path that cannot be written as asked (a folder, a socket, an unwritable place)."""
 
 
+class OutputExistsError(OutputPathError, FileExistsError):
+    """An output that exists already, written without overwrite=True (CLI: --force); `except FileExistsError`
+    catches it too."""
+
+
+class MissingFileError(ArgumentError, FileNotFoundError):
+    """A path argument that names no file (an .onnx model to load); the message says how to make one.
+    `except FileNotFoundError` catches it too."""
+
+
 __all__ = [
     "ArgumentError",
     "AttnzooError",
+    "CacheFullError",
     "DuplicateNameError",
     "InputError",
     "InputTypeError",
+    "MissingFileError",
+    "OutputExistsError",
     "OutputPathError",
     "PresetFileError",
     "ResourceError",

@@ -183,7 +183,7 @@ def _split(t: Tensor, layout: str, h: int, g: int, d: int) -> tuple[Tensor, Tens
     if layout == "codegen":
         q, v, k = rearrange(t, "(m r l) c -> r (m l) c", m=4, r=3)
         return q, k, v
-    raise KeyError(layout)
+    raise _unknown_layout(layout)
 
 
 def _fuse(q: Tensor, k: Tensor, v: Tensor, layout: str, h: int, g: int) -> Tensor:
@@ -197,10 +197,14 @@ def _fuse(q: Tensor, k: Tensor, v: Tensor, layout: str, h: int, g: int) -> Tenso
         return rearrange(torch.cat([q4, k4, v4], dim=1), "g m d c -> (g m d) c")
     if layout == "codegen":
         return rearrange(torch.stack([q, v, k]), "r (m l) c -> (m r l) c", m=4)
-    raise KeyError(layout)
+    raise _unknown_layout(layout)
 
 
 FUSED_LAYOUTS = ("zoo", "per_head", "grouped", "codegen")
+
+
+def _unknown_layout(layout: str) -> HFConversionError:
+    return HFConversionError(f"fused row layout {layout!r} is not one of {', '.join(FUSED_LAYOUTS)}")
 
 
 def _layout(row: Row, m: nn.Module) -> str:
