@@ -276,7 +276,6 @@ def _row_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 def _coupling(row, sess, ref_module, spec, ins, need_weights: bool, device: str, scales) -> str:
     """The mixed-scale batch and, for a causal block, the scaled future (see MIXED_SCALES); the
     row's rel_l2 takes the worst of the batch's rows at scale <= 1. '' when both hold, else the reason."""
-    tol = TOLERANCE["float32"]
     b = len(scales)
     feeds = example_inputs(spec, ins, torch.float32, b, MIXED_T, MIXED_T)
     for name in ("x", "context"):
@@ -288,31 +287,44 @@ def _coupling(row, sess, ref_module, spec, ins, need_weights: bool, device: str,
     if small:
         row.rel_l2 = max(row.rel_l2, _row_l2(batched[0][small], refs[0][small]))
     row.shapes += 1
-    shown = ", ".join(f"{k:g}x" for k in scales)
-    for i in range(b):
-        alone = _run(sess, {k: v[i : i + 1] for k, v in feeds.items()}, device)
-        for o, a in zip(batched, alone):
-            diff, _, ok = errors(o[i : i + 1].float().cpu().numpy(), a.float().cpu().numpy(), tol)
-            if not ok:
-                return (
-                    f"row {i} (inputs scaled {scales[i]:g}x) in a batch of rows scaled {shown} differs from "
-                    f"that row alone by max abs {diff:.2e}: a row's answer depends on its batch mates"
-                )
-    if not spec.causal or spec.is_cross:
-        return ""
-    half = MIXED_T // 2
+    reason = _batch_mates(batched, lambda i: _run(sess, {k: v[i : i + 1] for k, v in feeds.items()}, device), scales)
+    if reason or not spec.causal or spec.is_cross:
+        return reason
     first = {k: v[:1] for k, v in feeds.items()}
     later = {k: v.clone() for k, v in first.items()}
-    later["x"][:, half:] *= FUTURE_SCALE
-    now, then = _run(sess, first, device)[0], _run(sess, later, device)[0]
+    later["x"][:, MIXED_T // 2 :] *= FUTURE_SCALE
     row.shapes += 1
-    diff, _, ok = errors(then[:, :half].float().cpu().numpy(), now[:, :half].float().cpu().numpy(), tol)
-    if not ok:
-        return (
-            f"causal: positions 0..{half - 1} moved by max abs {diff:.2e} when positions {half}..{MIXED_T - 1} "
-            f"were scaled {FUTURE_SCALE:g}x: past outputs depend on future tokens"
-        )
+    return _future_moved(_run(sess, first, device)[0], _run(sess, later, device)[0], MIXED_T, "causal: positions")
+
+
+def _batch_mates(batched: tuple, alone, scales, what: str = "") -> str:
+    """'' when row i of every output in `batched` equals `alone(i)` (that row run alone) at fp32
+    tolerances; else the reason, naming the row and its scale."""
+    shown = ", ".join(f"{k:g}x" for k in scales)
+    for i in range(len(scales)):
+        for o, a in zip(batched, alone(i)):
+            diff, _, ok = errors(o[i : i + 1].float().cpu().numpy(), a.float().cpu().numpy(), TOLERANCE["float32"])
+            if not ok:
+                return (
+                    f"{what}row {i} (inputs scaled {scales[i]:g}x) in a batch of rows scaled {shown} differs from "
+                    f"that row alone by max abs {diff:.2e}: a row's answer depends on its batch mates"
+                )
     return ""
+
+
+def _future_moved(now: torch.Tensor, then: torch.Tensor, t: int, where: str) -> str:
+    """'' when positions 0..t/2-1 of `then` (positions t/2.. of its input scaled FUTURE_SCALE) equal
+    those of `now` at fp32 tolerances; else the reason."""
+    half = t // 2
+    diff, _, ok = errors(
+        then[:, :half].float().cpu().numpy(), now[:, :half].float().cpu().numpy(), TOLERANCE["float32"]
+    )
+    if ok:
+        return ""
+    return (
+        f"{where} 0..{half - 1} moved by max abs {diff:.2e} when positions {half}..{t - 1} were scaled "
+        f"{FUTURE_SCALE:g}x: past outputs depend on future tokens"
+    )
 
 
 # Decode parity: a prompt of PROMPT positions, then STEPS single-token steps; batch 1, and
@@ -443,7 +455,6 @@ def _decode_coupling(row, sess, spec, scales) -> str:
     """check_decode's mixed-scale batch and scaled future, for a quantized decode export: a prompt
     then single steps on rows scaled `scales` must give each row its answer alone, and a prompt's
     earlier positions must not move when its later ones are scaled. '' when both hold, else the reason."""
-    tol = TOLERANCE["float32"]
     b, n = len(scales), PROMPT + 4
 
     def run(x):
@@ -455,26 +466,15 @@ def _decode_coupling(row, sess, spec, scales) -> str:
     x = torch.randn(b, n, spec.d_model) * torch.tensor(scales, dtype=torch.float32).view(b, 1, 1)
     batched = run(x)
     row.shapes += 1
-    shown = ", ".join(f"{k:g}x" for k in scales)
-    for i in range(b):
-        diff, _, ok = errors(batched[i : i + 1].numpy(), run(x[i : i + 1]).numpy(), tol)
-        if not ok:
-            return (
-                f"decode: row {i} (inputs scaled {scales[i]:g}x) in a batch of rows scaled {shown} differs from "
-                f"that row alone by max abs {diff:.2e}: a row's answer depends on its batch mates"
-            )
-    half, keep = PROMPT // 2, torch.ones(1, PROMPT, dtype=torch.bool)
+    reason = _batch_mates((batched,), lambda i: (run(x[i : i + 1]),), scales, "decode: ")
+    if reason:
+        return reason
+    keep = torch.ones(1, PROMPT, dtype=torch.bool)
     later = x[:1, :PROMPT].clone()
-    later[:, half:] *= FUTURE_SCALE
+    later[:, PROMPT // 2 :] *= FUTURE_SCALE
     now, then = sess.decode(x[:1, :PROMPT], key_mask=keep)[0], sess.decode(later, key_mask=keep)[0]
     row.shapes += 1
-    diff, _, ok = errors(then[:, :half].float().numpy(), now[:, :half].float().numpy(), tol)
-    if not ok:
-        return (
-            f"decode causal: prompt positions 0..{half - 1} moved by max abs {diff:.2e} when positions "
-            f"{half}..{PROMPT - 1} were scaled {FUTURE_SCALE:g}x: past outputs depend on future tokens"
-        )
-    return ""
+    return _future_moved(now, then, PROMPT, "decode causal: prompt positions")
 
 
 def run_parity(

@@ -160,8 +160,8 @@ class Stand:
     bias: bool
 
     def key(self, name: str) -> str:
-        """The config's own name for a transformers config key (GPT-2's n_embd for hidden_size)."""
-        return self.family.aliases.get(name, name)
+        """The config's own name for a transformers config key (Family.key)."""
+        return self.family.key(name)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The tensors the row reads, relative to the attention module, with the shapes the config implies."""
@@ -257,7 +257,7 @@ def _check_sizes(kind: str, cfg: ConfigView, fam: Family) -> None:
             continue
         floor = 0 if name in _ZERO_MEANS_OFF else 1
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < floor:
-            key, what = fam.aliases.get(name, name), "a positive integer" if floor else "an integer >= 0 (0: off)"
+            key, what = fam.key(name), "a positive integer" if floor else "an integer >= 0 (0: off)"
             raise HFConversionError(f"{kind} config: {key}={v!r} must be {what}; fix it in the config")
 
 
@@ -265,10 +265,9 @@ def _check_head_width(kind: str, cfg: ConfigView, fam: Family) -> None:
     """Where the config leaves head_dim out, the family derives it as hidden_size // num_attention_heads:
     more heads than channels leave each head none."""
     c, h, g = cfg.get("hidden_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
-    hk = fam.aliases.get("num_attention_heads", "num_attention_heads")
-    ck = fam.aliases.get("hidden_size", "hidden_size")
+    hk, ck = fam.key("num_attention_heads"), fam.key("hidden_size")
     for name in ("hidden_size", "num_attention_heads", "num_hidden_layers"):  # no default to fall back on
-        key = fam.aliases.get(name, name)
+        key = fam.key(name)
         if cfg.get(name, 0) is None:
             raise HFConversionError(f"{kind} config: {key}=null has no default; give it a positive integer")
     if isinstance(h, int) and isinstance(g, int) and h % g:
@@ -434,9 +433,9 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
         for key in keys:
             key = key.format(layer=layer, kind=st.attrs.get("layer_type"))
             head = key.split(".")[0].split("[")[0]
-            got = _lookup(data, key.replace(head, st.family.aliases.get(head, head), 1))
+            got = _lookup(data, key.replace(head, st.key(head), 1))
             if got is not None:
-                out.append(f"{st.family.aliases.get(head, head)}{key[len(head) :]} {_cite(got)}")
+                out.append(f"{st.key(head)}{key[len(head) :]} {_cite(got)}")
         return out
 
     defaults = AttentionSpec()

@@ -216,6 +216,10 @@ class Family:
     def has_bias(self, cfg: ConfigView) -> bool:
         return bool(cfg.get(self.bias, False)) if isinstance(self.bias, str) else self.bias
 
+    def key(self, name: str) -> str:
+        """The config's own name for a transformers config key (GPT-2's n_embd for hidden_size)."""
+        return self.aliases.get(name, name)
+
 
 LLAMA = llama_like()
 SLIDING = llama_like(kinds=_from_max_window_layers)
