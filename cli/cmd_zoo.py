@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
 import zoo
 from export.names import DTYPES
 
@@ -91,6 +93,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     failed = 0
     for i, name in enumerate(names):
         _check_audit_fits(zoo.spec(name, **parse_overrides(args.set)), args)
+        torch.manual_seed(args.seed)  # the block's weights too: one seed, one report
         m = zoo.create(name, **parse_overrides(args.set))
         steps = run_audit(m, batch=args.batch, seq=args.seq, ctx_seq=args.ctx_seq, seed=args.seed)
         if i:

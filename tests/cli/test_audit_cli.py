@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 import zoo
 from cli.main import main
@@ -25,6 +26,17 @@ def test_audit_catches_a_broken_module():
     assert not bad["axis labels: split 'b t (h d) -> b h t d'"]
     assert not bad["W_O and selected output rows"]
     assert main(["audit", "mha-separate-bias"]) == 0  # the registered block itself is fine
+
+
+def test_audit_report_is_reproducible_from_its_seed(capsys):
+    """One seed, one report, every figure included: the block's weights are drawn from it too."""
+    args = ["audit", "phi-2", "--set", "d_model=128", "--set", "heads=4", "--set", "kv_heads=2", "--seed", "3"]
+    reports = []
+    for _ in range(2):
+        torch.manual_seed(len(reports))  # whatever the global generator held before
+        assert main(args) == 0
+        reports.append(capsys.readouterr().out)
+    assert reports[0] == reports[1]
 
 
 def test_cli_list_show(capsys):
