@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import zoo
-from zoo.cache import check_static_fits
+from zoo.cache import check_room, check_static_fits
 
 from .decoding import DecodeInputError, check_decode_inputs, check_x, chunks_one_row_at_a_time
 
@@ -58,6 +58,9 @@ def checked_capacity(sess: OnnxSession, batch: int, max_len) -> int:
     return n
 
 
+RE_EXPORT = "re-export with a larger --max-len (max_len=)"
+
+
 class OrtStaticCache:
     """The bound cache of a static-cache session: buffers (b g n d) written in place by each step.
 
@@ -78,8 +81,7 @@ class OrtStaticCache:
 
         b, g, p = pk.shape[:3]
         n = checked_capacity(sess, b, max_len)
-        if p > n:
-            raise zoo.CacheFullError(f"a static cache of {n} positions (max_len) cannot hold a past of {p}")
+        check_room(n, 0, p, fix="give max_len >= the past's length")
         self.sess, self.length, self.capacity, self.batch = sess, p, n, b
         self.key = np.zeros((b, g, n, pk.shape[3]), pk.dtype)
         self.value = np.zeros((b, g, n, pv.shape[3]), pv.dtype)
@@ -103,17 +105,7 @@ class OrtStaticCache:
 
     def check_room(self, t: int) -> None:
         """Refuse, before anything is written, a run of t positions past the capacity."""
-        self.check_fits(self.capacity, self.length, t, rewind=True)
-
-    @staticmethod
-    def check_fits(capacity: int, length: int, t: int, *, rewind: bool = False) -> None:
-        """Refuse length + t positions past `capacity`; `rewind`: the caller holds a cache it can rewind()."""
-        if length + t > capacity:
-            fix = "re-export with a larger --max-len (max_len=)" + (", or rewind()" if rewind else "")
-            raise zoo.CacheFullError(
-                f"this static cache holds {capacity} positions (max_len); {length} are written and "
-                f"{t} more do not fit: {fix}"
-            )
+        check_room(self.capacity, self.length, t, fix=f"{RE_EXPORT}, or rewind()")
 
     def step(self, x):
         """x (b t c) -> y (b t c); this call's keys and values are written at `length` in place.
@@ -239,5 +231,5 @@ def _call_cache(sess: OnnxSession, pk, pv, km, new: int) -> OrtStaticCache:
     but sized to the call (p + new), since the graph takes any capacity: a call allocates and reads
     what it uses, not the whole max_len."""
     p = pk.shape[2]
-    OrtStaticCache.check_fits(capacity(sess), p, new)  # no rewind(): the caller holds no cache
+    check_room(capacity(sess), p, new, fix=RE_EXPORT)  # no rewind(): the caller holds no cache
     return OrtStaticCache(sess, pk, pv, km, max_len=p + new)

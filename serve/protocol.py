@@ -13,6 +13,7 @@ import json
 import numpy as np
 
 from zoo import AttnzooError, CacheFullError
+from zoo.cache import check_room
 
 from .bodies import read_json, read_npy, read_npz
 from .schema import (
@@ -154,13 +155,11 @@ def _check_decode(arrays: dict[str, np.ndarray], info: ModelInfo, x: np.ndarray,
     p = past["past_key"].shape[2]
     if past["past_value"].shape[2] != p:
         raise RequestError(f"past_key holds {p} positions but past_value {past['past_value'].shape[2]}")
-    if info.max_len is not None and p + t > info.max_len:  # can never succeed: a 4xx, not "try later"
-        raise RequestError(
-            f"p+t = {p}+{t} = {p + t} cached and new positions; this model's static cache holds "
-            f"max_len={info.max_len} (GET /metadata): keep p+t <= {info.max_len}, or serve an export "
-            f"with a larger --max-len",
-            413,
-        )
+    if info.max_len is not None:  # can never succeed: a 4xx, not "try later"
+        try:
+            check_room(info.max_len, p, t, fix="keep p+t within max_len (GET /metadata), or serve a larger --max-len")
+        except CacheFullError as e:
+            raise RequestError(f"p+t = {p}+{t} = {p + t} past and new positions: {e}", 413) from None
     if b * (p + t) > info.max_tokens:
         raise RequestError(
             f"b*(p+t) = {b}*{p + t} cached and new positions; at most {info.max_tokens} per request", 413

@@ -46,6 +46,17 @@ def _buffer_bytes(batch: int, max_len: int, kv_heads: int, d_kv: int, itemsize: 
     return batch * max_len * (kv_heads * d_kv * itemsize + int(key_mask))
 
 
+def check_room(capacity: int, length: int, new: int, *, fix: str) -> None:
+    """The one capacity rule of a static cache, eager, ONNX Runtime and served alike: `length`
+    written positions and `new` ones must fit in `capacity` (max_len); CacheFullError otherwise,
+    naming the numbers and `fix`, before anything is written."""
+    if length + new > capacity:
+        raise CacheFullError(
+            f"a static cache of max_len={capacity} positions cannot take {length} written + {new} new = "
+            f"{length + new}: {fix}"
+        )
+
+
 def check_static_fits(
     spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False, device=None
 ) -> None:
@@ -112,8 +123,7 @@ class StaticCache:
         b, g, p, dk = past_key.shape
         if isinstance(max_len, bool) or not isinstance(max_len, int):
             raise InputTypeError(f"max_len={max_len!r} must be an int")
-        if max_len < p:
-            raise CacheFullError(f"max_len={max_len} cannot hold a past of {p} positions; give max_len >= {p}")
+        check_room(max_len, 0, p, fix=f"give max_len >= {p} for this past")
         need = _buffer_bytes(b, max_len, g, dk + past_value.shape[-1], past_key.element_size(), False)
         _check_bytes_fit(need, b, max_len, past_key.device)  # empty()'s check: a CUDA past against its device
         key = past_key.new_zeros(b, g, max_len, dk)
@@ -237,11 +247,7 @@ def check_static_call(spec: AttentionSpec, x: Tensor, cache: StaticCache, key_ma
             raise InputError(f"cache.{name} has shape {tuple(buf.shape)}; expected (b, g, n, d) = {want}")
         if buf.dtype != x.dtype or buf.device != x.device:
             raise InputTypeError(f"cache.{name} is {buf.dtype} on {buf.device}; x is {x.dtype} on {x.device}")
-    if cache.length + t > cache.capacity:
-        raise CacheFullError(
-            f"the cache holds {cache.length} of {cache.capacity} positions; {t} more do not fit "
-            f"(capacity {cache.capacity}: allocate a larger one with max_len)"
-        )
+    check_room(cache.capacity, cache.length, t, fix="allocate a larger cache with max_len")
     if key_mask is not None:
         want = (b, cache.length + t)
         if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:

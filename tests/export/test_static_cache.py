@@ -59,7 +59,7 @@ def test_eager_static_cache_writes_in_place_and_refuses_past_capacity():
     with torch.no_grad():
         m.decode(torch.randn(2, 6, m.spec.d_model), cache=cache)
         before = cache.key.clone()
-        with pytest.raises(zoo.CacheFullError, match="holds 6 of 8 positions; 3 more do not fit"):
+        with pytest.raises(zoo.CacheFullError, match=r"max_len=8 positions cannot take 6 written \+ 3 new = 9"):
             m.decode(torch.randn(2, 3, m.spec.d_model), cache=cache)
     assert cache.length == 6 and torch.equal(cache.key, before)  # nothing written
     assert cache.key.data_ptr() == key_buffer
@@ -69,7 +69,7 @@ def test_eager_static_cache_writes_in_place_and_refuses_past_capacity():
         m.decode(torch.randn(3, 1, m.spec.d_model), cache=cache)
     with pytest.raises(zoo.InputError, match="max_len=0 must be at least 1"):
         zoo.StaticCache.empty(m.spec, batch=1, max_len=0)
-    with pytest.raises(zoo.CacheFullError, match="max_len=2 cannot hold a past of 6"):
+    with pytest.raises(zoo.CacheFullError, match=r"max_len=2 positions cannot take 0 written \+ 6 new"):
         zoo.StaticCache.from_past(cache.key[:, :, :6], cache.value[:, :, :6], max_len=2)
     with pytest.raises(zoo.InputError, match="decode\\(\\) needs a causal self-attention block"):
         c = create("mha-separate-bias")
@@ -174,7 +174,8 @@ def test_session_static_cache_matches_eager_and_keeps_the_caller_arrays(static_m
     assert k1.shape == (2, m.spec.kv_heads_, 20, m.spec.d_k_)
     np.testing.assert_allclose(k1, pk.numpy(), rtol=1e-4, atol=1e-5)
     with pytest.raises(
-        zoo.CacheFullError, match=r"holds 24 positions \(max_len\); 20 are written and 5 more do not fit"
+        zoo.CacheFullError,
+        match=r"max_len=24 positions cannot take 20 written \+ 5 new = 25: re-export with a larger --max-len",
     ):
         sess.generate_steps(x[:, :5].numpy(), k1, v1)
     assert k1.shape[2] == 20
@@ -192,7 +193,7 @@ def test_session_static_cache_object_steps_rewinds_and_refuses(static_model):
     got = [cache.step(x[:, :4].numpy())] + [cache.step(x[:, i : i + 1].numpy()) for i in range(4, 12)]
     np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), rtol=1e-4, atol=1e-5)
     key_before = cache.key.copy()
-    with pytest.raises(zoo.CacheFullError, match="12 are written and 1 more do not fit"):
+    with pytest.raises(zoo.CacheFullError, match=r"12 written \+ 1 new"):
         cache.step(x[:, :1].numpy())
     assert np.array_equal(cache.key, key_before) and cache.length == 12  # nothing written
     cache.rewind(4)  # decode positions 4.. again from the same prompt: same rows
@@ -236,7 +237,7 @@ def test_cli_static_cache(tmp_path, capsys):
     assert "static cache of capacity 40" in capsys.readouterr().out
     assert main(["run", str(path), "-t", "38", "--steps", "6", "--provider", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "holds 40 positions" in err and "--max-len" in err and "rewind" not in err  # `run` holds no cache
+    assert "max_len=40 positions" in err and "--max-len" in err and "rewind" not in err  # `run` holds no cache
     assert main(["parity", "mistral-7b", "--decode", "--cache", "static", "--lowering", "decomposed", "-q", *sets]) == 0
     out = capsys.readouterr().out
     assert "decode-static" in out and "1 passed, 0 failed" in out
