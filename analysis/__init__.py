@@ -23,7 +23,8 @@ from .scores import (
     scores_from_maps,
 )
 from .store import load, save, weight_path
-from .tasks import TASKS, get_task, train
+from .tasks import TASKS, get_task
+from .training import train
 
 __all__ = [
     "SCORE_NAMES",

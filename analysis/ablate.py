@@ -21,7 +21,8 @@ from torch import nn
 
 from .errors import AnalysisError
 from .importance import evaluate, mask_without
-from .tasks import TRAIN_SEED, Task, train
+from .tasks import Task
+from .training import TRAIN_SEED, train
 
 # latency(blocks, head_masks) -> ms; blocks as Task.attention_blocks gives them.
 # latency([(blocks, head_masks), ...]) -> ms for each request: blocks as Task.attention_blocks
@@ -238,7 +239,7 @@ def _gate_note(task) -> str:
 
 
 def batches_seed_note() -> str:
-    from .tasks import EVAL_SEED
+    from .training import EVAL_SEED
 
     return f"{EVAL_SEED}, never used in training"
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .tasks import EVAL_SEED, Task
+from .tasks import Task
+from .training import EVAL_SEED
 
 
 def _grid(model: nn.Module) -> tuple[int, int]:

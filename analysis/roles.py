@@ -199,7 +199,7 @@ def dates_heads(model, task, *, n: int = 300, seed: int | None = None, batches: 
     head follows the day, on n held-out dates drawn from `seed` (default the evaluation seed)."""
     from .importance import eval_batches
     from .scores import encoder_scores
-    from .tasks import EVAL_SEED
+    from .training import EVAL_SEED
 
     seed = EVAL_SEED if seed is None else seed
     if n < len(dates.FORMATS):

@@ -2,8 +2,7 @@
 
 Each task gives the same handful of things, so importance, pruning and the ablation
 experiments are written once: fresh batches from a seed, a differentiable held-out loss
-under a head_mask (layers h), a metric, and a deterministic training loop (`training.py`;
-`train` and the seeds stay importable from here).
+under a head_mask (layers h), a metric, and the training loop and the seeds live in `training.py`.
 """
 
 from __future__ import annotations
@@ -19,13 +18,10 @@ from torch import Tensor, nn
 from . import dates
 from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
-from .training import EVAL_SEED, TRAIN_SEED, train
 
 __all__ = [
-    "EVAL_SEED",
     "GATES",
     "TASKS",
-    "TRAIN_SEED",
     "DatesTask",
     "InductionTask",
     "Task",
@@ -33,7 +29,6 @@ __all__ = [
     "repeated_block",
     "repeated_span_batch",
     "second_copy_loss",
-    "train",
 ]
 
 

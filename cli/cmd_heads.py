@@ -297,7 +297,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register heads, importance and ablate on the `attnzoo` subparsers."""
-    from analysis.tasks import EVAL_SEED, TASKS
+    from analysis.tasks import TASKS
+    from analysis.training import EVAL_SEED
 
     names = ", ".join(sorted(TASKS))
     examples = number_in(int, 1, below=MAX_EXAMPLES + 1)

@@ -28,7 +28,8 @@ from torch import nn  # noqa: E402
 import zoo  # noqa: E402
 from analysis import load  # noqa: E402
 from analysis.importance import eval_batches  # noqa: E402
-from analysis.tasks import EVAL_SEED, get_task, second_copy_loss  # noqa: E402
+from analysis.tasks import get_task, second_copy_loss  # noqa: E402
+from analysis.training import EVAL_SEED  # noqa: E402
 from export.lowering import export_onnx  # noqa: E402
 from export.names import PRECISIONS  # noqa: E402
 from export.session import OnnxSession  # noqa: E402

@@ -1,6 +1,6 @@
 """Train one of analysis's tiny models and write its weights: python scripts/train_tiny.py NAME.
 
-Deterministic: fixed seed and thread count (analysis.tasks.TRAIN_SEED, the task's threads). The default
+Deterministic: fixed seed and thread count (analysis.training.TRAIN_SEED, the task's threads). The default
 output is models/NAME.pt, the file `analysis.load(NAME)` reads.
 """
 
@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from analysis import store  # noqa: E402
-from analysis.tasks import TASKS, TRAIN_SEED, get_task, train  # noqa: E402
+from analysis.tasks import TASKS, get_task  # noqa: E402
+from analysis.training import TRAIN_SEED, train  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,8 @@ import torch
 import analysis
 from analysis import dates, scores
 from analysis.importance import eval_batches, evaluate, head_importance, mask_without, ranked_heads
-from analysis.tasks import EVAL_SEED, TRAIN_SEED, get_task
+from analysis.tasks import get_task
+from analysis.training import EVAL_SEED, TRAIN_SEED
 
 
 def real(v: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,8 @@ import torch
 import analysis
 from analysis import roles, scores
 from analysis.importance import eval_batches, evaluate, head_importance, mask_without, ranked_heads, remove_half
-from analysis.tasks import EVAL_SEED, get_task
+from analysis.tasks import get_task
+from analysis.training import EVAL_SEED
 
 N_DATES = 300  # held-out dates: 3 points of exact match is 9 dates
 

@@ -9,7 +9,8 @@ import torch
 from analysis import dates
 from analysis.gates import HeadGates, fold
 from analysis.importance import eval_batches, evaluate
-from analysis.tasks import get_task, train
+from analysis.tasks import get_task
+from analysis.training import train
 
 
 def _same_weights(a, b) -> bool:
