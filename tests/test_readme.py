@@ -123,5 +123,5 @@ def test_every_relative_link_resolves(page):
 def test_families_table_is_the_commands():
     from cli.cmd_zoo import families_markdown
 
-    page = REPO / "docs" / "transformers.md"
-    assert families_markdown() in page.read_text(), "docs/transformers.md's families table differs from `attnzoo families`"
+    page = (REPO / "docs" / "transformers.md").read_text()
+    assert families_markdown() in page, "docs/transformers.md's families table differs from `attnzoo families`"

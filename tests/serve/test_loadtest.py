@@ -197,7 +197,8 @@ def _a_killed_replica_is_replaced_and_requests_still_succeed(server, model) -> N
     lv = report["levels"][0]
     assert lv["kill"]["killed"].startswith("SERVE_REPLICA::test-load#")
     # Waited for, not timed: the killer polls the Serve controller for up to a generous ceiling
-    # (serve.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported (docs/serving.md), not asserted.
+    # (serve.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported
+    # (docs/serving.md), not asserted.
     assert lv["kill"]["recovered_s"] is not None, lv["kill"]
     assert lv["good_ok"] >= 0.99 * lv["good"] and lv["good_wrong"] == 0, lv
     assert lv["bad_4xx"] == lv["bad"]
