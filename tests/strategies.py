@@ -4,7 +4,7 @@
 field (a modifier) is added here once and every fuzzer draws it.
 
 Budget: FUZZ_EXAMPLES examples per fuzz test (derandomized, so a CI failure reproduces);
-ATTNZOO_FUZZ_EXAMPLES=500 runs the long version (README, "Tests").
+ATTNZOO_FUZZ_EXAMPLES=500 runs the long version (docs/testing.md, "The fuzzers").
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_a_day_head(report):
 
 def test_the_day_head_finds_the_day_by_content(report):
     """Its target moves with the day: in every format more weight on the day's span than on the
-    places the day has in the other formats (README: 0.70/0.59/0.61 against 0.16/0.15/0.33)."""
+    places the day has in the other formats (docs/heads.md: 0.70/0.59/0.61 against 0.16/0.15/0.33)."""
     assert set(report.day_follows) == set(analysis.dates.FORMATS)
     for fmt, v in report.day_follows.items():
         assert v["span"] > 0.5 and v["span"] > v["elsewhere"] + 0.2, (fmt, v)
@@ -120,7 +120,7 @@ def test_zeroing_one_induction_head_of_the_shared_model_costs_little(shared):
 def test_removing_half_the_heads_of_the_induction_models(name):
     """The gated model: the four least important heads are shut ones, so removing half changes
     nothing. The shared model: every head is open, and removing half costs much more than zeroing
-    one induction head (README: loss 1.04 -> 2.78 against 1.93)."""
+    one induction head (docs/heads.md: loss 1.04 -> 2.78 against 1.93)."""
     model, task = analysis.load(name), get_task(name)
     batches = eval_batches(task, 2, 32, seed=EVAL_SEED)
     importance, _ = head_importance(model, task, batches)

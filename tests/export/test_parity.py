@@ -204,7 +204,7 @@ def test_eager_fp16_is_finite_on_both_paths(exports, scale):
     assert torch.isfinite(attn).all()
 
 
-# Measured on onnxruntime 1.31 CPU (README, "Precision"), x = k * randn, fixed weights and
+# Measured on onnxruntime 1.31 CPU (docs/precision.md, "fp16"), x = k * randn, fixed weights and
 # input: (largest k within tolerance, a k past the limit, what happens there).
 FP16_LIMITS = {
     "decomposed-fp16": (15000.0, 20000.0, "inf"),  # the fp16 projections overflow: fp16's range
@@ -238,7 +238,7 @@ def test_fp16_exports_hold_up_to_their_documented_limit(exports, model):
 @pytest.mark.parametrize("model", sorted(FP16_LIMITS))
 def test_fp16_exports_past_their_limit_fail_as_the_readme_says(exports, model):
     # If this starts failing, ONNX Runtime (or the lowering) changed: move FP16_LIMITS and the
-    # README's precision table with it; don't delete the test.
+    # fp16 table of docs/precision.md with it; don't delete the test.
     _, past, how = FP16_LIMITS[model]
     rel = _fp16_run(exports, model, past)
     if how == "inf":

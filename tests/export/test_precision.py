@@ -4,7 +4,7 @@ transformers-initialised blocks of the families from_hf supports (tests/zoo/test
 
 The default run checks one lowering and one precision per name (rotating), a few decode exports
 and a few transformers families; the rest of the matrix runs under -m slow. Each check prints the
-measured relative L2 error of y (run with -s to collect them: README, "Precision")."""
+measured relative L2 error of y (run with -s to collect them: docs/precision.md, "Error, stated")."""
 
 from __future__ import annotations
 

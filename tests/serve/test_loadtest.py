@@ -2,7 +2,7 @@
 Serve on 127.0.0.1 with malformed requests mixed in and a replica killed mid-run.
 
 The full targets (1,000 requests at concurrency 16, 5% malformed, a replica killed) are measured
-with `attnzoo loadtest` and reported in the README; here the same checks run on ~200 requests.
+with `attnzoo loadtest` and reported in docs/serving.md; here the same checks run on ~200 requests.
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ def _a_killed_replica_is_replaced_and_requests_still_succeed(server, model) -> N
     lv = report["levels"][0]
     assert lv["kill"]["killed"].startswith("SERVE_REPLICA::test-load#")
     # Waited for, not timed: the killer polls the Serve controller for up to a generous ceiling
-    # (serve.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported (README), not asserted.
+    # (serve.loadtest.RECOVER_WITHIN_S, 180 s); how long recovery took is measured and reported
+    # (docs/serving.md), not asserted.
     assert lv["kill"]["recovered_s"] is not None, lv["kill"]
     assert lv["good_ok"] >= 0.99 * lv["good"] and lv["good_wrong"] == 0, lv
     assert lv["bad_4xx"] == lv["bad"]
