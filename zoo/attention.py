@@ -9,6 +9,10 @@
 
 Query head r reads kv head r // (h // g) (blocked GQA, as torch SDPA's enable_gqa).
 A query row with no allowed key gets zero weights and Z = 0, never NaN.
+
+The block holds the projections and one heads step (project, split, modifiers) that `forward` and
+every decode step call; the score math is zoo/attend.py, the caches zoo/cache.py, the input
+checks zoo/inputs.py.
 """
 
 from __future__ import annotations
