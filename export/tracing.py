@@ -11,7 +11,7 @@ from einops import rearrange
 from torch import nn
 
 import zoo
-from zoo.cache import static_step
+from zoo.attention import static_step
 
 from .errors import ExportError
 from .graphs import quiet
@@ -132,7 +132,7 @@ def lower_decode(module, lowering, dtype, with_key_mask):
 
 
 class _StaticDecodeBlock(nn.Module):
-    """zoo.cache.static_step with named inputs: the buffers come back as written copies, which
+    """zoo.attention.static_step with named inputs: the buffers come back as written copies, which
     ONNX Runtime writes in place when the session binds each buffer as input and output."""
 
     def __init__(self, block: zoo.MultiHeadAttention) -> None:

@@ -15,13 +15,15 @@ from .accounting import (
     score_entries,
     stage_shapes,
 )
-from .attention import InputError, MultiHeadAttention, explicit_attention, fused_attention
+from .attend import explicit_attention, fused_attention
+from .attention import MultiHeadAttention
 from .cache import StaticCache
 from .checkpoint import CheckpointError, from_checkpoint
 from .errors import (
     ArgumentError,
     AttnzooError,
     CacheFullError,
+    InputError,
     InputTypeError,
     MissingFileError,
     OutputExistsError,

@@ -17,7 +17,8 @@ from torch import Tensor
 
 from . import modifiers
 from .accounting import count_parameters, parameter_breakdown
-from .attention import MERGE_HEADS, SPLIT_HEADS, MultiHeadAttention
+from .attend import MERGE_HEADS, SPLIT_HEADS
+from .attention import MultiHeadAttention
 from .heads import Projections, get_projections, permute_heads, prune_heads, to_combined, to_separate
 
 ATOL = 1e-10  # float64 throughout; a real bug is off by far more

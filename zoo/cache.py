@@ -1,40 +1,39 @@
-"""A static KV cache: buffers of a fixed capacity written in place, the way a deployed decoder
-keeps its cache (transformers' StaticCache, ONNX Runtime's shared past/present buffer).
+"""KV caches, as the decode step sees them: a small protocol (`KVCache`) and its two kinds.
+
+  GrowingCache   past_key/past_value as a previous call returned them; the present is the past
+                 followed by this call's keys and values (torch.cat copies all of it every step)
+  StaticBuffers  buffers of a fixed capacity written in place, the way a deployed decoder keeps its
+                 cache (transformers' StaticCache, ONNX Runtime's shared past/present buffer);
+                 zoo.StaticCache holds them between eager calls
 
     cache = zoo.StaticCache.empty(block.spec, batch=1, max_len=4096)
     y = block.decode(x, cache=cache)          # writes this call's keys/values at cache.length
 
-One step reads the projection weights and the cache once, and writes only this call's keys and
-values: no per-step copy of the past (`torch.cat` copies all of it every step). The attention
-reads each kv head once: the r = h / g query heads of a group are folded into the query axis,
+A kind says where a call's t positions sit among the keys it reads (`place`: token positions for
+the modifiers, the coordinates the causal rule compares, the key_mask) and stores this call's keys
+and values (`write`). The block does the rest, the same step for both (zoo/attention.py).
 
-    Q (b (g r) t d) -> (b g (r t) d),   scores = Q K^T over (b g (r t) n),
-
-so a kv head is streamed once per step, not once per query head. Positions past the written
-length are hidden by the causal rule in cache-index space, so the buffer's tail is never read
-into a result.
-
-`static_step` is the one function both the eager path and the exported graph run: eager writes
-the buffers in place (`index_copy_`); traced, the write is a functional `index_copy` (ONNX
-ScatterND), which ONNX Runtime performs in place when the session binds the same buffer as the
-cache input and the present output.
+A static step reads the projection weights and the cache once and writes only this call's keys
+and values. Its attention reads each kv head once (zoo.attend.folded_attention), and its causal
+rule compares cache indices, so the buffer's tail past the written length is never read into a
+result. The exported graph runs the same step: eager writes the buffers in place (`index_copy_`);
+traced, the write is a functional scatter (ONNX ScatterElements), which ONNX Runtime performs in
+place when the session binds the same buffer as the cache input and the present output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import torch
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import Tensor
 
+from .attend import key_positions
 from .errors import CacheFullError, InputError, InputTypeError
 from .limits import check_fits
 from .spec import AttentionSpec
-
-MERGE_HEADS = "b h t d -> b t (h d)"
-FOLD = "b (g r) t d -> b g (r t) d"
-UNFOLD = "b g (r t) d -> b (g r) t d"
 
 
 def static_cache_bytes(spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False) -> int:
@@ -140,135 +139,132 @@ class StaticCache:
         """The written positions as (b g length d) views."""
         return self.key[:, :, : self.length], self.value[:, :, : self.length]
 
+    def open(self, t: int, key_mask: Tensor | None) -> StaticBuffers:
+        """The in-place view of one eager call of t positions at `length` (checked: they fit), its
+        key_mask (b, length + t) written into the cache's own; the caller advances `length` after."""
+        p = self.length
+        if key_mask is not None:
+            if self.key_mask is None:  # earlier positions were all real
+                self.key_mask = torch.ones(key_mask.shape[0], self.capacity, dtype=torch.bool, device=key_mask.device)
+            self.key_mask[:, : p + t] = key_mask
+        elif self.key_mask is not None:
+            self.key_mask[:, p : p + t] = True
+        past_len = torch.tensor(p, dtype=torch.long, device=self.key.device)
+        return StaticBuffers(self.key, self.value, past_len, self.key_mask, in_place=True)
 
-def static_step(
-    block,
-    x: Tensor,
-    cache_key: Tensor,
-    cache_value: Tensor,
-    past_len: Tensor,
-    key_mask: Tensor | None = None,
-    *,
-    in_place: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """x (b t c) at cache indices past_len..past_len+t-1 -> y (b t c), the caches with this call's
-    keys and values written (the same tensors when in_place).
 
-    past_len is a 0-d int64 tensor; key_mask (b n) bool over the whole capacity (entries at or
-    past past_len + t are not read).
+# -- the protocol a decode step reads -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one decode call's t positions sit among the s keys it reads.
+
+    q_pos (b|1, t), k_pos (b|1, s): token positions, for the modifiers (RoPE, ALiBi, window).
+    q_at (b|1, t), k_at (b|1, s): what the causal rule compares: token positions in a growing
+      cache; cache indices in a static one, so its unwritten tail is never read.
+    key_mask (b, s) bool or None: the real keys (the key_mask rule); None = all real.
+    index (t) and inside (0-d bool), a static cache's own: the indices this call writes, and, in
+      the exported graph, whether past_len lay inside the buffer (None when checked before).
     """
-    t, n = x.shape[1], cache_key.shape[2]
-    ok = None
-    if not in_place:
-        # The exported graph's guard: another runtime may feed any past_len, and ScatterElements and
-        # Gather read a negative index from the end (past_len = -1 wrote at n - 1). Outside 0..n-t
-        # the indices are moved to 0.. (clipped to n - 1, for t > n) and the write below puts back
-        # what is there: every index stays inside the buffer, whether or not the runtime checks
-        # bounds, and the buffer is unchanged (eager calls are checked before).
-        ok = (past_len >= 0) & (past_len <= n - t)
-        past_len = torch.where(ok, past_len, 0)
-    idx = past_len + torch.arange(t, device=x.device)  # (t) cache indices written by this call
-    if ok is not None:
-        idx = idx.clamp(max=n - 1)
-    j = torch.arange(n, device=x.device)
-    if key_mask is None:
-        k_pos, q_pos = j[None], idx[None]
-    else:
-        k_pos = key_mask.long().cumsum(-1) - 1  # a row's n-th real key sits at position n - 1
-        q_pos = k_pos.index_select(1, idx)
-    q, k, v = block.new_heads(x, q_pos)
-    if in_place:
-        cache_key.index_copy_(2, idx, k)
-        cache_value.index_copy_(2, idx, v)
-    else:  # ONNX ScatterElements on axis 2: no transpose of the cache around the write
+
+    q_pos: Tensor
+    k_pos: Tensor
+    q_at: Tensor
+    k_at: Tensor
+    key_mask: Tensor | None = None
+    index: Tensor | None = None
+    inside: Tensor | None = None
+
+
+class KVCache(Protocol):
+    """One decode call's cache: where its positions sit, and where its keys and values go."""
+
+    # Read each kv head once (zoo.attend.folded_attention), or take the block's own kernel.
+    folded: ClassVar[bool]
+
+    def place(self, t: int, device: torch.device) -> Placement:
+        """Where this call's t new positions sit."""
+        ...
+
+    def write(self, k: Tensor, v: Tensor, at: Placement) -> tuple[Tensor, Tensor]:
+        """Store this call's K (b g t dk), V (b g t dv); returns the keys and values the step reads."""
+        ...
+
+
+@dataclass(frozen=True)
+class GrowingCache:
+    """past_key (b g p dk), past_value (b g p dv) from an earlier call (None: p = 0) and key_mask
+    (b p+t) bool, True = a real key; this call's keys and values are appended (a new present)."""
+
+    past_key: Tensor | None = None
+    past_value: Tensor | None = None
+    key_mask: Tensor | None = None
+    folded: ClassVar[bool] = False
+
+    def place(self, t: int, device: torch.device) -> Placement:
+        p = 0 if self.past_key is None else self.past_key.shape[2]
+        if self.key_mask is None:
+            k_pos = torch.arange(p + t, device=device)[None]
+        else:
+            k_pos = key_positions(self.key_mask)
+        q_pos = k_pos[:, p:]
+        return Placement(q_pos, k_pos, q_pos, k_pos, self.key_mask)
+
+    def write(self, k: Tensor, v: Tensor, at: Placement) -> tuple[Tensor, Tensor]:
+        if self.past_key is not None and self.past_key.shape[2]:
+            k = torch.cat((self.past_key, k), dim=2)
+            v = torch.cat((self.past_value, v), dim=2)
+        return k, v
+
+
+@dataclass(frozen=True)
+class StaticBuffers:
+    """key (b g n dk), value (b g n dv) of capacity n, past_len (0-d int64) positions written, and
+    key_mask (b n) bool over the whole capacity (entries at or past past_len + t are not read).
+
+    in_place: eager, the buffers are written in place (index_copy_) and past_len was checked;
+    otherwise (the exported graph) the write is functional and guards past_len itself.
+    """
+
+    key: Tensor
+    value: Tensor
+    past_len: Tensor
+    key_mask: Tensor | None = None
+    in_place: bool = True
+    folded: ClassVar[bool] = True
+
+    def place(self, t: int, device: torch.device) -> Placement:
+        n, past_len, inside = self.key.shape[2], self.past_len, None
+        if not self.in_place:
+            # The exported graph's guard: another runtime may feed any past_len, and ScatterElements and
+            # Gather read a negative index from the end (past_len = -1 wrote at n - 1). Outside 0..n-t
+            # the indices are moved to 0.. (clipped to n - 1, for t > n) and the write puts back
+            # what is there: every index stays inside the buffer, whether or not the runtime checks
+            # bounds, and the buffer is unchanged (eager calls are checked before).
+            inside = (past_len >= 0) & (past_len <= n - t)
+            past_len = torch.where(inside, past_len, 0)
+        idx = past_len + torch.arange(t, device=device)  # (t) cache indices written by this call
+        if inside is not None:
+            idx = idx.clamp(max=n - 1)
+        q_at, k_at = idx[None], torch.arange(n, device=device)[None]
+        if self.key_mask is None:
+            q_pos, k_pos = q_at, k_at
+        else:
+            k_pos = key_positions(self.key_mask)
+            q_pos = k_pos.index_select(1, idx)
+        return Placement(q_pos, k_pos, q_at, k_at, self.key_mask, idx, inside)
+
+    def write(self, k: Tensor, v: Tensor, at: Placement) -> tuple[Tensor, Tensor]:
+        key, value, idx = self.key, self.value, at.index
+        if self.in_place:
+            key.index_copy_(2, idx, k)
+            value.index_copy_(2, idx, v)
+            return key, value
+        # ONNX ScatterElements on axis 2: no transpose of the cache around the write
         where = rearrange(idx, "t -> 1 1 t 1")
         wk, wv = where.expand_as(k), where.expand_as(v)
         # a bad past_len writes back the t positions' own values (a Gather of t, not a Where of n)
-        k_w = torch.where(ok, k, cache_key.gather(2, wk))
-        v_w = torch.where(ok, v, cache_value.gather(2, wv))
-        cache_key = cache_key.scatter(2, wk, k_w)
-        cache_value = cache_value.scatter(2, wv, v_w)
-    # Causal in cache-index space: a query at index i reads indices <= i, so the unwritten tail
-    # (indices >= past_len + t) is never read. Modifiers add their rules over token positions.
-    allowed = rearrange(j, "n -> 1 1 1 n") <= rearrange(idx, "t -> 1 1 t 1")
-    extra, bias = block.position_scores(q_pos, k_pos, x.dtype)
-    if extra is not None:
-        allowed = allowed & extra
-    if key_mask is not None:
-        allowed = allowed & rearrange(key_mask, "b n -> b 1 1 n")
-    z = folded_attention(block, q, cache_key, cache_value, allowed, bias)
-    return block.out_proj(rearrange(z, MERGE_HEADS)), cache_key, cache_value
-
-
-def folded_attention(block, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, bias: Tensor | None) -> Tensor:
-    """Z (b h t dv) from Q (b h t dk) and K, V (b g n d), reading each kv head once.
-
-    The scores, mask and softmax are written out (as the explicit path): a row with no allowed
-    key gets zero weights and Z = 0.
-    """
-    s = block.spec
-    r, t = s.group_size, q.shape[2]
-    half = q.dtype in (torch.float16, torch.bfloat16)
-    qf = rearrange(q * s.scale_, FOLD, r=r)
-    if half:  # fp16 Q K^T overflows long before the softmax does: scores in fp32 (explicit path's rule)
-        scores = torch.matmul(qf.float(), k.float().transpose(-1, -2))
-    else:
-        scores = torch.matmul(qf, k.transpose(-1, -2))  # (b g (r t) n)
-    for mod in block.mods.values():
-        if mod.needs_explicit:
-            scores = mod.score_map(scores)
-    if bias is not None:
-        scores = scores + _fold_heads(bias, s.heads, r, t).to(scores.dtype)
-    scores = scores.masked_fill(~_fold_heads(allowed, s.heads, r, t), float("-inf"))
-    finfo = torch.finfo(scores.dtype)
-    row_max = scores.amax(dim=-1, keepdim=True).clamp_min(finfo.min)
-    e = torch.exp(scores - row_max)
-    weights = e / e.sum(dim=-1, keepdim=True).clamp_min(finfo.tiny)
-    z = torch.matmul(weights.to(v.dtype), v)  # (b g (r t) dv)
-    return rearrange(z, UNFOLD, r=r)
-
-
-def _fold_heads(m: Tensor, h: int, r: int, t: int) -> Tensor:
-    """A per-head (b|1, h|1, t|1, n) mask or bias in the folded layout (b|1, g|1, (r t), n)."""
-    m = m.expand(m.shape[0], m.shape[1], t, m.shape[3])
-    if m.shape[1] == h:
-        return rearrange(m, FOLD, r=r)
-    return repeat(m, "b 1 t n -> b 1 (r t) n", r=r)
-
-
-def check_static_call(spec: AttentionSpec, x: Tensor, cache: StaticCache, key_mask: Tensor | None) -> None:
-    """Validate an eager decode call against a static cache (shapes, dtype, capacity)."""
-    if not isinstance(cache, StaticCache):
-        raise InputTypeError(f"cache must be a zoo.StaticCache, got {type(cache).__name__}")
-    b, t = x.shape[0], x.shape[1]
-    for name, buf, d in (("key", cache.key, spec.d_k_), ("value", cache.value, spec.d_v_)):
-        want = (b, spec.kv_heads_, cache.capacity, d)
-        if tuple(buf.shape) != want:
-            raise InputError(f"cache.{name} has shape {tuple(buf.shape)}; expected (b, g, n, d) = {want}")
-        if buf.dtype != x.dtype or buf.device != x.device:
-            raise InputTypeError(f"cache.{name} is {buf.dtype} on {buf.device}; x is {x.dtype} on {x.device}")
-    check_room(cache.capacity, cache.length, t, fix="allocate a larger cache with max_len")
-    if key_mask is not None:
-        want = (b, cache.length + t)
-        if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
-            raise InputTypeError(f"key_mask must be a bool torch.Tensor (True = a real key) of shape (b, p+t) = {want}")
-        if tuple(key_mask.shape) != want:
-            raise InputError(f"key_mask has shape {tuple(key_mask.shape)}; expected (b, p+t) = {want}")
-        if key_mask.device != x.device:
-            raise InputTypeError(f"key_mask is on {key_mask.device}; x is on {x.device}")
-
-
-def eager_step(block, x: Tensor, cache: StaticCache, key_mask: Tensor | None) -> Tensor:
-    """block.decode(x, cache=cache): write this call's keys/values in place, advance the length."""
-    check_static_call(block.spec, x, cache, key_mask)
-    p, t = cache.length, x.shape[1]
-    if key_mask is not None:
-        if cache.key_mask is None:  # earlier positions were all real
-            cache.key_mask = torch.ones(x.shape[0], cache.capacity, dtype=torch.bool, device=x.device)
-        cache.key_mask[:, : p + t] = key_mask
-    elif cache.key_mask is not None:
-        cache.key_mask[:, p : p + t] = True
-    past_len = torch.tensor(p, dtype=torch.long, device=x.device)
-    y, _, _ = static_step(block, x, cache.key, cache.value, past_len, cache.key_mask, in_place=True)
-    cache.length = p + t
-    return y
+        k_w = torch.where(at.inside, k, key.gather(2, wk))
+        v_w = torch.where(at.inside, v, value.gather(2, wv))
+        return key.scatter(2, wk, k_w), value.scatter(2, wv, v_w)

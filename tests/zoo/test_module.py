@@ -260,3 +260,40 @@ def test_integer_x_is_told_to_convert_x_not_the_module():
     with pytest.raises(TypeError, match=r"x.to\(torch.float32\)") as ei:
         m(torch.ones(1, 2, 64, dtype=torch.int64))
     assert "module.to" not in str(ei.value)
+
+
+# -- the three kernels and the two kinds of cache share one score path ---------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_folded_kernel_is_the_explicit_kernel_over_repeated_kv_heads(dtype):
+    from zoo.attend import explicit_attention, folded_attention, repeat_kv
+
+    torch.manual_seed(0)
+    b, h, g, t, n, d = 2, 6, 2, 3, 7, 8
+    q, k, v = torch.randn(b, h, t, d), torch.randn(b, g, n, d), torch.randn(b, g, n, d)
+    q, k, v = (a.to(dtype) for a in (q, k, v))
+    allowed = torch.rand(b, 1, t, n) > 0.3
+    allowed[0, 0, -1] = False  # a query with no allowed key: Z = 0
+    bias = torch.randn(1, h, t, n, dtype=dtype)
+
+    def cap(scores):
+        return 5 * torch.tanh(scores / 5)
+
+    z_fold = folded_attention(q, k, v, 0.3, allowed, bias, score_map=cap)
+    z_exp, _ = explicit_attention(q, repeat_kv(k, h // g), repeat_kv(v, h // g), 0.3, allowed, bias, score_map=cap)
+    tol = 1e-12 if dtype == torch.float64 else 1e-3  # matmul and einsum sum in their own orders
+    torch.testing.assert_close(z_fold, z_exp, rtol=tol, atol=tol)
+    assert (z_fold[0, :, -1] == 0).all()
+
+
+def test_both_kinds_of_cache_place_a_left_padded_prompt_at_the_same_positions():
+    from zoo.cache import GrowingCache, StaticBuffers
+
+    key_mask = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
+    grow = GrowingCache(key_mask=key_mask).place(5, torch.device("cpu"))
+    buffers = torch.zeros(2, 1, 8, 4)
+    full = torch.cat((key_mask, torch.zeros(2, 3, dtype=torch.bool)), 1)
+    static = StaticBuffers(buffers, buffers, torch.tensor(0), full).place(5, torch.device("cpu"))
+    assert torch.equal(grow.q_pos, static.q_pos) and torch.equal(grow.q_pos[0], torch.tensor([-1, -1, 0, 1, 2]))
+    assert torch.equal(static.index, torch.arange(5)) and static.k_at.shape == (1, 8)
