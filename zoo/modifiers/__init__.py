@@ -35,10 +35,9 @@ same tensor (0..t-1 unless the caller gives `positions`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch import nn
 
+from ..spec_fields import SpecFields
 from .alibi import ALiBi, alibi_slopes
 from .base import (
     Modifier,
@@ -53,9 +52,6 @@ from .qk_norm import QK_NORMS, QKNorm, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
 
 __all__ = [
     "MODIFIERS",
@@ -88,20 +84,20 @@ __all__ = [
 MODIFIERS: tuple[type[Modifier], ...] = (ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
 
 
-def check_spec(spec: AttentionSpec) -> None:
+def check_spec(spec: SpecFields) -> None:
     for mod in MODIFIERS:
         mod.check(spec)
 
 
-def active(spec: AttentionSpec) -> list[type[Modifier]]:
+def active(spec: SpecFields) -> list[type[Modifier]]:
     return [mod for mod in MODIFIERS if mod.active(spec)]
 
 
-def parameters_added(spec: AttentionSpec) -> int:
+def parameters_added(spec: SpecFields) -> int:
     return sum(mod.parameters_added(spec) for mod in MODIFIERS)
 
 
-def prune_refusal(spec: AttentionSpec) -> PruneRefusal | None:
+def prune_refusal(spec: SpecFields) -> PruneRefusal | None:
     """The first active modifier's reason why prune_heads cannot apply to `spec`, or None."""
     for mod in active(spec):
         refusal = mod.prune_refusal(spec)
@@ -110,6 +106,6 @@ def prune_refusal(spec: AttentionSpec) -> PruneRefusal | None:
     return None
 
 
-def build(spec: AttentionSpec) -> nn.ModuleDict:
+def build(spec: SpecFields) -> nn.ModuleDict:
     """The block's modifier modules, keyed by name, in order of application."""
     return nn.ModuleDict({mod.name: mod(spec) for mod in active(spec)})

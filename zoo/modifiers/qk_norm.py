@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, PruneRefusal, is_number, take_blocks
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
 
 QK_NORMS = ("head", "full")
 
@@ -37,24 +35,24 @@ class QKNorm(Modifier):
     name = "qk_norm"
     fields = ("qk_norm", "qk_norm_eps")
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__(spec)
         wq, wk = self.widths(spec)
         self.q_norm = nn.Parameter(torch.ones(wq))
         self.k_norm = nn.Parameter(torch.ones(wk))
 
     @staticmethod
-    def widths(spec: AttentionSpec) -> tuple[int, int]:
+    def widths(spec: SpecFields) -> tuple[int, int]:
         if spec.qk_norm == "head":
             return spec.d_k_, spec.d_k_
         return spec.heads * spec.d_k_, spec.kv_heads_ * spec.d_k_
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.qk_norm is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
             raise SpecError(f"qk_norm={spec.qk_norm!r} is not one of None, 'head' (per head over d_k), 'full' (h*d_k)")
         eps = spec.qk_norm_eps
@@ -62,16 +60,16 @@ class QKNorm(Modifier):
             raise SpecError(f"qk_norm_eps={eps!r} must be a number in (0, 1] (e.g. 1e-6)")
 
     @classmethod
-    def parameters_added(cls, spec: AttentionSpec) -> int:
+    def parameters_added(cls, spec: SpecFields) -> int:
         return sum(cls.widths(spec)) if cls.active(spec) else 0
 
     @classmethod
-    def parameters_label(cls, spec: AttentionSpec) -> str:
+    def parameters_label(cls, spec: SpecFields) -> str:
         wq, wk = cls.widths(spec)
         return f"qk-norm weights ({spec.qk_norm}: {wq} + {wk})"
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"qk-norm={spec.qk_norm}"
 
     def qk_merged(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -97,7 +95,7 @@ class QKNorm(Modifier):
 
     @classmethod
     def select_heads(
-        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+        cls, spec: SpecFields, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
     ) -> dict[str, Any]:
         if spec.qk_norm != "full":  # "head": one weight (d_k) shared by every head
             return dict(state)
@@ -107,7 +105,7 @@ class QKNorm(Modifier):
         }
 
     @classmethod
-    def prune_refusal(cls, spec: AttentionSpec) -> PruneRefusal | None:
+    def prune_refusal(cls, spec: SpecFields) -> PruneRefusal | None:
         if spec.qk_norm != "full":
             return None
         return PruneRefusal(
@@ -150,11 +148,11 @@ class QKNorm(Modifier):
         )
 
     @classmethod
-    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         return cls.reference(spec, q, k, p.q_norm, p.k_norm)
 
     @staticmethod
-    def reference(spec: AttentionSpec, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
+    def reference(spec: SpecFields, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
         """Q (b h t dk), K (b g s dk) per head, written out: each row divided by its RMS."""
         eps = spec.qk_norm_eps
 

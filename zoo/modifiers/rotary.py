@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, is_number, relative_positions_audit
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
 
 
 class Rotary(Modifier):
@@ -31,7 +29,7 @@ class Rotary(Modifier):
     HALVES = "... (r n) -> ... n r"  # r = 2: first half, second half
     PAIRS = "... (n r) -> ... n r"  # r = 2: adjacent pairs
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__(spec)
         self.dim = self.rotated(spec)
         # fp32 always, as transformers computes the angles: a plain attribute, not a buffer, so that
@@ -40,22 +38,22 @@ class Rotary(Modifier):
         self.inv_freq = self.frequencies(spec)
 
     @staticmethod
-    def rotated(spec: AttentionSpec) -> int:
+    def rotated(spec: SpecFields) -> int:
         return spec.rope_dim if spec.rope_dim is not None else spec.d_k_
 
     @staticmethod
-    def frequencies(spec: AttentionSpec) -> Tensor:
+    def frequencies(spec: SpecFields) -> Tensor:
         """theta^(-2i/rope_dim) / rope_scale for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
         rd = Rotary.rotated(spec)
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
         return inv_freq if spec.rope_scale is None else inv_freq / spec.rope_scale
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.rope_theta is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         if not isinstance(spec.rope_interleaved, bool):
             raise SpecError(f"rope_interleaved={spec.rope_interleaved!r} must be True or False")
         if spec.rope_theta is None:
@@ -86,7 +84,7 @@ class Rotary(Modifier):
             raise SpecError(f"rotary positions rotate pairs: d_k={spec.d_k_} is odd; set rope_dim to an even width")
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         rd = cls.rotated(spec)
         part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
         scale = f", positions/{spec.rope_scale:g}" if spec.rope_scale is not None else ""
@@ -134,11 +132,11 @@ class Rotary(Modifier):
         )
 
     @classmethod
-    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         return cls.reference(spec, q, pos), cls.reference(spec, k, pos)
 
     @staticmethod
-    def reference(spec: AttentionSpec, x: Tensor, pos: Tensor) -> Tensor:
+    def reference(spec: SpecFields, x: Tensor, pos: Tensor) -> Tensor:
         """x (b n t d) rotated pair by pair, written out (no einops); angles, cos and sin in fp32
         as transformers computes them, the rotation itself in x's dtype."""
         rd = Rotary.rotated(spec)

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, is_number, relative_distance
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
 
 
 class Window(Modifier):
@@ -28,11 +24,11 @@ class Window(Modifier):
     shapes_scores = True
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.window is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         w = spec.window
         if w is None:
             return
@@ -45,11 +41,11 @@ class Window(Modifier):
             )
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"window={spec.window}" if spec.causal else f"window={spec.window} (symmetric)"
 
     @classmethod
-    def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
+    def reference_allowed(cls, spec: SpecFields, t: int, s: int) -> Tensor | None:
         cells = torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
         return cells if spec.causal else cells.tril(spec.window - 1)
 
@@ -115,17 +111,17 @@ class Softcap(Modifier):
     needs_explicit = True  # SDPA has no hook for a nonlinear map of the scores
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.softcap is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         c = spec.softcap
         if c is not None and (not is_number(c) or not 0 < c <= 1e4):
             raise SpecError(f"softcap={c!r} must be a number in (0, 1e4] (Gemma-2 uses 50.0) or None")
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"softcap={spec.softcap:g}"
 
     def score_map(self, scores: Tensor) -> Tensor:
@@ -133,7 +129,7 @@ class Softcap(Modifier):
         return torch.tanh(scores / cap) * cap
 
     @classmethod
-    def reference_map(cls, spec: AttentionSpec, scores: Tensor) -> Tensor:
+    def reference_map(cls, spec: SpecFields, scores: Tensor) -> Tensor:
         return spec.softcap * torch.tanh(scores / spec.softcap)
 
     @classmethod
