@@ -21,13 +21,17 @@ Each modifier is one class that says everything about itself:
     reference_*     the same math written independently (plain loops, float64) for the audit:
                       reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed
     audit           its own property check, as an audit step
+    gqa_*           what it adds to the hand-built GroupQueryAttention graph (graph.py): nodes on the
+                    projected Q/K/V, attributes and inputs of the op, an attention_bias term, a term of
+                    the allowed-keys rule after the op, or `gqa_refusal` (the ort-gqa record reads it)
 
-What a lowering cannot express for a modifier lives on the export side, in each lowering's
-record (export/lowerings/), keyed by the modifier's `name`: zoo knows nothing of ONNX.
+zoo imports no onnx: the graph pieces are ONNX op types as strings, written through the builder that
+export/gqa.py passes in (`graph.GraphBuilder`). What a traced lowering cannot express for a modifier
+lives in that lowering's record (export/lowerings/), keyed by the modifier's `name`.
 
-One module per family: `base` (the protocol, shared helpers), `clip`, `qk_norm`, `rotary`, `alibi`,
-`relative` (T5's buckets), `scores` (window, softcap); this package lists them in order of application and re-exports
-every name, so `from zoo.modifiers import X` reaches all of them.
+One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
+`clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets), `scores` (window, softcap); this package
+lists them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -48,6 +52,7 @@ from .base import (
     take_blocks,
 )
 from .clip import ClipQKV
+from .graph import GraphBuilder, GraphLimit, OpPart, per_head
 from .qk_norm import QK_NORMS, QKNorm, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
@@ -58,7 +63,10 @@ __all__ = [
     "QK_NORMS",
     "ALiBi",
     "ClipQKV",
+    "GraphBuilder",
+    "GraphLimit",
     "Modifier",
+    "OpPart",
     "PruneRefusal",
     "QKNorm",
     "RelativeBuckets",
@@ -71,6 +79,7 @@ __all__ = [
     "check_spec",
     "is_number",
     "parameters_added",
+    "per_head",
     "prune_refusal",
     "relative_bucket",
     "relative_distance",

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, relative_distance, relative_positions_audit, take_blocks
+from .graph import GraphBuilder
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -71,6 +72,12 @@ class ALiBi(Modifier):
         rel = (-relative_distance(q_pos, k_pos)).to(torch.float32)  # j - i
         dist = rel if self.spec.causal else -rel.abs()
         return (rearrange(self.slopes, "h -> 1 h 1 1") * dist).to(dtype)
+
+    def gqa_bias(self, g: GraphBuilder) -> str | None:
+        slopes = g.const(rearrange(self.slopes, "h -> 1 h 1 1"), "alibi_slopes", "float32")
+        rel = g.op("Unsqueeze", g.distance(), g.const([1], "i", "int64"))  # i - j: (b|1, 1, t, s)
+        dist = g.op("Neg", rel if self.spec.causal else g.op("Abs", rel))  # j - i, or -|i - j|
+        return g.op("Mul", slopes, dist)
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:

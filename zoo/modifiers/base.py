@@ -13,6 +13,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..spec_fields import SpecFields
+from .graph import GraphBuilder, GraphLimit, OpPart
 
 
 def take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -> Tensor | None:
@@ -99,6 +100,34 @@ class Modifier(nn.Module):
     def score_map(self, scores: Tensor) -> Tensor:
         """A pointwise map of the scaled scores, before any bias or mask."""
         return scores
+
+    # -- the hand-built GroupQueryAttention graph (graph.py; nothing unless overridden) ---------------
+
+    # What the graph cannot carry of this modifier, in a few words; None: it carries every value.
+    gqa_limit: ClassVar[GraphLimit | None] = None
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        """Why the hand-built graph cannot carry this modifier under `spec`, or None (it can); by
+        default the limit's text where the limit holds whatever the values."""
+        limit = cls.gqa_limit
+        return limit.text if limit is not None and limit.always else None
+
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        """Nodes on Q (b t (h dk)), K (b t (g dk)), V (b t (g dv)) as projected (bias added), before the op."""
+        return q, k, v
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        """Attributes and inputs of the GroupQueryAttention node."""
+        return OpPart()
+
+    def gqa_bias(self, g: GraphBuilder) -> str | None:
+        """A term of the op's attention_bias, float32 (b|1, h|1, t, s); None = nothing."""
+        return None
+
+    def gqa_allowed(self, g: GraphBuilder) -> str | None:
+        """A term of the allowed-keys rule after the op, bool (b|1, t, s); None = no opinion."""
+        return None
 
     # -- head state (zoo/heads.py) ------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, is_number
+from .graph import GraphBuilder
 
 
 class ClipQKV(Modifier):
@@ -35,6 +36,11 @@ class ClipQKV(Modifier):
     def qkv_projected(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = float(self.spec.clip_qkv)
         return q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        c = float(self.spec.clip_qkv)
+        lo, hi = g.const(-c, "clip_lo"), g.const(c, "clip_hi")
+        return g.op("Clip", q, lo, hi), g.op("Clip", k, lo, hi), g.op("Clip", v, lo, hi)
 
     @classmethod
     def reference_qkv(cls, spec: SpecFields, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, PruneRefusal, is_number, take_blocks
+from .graph import GraphBuilder, per_head
 
 QK_NORMS = ("head", "full")
 
@@ -23,6 +24,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     # RMSNormalization node whose fp16 output type fails onnx's checker.
     y = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.to(y.dtype)).to(x.dtype)
+
+
+def graph_rms_norm(g: GraphBuilder, x: str, weight: Tensor, eps: float) -> str:
+    """rms_norm as graph nodes over x's last axis, in fp32 for a half-precision graph."""
+    xf = g.cast(x, "float32") if g.dtype != "float32" else x
+    ms = g.op("ReduceMean", g.op("Mul", xf, xf), g.const([-1], "i", "int64"), keepdims=1)
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(eps, "eps", "float32"))))
+    y = g.op("Mul", g.op("Mul", xf, inv), g.const(weight, "norm_w", "float32"))
+    return g.cast(y, g.dtype) if g.dtype != "float32" else y
 
 
 class QKNorm(Modifier):
@@ -83,6 +93,14 @@ class QKNorm(Modifier):
             return q, k
         eps = self.spec.qk_norm_eps
         return rms_norm(q, self.q_norm, eps), rms_norm(k, self.k_norm, eps)
+
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        spec, eps = self.spec, self.spec.qk_norm_eps
+        if spec.qk_norm == "full":
+            return graph_rms_norm(g, q, self.q_norm, eps), graph_rms_norm(g, k, self.k_norm, eps), v
+        q = per_head(g, q, spec.heads, lambda t: graph_rms_norm(g, t, self.q_norm, eps))
+        k = per_head(g, k, spec.kv_heads_, lambda t: graph_rms_norm(g, t, self.k_norm, eps))
+        return q, k, v
 
     state_fields = ("q_norm", "k_norm")
 

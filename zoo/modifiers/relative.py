@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, relative_distance, relative_positions_audit, take_blocks
+from .graph import GraphLimit
 
 
 def relative_bucket(rel: Tensor, *, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
@@ -104,6 +105,19 @@ class RelativeBuckets(Modifier):
     def describe(cls, spec: SpecFields) -> str:
         way = "causal" if spec.causal else "bidirectional"
         return f"rel-buckets({spec.rel_buckets}, max_distance={spec.rel_max_distance}, {way})"
+
+    gqa_limit = GraphLimit(
+        "the hand-built GroupQueryAttention graph (export/gqa.py) does not build T5's bucketed bias; "
+        "use a traced lowering",
+        always=True,
+    )
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        return (
+            f"the hand-built GroupQueryAttention graph has no T5 relative-bucket bias "
+            f"(rel_buckets={spec.rel_buckets}): T5's bucketed bias needs a traced lowering"
+        )
 
     def buckets(self, rel: Tensor) -> Tensor:
         s = self.spec

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, is_number, relative_positions_audit
+from .graph import GraphBuilder, GraphLimit, OpPart
 
 
 class Rotary(Modifier):
@@ -109,6 +110,30 @@ class Rotary(Modifier):
         cq, sq = self.cos_sin(q_pos, q.dtype)
         ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, k.dtype)
         return self.rotate(q, cq, sq), self.rotate(k, ck, sk)
+
+    # GroupQueryAttention rotates inside the op from cos/sin caches (s, rope_dim / 2), whose width its
+    # kernel wants a multiple of 8.
+    gqa_limit = GraphLimit("rope_dim / 2 a multiple of 8")
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        rd = cls.rotated(spec)
+        if (rd // 2) % 8:
+            return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
+        return None
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        """do_rotary with caches for the positions 0..s-1, from the block's fp32 frequencies."""
+        angles = g.op(
+            "Mul",
+            g.op("Unsqueeze", g.positions(), g.const([1], "i", "int64")),
+            g.const(self.inv_freq, "inv_freq", "float32"),
+        )
+        cos, sin = g.op("Cos", angles), g.op("Sin", angles)  # (s, rope_dim / 2): the kernel's caches
+        if g.dtype != "float32":
+            cos, sin = g.cast(cos, g.dtype), g.cast(sin, g.dtype)
+        attributes = {"do_rotary": 1, "rotary_interleaved": int(self.spec.rope_interleaved)}
+        return OpPart(attributes, {"cos_cache": cos, "sin_cache": sin})
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, is_number, relative_distance
+from .graph import GraphBuilder, GraphLimit, OpPart
 
 
 class Window(Modifier):
@@ -48,6 +49,22 @@ class Window(Modifier):
     def reference_allowed(cls, spec: SpecFields, t: int, s: int) -> Tensor | None:
         cells = torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
         return cells if spec.causal else cells.tril(spec.window - 1)
+
+    # GroupQueryAttention's local_window_size = W attends to W keys, itself included (measured): the
+    # zoo's window, looking back only.
+    gqa_limit = GraphLimit("causal only (local_window_size looks back)")
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        if not spec.causal:
+            return f"GroupQueryAttention's local_window_size looks back only; window={spec.window} is symmetric here"
+        return None
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        return OpPart({"local_window_size": self.spec.window})
+
+    def gqa_allowed(self, g: GraphBuilder) -> str | None:
+        return g.op("Less", g.distance(), g.const(float(self.spec.window), "window", "float32"))
 
     def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         d = relative_distance(q_pos, k_pos)
@@ -123,6 +140,9 @@ class Softcap(Modifier):
     @classmethod
     def describe(cls, spec: SpecFields) -> str:
         return f"softcap={spec.softcap:g}"
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        return OpPart({"softcap": float(self.spec.softcap)})  # applied before attention_bias (measured)
 
     def score_map(self, scores: Tensor) -> Tensor:
         cap = self.spec.softcap
