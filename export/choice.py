@@ -112,7 +112,7 @@ _UNKNOWN = {
     for lw in order
 } - set(RECORDS)
 if _UNKNOWN:  # a preference names only records (export/lowerings/)
-    raise ImportError(f"export/choice.py's preference tables name {sorted(_UNKNOWN)}, which no record is")
+    raise ExportError(f"export/choice.py's preference tables name {sorted(_UNKNOWN)}, which no record is")
 
 
 def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow") -> tuple[str, ...]:

@@ -58,6 +58,7 @@ GQA_INPUTS = (
     "position_ids",
     "attention_bias",
 )
+MODIFIER_INPUTS = ("cos_cache", "sin_cache", "position_ids")  # the rest are the block's (attention_bias: a sum)
 
 
 def why_not(
@@ -157,19 +158,30 @@ def _linear(g: _Graph, x: str, w, b, hint: str, out: str | None = None) -> str:
     return g.op("Add", y, g.const(b, hint + "_b"), name=out) if b is not None else y
 
 
-def _op_parts(mods: list[zoo.modifiers.Modifier], g: _Graph) -> tuple[dict[str, Any], dict[str, str]]:
-    """The modifiers' attributes and inputs of the op, merged; two that set one name are refused."""
-    attrs: dict[str, Any] = {}
+def _op_parts(
+    mods: list[zoo.modifiers.Modifier], g: _Graph, block: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The block's attributes of the op and the modifiers' attributes and inputs, merged; a name set
+    twice, or an input the op does not have, is refused."""
+    attrs: dict[str, Any] = dict(block)
     inputs: dict[str, str] = {}
+    owner = {("attribute", key): "the block" for key in block}
+    owner.update({("input", key): "the block" for key in GQA_INPUTS if key not in MODIFIER_INPUTS})
     for mod in mods:
         part: OpPart = mod.gqa_op(g)
         for kind, have, new in (("attribute", attrs, part.attributes), ("input", inputs, part.inputs)):
             for key, value in new.items():
-                if key in have or (kind == "input" and key not in GQA_INPUTS):
+                if (kind, key) in owner:
                     raise ExportError(
-                        f"modifier {mod.name!r} sets GroupQueryAttention {kind} {key!r}, which is taken or not one "
-                        f"of the op's; a modifier's gqa_op must set its own"
+                        f"modifier {mod.name!r} sets GroupQueryAttention {kind} {key!r}, which {owner[kind, key]} "
+                        f"sets; each modifier's gqa_op must set its own"
                     )
+                if kind == "input" and key not in GQA_INPUTS:
+                    raise ExportError(
+                        f"modifier {mod.name!r} sets GroupQueryAttention input {key!r}, which is not one of "
+                        f"{', '.join(GQA_INPUTS)}"
+                    )
+                owner[kind, key] = f"modifier {mod.name!r}"
                 have[key] = value
     return attrs, inputs
 
@@ -235,8 +247,7 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         q_pos = last_t(k_pos) if decode else k_pos
     g.place(all_pos, q_pos, k_pos)
 
-    attrs, op_inputs = _op_parts(mods, g)
-    attrs.update(num_heads=h, kv_num_heads=kv, scale=float(spec.scale_))
+    attrs, op_inputs = _op_parts(mods, g, {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)})
 
     # attention_bias (b|1, h|1, t, s): the modifiers' terms, and the user mask as 0 / -inf.
     bias = None
