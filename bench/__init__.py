@@ -7,10 +7,9 @@ For every shape (b, t) in batch x seq, every path that can express the spec runs
 
     eager-explicit       zoo block, fused=False (einsum scores, written-out softmax, einsum)
     eager-sdpa           zoo block, fused=True (F.scaled_dot_product_attention): the baseline
-    ort-decomposed       export lowering "decomposed" under ONNX Runtime
-    ort-onnx-attention   export lowering "onnx-attention" (the standard Attention op)
-    ort-mha              export lowering "ort-mha" (com.microsoft MultiHeadAttention)
-    ort-gqa              export lowering "ort-gqa" (com.microsoft GroupQueryAttention; causal only)
+    ort-<lowering>       one export lowering under ONNX Runtime, a path per record in export/lowerings/
+                         (jobs.PATHS: ort-decomposed, ort-onnx-attention, ort-mha, ort-gqa; a lowering
+                         named ort-* keeps its name), where that lowering can express the spec
 
 Each (path, shape) runs in its own fresh subprocess (`python -m bench --worker JOB`),
 so its memory is measured in isolation, and is timed in that same subprocess:

@@ -7,12 +7,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import zoo
+from export.lowerings import LOWERING_LIST
 
-PATHS = ("eager-explicit", "eager-sdpa", "ort-decomposed", "ort-onnx-attention", "ort-mha", "ort-gqa")
+
+def ort_path(lowering: str) -> str:
+    """The benchmark's path of a lowering under ONNX Runtime: "ort-" and its name, which an "ort-" name already is."""
+    return lowering if lowering.startswith("ort-") else f"ort-{lowering}"
 
 
-# path -> lowering: "ort-decomposed" runs lowering "decomposed"; "ort-mha" and "ort-gqa" keep their names
-LOWERING_OF = {p: p if p in ("ort-mha", "ort-gqa") else p[len("ort-") :] for p in PATHS if p.startswith("ort-")}
+# path -> lowering, one ONNX Runtime path per record (export/lowerings/), in the records' order.
+LOWERING_OF = {ort_path(lw.name): lw.name for lw in LOWERING_LIST}
+
+
+PATHS = ("eager-explicit", "eager-sdpa", *LOWERING_OF)
 
 
 BASELINE = "eager-sdpa"
@@ -97,18 +104,18 @@ TEMP_PREFIX = "attnzoo-"  # bench and roofline folders in the system temp dir
 
 
 # The per-token decode benchmark (bench/decode.py): its paths share BASELINE and LOWERING_OF.
-DECODE_PATHS = (
-    "eager-sdpa",
-    "eager-static",
-    "transformers-static",
-    "ort-decomposed",
-    "ort-decomposed-static",
-    "ort-onnx-attention",
-    "ort-mha",
-    "ort-gqa",
-    "ort-gqa-static",
-)
 EAGER_DECODE_PATHS = ("eager-sdpa", "eager-static", "transformers-static")  # measured in torch
+
+
+def _decode_paths(path: str, static: bool) -> tuple[str, ...]:
+    """A lowering's decode paths: its growing cache, and "-static" beside it where it keeps a static one."""
+    return (path, f"{path}-static") if static else (path,)
+
+
+DECODE_PATHS = (
+    *EAGER_DECODE_PATHS,
+    *(p for lw in LOWERING_LIST for p in _decode_paths(ort_path(lw.name), lw.static_cache is None)),
+)
 # An ONNX decode path -> (lowering, cache kind).
 DECODE_EXPORTS = {
     path: (LOWERING_OF[path.removesuffix("-static")], "static" if path.endswith("-static") else "grow")

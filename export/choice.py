@@ -1,12 +1,17 @@
 """Which lowering: what each can express for a request (`why_not`, read from the records in
-export/lowerings/), and the measured order `auto` tries them in, per provider and kind of block."""
+export/lowerings/), and the measured order `auto` tries them in, per provider and kind of block.
+
+The preference tables hold only orders, as measured (CUDA: one expected order per table until a GPU
+measures the kinds apart); what a lowering can do comes from its record (a static cache's candidates
+are the tables' lowerings whose record keeps one). A lowering no measurement has placed has no row,
+and `auto` does not take it."""
 
 from __future__ import annotations
 
 import zoo
 
 from .errors import ExportError
-from .lowerings import record
+from .lowerings import RECORDS, record
 from .names import DEVICES
 
 # Which lowering "auto" takes, fastest first, per provider and per kind of request, from
@@ -20,8 +25,7 @@ AUTO_PREFERENCE = {
     ("cpu", "unmasked"): ("ort-mha", "onnx-attention", "decomposed"),
     ("cpu", "masked"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
     # Not yet measured on a GPU: ORT's fused CUDA kernels first, on the design's expectation.
-    ("cuda", "unmasked"): ("ort-mha", "onnx-attention", "decomposed"),
-    ("cuda", "masked"): ("ort-mha", "onnx-attention", "decomposed"),
+    **dict.fromkeys((("cuda", "unmasked"), ("cuda", "masked")), ("ort-mha", "onnx-attention", "decomposed")),
 }
 TARGETS = DEVICES  # the providers lowering="auto" can optimise for
 
@@ -72,8 +76,7 @@ def why_not(
 DECODE_PREFERENCE = {
     ("cpu", "gqa"): ("ort-gqa", "onnx-attention", "decomposed", "ort-mha"),
     ("cpu", "mha"): ("onnx-attention", "ort-gqa", "decomposed", "ort-mha"),
-    ("cuda", "gqa"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
-    ("cuda", "mha"): ("ort-gqa", "onnx-attention", "ort-mha", "decomposed"),
+    **dict.fromkeys((("cuda", "gqa"), ("cuda", "mha")), ("ort-gqa", "onnx-attention", "ort-mha", "decomposed")),
 }
 
 
@@ -98,24 +101,27 @@ def decode_cache(provider: str, lowering: str, max_len: int | None) -> str:
 # on the CPU the folded decomposed graph reads each kv head once, GroupQueryAttention's kernel once per
 # query head (GQA block, past 16384: 12.9 against 27.3 ms at B 1, 83 against 151 ms at B 8); the op
 # reads only the written prefix, so it wins at short pasts (past 128: 2.8 against 3.2 ms), and with one
-# kv head per query head the two are within 15% either way. CUDA: not measured; the shared buffer is
-# ORT's own decode design there.
-STATIC_DECODE_PREFERENCE = {
-    ("cpu", "gqa"): ("decomposed", "ort-gqa"),
-    ("cpu", "mha"): ("decomposed", "ort-gqa"),
-    ("cuda", "gqa"): ("ort-gqa", "decomposed"),
-    ("cuda", "mha"): ("ort-gqa", "decomposed"),
-}
+# kv head per query head the two are within 15% either way, so one order serves both kinds of block.
+# CUDA: not measured; the shared buffer is ORT's own decode design there.
+STATIC_DECODE_PREFERENCE = {"cpu": ("decomposed", "ort-gqa"), "cuda": ("ort-gqa", "decomposed")}
+
+_UNKNOWN = {
+    lw
+    for table in (AUTO_PREFERENCE, DECODE_PREFERENCE, STATIC_DECODE_PREFERENCE)
+    for order in table.values()
+    for lw in order
+} - set(RECORDS)
+if _UNKNOWN:  # a preference names only records (export/lowerings/)
+    raise ExportError(f"export/choice.py's preference tables name {sorted(_UNKNOWN)}, which no record is")
 
 
 def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow") -> tuple[str, ...]:
     """The lowerings "auto" tries for a decode model, in order (a static cache: those that keep one)."""
     if provider not in TARGETS:
         raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
-    kind = (provider, "gqa" if spec.group_size > 1 else "mha")
     if cache == "static":
-        return tuple(lw for lw in STATIC_DECODE_PREFERENCE[kind] if record(lw).static_cache is None)
-    return DECODE_PREFERENCE[kind]
+        return tuple(lw for lw in STATIC_DECODE_PREFERENCE[provider] if record(lw).static_cache is None)
+    return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
 
 
 def decode_why_not(spec: zoo.AttentionSpec) -> str | None:

@@ -124,9 +124,12 @@ def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
 
 
 def chunks_one_row_at_a_time(sess: OnnxSession) -> bool:
-    """Whether `sess` must run a chunk (t > 1) after a past one row at a time: the ort-gqa
-    lowering, whose GroupQueryAttention takes b > 1 only for a prompt or a single token."""
-    return sess.metadata.get("attnzoo.lowering") == "ort-gqa"
+    """Whether `sess` must run a chunk (t > 1) after a past one row at a time: its lowering's record
+    says so (ort-gqa: GroupQueryAttention takes b > 1 only for a prompt or a single token)."""
+    from .lowerings import RECORDS
+
+    rec = RECORDS.get(sess.metadata.get("attnzoo.lowering", ""))
+    return rec is not None and not rec.batched_chunks
 
 
 def _run(sess: OnnxSession, x, pk, pv, km) -> list[np.ndarray]:

@@ -5,28 +5,31 @@ transformers' graphs (with a KV cache), not a zoo block, so the graph is written
 the block's weights, with the axis vocabulary as dim names:
 
     x (b t c) -> MatMul(+bias) -> Q (b t (h dk)), K (b t (g dk)), V (b t (g dv))
-              -> Clip(-c, c) for clip_qkv -> QK-norm (plain ops, fp32 for half inputs)
-              -> GroupQueryAttention(num_heads=h, kv_num_heads=g, scale, softcap,
-                                     local_window_size=window, do_rotary with cos/sin caches
-                                     computed in the graph for positions 0..t-1,
-                                     attention_bias = ALiBi + user mask)     (b t (h dv))
-              -> head_mask, zero rows where no key is allowed -> MatMul(+bias) -> y (b t c)
+              -> each modifier's nodes on Q, K, V (gqa_qkv)
+              -> GroupQueryAttention(num_heads=h, kv_num_heads=g, scale, past/present, seqlens_k,
+                                     each modifier's attributes and inputs (gqa_op),
+                                     attention_bias = the modifiers' terms (gqa_bias) + the user mask)
+                                                                                     (b t (h dv))
+              -> head_mask, zero rows where no key is allowed (user mask, causal, the modifiers'
+                 terms: gqa_allowed) -> MatMul(+bias) -> y (b t c)
 
-The rotary caches come from the block's frequencies (rope_scale included: positions / scale). T5's
-relative buckets are not built here (the record refuses them). The op is always causal,
-self-attention, d_v = d_k; its rotary wants rope_dim/2 a multiple of 8.
-Conventions measured on onnxruntime 1.31.1 CPU against the eager block (tests keep them):
-local_window_size = W attends to W keys, itself included (the zoo's `window`); softcap is
-applied before the bias; a row whose bias is all -inf gives 0.
+The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
+they cannot carry (`gqa_refusal`, which the ort-gqa record reads too); nothing here names one. The op
+is always causal, self-attention, d_v = d_k. Measured on onnxruntime 1.31.1 CPU against the eager
+block (tests keep it): a row whose bias is all -inf gives 0.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import zoo
+from zoo.modifiers import OpPart, per_head
 
 from .errors import ExportError
 from .io import TensorIO
@@ -34,9 +37,28 @@ from .io import TensorIO
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
 HEAD_MULTIPLE = 8  # "head_size must be a multiple of 8", at run time
-ROTARY_MULTIPLE = 16  # the kernel wants cos_cache's width rope_dim / 2 to be a multiple of 8
-_ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-_NP_TYPE = {"float32": np.float32, "float16": np.float16}
+_ONNX_TYPE = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "int32": TensorProto.INT32,
+    "int64": TensorProto.INT64,
+    "bool": TensorProto.BOOL,
+}
+# The op's inputs, in order (optional ones left empty); the modifiers fill some by name (OpPart.inputs).
+GQA_INPUTS = (
+    "query",
+    "key",
+    "value",
+    "past_key",
+    "past_value",
+    "seqlens_k",
+    "total_sequence_length",
+    "cos_cache",
+    "sin_cache",
+    "position_ids",
+    "attention_bias",
+)
+MODIFIER_INPUTS = ("cos_cache", "sin_cache", "position_ids")  # the rest are the block's (attention_bias: a sum)
 
 
 def why_not(
@@ -70,33 +92,64 @@ def why_not(
 
 
 class _Graph:
-    """A small node list with fresh names, for building one graph by hand."""
+    """A small node list with fresh names, for building one graph by hand: what the modifiers write
+    their pieces through (zoo.modifiers.GraphBuilder)."""
 
     def __init__(self, dtype: str) -> None:
         self.dtype = dtype
-        self.np = _NP_TYPE[dtype]
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
+        self._pos: tuple[str, str, str] | None = None  # every position (s,), q_pos (b|1 t), k_pos (b|1 s)
+        self._positions: str | None = None
+        self._distance: str | None = None
 
     def _name(self, hint: str) -> str:
         self._n += 1
         return f"{hint}_{self._n}"
 
-    def const(self, value, hint: str = "c", dtype=None) -> str:
+    def const(self, value: Any, hint: str = "c", dtype: str | None = None) -> str:
         name = self._name(hint)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().double().numpy()
         # np.array copies into C order and keeps a scalar 0-d (ascontiguousarray would make it 1-d).
-        arr = np.array(value, dtype=dtype if dtype is not None else self.np, order="C")
+        arr = np.array(value, dtype=np.dtype(dtype or self.dtype), order="C")
         self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
-    def ints(self, value, hint: str = "i") -> str:
-        return self.const(value, hint, np.int64)
+    def ints(self, value: Any, hint: str = "i") -> str:
+        return self.const(value, hint, "int64")
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, domain: str = "", name: str | None = None, **attrs):
-        outs = [name] if name and outputs == 1 else [self._name(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))
-        return outs[0] if outputs == 1 else outs
+    def cast(self, x: str, dtype: str) -> str:
+        return self.op("Cast", x, to=_ONNX_TYPE[dtype])
+
+    def op(self, op_type: str, *inputs: str, name: str | None = None, **attrs: Any) -> str:
+        out = name or self._name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def place(self, all_pos: str, q_pos: str, k_pos: str) -> None:
+        """The positions positions() and distance() read: int64 (s,), (b|1 t) and (b|1 s)."""
+        self._pos = (all_pos, q_pos, k_pos)
+
+    def _placed(self) -> tuple[str, str, str]:
+        if self._pos is None:  # pragma: no cover - build() places them before any modifier's piece
+            raise ExportError("the GroupQueryAttention graph has no positions yet; place() them first")
+        return self._pos
+
+    def positions(self) -> str:
+        if self._positions is None:
+            self._positions = self.cast(self._placed()[0], "float32")
+        return self._positions
+
+    def distance(self) -> str:
+        if self._distance is None:
+            _, q_pos, k_pos = self._placed()
+            rel = self.op(
+                "Sub", self.op("Unsqueeze", q_pos, self.ints([2])), self.op("Unsqueeze", k_pos, self.ints([1]))
+            )
+            self._distance = self.cast(rel, "float32")
+        return self._distance
 
 
 def _linear(g: _Graph, x: str, w, b, hint: str, out: str | None = None) -> str:
@@ -105,48 +158,54 @@ def _linear(g: _Graph, x: str, w, b, hint: str, out: str | None = None) -> str:
     return g.op("Add", y, g.const(b, hint + "_b"), name=out) if b is not None else y
 
 
-def _rms(g: _Graph, x: str, weight, eps: float) -> str:
-    """x / sqrt(mean(x^2, last axis) + eps) * weight, in fp32 for a half-precision graph."""
-    xf = g.op("Cast", x, to=TensorProto.FLOAT) if g.dtype != "float32" else x
-    ms = g.op("ReduceMean", g.op("Mul", xf, xf), g.ints([-1]), keepdims=1)
-    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(eps, "eps", np.float32))))
-    y = g.op("Mul", g.op("Mul", xf, inv), g.const(weight, "norm_w", np.float32))
-    return g.op("Cast", y, to=_ONNX_TYPE[g.dtype]) if g.dtype != "float32" else y
-
-
-def _per_head(g: _Graph, x: str, heads: int, fn) -> str:
-    """Apply fn over each head's d of x (b t (n d)): reshape to (b t n d) and back."""
-    split = g.op("Reshape", x, g.ints([0, 0, heads, -1]))
-    return g.op("Reshape", fn(split), g.ints([0, 0, -1]))
+def _op_parts(
+    mods: list[zoo.modifiers.Modifier], g: _Graph, block: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The block's attributes of the op and the modifiers' attributes and inputs, merged; a name set
+    twice, or an input the op does not have, is refused."""
+    attrs: dict[str, Any] = dict(block)
+    inputs: dict[str, str] = {}
+    owner = {("attribute", key): "the block" for key in block}
+    owner.update({("input", key): "the block" for key in GQA_INPUTS if key not in MODIFIER_INPUTS})
+    for mod in mods:
+        part: OpPart = mod.gqa_op(g)
+        for kind, have, new in (("attribute", attrs, part.attributes), ("input", inputs, part.inputs)):
+            for key, value in new.items():
+                if (kind, key) in owner:
+                    raise ExportError(
+                        f"modifier {mod.name!r} sets GroupQueryAttention {kind} {key!r}, which {owner[kind, key]} "
+                        f"sets; each modifier's gqa_op must set its own"
+                    )
+                if kind == "input" and key not in GQA_INPUTS:
+                    raise ExportError(
+                        f"modifier {mod.name!r} sets GroupQueryAttention input {key!r}, which is not one of "
+                        f"{', '.join(GQA_INPUTS)}"
+                    )
+                owner[kind, key] = f"modifier {mod.name!r}"
+                have[key] = value
+    return attrs, inputs
 
 
 def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs: list[TensorIO]) -> onnx.ModelProto:
     """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y)."""
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
-    if spec.rel_buckets is not None:  # the record says so too (lowerings/ort_gqa.py); a direct call must not drop it
-        reason = "the graph built here has no T5 relative-bucket bias"
+    for mod in zoo.modifiers.active(spec):  # the record reads the same refusals; a direct call must not drop one
+        reason = reason or mod.gqa_refusal(spec)
     if reason:
-        raise ExportError(f"lowering='ort-gqa' cannot express this request: {reason}")
+        raise ExportError(f"the GroupQueryAttention graph cannot express this request: {reason}")
+    # The block's modifier modules (their weights with them), in order of application.
+    mods = [module.mods[mod.name] for mod in zoo.modifiers.active(spec)]
     h, kv = spec.heads, spec.kv_heads_
     p = zoo.get_projections(module)
 
-    def arr(t):
-        return None if t is None else t.detach().cpu().double().numpy()
-
     g = _Graph(dtype)
     names = {io.name for io in ins}
-    q = _linear(g, "x", arr(p.w_q), arr(p.b_q), "q")
-    k = _linear(g, "x", arr(p.w_k), arr(p.b_k), "k")
-    v = _linear(g, "x", arr(p.w_v), arr(p.b_v), "v")
-    if spec.clip_qkv is not None:  # on the projections (bias included), before QK-norm and rotary
-        lo, hi = g.const(-float(spec.clip_qkv), "clip_lo"), g.const(float(spec.clip_qkv), "clip_hi")
-        q, k, v = (g.op("Clip", t_, lo, hi) for t_ in (q, k, v))
-    if spec.qk_norm == "full":
-        q, k = _rms(g, q, arr(p.q_norm), spec.qk_norm_eps), _rms(g, k, arr(p.k_norm), spec.qk_norm_eps)
-    elif spec.qk_norm == "head":
-        q = _per_head(g, q, h, lambda t: _rms(g, t, arr(p.q_norm), spec.qk_norm_eps))
-        k = _per_head(g, k, kv, lambda t: _rms(g, t, arr(p.k_norm), spec.qk_norm_eps))
+    q = _linear(g, "x", p.w_q, p.b_q, "q")
+    k = _linear(g, "x", p.w_k, p.b_k, "k")
+    v = _linear(g, "x", p.w_v, p.b_v, "v")
+    for mod in mods:
+        q, k, v = mod.gqa_qkv(g, q, k, v)
 
     # Lengths and positions. Full sequence: s = t keys at positions 0..t-1. Decode: the cache holds
     # p positions, this call adds t, so s = p + t; with a key_mask (left padding) a row's positions
@@ -169,8 +228,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     else:
         past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
     total = g.op("Add", past_len, t) if decode else t
-    seqlens = g.op("Expand", g.op("Cast", g.op("Sub", total, g.ints(1)), to=TensorProto.INT32), b)
-    total_i32 = g.op("Cast", total, to=TensorProto.INT32)
+    seqlens = g.op("Expand", g.cast(g.op("Sub", total, g.ints(1)), "int32"), b)
+    total_i32 = g.cast(total, "int32")
     all_pos = g.op("Range", g.ints(0), total, g.ints(1))  # (s,) int64
 
     def last_t(k_pos: str) -> str:  # the new positions: k_pos[:, p:s]
@@ -181,82 +240,67 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     if key_mask and static:  # (b n) over the capacity: the op sees the first p + t keys
         key_mask = g.op("Slice", key_mask, g.ints([0]), g.op("Unsqueeze", total, g.ints([0])), g.ints([1]))
     if key_mask:
-        k_pos = g.op("Sub", g.op("CumSum", g.op("Cast", key_mask, to=TensorProto.INT64), g.ints(1)), g.ints(1))
+        k_pos = g.op("Sub", g.op("CumSum", g.cast(key_mask, "int64"), g.ints(1)), g.ints(1))
         q_pos = last_t(k_pos)
     else:
         k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
         q_pos = last_t(k_pos) if decode else k_pos
-    pos = g.op("Cast", all_pos, to=TensorProto.FLOAT)  # rows of the rotary caches
+    g.place(all_pos, q_pos, k_pos)
 
-    attrs: dict = {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)}
-    cos = sin = ""
-    if spec.rope_theta is not None:
-        inv_freq = zoo.modifiers.Rotary.frequencies(spec).numpy()
-        angles = g.op("Mul", g.op("Unsqueeze", pos, g.ints([1])), g.const(inv_freq, "inv_freq", np.float32))
-        cos, sin = g.op("Cos", angles), g.op("Sin", angles)  # (t, rope_dim / 2): the kernel's caches
-        if dtype != "float32":
-            cos, sin = g.op("Cast", cos, to=_ONNX_TYPE[dtype]), g.op("Cast", sin, to=_ONNX_TYPE[dtype])
-        attrs.update(do_rotary=1, rotary_interleaved=int(spec.rope_interleaved))
-    if spec.window is not None:
-        attrs["local_window_size"] = spec.window
-    if spec.softcap is not None:
-        attrs["softcap"] = float(spec.softcap)
+    attrs, op_inputs = _op_parts(mods, g, {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)})
 
-    # attention_bias (b|1, h|1, t, t): ALiBi slopes * (j - i), and the user mask as 0 / -inf.
+    # attention_bias (b|1, h|1, t, s): the modifiers' terms, and the user mask as 0 / -inf.
     bias = None
+    for mod in mods:
+        term = mod.gqa_bias(g)
+        if term is not None:
+            bias = term if bias is None else g.op("Add", bias, term)
     masked = "mask" in names or "key_mask" in names
-    rel = None
-    if spec.alibi or masked:  # i - j for every (query, key) pair: (b|1, t, s)
-        rel = g.op(
-            "Cast",
-            g.op("Sub", g.op("Unsqueeze", q_pos, g.ints([2])), g.op("Unsqueeze", k_pos, g.ints([1]))),
-            to=TensorProto.FLOAT,
-        )
-    if spec.alibi:
-        slopes = g.const(arr(p.alibi_slopes).reshape(1, h, 1, 1), "alibi_slopes", np.float32)
-        bias = g.op("Mul", slopes, g.op("Neg", g.op("Unsqueeze", rel, g.ints([1]))))
     user_mask = "mask" if "mask" in names else None
     if key_mask:
         user_mask = g.op("Unsqueeze", key_mask, g.ints([1]))  # (b 1 s): the same for every query
     if user_mask is not None:
-        neg = g.op("Where", user_mask, g.const(0.0, "zero", np.float32), g.const(-np.inf, "neg_inf", np.float32))
+        neg = g.op("Where", user_mask, g.const(0.0, "zero", "float32"), g.const(-np.inf, "neg_inf", "float32"))
         neg = g.op("Unsqueeze", neg, g.ints([1]))  # (b 1 t|1 s)
-        if "key_mask" in names:  # the op wants the bias's t axis whole: broadcast it over rel's
-            neg = g.op("Add", neg, g.op("Mul", g.op("Unsqueeze", rel, g.ints([1])), g.const(0.0, "zero", np.float32)))
+        if "key_mask" in names:  # the op wants the bias's t axis whole: broadcast it over the distances'
+            rel = g.op("Unsqueeze", g.distance(), g.ints([1]))
+            neg = g.op("Add", neg, g.op("Mul", rel, g.const(0.0, "zero", "float32")))
         bias = neg if bias is None else g.op("Add", bias, neg)
     if bias is not None and dtype != "float32":
-        bias = g.op("Cast", bias, to=_ONNX_TYPE[dtype])
+        bias = g.cast(bias, dtype)
 
-    past = ["past_key", "past_value"] if decode else ["", ""]
-    inputs = [q, k, v, *past, seqlens, total_i32, cos, sin, "", bias or ""]
+    named = {"query": q, "key": k, "value": v, "seqlens_k": seqlens, "total_sequence_length": total_i32}
+    if decode:
+        named.update(past_key="past_key", past_value="past_value")
+    named.update(op_inputs)
+    if bias is not None:
+        named["attention_bias"] = bias
+    inputs = [named.get(key, "") for key in GQA_INPUTS]
     while inputs and inputs[-1] == "":
         inputs.pop()
-    if static:  # the op's presents are the graph's outputs: no Identity between them and the buffers
-        z = g._name("groupqueryattention")
-        g.nodes.append(
-            helper.make_node(
-                "GroupQueryAttention", inputs, [z, "present_key", "present_value"], domain=MS_DOMAIN, **attrs
-            )
-        )
-    else:
-        z, present_k, present_v = g.op("GroupQueryAttention", *inputs, outputs=3, domain=MS_DOMAIN, **attrs)
+    z = g._name("groupqueryattention")
+    # A static cache: the op's presents are the graph's outputs, no Identity between them and the buffers.
+    presents = ["present_key", "present_value"] if static else [g._name("present_key"), g._name("present_value")]
+    g.nodes.append(helper.make_node("GroupQueryAttention", inputs, [z, *presents], domain=MS_DOMAIN, **attrs))
     if decode and not static:
-        g.op("Identity", present_k, name="present_key")
-        g.op("Identity", present_v, name="present_value")
+        g.op("Identity", presents[0], name="present_key")
+        g.op("Identity", presents[1], name="present_value")
 
     if masked:
-        # A query row with no allowed key (user mask & causal & window) gets Z = 0, as in eager torch.
-        allowed = g.op("And", user_mask, g.op("GreaterOrEqual", rel, g.const(0.0, "zero", np.float32)))
-        if spec.window is not None:
-            allowed = g.op("And", allowed, g.op("Less", rel, g.const(float(spec.window), "window", np.float32)))
-        has_key = g.op("ReduceMax", g.op("Cast", allowed, to=TensorProto.INT32), g.ints([-1]), keepdims=1)
-        z = g.op("Where", g.op("Cast", has_key, to=TensorProto.BOOL), z, g.const(0.0, "zero"))
+        # A query row with no allowed key (user mask & causal & the modifiers' terms) gets Z = 0, as in eager torch.
+        allowed = g.op("And", user_mask, g.op("GreaterOrEqual", g.distance(), g.const(0.0, "zero", "float32")))
+        for mod in mods:
+            term = mod.gqa_allowed(g)
+            if term is not None:
+                allowed = g.op("And", allowed, term)
+        has_key = g.op("ReduceMax", g.cast(allowed, "int32"), g.ints([-1]), keepdims=1)
+        z = g.op("Where", g.cast(has_key, "bool"), z, g.const(0.0, "zero"))
     if "head_mask" in names:
-        z = _per_head(g, z, h, lambda t_: g.op("Mul", t_, g.op("Unsqueeze", "head_mask", g.ints([1, 3]))))
-    _linear(g, z, arr(p.w_o), arr(p.b_o), "o", out="y")
+        z = per_head(g, z, h, lambda t_: g.op("Mul", t_, g.op("Unsqueeze", "head_mask", g.ints([1, 3]))))
+    _linear(g, z, p.w_o, p.b_o, "o", out="y")
 
     def value_info(io: TensorIO):
-        elem = {"bool": TensorProto.BOOL, "int64": TensorProto.INT64}.get(io.kind, _ONNX_TYPE[dtype])
+        elem = _ONNX_TYPE.get(io.kind, _ONNX_TYPE[dtype])
         return helper.make_tensor_value_info(io.name, elem, list(io.shape(spec)))
 
     graph = helper.make_graph(

@@ -5,7 +5,7 @@ choice reads them from here.
     PROVIDERS   what a session may be asked for: a device, or "auto" (CUDA where it really works)
     DTYPES      the element types a model is exported in
     CACHES      how a decode model keeps its KV cache
-    LOWERINGS   how a block becomes an ONNX graph (export/lowering.py says what each one is)
+    LOWERINGS   how a block becomes an ONNX graph (export/lowerings/ holds one record each)
     PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
 """
 

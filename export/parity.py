@@ -24,6 +24,7 @@ import zoo
 
 from .io import interface
 from .lowering import DTYPES, LOWERINGS, ExportError, example_inputs, export_onnx, why_not
+from .lowerings import record
 from .names import DEVICES
 from .precision import ERROR_BOUNDS, rel_l2
 from .session import OnnxSession, SessionError, cuda_status
@@ -187,7 +188,7 @@ def check(
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     masked = case == "masked"
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
-    need_weights = masked and lowering == "decomposed"
+    need_weights = masked and record(lowering).weights_out
     if _skipped(row, lowering, _spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype):
         return row
     quantized = precision != "fp32"

@@ -331,7 +331,10 @@ class OnnxSession:
         from zoo.limits import check_fits
 
         # Score tensors (b h t s) the lowering's CPU kernels hold at once (measured peaks, README).
-        copies = {"decomposed": 2, "onnx-attention": 1}.get(self.metadata.get("attnzoo.lowering", ""), 0)
+        from .lowerings import RECORDS
+
+        rec = RECORDS.get(self.metadata.get("attnzoo.lowering", ""))
+        copies = rec.score_copies if rec is not None else 0
         need = working_set_bytes(
             self.spec, b, t, s if self.spec.is_cross else None, itemsize=self.dtype.itemsize, score_copies=copies
         )

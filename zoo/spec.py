@@ -17,6 +17,7 @@ from typing import Any
 
 from . import modifiers
 from .errors import SpecError
+from .spec_fields import SpecFields
 
 LAYOUTS = ("separate", "combined")
 
@@ -32,33 +33,9 @@ def _check_positive_int(name: str, value: Any, *, optional: bool = False) -> Non
 
 
 @dataclass(frozen=True)
-class AttentionSpec:
-    """One multi-head attention block. Every default says why it is what it is."""
-
-    d_model: int = 512  # width of x and y; 512 is the original Transformer's base size
-    heads: int = 8  # h, query heads; 8 gives the classic 64-wide heads at d_model=512
-    d_k: int | None = None  # per-head query/key width; None -> d_model // heads (API convention)
-    d_v: int | None = None  # per-head value width; None -> d_k (the common choice, not a law)
-    kv_heads: int | None = None  # g, key/value heads (GQA/MQA); None -> heads (plain MHA)
-    layout: str = "separate"  # "separate" W_Q/W_K/W_V or "combined" [Q|K|V] input projection
-    bias: bool = True  # biases on all four projections, or none (torch's nn.Linear default)
-    causal: bool = False  # built-in lower-triangular mask; only meaningful for self-attention
-    d_context: int | None = None  # width of the cross-attention context; None -> self-attention
-    scale: float | None = None  # score scale; None -> 1/sqrt(d_k) as in "Attention Is All You Need"
-    # Position and score modifiers (zoo/modifiers/ holds each one's math, checks and limits).
-    # All off by default, so every spec above keeps its meaning.
-    rope_theta: float | None = None  # rotary positions on Q and K, base theta (LLaMA: 500000.0); None = off
-    rope_dim: int | None = None  # rotated leading dims of each head, even; None = all of d_k (NeoX: partial)
-    rope_interleaved: bool = False  # False: rotate halves (NeoX/LLaMA); True: adjacent pairs (GPT-J)
-    rope_scale: float | None = None  # linear rope scaling: positions divided by it (Gemma-3 global: 8.0); None = 1
-    alibi: bool = False  # per-head linear distance bias, Press et al./BLOOM slopes
-    rel_buckets: int | None = None  # T5's learned per-head bias over bucketed key - query distances; None = off
-    rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket
-    window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
-    softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
-    qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)
-    qk_norm_eps: float = 1e-6  # the RMSNorm epsilon (Qwen3 and OLMo-2 use 1e-6)
-    clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
+class AttentionSpec(SpecFields):
+    """One multi-head attention block: the fields of zoo.spec_fields.SpecFields (each default says why
+    it is what it is), checked when made."""
 
     def __post_init__(self) -> None:
         _check_positive_int("d_model", self.d_model)
@@ -95,37 +72,6 @@ class AttentionSpec:
             if not math.isfinite(self.scale) or self.scale <= 0:
                 raise SpecError(f"scale={self.scale} must be a positive finite number or None")
         modifiers.check_spec(self)
-
-    # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
-    @property
-    def d_k_(self) -> int:
-        return self.d_k if self.d_k is not None else self.d_model // self.heads
-
-    @property
-    def d_v_(self) -> int:
-        return self.d_v if self.d_v is not None else self.d_k_
-
-    @property
-    def kv_heads_(self) -> int:
-        return self.kv_heads if self.kv_heads is not None else self.heads
-
-    @property
-    def d_kv_in(self) -> int:
-        """Width of the tensor K and V are projected from (x, or the context)."""
-        return self.d_context if self.d_context is not None else self.d_model
-
-    @property
-    def scale_(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d_k_)
-
-    @property
-    def is_cross(self) -> bool:
-        return self.d_context is not None
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per kv head: query head r reads kv head r // group_size."""
-        return self.heads // self.kv_heads_
 
     def replace(self, **changes: Any) -> AttentionSpec:
         """A new spec with `changes` applied (validated again)."""

@@ -38,7 +38,7 @@ def support_table() -> str:
     def cell(limit: Limit | None) -> str:
         if limit is None:
             return "yes"
-        return f"yes, {limit.text}" if limit.check is not None else f"no: {limit.text}"
+        return f"no: {limit.text}" if limit.never else f"yes, {limit.text}"
 
     for key, label in _ROWS:
         lines.append(f"| {label} | " + " | ".join(cell(lw.modifiers.get(key)) for lw in LOWERING_LIST) + " |")
@@ -54,7 +54,7 @@ def support_table() -> str:
 def _static_cell(lw: Lowering) -> str:
     if lw.static_cache is None:
         return "yes"
-    return "no: " + lw.static_cache.split("; use lowering=")[0].split(" (use lowering=")[0]
+    return f"no: {lw.static_cache_note or lw.static_cache}"
 
 
 __all__ = ["FUSED_OPS", "LOWERING_LIST", "RECORDS", "Limit", "Lowering", "record", "support_table"]

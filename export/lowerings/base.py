@@ -1,6 +1,7 @@
 """What a lowering is, as data: one `Lowering` record per file in this package, read by generic
-code (export_onnx, why_not, auto, the decode path, the README's table). A new lowering is a new
-file and one line in `__init__.LOWERING_LIST`; nothing else branches on a lowering's name."""
+code (export_onnx, why_not, auto, sessions, the decode path, parity, the benchmark's paths, the README's
+table). A new lowering is a new file, one line in `__init__.LOWERING_LIST` and its name in
+export/names.py; nothing else branches on a lowering's name."""
 
 from __future__ import annotations
 
@@ -19,13 +20,20 @@ Check = Callable[[zoo.AttentionSpec], "str | None"]
 @dataclass(frozen=True)
 class Limit:
     """What a lowering cannot express for one modifier: `text` for the README's table, `check`
-    for a spec (None: never for this modifier, whatever its values)."""
+    for a spec (None: never for this modifier, whatever its values, and `text` says why).
+    `always`: never either, with `check` giving the reason for a spec."""
 
     text: str
     check: Check | None = None
+    always: bool = False
 
     def reason(self, spec: zoo.AttentionSpec) -> str | None:
         return self.text if self.check is None else self.check(spec)
+
+    @property
+    def never(self) -> bool:
+        """Whether it refuses every value of the modifier (the table's "no"; else "yes, <text>")."""
+        return self.check is None or self.always
 
 
 @dataclass(frozen=True)
@@ -47,10 +55,17 @@ class Lowering:
     # per modifier, keyed by the modifier's name (zoo/modifiers/).
     cannot: Callable[..., str | None] | None = None
     modifiers: Mapping[str, Limit] = field(default_factory=dict)
-    # Why it cannot keep a static, in-place cache (export_onnx(decode=True, cache="static")), or None.
+    # Why it cannot keep a static, in-place cache (export_onnx(decode=True, cache="static")), with the
+    # fix, or None; `static_cache_note` says why in the README's table (empty: `static_cache` itself).
     static_cache: str | None = "not offered for this lowering"
+    static_cache_note: str = ""
     fp16: str = "yes"  # the README's fp16 cell
     kinds: str = "yes"  # the README's cell for non-causal, cross-attention, d_v != d_k
+    # Score tensors (b h t s) its CPU kernels hold at once (measured peaks, README): the memory
+    # estimate before a run (OnnxSession.check_size); 0 for a kernel that streams them.
+    score_copies: int = 0
+    # A decode model takes a chunk (t > 1) after a past for b > 1 rows in one call; False: one row at a time.
+    batched_chunks: bool = True
 
     @property
     def traced(self) -> bool:

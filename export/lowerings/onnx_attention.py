@@ -8,14 +8,20 @@ def _one_attention_node(model):
     return expect_ops(model, ("Attention",), "expected one ONNX Attention node, found op counts {counts}")
 
 
+_NO_SHARED_BUFFER = (
+    "the Attention op (opset 23) concatenates past_key and this call's keys into a new present every step; "
+    "it has no shared past/present buffer"
+)
+
 LOWERING = Lowering(
     name="onnx-attention",
     opset=23,
     graph="the standard `Attention` op, opset 23",
     op="ONNX Attention",
     sdpa_fp32=True,
-    static_cache="the Attention op (opset 23) concatenates past_key and this call's keys into a new present "
-    "every step; it has no shared past/present buffer (use lowering='decomposed')",
+    static_cache=f"{_NO_SHARED_BUFFER} (use lowering='decomposed')",
+    static_cache_note=_NO_SHARED_BUFFER,
+    score_copies=1,
     after_trace=_one_attention_node,
     modifiers={
         "softcap": Limit(

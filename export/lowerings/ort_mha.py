@@ -23,6 +23,11 @@ def _fuse(model):
     )
 
 
+_NO_SHARED_BUFFER = (
+    "MultiHeadAttention's CPU kernel concatenates past and new keys into a new present every step and "
+    "shares no buffer on the CPU"
+)
+
 LOWERING = Lowering(
     name="ort-mha",
     opset=18,
@@ -32,8 +37,8 @@ LOWERING = Lowering(
     # implemented on the CPU), so one MatMul + Split would copy Q|K|V once more: three MatMuls
     # compute the same function without that copy.
     combined_as_separate=True,
-    static_cache="MultiHeadAttention's CPU kernel concatenates past and new keys into a new present every "
-    "step and shares no buffer on the CPU; use lowering='decomposed'",
+    static_cache=f"{_NO_SHARED_BUFFER}; use lowering='decomposed'",
+    static_cache_note=_NO_SHARED_BUFFER,
     after_trace=_fuse,
     modifiers={"softcap": Limit("com.microsoft MultiHeadAttention has no softcap")},
 )

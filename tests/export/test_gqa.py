@@ -104,3 +104,41 @@ def test_t5_buckets_are_refused_by_the_record_and_by_the_builder():
     ins, outs = interface(block.spec, need_weights=False, with_mask=False, with_head_mask=False)
     with pytest.raises(ExportError, match="no T5 relative-bucket bias"):
         gqa.build(block, "float32", ins, outs)
+
+
+def test_the_records_limits_are_the_modifiers_own():
+    """One source: the ort-gqa record's per-modifier limits are the modifiers' gqa_limit and gqa_refusal."""
+    from export.lowerings import RECORDS
+
+    limits = RECORDS["ort-gqa"].modifiers
+    own = {mod.name: mod for mod in zoo.modifiers.MODIFIERS if mod.gqa_limit is not None}
+    assert set(limits) == set(own) == {"rope", "window", "rel_buckets"}
+    for name, mod in own.items():
+        assert limits[name].text == mod.gqa_limit.text and limits[name].never == mod.gqa_limit.always
+    spec = zoo.spec("phi-2", rope_dim=8)
+    assert why_not("ort-gqa", spec) == zoo.modifiers.Rotary.gqa_refusal(spec)
+
+
+def test_the_graph_builder_names_no_modifier():
+    """export/gqa.py reads no modifier field and names no modifier: each modifier brings its own pieces."""
+    from pathlib import Path
+
+    from export import gqa
+
+    src = Path(gqa.__file__).read_text()
+    for mod in zoo.modifiers.MODIFIERS:
+        assert mod.__name__ not in src and f'"{mod.name}"' not in src
+        assert not [f for f in mod.fields if f in src], mod.fields
+
+
+def test_two_modifiers_may_not_set_one_attribute(monkeypatch):
+    from export import gqa
+    from export.errors import ExportError
+    from export.io import interface
+    from zoo.modifiers import OpPart, Window
+
+    block = zoo.create("gqa", d_model=128, causal=True, softcap=0.3, window=4).eval()
+    monkeypatch.setattr(Window, "gqa_op", lambda self, g: OpPart({"softcap": 1.0}))
+    ins, outs = interface(block.spec, need_weights=False, with_mask=False, with_head_mask=False)
+    with pytest.raises(ExportError, match="'softcap'"):
+        gqa.build(block, "float32", ins, outs)

@@ -409,3 +409,58 @@ def test_rope_scale_divides_the_positions():
     assert (m(x) - plain(x)).abs().max() > 1e-3
     assert "positions/4" in m.spec.describe()
     assert torch.equal(Rotary.frequencies(m.spec) * 4, Rotary.frequencies(m.spec.replace(rope_scale=None)))
+
+
+class _Nodes:
+    """A GraphBuilder (zoo.modifiers.GraphBuilder) that only records what a modifier writes, with no onnx."""
+
+    dtype = "float32"
+
+    def __init__(self):
+        self.ops, self.consts = [], []
+
+    def op(self, op_type, *inputs, **attributes):
+        self.ops.append((op_type, inputs, attributes))
+        return f"{op_type.lower()}_{len(self.ops)}"
+
+    def const(self, value, hint="c", dtype=None):
+        self.consts.append((hint, value, dtype))
+        return f"{hint}_{len(self.consts)}"
+
+    def cast(self, x, dtype):
+        return self.op("Cast", x, to=dtype)
+
+    def positions(self):
+        return "positions"
+
+    def distance(self):
+        return "distance"
+
+
+def test_a_modifier_adds_nothing_to_the_hand_built_graph_unless_it_says_so():
+    from zoo.modifiers import MODIFIERS, Modifier, OpPart
+
+    g = _Nodes()
+    base = Modifier(zoo.spec("mha-causal", **D))
+    assert base.gqa_qkv(g, "q", "k", "v") == ("q", "k", "v")
+    assert base.gqa_op(g) == OpPart() and base.gqa_bias(g) is None and base.gqa_allowed(g) is None
+    assert Modifier.gqa_limit is None and Modifier.gqa_refusal(base.spec) is None and g.ops == []
+    for mod in MODIFIERS:  # a limit that holds whatever the values refuses every spec that turns the modifier on
+        if mod.gqa_limit is not None and mod.gqa_limit.always:
+            assert mod.gqa_refusal(zoo.spec("mha-causal", **D, rel_buckets=8, rel_max_distance=12))
+
+
+def test_modifiers_write_their_graph_pieces_through_the_builder():
+    block = zoo.create("mha-causal", **D, clip_qkv=2.0, window=3, softcap=5.0, rope_theta=1e4, alibi=True)
+    g = _Nodes()
+    q, k, v = block.mods["clip_qkv"].gqa_qkv(g, "q", "k", "v")
+    assert [op for op, *_ in g.ops] == ["Clip"] * 3 and (q, k, v) == ("clip_1", "clip_2", "clip_3")
+    assert block.mods["window"].gqa_op(g).attributes == {"local_window_size": 3}
+    assert block.mods["softcap"].gqa_op(g).attributes == {"softcap": 5.0}
+    rope = block.mods["rope"].gqa_op(g)
+    assert rope.attributes == {"do_rotary": 1, "rotary_interleaved": 0}
+    assert set(rope.inputs) == {"cos_cache", "sin_cache"}
+    assert block.mods["window"].gqa_allowed(g).startswith("less")
+    before = len(g.ops)
+    assert block.mods["alibi"].gqa_bias(g).startswith("mul")
+    assert [op for op, *_ in g.ops[before:]] == ["Unsqueeze", "Neg", "Mul"]  # slopes * (j - i), causal

@@ -21,13 +21,17 @@ Each modifier is one class that says everything about itself:
     reference_*     the same math written independently (plain loops, float64) for the audit:
                       reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed
     audit           its own property check, as an audit step
+    gqa_*           what it adds to the hand-built GroupQueryAttention graph (graph.py): nodes on the
+                    projected Q/K/V, attributes and inputs of the op, an attention_bias term, a term of
+                    the allowed-keys rule after the op, or `gqa_refusal` (the ort-gqa record reads it)
 
-What a lowering cannot express for a modifier lives on the export side, in each lowering's
-record (export/lowerings/), keyed by the modifier's `name`: zoo knows nothing of ONNX.
+zoo imports no onnx: the graph pieces are ONNX op types as strings, written through the builder that
+export/gqa.py passes in (`graph.GraphBuilder`). What a traced lowering cannot express for a modifier
+lives in that lowering's record (export/lowerings/), keyed by the modifier's `name`.
 
-One module per family: `base` (the protocol, shared helpers), `clip`, `qk_norm`, `rotary`, `alibi`,
-`relative` (T5's buckets), `scores` (window, softcap); this package lists them in order of application and re-exports
-every name, so `from zoo.modifiers import X` reaches all of them.
+One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
+`clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets), `scores` (window, softcap); this package
+lists them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -35,10 +39,9 @@ same tensor (0..t-1 unless the caller gives `positions`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch import nn
 
+from ..spec_fields import SpecFields
 from .alibi import ALiBi, alibi_slopes
 from .base import (
     Modifier,
@@ -49,20 +52,21 @@ from .base import (
     take_blocks,
 )
 from .clip import ClipQKV
+from .graph import GraphBuilder, GraphLimit, OpPart, per_head
 from .qk_norm import QK_NORMS, QKNorm, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
 
 __all__ = [
     "MODIFIERS",
     "QK_NORMS",
     "ALiBi",
     "ClipQKV",
+    "GraphBuilder",
+    "GraphLimit",
     "Modifier",
+    "OpPart",
     "PruneRefusal",
     "QKNorm",
     "RelativeBuckets",
@@ -75,6 +79,7 @@ __all__ = [
     "check_spec",
     "is_number",
     "parameters_added",
+    "per_head",
     "prune_refusal",
     "relative_bucket",
     "relative_distance",
@@ -88,20 +93,20 @@ __all__ = [
 MODIFIERS: tuple[type[Modifier], ...] = (ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
 
 
-def check_spec(spec: AttentionSpec) -> None:
+def check_spec(spec: SpecFields) -> None:
     for mod in MODIFIERS:
         mod.check(spec)
 
 
-def active(spec: AttentionSpec) -> list[type[Modifier]]:
+def active(spec: SpecFields) -> list[type[Modifier]]:
     return [mod for mod in MODIFIERS if mod.active(spec)]
 
 
-def parameters_added(spec: AttentionSpec) -> int:
+def parameters_added(spec: SpecFields) -> int:
     return sum(mod.parameters_added(spec) for mod in MODIFIERS)
 
 
-def prune_refusal(spec: AttentionSpec) -> PruneRefusal | None:
+def prune_refusal(spec: SpecFields) -> PruneRefusal | None:
     """The first active modifier's reason why prune_heads cannot apply to `spec`, or None."""
     for mod in active(spec):
         refusal = mod.prune_refusal(spec)
@@ -110,6 +115,6 @@ def prune_refusal(spec: AttentionSpec) -> PruneRefusal | None:
     return None
 
 
-def build(spec: AttentionSpec) -> nn.ModuleDict:
+def build(spec: SpecFields) -> nn.ModuleDict:
     """The block's modifier modules, keyed by name, in order of application."""
     return nn.ModuleDict({mod.name: mod(spec) for mod in active(spec)})

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, relative_distance, relative_positions_audit, take_blocks
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from .graph import GraphBuilder
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -37,16 +36,16 @@ class ALiBi(Modifier):
     fields = ("alibi",)
     shapes_scores = True
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__(spec)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(spec.heads), dtype=torch.float32))
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return bool(spec.alibi)
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         if not isinstance(spec.alibi, bool):
             raise SpecError(f"alibi={spec.alibi!r} must be True or False")
         if spec.alibi and spec.is_cross:
@@ -65,7 +64,7 @@ class ALiBi(Modifier):
 
     @classmethod
     def select_heads(
-        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+        cls, spec: SpecFields, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
     ) -> dict[str, Any]:
         return {"alibi_slopes": take_blocks(state["alibi_slopes"], q_heads, spec.heads)}
 
@@ -73,6 +72,12 @@ class ALiBi(Modifier):
         rel = (-relative_distance(q_pos, k_pos)).to(torch.float32)  # j - i
         dist = rel if self.spec.causal else -rel.abs()
         return (rearrange(self.slopes, "h -> 1 h 1 1") * dist).to(dtype)
+
+    def gqa_bias(self, g: GraphBuilder) -> str | None:
+        slopes = g.const(rearrange(self.slopes, "h -> 1 h 1 1"), "alibi_slopes", "float32")
+        rel = g.op("Unsqueeze", g.distance(), g.const([1], "i", "int64"))  # i - j: (b|1, 1, t, s)
+        dist = g.op("Neg", rel if self.spec.causal else g.op("Abs", rel))  # j - i, or -|i - j|
+        return g.op("Mul", slopes, dist)
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
@@ -89,10 +94,10 @@ class ALiBi(Modifier):
         )
 
     @classmethod
-    def reference_bias(cls, spec: AttentionSpec, head: int, p: Any, t: int, s: int) -> Tensor | None:
+    def reference_bias(cls, spec: SpecFields, head: int, p: Any, t: int, s: int) -> Tensor | None:
         slope = float(p.alibi_slopes[head])
         return torch.tensor([[cls.reference(spec, slope, i, j) for j in range(s)] for i in range(t)])
 
     @staticmethod
-    def reference(spec: AttentionSpec, slope: float, i: int, j: int) -> float:
+    def reference(spec: SpecFields, slope: float, i: int, j: int) -> float:
         return slope * (j - i) if spec.causal else -slope * abs(i - j)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from ..spec_fields import SpecFields
+from .graph import GraphBuilder, GraphLimit, OpPart
 
 
 def take_blocks(w: Tensor | None, order: Sequence[int], n: int, dim: int = 0) -> Tensor | None:
@@ -50,31 +50,31 @@ class Modifier(nn.Module):
     # audit): exact in float64, unless the modifier computes something from positions in fp32.
     shift_tolerance: ClassVar[float] = 1e-10
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__()
         self.spec = spec
 
     # -- the spec side (class-level: no module needed) ---------------------------------------
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         raise NotImplementedError
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         """Raise SpecError naming the fields when the spec's values for this modifier are invalid."""
 
     @classmethod
-    def parameters_added(cls, spec: AttentionSpec) -> int:
+    def parameters_added(cls, spec: SpecFields) -> int:
         return 0
 
     @classmethod
-    def parameters_label(cls, spec: AttentionSpec) -> str:
+    def parameters_label(cls, spec: SpecFields) -> str:
         """Its line's label in `attnzoo show`'s parameter table (when it adds any)."""
         return f"{cls.name} weights"
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return cls.name
 
     # -- the eager op (identity unless overridden) ----------------------------------------------
@@ -101,6 +101,34 @@ class Modifier(nn.Module):
         """A pointwise map of the scaled scores, before any bias or mask."""
         return scores
 
+    # -- the hand-built GroupQueryAttention graph (graph.py; nothing unless overridden) ---------------
+
+    # What the graph cannot carry of this modifier, in a few words; None: it carries every value.
+    gqa_limit: ClassVar[GraphLimit | None] = None
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        """Why the hand-built graph cannot carry this modifier under `spec`, or None (it can); by
+        default the limit's text where the limit holds whatever the values."""
+        limit = cls.gqa_limit
+        return limit.text if limit is not None and limit.always else None
+
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        """Nodes on Q (b t (h dk)), K (b t (g dk)), V (b t (g dv)) as projected (bias added), before the op."""
+        return q, k, v
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        """Attributes and inputs of the GroupQueryAttention node."""
+        return OpPart()
+
+    def gqa_bias(self, g: GraphBuilder) -> str | None:
+        """A term of the op's attention_bias, float32 (b|1, h|1, t, s); None = nothing."""
+        return None
+
+    def gqa_allowed(self, g: GraphBuilder) -> str | None:
+        """A term of the allowed-keys rule after the op, bool (b|1, t, s); None = no opinion."""
+        return None
+
     # -- head state (zoo/heads.py) ------------------------------------------------------------------
 
     # The zoo.heads.Projections fields holding this modifier's learned or per-head state; none by
@@ -116,14 +144,14 @@ class Modifier(nn.Module):
 
     @classmethod
     def select_heads(
-        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+        cls, spec: SpecFields, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
     ) -> dict[str, Any]:
         """The state of query heads `q_heads` and kv heads `kv_heads` of a block of `spec`, in that
         order (a permutation or a subset); by default nothing is per head."""
         return dict(state)
 
     @classmethod
-    def prune_refusal(cls, spec: AttentionSpec) -> PruneRefusal | None:
+    def prune_refusal(cls, spec: SpecFields) -> PruneRefusal | None:
         """Why removing heads would change the remaining heads' function under `spec`; None: it would not."""
         return None
 
@@ -134,27 +162,27 @@ class Modifier(nn.Module):
     # the scaled scores, a bias on them, the cells a query may see. p holds the block's weights
     # (zoo.heads.Projections); the defaults change nothing.
     @classmethod
-    def reference_qkv(cls, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def reference_qkv(cls, spec: SpecFields, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q (b h t dk), k (b g s dk), v (b g s dv) per head, as projected -> the same after this modifier."""
         return q, k, v
 
     @classmethod
-    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (b h t dk), k (b g s dk) -> the same after this modifier; pos (1 t) positions."""
         return q, k
 
     @classmethod
-    def reference_map(cls, spec: AttentionSpec, scores: Tensor) -> Tensor:
+    def reference_map(cls, spec: SpecFields, scores: Tensor) -> Tensor:
         """One head's scaled scores (b t s), before any bias or mask."""
         return scores
 
     @classmethod
-    def reference_bias(cls, spec: AttentionSpec, head: int, p: Any, t: int, s: int) -> Tensor | None:
+    def reference_bias(cls, spec: SpecFields, head: int, p: Any, t: int, s: int) -> Tensor | None:
         """An additive bias (t s) on head `head`'s scores, or None."""
         return None
 
     @classmethod
-    def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
+    def reference_allowed(cls, spec: SpecFields, t: int, s: int) -> Tensor | None:
         """A bool (t s) of the cells a query may see, or None for all."""
         return None
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, is_number
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from .graph import GraphBuilder
 
 
 class ClipQKV(Modifier):
@@ -23,25 +20,30 @@ class ClipQKV(Modifier):
     fields = ("clip_qkv",)
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.clip_qkv is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         c = spec.clip_qkv
         if c is not None and (not is_number(c) or not 0 < c <= 1e30):
             raise SpecError(f"clip_qkv={c!r} must be a positive finite number (OLMo-7B uses 8.0) or None")
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"clip_qkv={spec.clip_qkv:g}"
 
     def qkv_projected(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = float(self.spec.clip_qkv)
         return q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
 
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        c = float(self.spec.clip_qkv)
+        lo, hi = g.const(-c, "clip_lo"), g.const(c, "clip_hi")
+        return g.op("Clip", q, lo, hi), g.op("Clip", k, lo, hi), g.op("Clip", v, lo, hi)
+
     @classmethod
-    def reference_qkv(cls, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def reference_qkv(cls, spec: SpecFields, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = spec.clip_qkv
         return tuple(t.where(t.abs() <= c, t.sign() * c) for t in (q, k, v))  # type: ignore[return-value]
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, PruneRefusal, is_number, take_blocks
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from .graph import GraphBuilder, per_head
 
 QK_NORMS = ("head", "full")
 
@@ -27,6 +26,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return (y * weight.to(y.dtype)).to(x.dtype)
 
 
+def graph_rms_norm(g: GraphBuilder, x: str, weight: Tensor, eps: float) -> str:
+    """rms_norm as graph nodes over x's last axis, in fp32 for a half-precision graph."""
+    xf = g.cast(x, "float32") if g.dtype != "float32" else x
+    ms = g.op("ReduceMean", g.op("Mul", xf, xf), g.const([-1], "i", "int64"), keepdims=1)
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(eps, "eps", "float32"))))
+    y = g.op("Mul", g.op("Mul", xf, inv), g.const(weight, "norm_w", "float32"))
+    return g.cast(y, g.dtype) if g.dtype != "float32" else y
+
+
 class QKNorm(Modifier):
     """RMSNorm with a learned weight on Q and K, before RoPE.
 
@@ -37,24 +45,24 @@ class QKNorm(Modifier):
     name = "qk_norm"
     fields = ("qk_norm", "qk_norm_eps")
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__(spec)
         wq, wk = self.widths(spec)
         self.q_norm = nn.Parameter(torch.ones(wq))
         self.k_norm = nn.Parameter(torch.ones(wk))
 
     @staticmethod
-    def widths(spec: AttentionSpec) -> tuple[int, int]:
+    def widths(spec: SpecFields) -> tuple[int, int]:
         if spec.qk_norm == "head":
             return spec.d_k_, spec.d_k_
         return spec.heads * spec.d_k_, spec.kv_heads_ * spec.d_k_
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.qk_norm is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
             raise SpecError(f"qk_norm={spec.qk_norm!r} is not one of None, 'head' (per head over d_k), 'full' (h*d_k)")
         eps = spec.qk_norm_eps
@@ -62,16 +70,16 @@ class QKNorm(Modifier):
             raise SpecError(f"qk_norm_eps={eps!r} must be a number in (0, 1] (e.g. 1e-6)")
 
     @classmethod
-    def parameters_added(cls, spec: AttentionSpec) -> int:
+    def parameters_added(cls, spec: SpecFields) -> int:
         return sum(cls.widths(spec)) if cls.active(spec) else 0
 
     @classmethod
-    def parameters_label(cls, spec: AttentionSpec) -> str:
+    def parameters_label(cls, spec: SpecFields) -> str:
         wq, wk = cls.widths(spec)
         return f"qk-norm weights ({spec.qk_norm}: {wq} + {wk})"
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"qk-norm={spec.qk_norm}"
 
     def qk_merged(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -86,6 +94,14 @@ class QKNorm(Modifier):
         eps = self.spec.qk_norm_eps
         return rms_norm(q, self.q_norm, eps), rms_norm(k, self.k_norm, eps)
 
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        spec, eps = self.spec, self.spec.qk_norm_eps
+        if spec.qk_norm == "full":
+            return graph_rms_norm(g, q, self.q_norm, eps), graph_rms_norm(g, k, self.k_norm, eps), v
+        q = per_head(g, q, spec.heads, lambda t: graph_rms_norm(g, t, self.q_norm, eps))
+        k = per_head(g, k, spec.kv_heads_, lambda t: graph_rms_norm(g, t, self.k_norm, eps))
+        return q, k, v
+
     state_fields = ("q_norm", "k_norm")
 
     def head_state(self) -> dict[str, Tensor]:
@@ -97,7 +113,7 @@ class QKNorm(Modifier):
 
     @classmethod
     def select_heads(
-        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+        cls, spec: SpecFields, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
     ) -> dict[str, Any]:
         if spec.qk_norm != "full":  # "head": one weight (d_k) shared by every head
             return dict(state)
@@ -107,7 +123,7 @@ class QKNorm(Modifier):
         }
 
     @classmethod
-    def prune_refusal(cls, spec: AttentionSpec) -> PruneRefusal | None:
+    def prune_refusal(cls, spec: SpecFields) -> PruneRefusal | None:
         if spec.qk_norm != "full":
             return None
         return PruneRefusal(
@@ -150,11 +166,11 @@ class QKNorm(Modifier):
         )
 
     @classmethod
-    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         return cls.reference(spec, q, k, p.q_norm, p.k_norm)
 
     @staticmethod
-    def reference(spec: AttentionSpec, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
+    def reference(spec: SpecFields, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
         """Q (b h t dk), K (b g s dk) per head, written out: each row divided by its RMS."""
         eps = spec.qk_norm_eps
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, relative_distance, relative_positions_audit, take_blocks
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from .graph import GraphLimit
 
 
 def relative_bucket(rel: Tensor, *, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
@@ -54,22 +53,22 @@ class RelativeBuckets(Modifier):
     fields = ("rel_buckets", "rel_max_distance")
     shapes_scores = True
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__(spec)
         self.table = nn.Parameter(torch.randn(spec.rel_buckets, spec.heads))
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.rel_buckets is not None
 
     @staticmethod
-    def exact(spec: AttentionSpec) -> int:
+    def exact(spec: SpecFields) -> int:
         """The distances below this get a bucket each (per direction)."""
         n = spec.rel_buckets if spec.causal else spec.rel_buckets // 2
         return n // 2
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         nb, md = spec.rel_buckets, spec.rel_max_distance
         if isinstance(md, bool) or not isinstance(md, int) or not 0 < md < 2**31:
             raise SpecError(f"rel_max_distance={md!r} must be an integer in 1..2**31-1 (T5 uses 128)")
@@ -95,17 +94,30 @@ class RelativeBuckets(Modifier):
             )
 
     @classmethod
-    def parameters_added(cls, spec: AttentionSpec) -> int:
+    def parameters_added(cls, spec: SpecFields) -> int:
         return spec.rel_buckets * spec.heads if cls.active(spec) else 0
 
     @classmethod
-    def parameters_label(cls, spec: AttentionSpec) -> str:
+    def parameters_label(cls, spec: SpecFields) -> str:
         return f"relative bias table ({spec.rel_buckets} buckets x {spec.heads} heads)"
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         way = "causal" if spec.causal else "bidirectional"
         return f"rel-buckets({spec.rel_buckets}, max_distance={spec.rel_max_distance}, {way})"
+
+    gqa_limit = GraphLimit(
+        "the hand-built GroupQueryAttention graph (export/gqa.py) does not build T5's bucketed bias; "
+        "use a traced lowering",
+        always=True,
+    )
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        return (
+            f"the hand-built GroupQueryAttention graph has no T5 relative-bucket bias "
+            f"(rel_buckets={spec.rel_buckets}): T5's bucketed bias needs a traced lowering"
+        )
 
     def buckets(self, rel: Tensor) -> Tensor:
         s = self.spec
@@ -126,7 +138,7 @@ class RelativeBuckets(Modifier):
 
     @classmethod
     def select_heads(
-        cls, spec: AttentionSpec, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
+        cls, spec: SpecFields, state: dict[str, Any], q_heads: Sequence[int], kv_heads: Sequence[int]
     ) -> dict[str, Any]:
         return {"rel_bias": take_blocks(state["rel_bias"], q_heads, spec.heads, dim=1)}  # a column per head
 
@@ -151,12 +163,12 @@ class RelativeBuckets(Modifier):
         )
 
     @classmethod
-    def reference_bias(cls, spec: AttentionSpec, head: int, p: Any, t: int, s: int) -> Tensor | None:
+    def reference_bias(cls, spec: SpecFields, head: int, p: Any, t: int, s: int) -> Tensor | None:
         table = p.rel_bias
         return torch.tensor([[float(table[cls.reference(spec, j - i), head]) for j in range(s)] for i in range(t)])
 
     @staticmethod
-    def reference(spec: AttentionSpec, rel: int) -> int:
+    def reference(spec: SpecFields, rel: int) -> int:
         """T5's bucket of one distance rel = j - i, written out with Python ints; the one log in fp32 (numpy
         scalars) as T5 computes it, so that edge distances agree with T5's code."""
         import numpy as np

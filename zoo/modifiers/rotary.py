@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, is_number, relative_positions_audit
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from .graph import GraphBuilder, GraphLimit, OpPart
 
 
 class Rotary(Modifier):
@@ -31,7 +30,7 @@ class Rotary(Modifier):
     HALVES = "... (r n) -> ... n r"  # r = 2: first half, second half
     PAIRS = "... (n r) -> ... n r"  # r = 2: adjacent pairs
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         super().__init__(spec)
         self.dim = self.rotated(spec)
         # fp32 always, as transformers computes the angles: a plain attribute, not a buffer, so that
@@ -40,22 +39,22 @@ class Rotary(Modifier):
         self.inv_freq = self.frequencies(spec)
 
     @staticmethod
-    def rotated(spec: AttentionSpec) -> int:
+    def rotated(spec: SpecFields) -> int:
         return spec.rope_dim if spec.rope_dim is not None else spec.d_k_
 
     @staticmethod
-    def frequencies(spec: AttentionSpec) -> Tensor:
+    def frequencies(spec: SpecFields) -> Tensor:
         """theta^(-2i/rope_dim) / rope_scale for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
         rd = Rotary.rotated(spec)
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
         return inv_freq if spec.rope_scale is None else inv_freq / spec.rope_scale
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.rope_theta is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         if not isinstance(spec.rope_interleaved, bool):
             raise SpecError(f"rope_interleaved={spec.rope_interleaved!r} must be True or False")
         if spec.rope_theta is None:
@@ -86,7 +85,7 @@ class Rotary(Modifier):
             raise SpecError(f"rotary positions rotate pairs: d_k={spec.d_k_} is odd; set rope_dim to an even width")
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         rd = cls.rotated(spec)
         part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
         scale = f", positions/{spec.rope_scale:g}" if spec.rope_scale is not None else ""
@@ -112,6 +111,30 @@ class Rotary(Modifier):
         ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, k.dtype)
         return self.rotate(q, cq, sq), self.rotate(k, ck, sk)
 
+    # GroupQueryAttention rotates inside the op from cos/sin caches (s, rope_dim / 2), whose width its
+    # kernel wants a multiple of 8.
+    gqa_limit = GraphLimit("rope_dim / 2 a multiple of 8")
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        rd = cls.rotated(spec)
+        if (rd // 2) % 8:
+            return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
+        return None
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        """do_rotary with caches for the positions 0..s-1, from the block's fp32 frequencies."""
+        angles = g.op(
+            "Mul",
+            g.op("Unsqueeze", g.positions(), g.const([1], "i", "int64")),
+            g.const(self.inv_freq, "inv_freq", "float32"),
+        )
+        cos, sin = g.op("Cos", angles), g.op("Sin", angles)  # (s, rope_dim / 2): the kernel's caches
+        if g.dtype != "float32":
+            cos, sin = g.cast(cos, g.dtype), g.cast(sin, g.dtype)
+        attributes = {"do_rotary": 1, "rotary_interleaved": int(self.spec.rope_interleaved)}
+        return OpPart(attributes, {"cos_cache": cos, "sin_cache": sin})
+
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
         title, ok, detail = relative_positions_audit(m, x, "rope")
@@ -134,11 +157,11 @@ class Rotary(Modifier):
         )
 
     @classmethod
-    def reference_qk(cls, spec: AttentionSpec, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         return cls.reference(spec, q, pos), cls.reference(spec, k, pos)
 
     @staticmethod
-    def reference(spec: AttentionSpec, x: Tensor, pos: Tensor) -> Tensor:
+    def reference(spec: SpecFields, x: Tensor, pos: Tensor) -> Tensor:
         """x (b n t d) rotated pair by pair, written out (no einops); angles, cos and sin in fp32
         as transformers computes them, the rotation itself in x's dtype."""
         rd = Rotary.rotated(spec)

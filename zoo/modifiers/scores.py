@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from ..errors import SpecError
+from ..spec_fields import SpecFields
 from .base import Modifier, is_number, relative_distance
-
-if TYPE_CHECKING:
-    from ..spec import AttentionSpec
+from .graph import GraphBuilder, GraphLimit, OpPart
 
 
 class Window(Modifier):
@@ -28,11 +25,11 @@ class Window(Modifier):
     shapes_scores = True
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.window is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         w = spec.window
         if w is None:
             return
@@ -45,13 +42,29 @@ class Window(Modifier):
             )
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"window={spec.window}" if spec.causal else f"window={spec.window} (symmetric)"
 
     @classmethod
-    def reference_allowed(cls, spec: AttentionSpec, t: int, s: int) -> Tensor | None:
+    def reference_allowed(cls, spec: SpecFields, t: int, s: int) -> Tensor | None:
         cells = torch.ones(t, s, dtype=torch.bool).triu(-(spec.window - 1))
         return cells if spec.causal else cells.tril(spec.window - 1)
+
+    # GroupQueryAttention's local_window_size = W attends to W keys, itself included (measured): the
+    # zoo's window, looking back only.
+    gqa_limit = GraphLimit("causal only (local_window_size looks back)")
+
+    @classmethod
+    def gqa_refusal(cls, spec: SpecFields) -> str | None:
+        if not spec.causal:
+            return f"GroupQueryAttention's local_window_size looks back only; window={spec.window} is symmetric here"
+        return None
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        return OpPart({"local_window_size": self.spec.window})
+
+    def gqa_allowed(self, g: GraphBuilder) -> str | None:
+        return g.op("Less", g.distance(), g.const(float(self.spec.window), "window", "float32"))
 
     def score_allowed(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         d = relative_distance(q_pos, k_pos)
@@ -115,25 +128,28 @@ class Softcap(Modifier):
     needs_explicit = True  # SDPA has no hook for a nonlinear map of the scores
 
     @classmethod
-    def active(cls, spec: AttentionSpec) -> bool:
+    def active(cls, spec: SpecFields) -> bool:
         return spec.softcap is not None
 
     @classmethod
-    def check(cls, spec: AttentionSpec) -> None:
+    def check(cls, spec: SpecFields) -> None:
         c = spec.softcap
         if c is not None and (not is_number(c) or not 0 < c <= 1e4):
             raise SpecError(f"softcap={c!r} must be a number in (0, 1e4] (Gemma-2 uses 50.0) or None")
 
     @classmethod
-    def describe(cls, spec: AttentionSpec) -> str:
+    def describe(cls, spec: SpecFields) -> str:
         return f"softcap={spec.softcap:g}"
+
+    def gqa_op(self, g: GraphBuilder) -> OpPart:
+        return OpPart({"softcap": float(self.spec.softcap)})  # applied before attention_bias (measured)
 
     def score_map(self, scores: Tensor) -> Tensor:
         cap = self.spec.softcap
         return torch.tanh(scores / cap) * cap
 
     @classmethod
-    def reference_map(cls, spec: AttentionSpec, scores: Tensor) -> Tensor:
+    def reference_map(cls, spec: SpecFields, scores: Tensor) -> Tensor:
         return spec.softcap * torch.tanh(scores / spec.softcap)
 
     @classmethod
