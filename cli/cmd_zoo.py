@@ -155,8 +155,8 @@ def add_commands(sub) -> None:
 
 
 def families_markdown() -> str:
-    """The transformers families from_hf knows, as the README's table (zoo.hf.family_table())."""
-    from zoo.hf import family_table
+    """The transformers families from_hf knows, as the README's table (peers.transformers.family_table())."""
+    from peers.transformers import family_table
 
     lines = [
         "| family | class | status (eager max abs err, fp32) | modifiers | refused by name |",
@@ -173,8 +173,8 @@ def families_markdown() -> str:
 
 
 def cmd_families(args: argparse.Namespace) -> int:
+    from peers.transformers import family_table
     from zoo.files import ensure_writable_parent, write_atomic
-    from zoo.hf import family_table
 
     if args.json:
         ensure_writable_parent(args.json)

@@ -1,11 +1,11 @@
-"""Measure each transformers parity case's eager max error and write zoo/hf_measured.json.
+"""Measure each transformers parity case's eager max error and write peers/measured.json.
 
-    python scripts/measure_hf.py [-o zoo/hf_measured.json]
+    python scripts/measure_hf.py [-o peers/measured.json]
 
-For every case of tests/zoo/test_hf.py (a tiny random model of the family, run with its own masks),
+For every case of tests/peers/test_hf.py (a tiny random model of the family, run with its own masks),
 from_hf(module) is compared with the module's captured output in fp32: the max abs error per case,
 with the class it converts. `attnzoo families` and the README show the largest per class;
-tests/zoo/test_hf.py re-measures each case and checks it agrees with this file.
+tests/peers/test_hf.py re-measures each case and checks it agrees with this file.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # the cases and their capture live with the tests
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "zoo")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "peers")]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-o", "--output", default=str(ROOT / "zoo" / "hf_measured.json"))
+    ap.add_argument("-o", "--output", default=str(ROOT / "peers" / "measured.json"))
     args = ap.parse_args()
 
     import torch
@@ -36,7 +36,7 @@ def main() -> int:
         print(f"{name:24s} {cls:28s} {err:.2e}")
     data = {
         "what": "eager max abs error of zoo.from_hf(module) against the module's output inside its own tiny "
-        "random model, fp32, per parity case of tests/zoo/test_hf.py (written by scripts/measure_hf.py)",
+        "random model, fp32, per parity case of tests/peers/test_hf.py (written by scripts/measure_hf.py)",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "cases": cases,
     }

@@ -14,10 +14,10 @@ import torch
 # themselves (tests/zoo/test_user_presets.py, with monkeypatch and a fresh registry).
 os.environ.pop("ATTNZOO_PRESETS", None)
 
-# Test modules of other folders import the transformers cases (tests/zoo/test_hf.py's CASES and
-# capture) and the checkpoint writers (tests/zoo/test_checkpoint.py): make them importable from
+# Test modules of other folders import the transformers cases (tests/peers/test_hf.py's CASES and
+# capture) and the checkpoint writers (tests/peers/test_checkpoint.py): make them importable from
 # any folder, whichever file runs alone.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 
 
 @pytest.fixture(autouse=True)

@@ -70,7 +70,7 @@ TRACED_LOWERINGS = ("decomposed", "onnx-attention", "ort-mha")
 
 
 # Presets named after a model family whose structure the other presets, the transformers family
-# tests (tests/zoo/test_hf.py: the same classes, every lowering) and the fuzzers already cover: in the
+# tests (tests/peers/test_hf.py: the same classes, every lowering) and the fuzzers already cover: in the
 # default run each keeps one traced lowering per matrix (rotating); the rest runs under -m slow.
 FAMILY_PRESETS = frozenset(
     {
@@ -99,7 +99,7 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bo
     lowerings out evenly) plus ort-gqa; its other traced lowerings run under `-m slow`.
     A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, whatever
     rotate, and none with families=False (its kind of block is another preset's, and its
-    transformers family is proven under ONNX Runtime in tests/zoo/test_hf.py).
+    transformers family is proven under ONNX Runtime in tests/peers/test_hf.py).
     """
     import pytest
 

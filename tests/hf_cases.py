@@ -1,5 +1,5 @@
 """Parity cases for the further transformers families (Qwen2, Mixtral, Gemma, ...), merged into
-tests/zoo/test_hf.py's CASES.
+tests/peers/test_hf.py's CASES.
 
 Each case is a tiny model from a config with random weights (no download): make() -> (model,
 attention module, model kwargs). Text models right-pad their second row; decoder self-attention

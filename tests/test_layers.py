@@ -1,6 +1,10 @@
 """The house's layers, read from every module's imports (AST): each package imports only the
 packages below it, nothing imports the command line, and no module imports itself round a
-circle, inside a package or across packages. A failure names the file and the import."""
+circle, inside a package or across packages. A failure names the file and the import.
+
+Imports by name at run time (`importlib.import_module`) obey the same table. One reaches up, on
+purpose: zoo hands on the names of `peers` (which imports zoo), importing a peers module on first
+use in zoo/__init__.py's `__getattr__`; that is the only import of peers zoo may make."""
 
 from __future__ import annotations
 
@@ -15,13 +19,17 @@ ROOT = REPO
 # package -> the packages of ours it may import (besides itself)
 ALLOWED = {
     "zoo": set(),
+    "peers": {"zoo"},
     "analysis": {"zoo"},
     "export": {"zoo"},
     "bench": {"zoo", "export"},
     "serve": {"zoo", "export"},
-    "cli": {"zoo", "analysis", "export", "bench", "serve"},
+    "cli": {"zoo", "peers", "analysis", "export", "bench", "serve"},
 }
 OURS = set(ALLOWED)
+# (module, enclosing def's qualname) -> the package it may import by name there, though ALLOWED does not list it
+LAZY_UP = {("zoo", "__getattr__"): "peers"}
+IMPORT_BY_NAME = {"import_module", "__import__"}  # importlib.import_module(name), __import__(name)
 
 
 def _modules() -> dict[str, Path]:
@@ -71,6 +79,54 @@ def _imports(name: str, path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def _constants(tree: ast.Module) -> dict[str, set[str]]:
+    """Module-level names bound to a string, or to a dict / tuple / list of strings: name -> those strings."""
+    out: dict[str, set[str]] = {}
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target, value = node.targets[0].id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            target, value = node.target.id, node.value
+        if target is None:
+            continue
+        items = value.values if isinstance(value, ast.Dict) else getattr(value, "elts", [value])
+        if all(isinstance(v, ast.Constant) and isinstance(v.value, str) for v in items):
+            out[target] = {v.value for v in items}
+    return out
+
+
+def _imports_by_name(path: Path) -> list[tuple[int, str, set[str] | None]]:
+    """(line, enclosing def's qualname or <module>, the module names it may import, None when the argument
+    cannot be read) for every importlib.import_module / __import__ call in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    consts, out = _constants(tree), []
+
+    def names(arg: ast.expr) -> set[str] | None:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return {arg.value}
+        if isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name):  # TABLE[key]
+            return consts.get(arg.value.id)
+        if isinstance(arg, ast.Name):
+            return consts.get(arg.id)
+        return None
+
+    def visit(node: ast.AST, scope: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, child.name if scope == "<module>" else f"{scope}.{child.name}")
+                continue
+            if isinstance(child, ast.Call) and child.args:
+                func = child.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called in IMPORT_BY_NAME:
+                    out.append((child.lineno, scope, names(child.args[0])))
+            visit(child, scope)
+
+    visit(tree, "<module>")
+    return out
+
+
 def _resolve(target: str) -> str:
     while target and target not in MODULES:
         target = target.rpartition(".")[0]
@@ -81,13 +137,56 @@ def test_packages_import_only_the_layers_below():
     wrong = []
     for name, path in MODULES.items():
         pkg = name.split(".")[0]
-        for line, target in _imports(name, path):
+        by_name = [
+            (line, target, LAZY_UP.get((name, scope)))
+            for line, scope, targets in _imports_by_name(path)
+            for target in sorted(targets or ())
+        ]
+        for line, target, up in [(line, target, None) for line, target in _imports(name, path)] + by_name:
             other = target.split(".")[0]
-            if other != pkg and other not in ALLOWED[pkg]:
+            if other in OURS and other != pkg and other not in ALLOWED[pkg] and other != up:
                 wrong.append(
                     f"{path.relative_to(ROOT)}:{line} imports {target} ({pkg} may import {sorted(ALLOWED[pkg])})"
                 )
     assert not wrong, "\n".join(wrong)
+
+
+def test_zoo_imports_peers_only_by_name_in_its_getattr():
+    """zoo hands on peers' names lazily: importlib.import_module of a module of peers, named in a table,
+    inside zoo/__init__.py's __getattr__, and nowhere else; an import by a name the test cannot read fails."""
+    found, wrong = [], []
+    for name, path in MODULES.items():
+        if name.split(".")[0] != "zoo":
+            continue
+        for line, scope, targets in _imports_by_name(path):
+            where = f"{path.relative_to(ROOT)}:{line} ({scope})"
+            if (name, scope) not in LAZY_UP:
+                wrong.append(f"{where} imports {sorted(targets or ['a computed name'])} by name")
+            elif targets is None or any(_resolve(t) != t or t.split(".")[0] != "peers" for t in targets):
+                wrong.append(f"{where} may import only modules of peers by name, got {sorted(targets or ['?'])}")
+            else:
+                found += sorted(targets)
+    assert not wrong, "\n".join(wrong)
+    assert found, "zoo/__init__.py's __getattr__ no longer hands on peers' names (LAZY_UP is stale)"
+
+
+def test_the_layer_check_sees_an_import_by_name(tmp_path):
+    """The checks above read importlib.import_module calls: a literal name, and a name from a table."""
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import importlib\n"
+        "TABLE = {'a': 'peers.config', 'b': 'peers.checkpoint'}\n"
+        "def __getattr__(name):\n"
+        "    return importlib.import_module(TABLE[name])\n"
+        "def other(x):\n"
+        "    importlib.import_module('peers.transformers')\n"
+        "    __import__(x)\n"
+    )
+    assert _imports_by_name(f) == [
+        (4, "__getattr__", {"peers.config", "peers.checkpoint"}),
+        (6, "other", {"peers.transformers"}),
+        (7, "other", None),
+    ]
 
 
 def test_no_import_circle():

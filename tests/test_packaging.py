@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO
 
 ROOT = REPO
-TOP_LEVEL = ["zoo", "export", "analysis", "bench", "serve", "cli"]
+TOP_LEVEL = ["zoo", "peers", "export", "analysis", "bench", "serve", "cli"]
 COMMANDS = ["list", "show", "audit", "families", "export", "run", "parity", "bench", "heads", "importance", "ablate"]
 COMMANDS += ["serve", "triton", "loadtest"]
 
@@ -40,7 +40,7 @@ def _source_files() -> set[str]:
         for f in (ROOT / top).rglob("*.py") if (ROOT / top).is_dir() else ():
             if "__pycache__" not in f.parts:
                 found.add(f.relative_to(ROOT).as_posix())
-    found.add("zoo/hf_measured.json")
+    found.add("peers/measured.json")
     for f in (ROOT / "models").iterdir():
         if f.suffix in (".toml", ".pt"):
             found.add(f"zoo/presets/{f.name}")

@@ -4,7 +4,14 @@ import zoo
 zoo.names("mha-*")
 m = zoo.create("mha-combined-bias", d_model=256, heads=4)
 y = m(x)                                   # x (b t c) -> y (b t c)
+
+The interop (from_hf / to_hf, from_checkpoint, spec_from_config, preset_toml, from_torch_mha /
+to_torch_mha) lives in the `peers` package, which imports zoo. zoo hands those names on, importing
+peers on first use: `import zoo` imports neither peers nor transformers nor safetensors.
 """
+
+import importlib
+from typing import Any
 
 from .accounting import (
     FLOP_CONVENTION,
@@ -18,11 +25,11 @@ from .accounting import (
 from .attend import explicit_attention, fused_attention
 from .attention import MultiHeadAttention
 from .cache import StaticCache
-from .checkpoint import CheckpointError, from_checkpoint
 from .errors import (
     ArgumentError,
     AttnzooError,
     CacheFullError,
+    CheckpointError,
     InputError,
     InputTypeError,
     MissingFileError,
@@ -30,14 +37,9 @@ from .errors import (
     OutputPathError,
     ResourceError,
 )
+from .errors import HFConversionError as HFConversionError
+from .errors import HFTypeError as HFTypeError
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
-
-# transformers is imported inside from_hf/to_hf only: `import zoo` works without it.
-from .hf import HFConversionError as HFConversionError
-from .hf import HFTypeError as HFTypeError
-from .hf import from_hf as from_hf
-from .hf import to_hf as to_hf
-from .hf_config import preset_toml, spec_from_config
 from .registry import (
     DuplicateNameError,
     Entry,
@@ -54,7 +56,6 @@ from .registry import (
     unregister,
 )
 from .spec import AttentionSpec, SpecError, parse_overrides
-from .torch_peer import from_torch_mha, to_torch_mha
 
 __version__ = "0.1.0"
 
@@ -108,3 +109,24 @@ __all__ = [
     "to_torch_mha",
     "unregister",
 ]
+
+# name -> the module of peers that defines it (the one import of peers zoo makes, in __getattr__)
+_PEERS = {
+    "from_hf": "peers.transformers",
+    "to_hf": "peers.transformers",
+    "from_checkpoint": "peers.checkpoint",
+    "spec_from_config": "peers.config",
+    "preset_toml": "peers.preset",
+    "from_torch_mha": "peers.torch_mha",
+    "to_torch_mha": "peers.torch_mha",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PEERS:
+        return getattr(importlib.import_module(_PEERS[name]), name)
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PEERS})

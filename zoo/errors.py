@@ -56,11 +56,29 @@ class MissingFileError(ArgumentError, FileNotFoundError):
     `except FileNotFoundError` catches it too."""
 
 
+# The interop's refusals (peers: transformers modules and configs, checkpoints). They live here, with the
+# root, so `except zoo.CheckpointError` works without importing peers.
+class HFConversionError(AttnzooError, ValueError):
+    """A transformers module or config the zoo cannot express exactly, or a block that does not fit a module."""
+
+
+class HFTypeError(AttnzooError, TypeError):
+    """Not a transformers attention module of a supported class (or not a zoo block)."""
+
+
+class CheckpointError(HFConversionError):
+    """A checkpoint folder the zoo cannot read a block from: missing files or tensors, a wrong shape or
+    dtype, a config that does not match the weights, a corrupt file. The message names the file."""
+
+
 __all__ = [
     "ArgumentError",
     "AttnzooError",
     "CacheFullError",
+    "CheckpointError",
     "DuplicateNameError",
+    "HFConversionError",
+    "HFTypeError",
     "InputError",
     "InputTypeError",
     "MissingFileError",

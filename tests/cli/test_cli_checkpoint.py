@@ -1,5 +1,5 @@
 """`attnzoo show --config`, `export --config/--checkpoint`, `parity --checkpoint`, `preset`: on a
-hand-written LLaMA-style checkpoint (tests/zoo/test_checkpoint.py), no transformers needed. Mistakes
+hand-written LLaMA-style checkpoint (tests/peers/test_checkpoint.py), no transformers needed. Mistakes
 are one line on stderr with exit status 2."""
 
 from __future__ import annotations

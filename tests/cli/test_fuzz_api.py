@@ -247,7 +247,7 @@ def test_session_run_arguments(arg, data, model_path):
 
 @pytest.fixture(scope="module")
 def fuzz_checkpoint(tmp_path_factory):
-    """A hand-written LLaMA checkpoint (tests/zoo/test_checkpoint.py) to break."""
+    """A hand-written LLaMA checkpoint (tests/peers/test_checkpoint.py) to break."""
     pytest.importorskip("safetensors")
     from test_checkpoint import CONFIG, _tensors, _write
 

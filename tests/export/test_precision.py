@@ -1,6 +1,6 @@
 """Weight precision (export/precision.py): what each precision writes, its refusals, and the error
 bounds parity holds quantized exports to, on random blocks of every registered name and on the
-transformers-initialised blocks of the families from_hf supports (tests/zoo/test_hf.py's cases).
+transformers-initialised blocks of the families from_hf supports (tests/peers/test_hf.py's cases).
 
 The default run checks one lowering and one precision per name (rotating), a few decode exports
 and a few transformers families; the rest of the matrix runs under -m slow. Each check prints the

@@ -1,9 +1,9 @@
 """What each transformers family's attention module computes from its config, once per `model_type`.
 
-A row of the family table (`hf_table`) reads a live module: its projections and attributes such as
+A row of the family table (`peers.classes`) reads a live module: its projections and attributes such as
 `head_dim`, `scaling`, `sliding_window`, `use_rope`. Those attributes are what the module's __init__
 computes from the config; `FAMILIES[model_type].attrs(config, layer)` computes the same from a config
-alone, so `hf_config` can hand the row a stand-in for the module (see there). Each `Family` also says
+alone, so `peers.config` can hand the row a stand-in for the module (see there). Each `Family` also says
 which config key turns the projection biases on and where layer N's attention sits in a checkpoint.
 
 No transformers here: configs are dicts (read through `ConfigView`, with the family's aliases).
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .modifiers import alibi_slopes
+from zoo.modifiers import alibi_slopes
 
 
 class ConfigView:
@@ -201,7 +201,7 @@ def _rope(cfg: ConfigView) -> dict:
 class Family:
     """One config model_type: its row, its module's attributes, its bias flag, where its attention sits."""
 
-    cls: str  # the family table row (hf_table) it reads with
+    cls: str  # the family table row (peers.classes) it reads with
     attrs: Callable[[ConfigView, int], dict]  # config, layer -> the attention module's own attributes
     bias: str | bool = "attention_bias"  # the config key saying the projections carry biases, or a constant
     where: str = "layers.{layer}.self_attn"  # the layer's attention module in the model (checkpoint names)

@@ -1,12 +1,13 @@
 """A transformers config (object, dict or config.json) and a layer in, the spec out: no model built.
 
-The family table's rows (`hf_table`) say how a live attention module maps to a block. What a row
+The family table's rows (`peers.classes`) say how a live attention module maps to a block. What a row
 reads from the module besides its weights (head_dim, scaling, sliding_window, use_rope, ...) is
-what the module's __init__ computes from its config. `hf_families.FAMILIES` holds that computation,
+what the module's __init__ computes from its config. `peers.model_types.FAMILIES` holds that computation,
 once per config `model_type`, with where the layer's attention sits in a checkpoint. `_Standin` builds an
 object that looks like the module (those attributes, its config, its projections as tensors), and
-`hf_rows.read` reads it as it reads the real module: one reader for from_hf, spec_from_config and
-from_checkpoint. tests/zoo/test_checkpoint_hf.py holds spec_from_config to from_hf's spec, case by case.
+`peers.rows.read` reads it as it reads the real module: one reader for from_hf, spec_from_config and
+from_checkpoint (and, through `peers.preset`, preset_toml). tests/peers/test_checkpoint_hf.py holds
+spec_from_config to from_hf's spec, case by case.
 
 transformers is never imported here: a config object is read through its `to_dict()`.
 """
@@ -26,15 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import ArgumentError, AttnzooError, InputTypeError
-from .hf_families import DEFAULT_TRUE, FAMILIES, ConfigView, Family
-from .hf_rows import HFConversionError, Row, read, value
-from .hf_table import ROWS
-from .modifiers import alibi_slopes
-from .spec import AttentionSpec
+from zoo import AttentionSpec
+from zoo.errors import ArgumentError, AttnzooError, HFConversionError, InputTypeError
+from zoo.modifiers import alibi_slopes
 
-_ROW_BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
-
+from .classes import BY_CLASS
+from .model_types import DEFAULT_TRUE, FAMILIES, ConfigView, Family
+from .rows import Row, read, value
 
 # -- reading a config --------------------------------------------------------------------------------
 
@@ -84,7 +83,7 @@ def family_of(data: dict) -> tuple[str, Family]:
     return kind, FAMILIES[kind]
 
 
-def _normalized(kind: str, data: dict) -> dict:
+def normalized(kind: str, data: dict) -> dict:
     """transformers 5's config fields from an older config.json: rope_parameters, text_config."""
     if kind == "gemma3_text" and isinstance(data.get("text_config"), dict):
         data = dict(data["text_config"], model_type="gemma3_text")
@@ -198,7 +197,7 @@ def prepare(config: Any, layer: Any) -> Stand:
     layer = _check_layer(layer)
     data = config_dict(config)
     kind, fam = family_of(data)
-    cfg = ConfigView(_normalized(kind, data), fam.aliases)
+    cfg = ConfigView(normalized(kind, data), fam.aliases)
     _check_sizes(kind, cfg, fam)
     _check_head_width(kind, cfg, fam)
     try:
@@ -206,7 +205,7 @@ def prepare(config: Any, layer: Any) -> Stand:
         if layer >= n:
             raise ArgumentError(f"layer={layer} is out of range: the config has {n} layers (0..{n - 1})")
         attrs = fam.attrs(cfg, layer)
-        row = _ROW_BY_CLASS[fam.cls]
+        row = BY_CLASS[fam.cls]
         probe = _Standin.make(row, cfg, attrs, {}, fam)
         c, h, d = int(value(probe, row.c)), int(value(probe, row.h)), int(value(probe, row.d))
         g = int(value(probe, row.g) or h)
@@ -296,7 +295,7 @@ def _reason(e: Exception) -> str:
 
 
 def read_stand(st: Stand, tensors: dict[str, Tensor]) -> tuple[AttentionSpec, Any]:
-    """hf_rows.read on a stand-in holding `tensors` (names relative to the attention module)."""
+    """peers.rows.read on a stand-in holding `tensors` (names relative to the attention module)."""
     probe = _Standin.make(st.row, st.cfg, st.attrs, tensors, st.family)
     row = st.row
     if row.alibi is not None:  # the rows' slope readers call transformers; these do not
@@ -315,7 +314,7 @@ def _replace_alibi(row: Row, fam: Family) -> Row:
 
 
 class _Standin:
-    """Looks like the family's attention module to `hf_rows.read`: its attributes, `config`, and the
+    """Looks like the family's attention module to `peers.rows.read`: its attributes, `config`, and the
     projections and norms as objects holding `weight` / `bias` tensors."""
 
     @staticmethod
@@ -359,109 +358,4 @@ def spec_from_config(config: Any, layer: int = 0) -> AttentionSpec:
     return spec
 
 
-# -- a preset file from a config ------------------------------------------------------------------
-
-# spec field -> the config keys it is read from (transformers' names; the family's aliases apply)
-_SOURCES = {
-    "d_model": ("hidden_size",),
-    "heads": ("num_attention_heads",),
-    "d_k": ("head_dim",),
-    "kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query", "new_decoder_architecture"),
-    "scale": ("query_pre_attn_scalar", "attention_multiplier", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
-    "rope_theta": (
-        "rope_theta",
-        "rope_parameters.rope_theta",
-        "rope_parameters.{kind}.rope_theta",
-        "no_rope_layers[{layer}]",
-    ),
-    "rope_dim": ("rope_parameters.partial_rotary_factor", "rotary_dim"),
-    "rope_scale": ("rope_parameters.factor", "rope_parameters.{kind}.factor", "rope_scaling.factor"),
-    "window": ("sliding_window", "layer_types[{layer}]"),
-    "softcap": ("attn_logit_softcapping",),
-    "qk_norm_eps": ("rms_norm_eps",),
-    "clip_qkv": ("clip_qkv", "attn_config.clip_qkv"),
-}
-
-
-def _lookup(data: dict, path: str) -> Any:
-    """data["a"]["b"] for "a.b", data["a"][2] for "a[2]"; None when absent."""
-    obj: Any = data
-    for part in path.split("."):
-        key, _, idx = part.partition("[")
-        obj = obj.get(key) if isinstance(obj, dict) else None
-        if idx and isinstance(obj, list) and int(idx[:-1]) < len(obj):
-            obj = obj[int(idx[:-1])]
-        elif idx:
-            obj = None
-    return obj
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(str(v))
-
-
-def _cite(v: Any) -> str:
-    return json.dumps(v) if isinstance(v, (bool, type(None), list, dict)) else str(v)
-
-
-def preset_toml(config: Any, name: str, layer: int = 0) -> str:
-    """A preset file (models/*.toml format) holding layer `layer`'s spec from `config`, each field with a
-    comment citing the config values it was read from. `zoo.add_presets` on its folder registers it
-    under its file's stem, which should be `name`; a shipped preset's name is refused (it is reserved)."""
-    if not isinstance(name, str) or not name or any(ch in name for ch in "*?[] \t/\\"):
-        raise ArgumentError(f"name={name!r} must be a non-empty preset name without spaces, slashes or wildcards")
-    from .registry import is_shipped, reserved
-
-    if is_shipped(name):  # it would not load: shipped names are reserved
-        raise ArgumentError(reserved(name, "a preset file written under its name would not load"))
-    spec = spec_from_config(config, layer)
-    st = prepare(config, layer)
-    raw = config_dict(config)
-    # cite the config's own keys where it has them; rope_parameters as resolved (rope_scaling may replace it)
-    data = {**_normalized(st.kind, dict(raw)), **{k: v for k, v in raw.items() if k != "rope_parameters"}}
-    where = str(config) if isinstance(config, (str, os.PathLike)) else f"a {type(config).__name__}"
-
-    def cited(fld: str) -> list[str]:
-        keys = list(_SOURCES.get(fld, ()))
-        if fld == "bias" and isinstance(st.family.bias, str):
-            keys.append(st.family.bias)
-        out = []
-        for key in keys:
-            key = key.format(layer=layer, kind=st.attrs.get("layer_type"))
-            head = key.split(".")[0].split("[")[0]
-            got = _lookup(data, key.replace(head, st.key(head), 1))
-            if got is not None:
-                out.append(f"{st.key(head)}{key[len(head) :]} {_cite(got)}")
-        return out
-
-    defaults = AttentionSpec()
-    lines, refs = [], []
-    for fld, v in spec.to_dict().items():
-        if v == getattr(defaults, fld) or v is None:
-            continue
-        why = cited(fld)
-        refs += [c for c in why if c not in refs]
-        note = "; ".join(why) or {
-            "layout": f"{st.row.cls} holds one fused q/k/v projection",
-            "causal": f"{st.row.cls} is a causal decoder layer",
-            "bias": f"{st.row.cls} has no projection biases",
-            "alibi": f"{st.row.cls} adds ALiBi (slopes from the head count)",
-            "qk_norm": f"{st.row.cls} normalizes Q and K (RMSNorm)",
-            "rope_interleaved": f"{st.row.cls} rotates adjacent pairs",
-        }.get(fld, f"read by the {st.row.family} row")
-        lines.append(f"{fld} = {_toml_value(v)}  # {note}")
-    head = [
-        f"# written by `attnzoo preset` from {where}: model_type {st.kind}, layer {layer} ({st.row.cls})",
-        f"description = {json.dumps(f'{st.row.family} layer {layer} attention: {spec.describe()}')}",
-        f"reference = {json.dumps(f'config.json (model_type {st.kind}), layer {layer}: ' + ', '.join(refs))}",
-        "",
-        "[spec]",
-    ]
-    return "\n".join(head + lines) + "\n"
-
-
-__all__ = ["FAMILIES", "ConfigView", "Family", "preset_toml", "spec_from_config"]
+__all__ = ["Stand", "config_dict", "prepare", "read_stand", "rope_parameters", "spec_from_config"]

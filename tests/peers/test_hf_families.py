@@ -1,6 +1,6 @@
-"""The transformers family table (`zoo.hf.family_table()`) against the tests that back it.
+"""The transformers family table (`peers.transformers.family_table()`) against the tests that back it.
 
-Every row marked exact has a parity case in tests/zoo/test_hf.py (run there: eager and ONNX Runtime);
+Every row marked exact has a parity case in tests/peers/test_hf.py (run there: eager and ONNX Runtime);
 every configuration a row refuses, and every class refused as a whole, has a case here showing
 that from_hf and to_hf raise HFConversionError naming the class and the field.
 """
@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import peers.transformers
 import zoo
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the [hf] and [test] extras")
@@ -22,30 +23,30 @@ from test_hf import CASES, capture  # noqa: E402
 
 
 def test_family_table_rows_are_complete():
-    table = zoo.hf.family_table()
+    table = peers.transformers.family_table()
     assert len({row["class"] for row in table}) == len(table), "a class appears twice"
     for row in table:
         assert set(row) == {"family", "class", "status", "max_error", "reason", "refuses", "modifiers", "covers"}, row
         assert row["status"] in ("exact", "refused"), row
         assert (row["reason"] is None) == (row["status"] == "exact"), row
     exact = [row["class"] for row in table if row["status"] == "exact"]
-    assert list(zoo.hf.supported_classes()) == exact
+    assert list(peers.transformers.supported_classes()) == exact
 
 
 def test_every_exact_row_has_a_parity_case():
     """As optimum does for its exporters: a class marked exact without a parity case fails."""
     tested = {type(capture(name).module).__name__ for name in CASES}
-    exact = {row["class"] for row in zoo.hf.family_table() if row["status"] == "exact"}
+    exact = {row["class"] for row in peers.transformers.family_table() if row["status"] == "exact"}
     missing = sorted(exact - tested)
     assert not missing, f"marked exact in the family table but with no parity case: {missing}"
 
 
 def test_the_measured_errors_cover_every_case_and_exact_class():
-    """zoo/hf_measured.json (scripts/measure_hf.py) holds one measurement per parity case, no stale
+    """peers/measured.json (scripts/measure_hf.py) holds one measurement per parity case, no stale
     ones; every exact class shows one in the table (test_hf.py's eager test re-measures each)."""
-    measured = zoo.hf.measured_errors()
+    measured = peers.transformers.measured_errors()
     assert sorted(measured) == sorted(CASES), sorted(set(measured) ^ set(CASES))
-    for row in zoo.hf.family_table():
+    for row in peers.transformers.family_table():
         if row["status"] == "exact":
             assert row["max_error"] is not None and 0 <= row["max_error"] <= 1e-5, row
         else:
@@ -53,7 +54,7 @@ def test_the_measured_errors_cover_every_case_and_exact_class():
 
 
 def test_every_refusal_has_a_test():
-    table = zoo.hf.family_table()
+    table = peers.transformers.family_table()
     wanted = {(row["class"], name) for row in table for name in row["refuses"]}
     missing = sorted(wanted - set(hf_cases.REFUSALS))
     assert not missing, f"refusals in the family table without a test: {missing}"
@@ -83,18 +84,19 @@ def test_refused_config_raises(key):
 def test_refused_class_raises(cls):
     module = hf_cases.REFUSED_CLASSES[cls]()
     assert type(module).__name__ == cls
-    reason = next(row["reason"] for row in zoo.hf.family_table() if row["class"] == cls)
+    reason = next(row["reason"] for row in peers.transformers.family_table() if row["class"] == cls)
     with pytest.raises(zoo.HFConversionError, match=rf"^{cls}: ") as e:
         zoo.from_hf(module)
     assert str(e.value) == f"{cls}: {reason}"
     with pytest.raises(zoo.HFConversionError, match=rf"^{cls}: "):
-        zoo.hf.spec_from_hf(module)
+        peers.transformers.spec_from_hf(module)
 
 
 def test_the_family_table_needs_no_transformers():
     code = (
         "import sys; sys.modules['transformers'] = None\n"
-        "import zoo; t = zoo.hf.family_table(); assert len(t) > 12 and zoo.hf.supported_classes(); print('ok')"
+        "import peers.transformers as p\n"
+        "t = p.family_table(); assert len(t) > 12 and p.supported_classes(); print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

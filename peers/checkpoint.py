@@ -17,21 +17,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .attention import MultiHeadAttention
-from .errors import InputTypeError
-from .heads import build
-from .hf_config import Stand, prepare, read_stand
-from .hf_rows import HFConversionError
+from zoo import MultiHeadAttention
+from zoo.errors import CheckpointError, InputTypeError
+from zoo.heads import build
+
+from .config import Stand, prepare, read_stand
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-class CheckpointError(HFConversionError):
-    """A checkpoint folder the zoo cannot read a block from: missing files or tensors, a wrong shape or
-    dtype, a config that does not match the weights, a corrupt file. The message names the file."""
 
 
 def _dtype(dtype: Any) -> torch.dtype | None:

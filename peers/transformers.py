@@ -2,12 +2,13 @@
 
 `from_hf` reads one transformers attention module (and its `config`) and returns a zoo block
 that computes the same function, weights copied; `to_hf` writes a block's weights back into a
-module of the same shape. Each class is one row of the family table (`hf_table.ROWS`, read by
-`hf_rows.read` / `hf_rows.write`); anything the zoo cannot express exactly (a rope scaling type,
+module of the same shape. Each class is one row of the family table (`peers.classes.ROWS`, read by
+`peers.rows.read` / `peers.rows.write`); anything the zoo cannot express exactly (a rope scaling type,
 a LayerNorm on Q/K, bidirectional Gemma-2, BERT's and GPT-2's cross-attention) is refused with an
 `HFConversionError` naming it.
 
-transformers is imported only when a function here needs it: `import zoo` works without it.
+transformers is imported only when a function here needs it: `import peers.transformers` works
+without it. `zoo.from_hf` and `zoo.to_hf` are these functions.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .heads import Projections, build, get_projections
-from .hf_rows import HFConversionError, HFTypeError, Row, cls_name, default_scale, read, write
-from .hf_table import ROWS
-from .spec import AttentionSpec
+from zoo import AttentionSpec, MultiHeadAttention, get_projections
+from zoo.errors import HFConversionError, HFTypeError
+from zoo.heads import Projections, build
 
-_MEASURED = Path(__file__).with_name("hf_measured.json")
-_BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
+from .classes import BY_CLASS, ROWS
+from .rows import Row, cls_name, default_scale, read, write
+
+_MEASURED = Path(__file__).with_name("measured.json")
 # Parts of a supported module that are not the whole block: say which module to pass instead.
 _PARTS = {
     "BertSelfAttention": "pass its parent BertAttention (layer.attention), which holds the output dense too",
@@ -43,7 +44,7 @@ def supported_classes() -> dict[str, str]:
 @functools.cache
 def measured_errors() -> dict[str, dict]:
     """case name -> {"class", "eager_max_abs_err"}: the parity cases' measured errors (fp32), as
-    scripts/measure_hf.py wrote them into zoo/hf_measured.json (tests/zoo/test_hf.py re-measures them)."""
+    scripts/measure_hf.py wrote them into peers/measured.json (tests/peers/test_hf.py re-measures them)."""
     return json.loads(_MEASURED.read_text())["cases"]
 
 
@@ -78,12 +79,12 @@ def _row(module: object) -> Row:
     name = cls_name(module)
     if name in _PARTS:
         raise HFTypeError(f"{name}: {_PARTS[name]}")
-    row = _BY_CLASS.get(name)
+    row = BY_CLASS.get(name)
     if row is None or not type(module).__module__.startswith("transformers."):
         inside = [
             f"{n} ({cls_name(c)})"
             for n, c in module.named_modules()
-            if n and cls_name(c) in _BY_CLASS and type(c).__module__.startswith("transformers.")
+            if n and cls_name(c) in BY_CLASS and type(c).__module__.startswith("transformers.")
         ][:2]
         hint = f"; it holds {', '.join(inside)}: pass that" if inside else ""
         raise HFTypeError(

@@ -3,7 +3,7 @@
 The checkpoints here are written by hand (config.json + safetensors.torch.save_file) in LLaMA's
 naming, from a zoo block: from_checkpoint must give that block back, and refuse each broken variant
 (a missing tensor, a wrong shape, a truncated file, a config that does not match, int8 weights) with
-one line naming the file and the tensor. tests/zoo/test_checkpoint_hf.py checks transformers' own saves.
+one line naming the file and the tensor. tests/peers/test_checkpoint_hf.py checks transformers' own saves.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ import warnings
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .errors import ArgumentError, InputTypeError
-from .heads import Projections, build, get_projections
-from .spec import AttentionSpec
+from zoo import AttentionSpec, MultiHeadAttention
+from zoo.errors import ArgumentError, InputTypeError
+from zoo.heads import Projections, build, get_projections
+from zoo.modifiers import active
 
 
 def from_torch_mha(mha: nn.MultiheadAttention, *, cross_attention: bool | None = None) -> MultiHeadAttention:
@@ -98,8 +98,6 @@ def to_torch_mha(m: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multi
         problems.append(f"scale={s.scale} (torch's MHA always uses 1/sqrt(d_k))")
     if s.causal:
         problems.append("causal=True (pass attn_mask/is_causal to torch's MHA yourself)")
-    from .modifiers import active
-
     problems += [f"{mod.describe(s)} (torch's MHA has no {mod.name})" for mod in active(s)]
     if problems:
         raise ArgumentError("cannot express this spec as nn.MultiheadAttention: " + "; ".join(problems))
@@ -128,3 +126,6 @@ def to_torch_mha(m: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multi
             mha.in_proj_bias.copy_(torch.cat([p.b_q, p.b_k, p.b_v]))
             mha.out_proj.bias.copy_(p.b_o)
     return mha.eval()
+
+
+__all__ = ["from_torch_mha", "to_torch_mha"]

@@ -5,7 +5,7 @@ its projections (separate q/k/v or one fused projection in a named row layout), 
 projection, its sizes, scale, causality, and where the rotary / window / softcap / QK-norm /
 ALiBi / clip_qkv / relative-bucket settings come from, and (cross-attention) the width of its context.
 `read(row, module)` turns a module into (spec, projections) and `write(row, module, spec,
-projections)` is its inverse. The rows themselves are in `hf_table`.
+projections)` is its inverse. The rows themselves are in `peers.classes`.
 
 transformers is imported only inside functions given transformers objects.
 
@@ -24,19 +24,11 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from .errors import AttnzooError
-from .heads import Projections
-from .spec import AttentionSpec
+from zoo import AttentionSpec
+from zoo.errors import HFConversionError
+from zoo.heads import Projections
 
 CONV1D_TO_LINEAR = "i o -> o i"  # GPT-2's Conv1D stores (in, out); nn.Linear stores (out, in)
-
-
-class HFConversionError(AttnzooError, ValueError):
-    """A transformers module or config the zoo cannot express exactly, or a block that does not fit a module."""
-
-
-class HFTypeError(AttnzooError, TypeError):
-    """Not a transformers attention module of a supported class (or not a zoo block)."""
 
 
 # A value read from a module: a dotted attribute path ("config.hidden_size"; a trailing "?" means

@@ -20,6 +20,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import peers.rows
+import peers.transformers
 import zoo
 from export import OnnxSession, export_onnx
 from export.lowering import LOWERINGS, why_not
@@ -353,11 +355,11 @@ def test_eager_parity(name):
     print(f"{name}: eager max abs err {err:.2e} (output max {scale:.2f})")
     # the error `attnzoo families` shows is this one, measured (scripts/measure_hf.py): rounding
     # may move it between machines, a different function would not stay within the factor
-    recorded = zoo.hf.measured_errors().get(name)
-    assert recorded is not None, f"{name}: not in zoo/hf_measured.json; run scripts/measure_hf.py"
+    recorded = peers.transformers.measured_errors().get(name)
+    assert recorded is not None, f"{name}: not in peers/measured.json; run scripts/measure_hf.py"
     assert recorded["class"] == cls, (recorded, cls)
     low, high = recorded["eager_max_abs_err"] / 8 - 1e-7, recorded["eager_max_abs_err"] * 8 + 1e-7
-    assert low <= err <= high, f"{name}: measured {err:.2e}, zoo/hf_measured.json says {recorded}"
+    assert low <= err <= high, f"{name}: measured {err:.2e}, peers/measured.json says {recorded}"
     # the window, the cap, the clamp, the rope scale and T5's buckets bite at these sizes: the block
     # without them misses the reference
     for field in ("window", "softcap", "clip_qkv", "rope_scale", "rel_buckets"):
@@ -443,8 +445,8 @@ def test_round_trip(name):
     model = copy.deepcopy(c.model)
     fresh = _randomize(next(sub for n, sub in model.named_modules() if n == _path(c)), seed=7)
     if CASES[name].output_is_dense_of is not None:  # BERT's LayerNorm is outside the block: keep m's
-        norm = zoo.hf_rows.value(c.module, CASES[name].layernorm)
-        zoo.hf_rows.value(fresh, CASES[name].layernorm).load_state_dict(norm.state_dict())
+        norm = peers.rows.value(c.module, CASES[name].layernorm)
+        peers.rows.value(fresh, CASES[name].layernorm).load_state_dict(norm.state_dict())
     assert (_replay(fresh, c) - c.full).abs().max().item() > 1e-3  # fresh really differs before
     assert zoo.to_hf(block, fresh, model=model) is fresh
     err = (_replay(fresh, c) - c.full).abs().max().item()
@@ -781,7 +783,7 @@ def test_preset_matches_the_real_config(preset):
     takes_layer = "layer_idx" in inspect.signature(module_cls.__init__).parameters
     with torch.device("meta"):
         module = module_cls(config, layer_idx=0) if takes_layer else module_cls(config)
-    got = zoo.hf.spec_from_hf(module)
+    got = peers.transformers.spec_from_hf(module)
     want = zoo.spec(preset)
     got_r, want_r = _resolved(got.replace(layout=want.layout)), _resolved(want)
     diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
@@ -791,7 +793,7 @@ def test_preset_matches_the_real_config(preset):
 def test_every_supported_class_has_a_parity_case():
     """As optimum does for its exporters: a class from_hf accepts without a case here fails."""
     tested = {type(capture(name).module).__name__ for name in CASES}
-    missing = sorted(set(zoo.hf.supported_classes()) - tested)
+    missing = sorted(set(peers.transformers.supported_classes()) - tested)
     assert not missing, f"supported by from_hf but not tested against its model: {missing}"
 
 
@@ -842,7 +844,7 @@ def test_other_preset_matches_the_real_module(preset):
     with torch.device("meta"):
         module = OTHER_PRESET_MODULES[preset]()
     want = zoo.spec(preset)
-    got_r, want_r = _resolved(zoo.hf.spec_from_hf(module).replace(layout=want.layout)), _resolved(want)
+    got_r, want_r = _resolved(peers.transformers.spec_from_hf(module).replace(layout=want.layout)), _resolved(want)
     diff = {k: (got_r[k], want_r[k]) for k in want_r if got_r[k] != pytest.approx(want_r[k])}
     assert not diff, f"{preset}: from_hf reads / preset holds {diff}"
 

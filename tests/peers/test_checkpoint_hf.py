@@ -1,13 +1,13 @@
 """zoo.from_checkpoint and zoo.spec_from_config against transformers' own models.
 
-Every decoder case of tests/zoo/test_hf.py whose config model_type the zoo reads (zoo.hf_families.FAMILIES):
+Every decoder case of tests/peers/test_hf.py whose config model_type the zoo reads (peers.model_types.FAMILIES):
 its model is saved with save_pretrained into a temp folder, the captured layer's block is read back
 from the safetensors files, and it must compute the captured output (max abs error <= 1e-5, fp32) and
 hold the very tensors from_hf copies. spec_from_config (config object, and the saved config.json) must
 give from_hf's spec, and so must the preset `zoo.preset_toml` writes from the config. One sharded
 checkpoint exercises the index path. Under ONNX Runtime by default: ort-gqa (built node by node) where
 it applies and one traced lowering for LLaMA (the other families' traced lowerings of the same block
-run in tests/zoo/test_hf.py); the traced lowering of every family's checkpoint block under -m slow.
+run in tests/peers/test_hf.py); the traced lowering of every family's checkpoint block under -m slow.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import copy
 import pytest
 import torch
 
+import peers.transformers
 import zoo
 from export import OnnxSession, export_onnx
 from export.lowering import why_not
-from zoo.hf_config import FAMILIES
-from zoo.hf_table import ROWS
+from peers.classes import ROWS
+from peers.model_types import FAMILIES
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the [hf] and [test] extras")
 
@@ -162,7 +163,7 @@ def test_spec_from_config_refuses_what_from_hf_refuses_and_reads_clip_qkv():
     assert (
         zoo.spec_from_config(cfg).rope_scale
         == 2.0
-        == zoo.hf.spec_from_hf(transformers.LlamaModel(cfg).layers[0].self_attn).rope_scale
+        == peers.transformers.spec_from_hf(transformers.LlamaModel(cfg).layers[0].self_attn).rope_scale
     )
     olmo = transformers.OlmoConfig(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=50, clip_qkv=8.0
@@ -292,17 +293,17 @@ _ROPE_VARIANTS = [
 ]
 
 
-_READS_ROPE = {row.cls for row in ROWS if row.rope in ("full", "partial")}  # through hf_rows.config_rope
+_READS_ROPE = {row.cls for row in ROWS if row.rope in ("full", "partial")}  # through peers.rows.config_rope
 
 
 @pytest.mark.parametrize("kind", sorted(k for k, fam in FAMILIES.items() if fam.cls in _READS_ROPE))
 def test_rope_keys_resolve_as_transformers_autoconfig(kind):
-    """hf_config.rope_parameters (the one reading of the rope keys) against AutoConfig's rope_parameters, for
+    """peers.config.rope_parameters (the one reading of the rope keys) against AutoConfig's rope_parameters, for
     each family that reads them, over the key combinations a config.json can hold."""
     import json
     import warnings
 
-    from zoo.hf_config import rope_parameters
+    from peers.config import rope_parameters
 
     base = {"model_type": kind, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
     base.update(num_hidden_layers=2, intermediate_size=128, vocab_size=100)

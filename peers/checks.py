@@ -1,4 +1,4 @@
-"""Readers and refusal checks that rows of the transformers family table (`hf_table`) share.
+"""Readers and refusal checks that rows of the transformers family table (`peers.classes`) share.
 
 Each function takes the transformers module a row describes; a `Check` returns the reason a
 configuration is refused (one line naming the field), or None.
@@ -10,7 +10,9 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from .hf_rows import Check, cls_name
+from zoo.errors import HFConversionError
+
+from .rows import Check, cls_name
 
 
 def _bidirectional(m: nn.Module) -> str | None:
@@ -155,8 +157,6 @@ def t5_bias(m: nn.Module, model: nn.Module | None) -> tuple[nn.Module, bool] | N
     """The relative bias table T5's self-attention `m` reads: its own (the stack's first layer, every UMT5
     layer), or the first layer's, found in `model` (T5 and MT5 share it down the stack). None for
     cross-attention, which has no distances and no bias."""
-    from .hf_rows import HFConversionError
-
     if t5_context(m) is not None:
         return None
     if getattr(m, "has_relative_attention_bias", False):

@@ -1,14 +1,18 @@
-"""The transformers family table: one `Row` per attention class (see `hf_rows` for the fields).
+"""The transformers family table: one `Row` per attention class (see `peers.rows` for the fields).
 
 A new family is a new row. Rows that share a layout are written as a base row plus the
 fields that differ (`_like`). Refused classes are rows too, with the reason.
+
+These are the rows of attention modules. The other parts of a whole model (its norms, MLPs and
+embeddings) are not attention classes: their rows belong in tables of their own beside this one,
+in `peers/`, each read by a reader of its own kind, as `peers.rows` reads these.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .hf_checks import (
+from .checks import (
     BIDIRECTIONAL,
     beit_bias,
     bloom_slopes,
@@ -26,7 +30,7 @@ from .hf_checks import (
     t5_bias,
     t5_context,
 )
-from .hf_rows import Check, Row
+from .rows import Check, Row
 
 
 def _like(base: Row, **changes: object) -> Row:
@@ -375,3 +379,5 @@ ROWS: tuple[Row, ...] = (
         scale="scale",
     ),
 )
+
+BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
