@@ -22,11 +22,14 @@ import torch
 
 import zoo
 
+from .choice import why_not
+from .errors import ExportError
 from .io import interface
-from .lowering import DTYPES, LOWERINGS, ExportError, example_inputs, export_onnx, why_not
-from .names import DEVICES
+from .names import DEVICES, LOWERINGS
 from .precision import ERROR_BOUNDS, rel_l2
 from .session import OnnxSession, SessionError, cuda_status
+from .tracing import DTYPES, example_inputs
+from .writer import export_onnx
 
 
 @dataclass(frozen=True)

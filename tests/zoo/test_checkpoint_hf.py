@@ -19,7 +19,7 @@ import torch
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.lowering import why_not
+from export.choice import why_not
 from zoo.hf_config import FAMILIES
 from zoo.hf_table import ROWS
 
