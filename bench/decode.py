@@ -58,7 +58,7 @@ def benchmark_decode(
     in its own worker. int8/int4 apply to the ONNX paths, fp16/bf16 to the eager ones."""
     from tqdm import tqdm
 
-    from export.lowering import why_not
+    from export.choice import why_not
 
     spec = zoo.spec(name, **overrides)
     precisions = list(precisions or ["fp32"])
@@ -95,7 +95,7 @@ def benchmark_decode(
                 if reason:
                     skipped[label] = reason
                     continue
-                from export.lowering import export_onnx
+                from export.writer import export_onnx
 
                 started = time.perf_counter()
                 target = Path(tmp) / f"{lowering}-{cache}-{precision}.onnx"

@@ -60,7 +60,8 @@ def export_lowerings(
     provider: str = "cpu",
 ) -> dict[str, Export]:
     """{label(lowering, precision): Export}; one that cannot be made gets path None and the reason."""
-    from export.lowering import ExportError, export_onnx
+    from export.errors import ExportError
+    from export.writer import export_onnx
 
     out = {}
     for lw in lowerings:
@@ -86,7 +87,7 @@ def export_lowerings(
 
 def auto_lowering(provider: str, spec: zoo.AttentionSpec, exports: dict[str, Export]) -> str | None:
     """What export_onnx(lowering="auto", provider=...) picks (no mask input): the first that exports."""
-    from export.lowering import auto_order
+    from export.choice import auto_order
 
     order = auto_order(provider, spec, with_mask=False)
     return next((lw for lw in order if lw in exports and exports[lw].path), None)  # the fp32 exports

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import zoo
-from export.lowering import AUTO_PREFERENCE, LOWERINGS, TARGETS
-from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, PRECISIONS, PROVIDERS
+from export.choice import AUTO_PREFERENCE, TARGETS
+from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, LOWERINGS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, choice_list, positive, source_of, with_set, with_source
@@ -31,7 +31,7 @@ def _block(args: argparse.Namespace, source: str) -> tuple[zoo.MultiHeadAttentio
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from export.lowering import export_onnx
+    from export.writer import export_onnx
 
     source = source_of(args, "name")
     what, overrides, label = args.name, zoo.parse_overrides(args.set), None
@@ -67,8 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from bench.timing import repeat_timed
     from export.io import interface
-    from export.lowering import DTYPES, example_inputs
     from export.session import OnnxSession
+    from export.tracing import DTYPES, example_inputs
 
     sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
     if args.threads:

@@ -33,7 +33,7 @@ def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder:
         return path
     if target not in zoo.names():
         raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
-    from export.lowering import export_onnx
+    from export.writer import export_onnx
 
     out = folder / f"{target}.onnx"
     result = export_onnx(
@@ -205,7 +205,7 @@ def _http_url(text: str) -> str:
 
 
 def add_commands(sub) -> None:
-    from export.lowering import LOWERINGS
+    from export.names import LOWERINGS
 
     sp = sub.add_parser("serve", help="serve an exported block with Ray Serve (dynamic batching, HTTP)")
     sp.add_argument("model", metavar="PATH_OR_NAME", help="an .onnx file, or a zoo name (exported with --mask first)")

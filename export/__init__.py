@@ -1,4 +1,4 @@
-"""attnzoo's export side: ONNX lowerings, ONNX Runtime sessions, parity (benchmarks live in bench/).
+"""attnzoo's export side: the ONNX lowerings, writing the file, ONNX Runtime sessions, parity.
 
     from export import export_onnx, OnnxSession
     r = export_onnx("mha-combined-bias", "out.onnx")
@@ -14,13 +14,13 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "export_onnx": "export.lowering",
-    "ExportResult": "export.lowering",
-    "LOWERINGS": "export.lowering",
+    "export_onnx": "export.writer",
+    "ExportResult": "export.writer",
+    "LOWERINGS": "export.names",
     "ExportError": "export.errors",
     "OnnxSession": "export.session",
-    "SessionError": "export.session",
-    "cuda_status": "export.session",
+    "SessionError": "export.providers",
+    "cuda_status": "export.providers",
     "run_parity": "export.parity",
 }
 

@@ -3,9 +3,11 @@
 Every exported model has the inputs and outputs below (the optional ones when asked for),
 with the axis vocabulary as dynamic-axis names. Tracing names every traced graph's inputs and outputs
 from this table and checks each export against it (tracing.check_interface); parity and `attnzoo run`
-build inputs from it. It is not the only place that spells the names: decoding.py, static_decoding.py,
-gqa.py (its hand-built graph), tracing.py's decode wrappers and session.py also write them as strings,
-so a name changed here must change there as well.
+build inputs from it; tracing's examples, the session, its feeds (feeds.py) and the decoders
+(decoding.py, static_decoding.py) feed and bind the inputs by the names here. Four places spell
+them themselves: the parameters of tracing's wrappers (torch.export matches inputs to them by
+name), gqa.py's hand-built graph, parity's reading of the feeds it made, and the words of error
+messages.
 """
 
 from __future__ import annotations

@@ -21,13 +21,15 @@ import torch
 import zoo
 from zoo.cache import check_room, check_static_fits
 
-from .decoding import DecodeInputError, check_decode_inputs, check_x, chunks_one_row_at_a_time
+from .decoding import chunks_one_row_at_a_time
+from .feeds import check_cache_key_mask, check_decode_inputs, check_x
+from .io import CACHE_KEY, CACHE_KEY_MASK, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE, CACHE_VALUE, PAST_LEN, X, Y
 
 if TYPE_CHECKING:
-    from .session import OnnxSession
+    from .runtime import RuntimeSession
 
 
-def capacity(sess: OnnxSession) -> int:
+def capacity(sess: RuntimeSession) -> int:
     """The static cache's capacity n recorded at export (attnzoo.max_len): the one reader of that key
     (the session and the server), ASCII digits only ('²'.isdigit() is True, int('²') fails)."""
     raw = sess.metadata.get("attnzoo.max_len")
@@ -41,7 +43,7 @@ def capacity(sess: OnnxSession) -> int:
     return int(raw)
 
 
-def checked_capacity(sess: OnnxSession, batch: int, max_len) -> int:
+def checked_capacity(sess: RuntimeSession, batch: int, max_len) -> int:
     """The capacity of a cache of `batch` rows: max_len (None: the exported one), a positive int no larger
     than the exported capacity, whose buffers fit in this machine's memory (zoo.ResourceError before
     anything is allocated, not numpy's MemoryError)."""
@@ -54,7 +56,7 @@ def checked_capacity(sess: OnnxSession, batch: int, max_len) -> int:
             f"max_len={n} is past this model's capacity of {exported} positions (attnzoo.max_len, fixed at "
             f"export): give max_len <= {exported}, or re-export with --max-len {n} (max_len={n})"
         )
-    check_static_fits(sess.spec, batch, n, sess.dtype.itemsize, key_mask="key_mask" in sess.input_names)
+    check_static_fits(sess.spec, batch, n, sess.dtype.itemsize, key_mask=CACHE_KEY_MASK.name in sess.input_names)
     return n
 
 
@@ -76,7 +78,7 @@ class OrtStaticCache:
     is allocated.
     """
 
-    def __init__(self, sess: OnnxSession, pk: np.ndarray, pv: np.ndarray, km: np.ndarray | None, *, max_len=None):
+    def __init__(self, sess: RuntimeSession, pk: np.ndarray, pv: np.ndarray, km: np.ndarray | None, *, max_len=None):
         import onnxruntime as ort
 
         b, g, p = pk.shape[:3]
@@ -92,16 +94,16 @@ class OrtStaticCache:
         self.key_ov = ort.OrtValue.ortvalue_from_numpy(self.key, self.device, 0)
         self.value_ov = ort.OrtValue.ortvalue_from_numpy(self.value, self.device, 0)
         self.binding = binding = sess.new_binding()
-        binding.bind_output("y", self.device)  # first: get_outputs()[0] is y
-        binding.bind_ortvalue_input("past_key", self.key_ov)
-        binding.bind_ortvalue_input("past_value", self.value_ov)
-        binding.bind_ortvalue_output("present_key", self.key_ov)
-        binding.bind_ortvalue_output("present_value", self.value_ov)
-        if "key_mask" in sess.input_names:  # (b, p + k) -> the whole capacity; later positions are real
+        binding.bind_output(Y.name, self.device)  # first: get_outputs()[0] is y
+        binding.bind_ortvalue_input(CACHE_KEY.name, self.key_ov)
+        binding.bind_ortvalue_input(CACHE_VALUE.name, self.value_ov)
+        binding.bind_ortvalue_output(CACHE_PRESENT_KEY.name, self.key_ov)
+        binding.bind_ortvalue_output(CACHE_PRESENT_VALUE.name, self.value_ov)
+        if CACHE_KEY_MASK.name in sess.input_names:  # (b, p + k) -> the whole capacity; later positions are real
             self.key_mask = np.ones((b, n), np.bool_)
             if km is not None:
                 self.key_mask[:, : min(km.shape[1], n)] = km[:, :n]
-            binding.bind_cpu_input("key_mask", self.key_mask)
+            binding.bind_cpu_input(CACHE_KEY_MASK.name, self.key_mask)
 
     def check_room(self, t: int) -> None:
         """Refuse, before anything is written, a run of t positions past the capacity."""
@@ -130,9 +132,9 @@ class OrtStaticCache:
 
     def _step(self, x: np.ndarray) -> np.ndarray:
         """One run over the buffers bound once: this call's keys and values land in them in place."""
-        self.binding.bind_cpu_input("x", np.ascontiguousarray(x))
-        self.binding.bind_cpu_input("past_len", np.array(self.length, np.int64))
-        self.binding.bind_output("y", self.device)  # a fresh y each step (t may change); stays output 0
+        self.binding.bind_cpu_input(X.name, np.ascontiguousarray(x))
+        self.binding.bind_cpu_input(PAST_LEN.name, np.array(self.length, np.int64))
+        self.binding.bind_output(Y.name, self.device)  # a fresh y each step (t may change); stays output 0
         self.sess.run_with_iobinding(self.binding)
         self.length += x.shape[1]
         return self.binding.get_outputs()[0].numpy()
@@ -150,14 +152,14 @@ class OrtStaticCache:
         for r in range(x.shape[0]):
             rows = [ort.OrtValue.ortvalue_from_numpy(buf[r : r + 1], "cpu", 0) for buf in (key, value)]
             binding = self.sess.new_binding()
-            binding.bind_output("y", "cpu")
-            binding.bind_cpu_input("x", np.ascontiguousarray(x[r : r + 1]))
-            binding.bind_cpu_input("past_len", np.array(self.length, np.int64))
-            for name, row in zip(("past_key", "past_value"), rows):
-                binding.bind_ortvalue_input(name, row)
-                binding.bind_ortvalue_output(name.replace("past", "present"), row)
-            if "key_mask" in self.sess.input_names:
-                binding.bind_cpu_input("key_mask", self.key_mask[r : r + 1])
+            binding.bind_output(Y.name, "cpu")
+            binding.bind_cpu_input(X.name, np.ascontiguousarray(x[r : r + 1]))
+            binding.bind_cpu_input(PAST_LEN.name, np.array(self.length, np.int64))
+            for past, present, row in zip((CACHE_KEY, CACHE_VALUE), (CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE), rows):
+                binding.bind_ortvalue_input(past.name, row)
+                binding.bind_ortvalue_output(present.name, row)
+            if CACHE_KEY_MASK.name in self.sess.input_names:
+                binding.bind_cpu_input(CACHE_KEY_MASK.name, self.key_mask[r : r + 1])
             self.sess.run_with_iobinding(binding)
             ys.append(binding.get_outputs()[0].numpy())
         if not on_cpu:
@@ -182,25 +184,18 @@ class OrtStaticCache:
         return np.ascontiguousarray(key[:, :, :n]), np.ascontiguousarray(value[:, :, :n])
 
 
-def static_cache(sess: OnnxSession, batch: int, past_key=None, past_value=None, key_mask=None, *, max_len=None):
+def static_cache(sess: RuntimeSession, batch: int, past_key=None, past_value=None, key_mask=None, *, max_len=None):
     """sess.static_cache(...): an OrtStaticCache for `batch` rows holding the given past (None: empty)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise zoo.ArgumentError(f"batch={batch!r} must be a positive int")
     checked_capacity(sess, batch, max_len)  # before any array of `batch` rows is made
     x = np.zeros((batch, 1, sess.spec.d_model), sess.dtype)
     _, pk, pv, _, p = check_decode_inputs(sess, x, past_key, past_value, None)
-    if key_mask is not None:
-        if "key_mask" not in sess.input_names:
-            raise DecodeInputError("this model has no key_mask input; re-export with --mask (with_mask=True)")
-        key_mask = np.ascontiguousarray(key_mask.numpy() if isinstance(key_mask, torch.Tensor) else key_mask)
-        if key_mask.dtype != np.bool_ or key_mask.ndim != 2 or key_mask.shape[0] != batch or key_mask.shape[1] < p:
-            raise DecodeInputError(
-                f"key_mask is {key_mask.dtype} {key_mask.shape}; expected bool (b={batch}, p + k >= {p})"
-            )
+    key_mask = check_cache_key_mask(sess, key_mask, batch, p)
     return OrtStaticCache(sess, pk, pv, key_mask, max_len=max_len)
 
 
-def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
+def decode(sess: RuntimeSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) after a past (b g p d) -> y (b t c), present_key, present_value (b g p+t d)."""
     as_torch = isinstance(x, torch.Tensor)
     x, pk, pv, km, p = check_decode_inputs(sess, x, past_key, past_value, key_mask)
@@ -210,7 +205,7 @@ def decode(sess: OnnxSession, x, past_key=None, past_value=None, key_mask=None):
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
 
 
-def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, key_mask=None):
+def generate_steps(sess: RuntimeSession, x_steps, past_key=None, past_value=None, key_mask=None):
     """x_steps (b k c) one position at a time into buffers bound once -> y (b k c), presents (b g p+k d).
 
     key_mask, if the model takes one, is (b p+k) for the whole run."""
@@ -225,7 +220,7 @@ def generate_steps(sess: OnnxSession, x_steps, past_key=None, past_value=None, k
     return tuple(torch.from_numpy(o) for o in out) if as_torch else out
 
 
-def _call_cache(sess: OnnxSession, pk, pv, km, new: int) -> OrtStaticCache:
+def _call_cache(sess: RuntimeSession, pk, pv, km, new: int) -> OrtStaticCache:
     """Buffers for one stateless call that adds `new` positions to a past (the API of the growing
     cache, and what a server calls): refused past the model's capacity, before anything is written,
     but sized to the call (p + new), since the graph takes any capacity: a call allocates and reads

@@ -15,7 +15,7 @@ from zoo.attention import static_step
 
 from .errors import ExportError
 from .graphs import quiet
-from .io import TensorIO, interface
+from .io import HEAD_MASK, KEY_MASK, PAST_KEY, PAST_LEN, PAST_VALUE, TensorIO, X, interface
 from .lowerings import Lowering, record
 from .names import DTYPES as DTYPE_NAMES
 
@@ -52,7 +52,7 @@ def example_inputs(
             m = torch.rand(shape) > 0.3
             m[..., 0] = True
             out[io.name] = m
-        elif io.name == "head_mask":
+        elif io.name == HEAD_MASK.name:
             out[io.name] = torch.rand(shape).to(dtype)
         else:
             out[io.name] = torch.randn(shape).to(dtype)
@@ -107,22 +107,22 @@ def lower_decode(module, lowering, dtype, with_key_mask):
     torch_dtype = DTYPES[dtype]
     b, t, p = EXAMPLE_B, EXAMPLE_T, EXAMPLE_P
     example = {
-        "x": torch.randn(b, t, spec.d_model).to(torch_dtype),
-        "past_key": torch.randn(b, spec.kv_heads_, p, spec.d_k_).to(torch_dtype),
-        "past_value": torch.randn(b, spec.kv_heads_, p, spec.d_v_).to(torch_dtype),
+        X.name: torch.randn(b, t, spec.d_model).to(torch_dtype),
+        PAST_KEY.name: torch.randn(b, spec.kv_heads_, p, spec.d_k_).to(torch_dtype),
+        PAST_VALUE.name: torch.randn(b, spec.kv_heads_, p, spec.d_v_).to(torch_dtype),
     }
     dim_b, dim_t, dim_p = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("p", min=0)
     dynamic_shapes = {
-        "x": {0: dim_b, 1: dim_t},
-        "past_key": {0: dim_b, 2: dim_p},
-        "past_value": {0: dim_b, 2: dim_p},
+        X.name: {0: dim_b, 1: dim_t},
+        PAST_KEY.name: {0: dim_b, 2: dim_p},
+        PAST_VALUE.name: {0: dim_b, 2: dim_p},
     }
     if with_key_mask:
         key_mask = torch.ones(b, p + t, dtype=torch.bool)
         key_mask[0, :2] = False  # left padding in the example, so no branch on it is taken
-        example["key_mask"] = key_mask
+        example[KEY_MASK.name] = key_mask
         # s = p + t: a sum of two dims, which torch.export's Dim cannot declare; AUTO infers it.
-        dynamic_shapes["key_mask"] = {0: dim_b, 1: torch.export.Dim.AUTO}
+        dynamic_shapes[KEY_MASK.name] = {0: dim_b, 1: torch.export.Dim.AUTO}
     model = trace(_DecodeBlock(block).eval(), example, dynamic_shapes, rec, outs)
     # torch names derived dims by their formulas ("p + t", "s73"): give them the vocabulary's names.
     for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
@@ -160,23 +160,23 @@ def lower_static_decode(module, lowering, dtype, with_key_mask):
     torch_dtype = DTYPES[dtype]
     b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_S + EXAMPLE_T  # capacity > p + t, all sizes different
     example = {
-        "x": torch.randn(b, t, spec.d_model).to(torch_dtype),
-        "past_key": torch.randn(b, spec.kv_heads_, n, spec.d_k_).to(torch_dtype),
-        "past_value": torch.randn(b, spec.kv_heads_, n, spec.d_v_).to(torch_dtype),
-        "past_len": torch.tensor(EXAMPLE_P),
+        X.name: torch.randn(b, t, spec.d_model).to(torch_dtype),
+        PAST_KEY.name: torch.randn(b, spec.kv_heads_, n, spec.d_k_).to(torch_dtype),
+        PAST_VALUE.name: torch.randn(b, spec.kv_heads_, n, spec.d_v_).to(torch_dtype),
+        PAST_LEN.name: torch.tensor(EXAMPLE_P),
     }
     dim_b, dim_t, dim_n = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("n")
     dynamic_shapes = {
-        "x": {0: dim_b, 1: dim_t},
-        "past_key": {0: dim_b, 2: dim_n},
-        "past_value": {0: dim_b, 2: dim_n},
-        "past_len": {},
+        X.name: {0: dim_b, 1: dim_t},
+        PAST_KEY.name: {0: dim_b, 2: dim_n},
+        PAST_VALUE.name: {0: dim_b, 2: dim_n},
+        PAST_LEN.name: {},
     }
     if with_key_mask:
         key_mask = torch.ones(b, n, dtype=torch.bool)
         key_mask[0, :2] = False  # left padding in the example, so no branch on it is taken
-        example["key_mask"] = key_mask
-        dynamic_shapes["key_mask"] = {0: dim_b, 1: dim_n}
+        example[KEY_MASK.name] = key_mask
+        dynamic_shapes[KEY_MASK.name] = {0: dim_b, 1: dim_n}
     model = trace(_StaticDecodeBlock(block).eval(), example, dynamic_shapes, rec, outs)
     for value, io in zip(list(model.graph.inputs) + list(model.graph.outputs), ins + outs):
         value.shape = ir.Shape(list(io.shape(spec)))

@@ -210,7 +210,8 @@ def start(
     otherwise join that cluster ("auto", or "HOST:6379"). With provider "cuda" each replica asks
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
     """
-    from export.session import PROVIDERS, OnnxSession, cuda_status
+    from export.names import PROVIDERS
+    from export.session import OnnxSession, cuda_status
 
     if provider not in PROVIDERS:
         raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")

@@ -3,7 +3,9 @@ data is inflated or run, and the answer's encoding. Plain numpy: no Ray.
 
 Split by job: the vocabulary (media types, fields, limits, errors, `ModelInfo`, `Item`) in
 `schema.py`, reading bodies in `bodies.py`, and here decoding a request (`decode_request`,
-`check_arrays`) and encoding the answer. Every name stays importable from `serve.protocol`."""
+`check_arrays`: the rules it shares with the sessions, the cache's and the mask's, are
+export/feeds.py's, said as a request's answer) and encoding the answer. Every name stays
+importable from `serve.protocol`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 
 import numpy as np
 
+from export.feeds import Voice, broadcast_mask, check_key_mask, check_past, check_past_pair, past_length
 from zoo import AttnzooError, CacheFullError
 from zoo.cache import check_room
 
@@ -109,17 +112,7 @@ def check_arrays(arrays: dict[str, np.ndarray], info: ModelInfo, *, loose: set[s
             raise RequestError("this model takes no mask (it was exported without --mask)")
         if mask.dtype != np.bool_:
             raise RequestError(f"mask has dtype {mask.dtype}; send bool (True = may attend)")
-        fits = mask.ndim <= 3
-        if fits:
-            try:
-                mask = np.broadcast_to(mask, (b, t, s))
-            except ValueError:
-                fits = False
-        if not fits:
-            raise RequestError(
-                f"mask of shape {tuple(mask.shape)} does not broadcast to (b, t, s) = {(b, t, s)}; "
-                "send (s,), (t, s) or (b, t, s)"
-            )
+        mask = broadcast_mask(mask, b, t, s, Voice(RequestError, request=True))
     head_mask = arrays.get("head_mask")
     if head_mask is not None:
         if not info.has_head_mask:
@@ -139,22 +132,17 @@ def _check_decode(arrays: dict[str, np.ndarray], info: ModelInfo, x: np.ndarray,
     if given:
         raise RequestError(f"{', '.join(given)}: a decode model takes x, past_key, past_value and key_mask")
     b, t, _ = x.shape
+    voice = Voice(RequestError, request=True, one_row=squeeze)
     pk, pv = arrays.get("past_key"), arrays.get("past_value")
-    if (pk is None) != (pv is None):
-        raise RequestError("send past_key and past_value together (or neither, for a prompt)")
+    check_past_pair(pk, pv, voice)
     past = {}
     for name, a, d in (("past_key", pk, info.d_k), ("past_value", pv, info.d_v)):
-        want = f"({'' if squeeze else f'{b}, '}{info.kv_heads}, p, {d})"
         if a is None:
             past[name] = np.zeros((b, info.kv_heads, 0, d), info.dtype)
             continue
-        a = a[None] if squeeze and a.ndim == 3 else a
-        if a.ndim != 4 or a.shape[0] != b or a.shape[1] != info.kv_heads or a.shape[3] != d:
-            raise RequestError(f"{name} has shape {tuple(arrays[name].shape)}; send {want}")
+        a = check_past(name, a, b, info.kv_heads, d, voice)
         past[name] = _float(a, name, info.dtype, name in loose)
-    p = past["past_key"].shape[2]
-    if past["past_value"].shape[2] != p:
-        raise RequestError(f"past_key holds {p} positions but past_value {past['past_value'].shape[2]}")
+    p = past_length(past["past_key"], past["past_value"], voice)
     if info.max_len is not None:  # can never succeed: a 4xx, not "try later"
         try:
             check_room(info.max_len, p, t, fix="keep p+t within max_len (GET /metadata), or serve a larger --max-len")
@@ -168,12 +156,7 @@ def _check_decode(arrays: dict[str, np.ndarray], info: ModelInfo, x: np.ndarray,
     if key_mask is not None:
         if not info.has_key_mask:
             raise RequestError("this model takes no key_mask (it was exported without --mask)")
-        if key_mask.dtype != np.bool_:
-            raise RequestError(f"key_mask has dtype {key_mask.dtype}; send bool (True = a real key)")
-        km = key_mask[None] if squeeze and key_mask.ndim == 1 else key_mask
-        if km.shape != (b, p + t):
-            raise RequestError(f"key_mask has shape {tuple(key_mask.shape)}; send (b, p+t) = {(b, p + t)}")
-        key_mask = km
+        key_mask = check_key_mask(key_mask, b, p + t, voice)
     return Item(x=x, past_key=past["past_key"], past_value=past["past_value"], key_mask=key_mask, squeeze=squeeze)
 
 

@@ -109,7 +109,7 @@ def write_repository(
     Each model folder is built beside its final place and renamed in, so a failed export leaves
     no half model that Triton would try to load.
     """
-    from export.lowering import export_onnx
+    from export.writer import export_onnx
     from zoo.files import ensure_writable_parent
 
     if not isinstance(repo, (str, os.PathLike)) or not os.fspath(repo):

@@ -103,7 +103,7 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bo
     """
     import pytest
 
-    from export.lowering import LOWERINGS
+    from export.names import LOWERINGS
 
     params = []
     for i, name in enumerate(names):

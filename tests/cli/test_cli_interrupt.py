@@ -54,7 +54,7 @@ POINTS = [
     "torch.nn",
     "einops",
     "zoo",
-    "export.lowering",
+    "export.choice",
     "cli.cmd_onnx",
     "analysis",
     "cli.cmd_serve",

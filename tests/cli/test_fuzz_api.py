@@ -31,8 +31,8 @@ import zoo
 from bench import plan as bench_mod
 from cli.main import build_parser, command_parsers, main
 from export import OnnxSession, export_onnx
-from export import lowering as lowering_mod
 from export import parity as parity_mod
+from export import writer as writer_mod
 from strategies import config_sizes, fuzz_settings, shard_names
 
 COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate")
@@ -129,7 +129,7 @@ def test_every_cli_flag_gives_a_result_or_one_line(
 def monkeypatch_module(model_path):  # the model is exported before the patches, never under them
     mp = pytest.MonkeyPatch()
     try:  # undo also when a setattr fails: a patch left behind would break every later test
-        mp.setattr(lowering_mod, "lower", _reach)  # export: after every argument check
+        mp.setattr(writer_mod, "lower", _reach)  # export: after every argument check
         mp.setattr(bench_mod, "export_lowerings", _reach)  # bench: after flags, spec, sizes
         mp.setattr(parity_mod, "run_parity", _reach)  # parity: after pattern and providers
         mp.setattr(analysis.scores, "head_scores", _reach)  # heads: after tokens and outputs

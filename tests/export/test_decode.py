@@ -10,7 +10,7 @@ import torch
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.lowering import LOWERINGS
+from export.names import LOWERINGS
 from export.parity import check_decode
 from helpers import ALL_NAMES, create, matrix, small_overrides
 
@@ -214,7 +214,7 @@ def test_cli_export_run_parity_decode(tmp_path, capsys):
 
 
 def test_auto_decode_lowering_follows_the_measurements(tmp_path):
-    from export.lowering import decode_order
+    from export.choice import decode_order
 
     assert decode_order("cpu", zoo.spec("llama-3-8b"))[0] == "ort-gqa"  # shared kv heads
     assert decode_order("cpu", zoo.spec("gpt2-small"))[0] == "onnx-attention"  # one kv head per head

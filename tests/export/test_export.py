@@ -11,7 +11,9 @@ import torch
 import zoo
 from cli.main import main
 from export import ExportError, OnnxSession, export_onnx
-from export.lowering import AUTO_PREFERENCE, FUSED_OPS, LOWERINGS, auto_order, why_not
+from export.choice import AUTO_PREFERENCE, auto_order, why_not
+from export.lowerings import FUSED_OPS
+from export.names import LOWERINGS
 from helpers import REPO, one_line_error
 
 
@@ -152,9 +154,9 @@ def test_overrides_reach_the_export(tmp_path):
 
 def test_external_data_for_large_models(tmp_path, monkeypatch):
     """Over the size threshold the weights go to PATH.data beside the model (atomically too)."""
-    import export.lowering as lowering
+    import export.writer as writer
 
-    monkeypatch.setattr(lowering, "EXTERNAL_DATA_BYTES", 1000)
+    monkeypatch.setattr(writer, "EXTERNAL_DATA_BYTES", 1000)
     r = export_onnx("mha-separate-bias", tmp_path / "big.onnx", lowering="decomposed")
     assert r.external_data == tmp_path / "big.onnx.data" and r.external_data.stat().st_size > 60_000
     assert r.path.stat().st_size < 60_000

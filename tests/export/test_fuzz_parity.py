@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.lowering import LOWERINGS, why_not
-from export.names import CACHES
+from export.choice import why_not
+from export.names import CACHES, LOWERINGS
 from export.parity import TOLERANCE, check
 from strategies import bool_mask, decode_runs, decode_specs, float_mask, fuzz_settings, row_scales, shapes, specs
 

@@ -6,7 +6,7 @@ import torch
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.lowering import why_not
+from export.choice import why_not
 
 
 def _run(tmp_path, block, x, **kw):

@@ -7,7 +7,7 @@ import torch
 
 import zoo
 from export import OnnxSession
-from export.lowering import LOWERINGS
+from export.names import LOWERINGS
 from export.parity import SHAPES, TOLERANCE, check, errors, format_matrix
 from helpers import ALL_NAMES, BIG_NAMES, matrix, one_line_error, small_overrides
 

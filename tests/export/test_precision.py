@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import zoo
-from export.lowering import LOWERINGS, export_onnx, why_not
-from export.names import PRECISIONS
+from export.choice import why_not
+from export.names import LOWERINGS, PRECISIONS
 from export.parity import check, check_decode
 from export.precision import ERROR_BOUNDS, PrecisionError, apply, rel_l2
 from export.session import OnnxSession
+from export.writer import export_onnx
 from helpers import ALL_NAMES, REPO, small_overrides
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]

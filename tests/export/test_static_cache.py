@@ -14,8 +14,8 @@ import zoo
 from export import OnnxSession, export_onnx
 from export.choice import why_not
 from export.decoding import DecodeInputError
-from export.lowering import LOWERINGS
 from export.lowerings import LOWERING_LIST
+from export.names import LOWERINGS
 from export.parity import check_decode
 from helpers import ALL_NAMES, create, small_overrides
 

@@ -20,7 +20,7 @@ import torch
 import peers.transformers
 import zoo
 from export import OnnxSession, export_onnx
-from export.lowering import why_not
+from export.choice import why_not
 from peers.classes import ROWS
 from peers.model_types import FAMILIES
 

@@ -24,7 +24,8 @@ import peers.rows
 import peers.transformers
 import zoo
 from export import OnnxSession, export_onnx
-from export.lowering import LOWERINGS, why_not
+from export.choice import why_not
+from export.names import LOWERINGS
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the [hf] and [test] extras")
 

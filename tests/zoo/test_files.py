@@ -13,7 +13,7 @@ import time
 import pytest
 
 from export import export_onnx
-from export import lowering as lowering_mod
+from export import writer as writer_mod
 from helpers import one_line_error
 from zoo import files
 from zoo.errors import OutputPathError
@@ -235,14 +235,14 @@ def test_heads_picture_with_an_unknown_suffix_is_refused(tmp_path, capsys):
 
 def test_export_that_loses_the_race_refuses_and_leaves_the_winner(tmp_path, monkeypatch):
     target = tmp_path / "same.onnx"
-    real = lowering_mod.lower
+    real = writer_mod.lower
 
     def slow_lower(*a, **kw):
         out = real(*a, **kw)
         target.write_bytes(b"the other export's model")  # another process finished first
         return out
 
-    monkeypatch.setattr(lowering_mod, "lower", slow_lower)
+    monkeypatch.setattr(writer_mod, "lower", slow_lower)
     with pytest.raises(FileExistsError, match="overwrite=True"):
         export_onnx("mha-separate-nobias", target, lowering="decomposed")
     assert target.read_bytes() == b"the other export's model"
@@ -253,6 +253,6 @@ def test_unwritable_target_is_named_before_any_work(monkeypatch, capsys):
     def never(*a, **kw):
         raise AssertionError("the export ran before the output folder was checked")
 
-    monkeypatch.setattr(lowering_mod, "lower", never)
+    monkeypatch.setattr(writer_mod, "lower", never)
     line = one_line_error(capsys, ["export", "mha-causal", "-o", "/proc/attnzoo-test.onnx"])
     assert "/proc/attnzoo-test.onnx" in line and ".attnzoo-" not in line

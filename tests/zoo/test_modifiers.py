@@ -108,7 +108,7 @@ def test_symmetric_window_keys_seen():
 
 
 def test_symmetric_window_audit_and_lowerings():
-    from export.lowering import why_not
+    from export.choice import why_not
     from zoo.audit import run_audit
 
     m = zoo.create("gqa", causal=False, window=2, rope_theta=1e4)
@@ -152,7 +152,7 @@ def test_clip_qkv_clamps_the_projections_before_qk_norm_and_rope():
 
 
 def test_clip_qkv_audit_cross_attention_and_lowerings():
-    from export.lowering import why_not
+    from export.choice import why_not
     from zoo.audit import run_audit
 
     for m in (zoo.create("mha-combined-bias", d_context=24, clip_qkv=0.5), zoo.create("gqa", clip_qkv=2.0)):

@@ -2,7 +2,7 @@
 
 The lowerings are records (export/lowerings/), the choice among them is export/choice.py, the
 tracing export/tracing.py; this module checks the request, runs them, and writes the file
-atomically with its metadata. The names other code imports from here stay importable.
+atomically with its metadata.
 """
 
 from __future__ import annotations
@@ -22,25 +22,16 @@ from torch import nn
 import zoo
 from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output
 
-from .choice import (
-    AUTO_PREFERENCE,
-    DECODE_PREFERENCE,
-    TARGETS,
-    auto_order,
-    decode_cache,
-    decode_order,
-    decode_why_not,
-    why_not,
-)
+from .choice import TARGETS, auto_order, decode_cache, decode_order, decode_why_not, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .io import TensorIO
-from .lowerings import FUSED_OPS, record
+from .lowerings import record
 from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, example_inputs, lower, lower_decode, lower_static_decode
+from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, lower, lower_decode, lower_static_decode
 
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
 ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
@@ -414,20 +405,4 @@ def _check_saved(tmp: Path, model) -> None:
         raise ExportError(f"ONNX Runtime cannot load the exported model: {str(e).splitlines()[0]}") from e
 
 
-__all__ = [
-    "AUTO_PREFERENCE",
-    "DECODE_PREFERENCE",
-    "DTYPES",
-    "FUSED_OPS",
-    "LOWERINGS",
-    "TARGETS",
-    "ExportError",
-    "ExportResult",
-    "auto_order",
-    "decode_order",
-    "decode_why_not",
-    "example_inputs",
-    "export_onnx",
-    "op_counts",
-    "why_not",
-]
+__all__ = ["ExportResult", "export_onnx"]

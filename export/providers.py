@@ -1,0 +1,128 @@
+"""Where an ONNX Runtime session runs: the CUDA probe and the provider policy.
+
+`get_available_providers()` lists CUDA on any machine with the GPU wheel installed, GPU or
+not, and ONNX Runtime then quietly falls back to the CPU. So "CUDA works" is judged on a
+created session: its `get_providers()` must start with CUDAExecutionProvider.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+import zoo
+
+CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+
+
+class SessionError(zoo.AttnzooError, RuntimeError):
+    """The model cannot be loaded, or the asked-for provider does not really work here."""
+
+
+def ort():
+    """onnxruntime, imported on first use (so `attnzoo list` stays quick)."""
+    import onnxruntime
+
+    return onnxruntime
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_status() -> tuple[bool, str]:
+    """(usable, one-line reason): can ONNX Runtime really run a CUDA session here?"""
+    rt = ort()
+    if CUDA not in rt.get_available_providers():
+        return False, f"onnxruntime {rt.__version__} ({rt.get_device()} build) has no CUDA provider"
+    if hasattr(rt, "preload_dlls") and torch.version.cuda is not None:
+        try:
+            rt.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels beside torch
+        except Exception:  # noqa: BLE001 - best effort; the probe below decides
+            pass
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["a"], ["b"])],
+        "probe",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])],
+    )
+    # IR 10 / opset 18: what older runtimes (onnxruntime-gpu trails onnxruntime) accept.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    opts = rt.SessionOptions()
+    opts.log_severity_level = 4
+    try:
+        rt.set_default_logger_severity(4)
+        sess = rt.InferenceSession(model.SerializeToString(), opts, providers=[CUDA, CPU])
+    except Exception as e:  # noqa: BLE001
+        return False, f"CUDA session failed to start: {str(e).splitlines()[0][:200]}"
+    finally:
+        rt.set_default_logger_severity(2)
+    del onnx
+    used = sess.get_providers()
+    if not used or used[0] != CUDA:
+        return False, (
+            "the CUDA provider is installed but could not start (no GPU, or no CUDA/cuDNN "
+            f"libraries it can load); a test session fell back to {used}"
+        )
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "device 0"
+    return True, f"CUDA works ({gpu}, onnxruntime {rt.__version__})"
+
+
+def choose(provider: str) -> tuple[bool, str]:
+    """(use CUDA, note) for a session asked to run on `provider` ("auto", "cpu" or "cuda").
+
+    The note says what "auto" chose and why ('' for a concrete provider); "cuda" where CUDA does
+    not really work is a SessionError naming the reason."""
+    if provider == "cpu":
+        return False, ""
+    ok, why = cuda_status()
+    if provider == "cuda" and not ok:
+        raise SessionError(f"provider='cuda' asked for, but {why}; use provider='cpu' or 'auto'")
+    return ok, f"provider auto -> {'cuda' if ok else 'cpu'}: {why}" if provider == "auto" else ""
+
+
+def announce(note: str) -> None:
+    """Say a session's provider note on stdout, as one line (OnnxSession(..., verbose=True))."""
+    print(f"attnzoo: {note}")
+
+
+def providers_for(use_cuda: bool) -> list[str]:
+    """The provider list a session is created with, in priority order (the CPU always last)."""
+    return ([CUDA] if use_cuda else []) + [CPU]
+
+
+def device_of(used: list[str]) -> str:
+    """Where a created session whose providers are `used` runs: "cuda" or "cpu"."""
+    return "cuda" if used[0] == CUDA else "cpu"
+
+
+def session_options(threads: int | None, *, profile: bool):
+    """ONNX Runtime's options for a session: quiet logs, idle threads that yield, `threads` intra-op
+    threads (None: ORT's default), and profiling to a temp file when asked."""
+    opts = ort().SessionOptions()
+    opts.log_severity_level = 3
+    # Idle ORT threads spin by default, stealing the cores torch (or a second session) in the
+    # same process needs; measured no slower for ORT alone, faster when they alternate.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+    if profile:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"attnzoo-profile-{os.getpid()}")
+    return opts
+
+
+__all__ = [
+    "SessionError",
+    "announce",
+    "choose",
+    "cuda_status",
+    "device_of",
+    "ort",
+    "providers_for",
+    "session_options",
+]
