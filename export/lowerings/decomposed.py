@@ -11,6 +11,6 @@ LOWERING = Lowering(
     fused=False,
     score_copies=2,  # the scores and their softmax
     # The static cache: ScatterElements writes this call's keys into the bound buffer in place, and
-    # the folded query heads read each kv head once (zoo/cache.py).
+    # the folded query heads read each kv head once (zoo/attend.py, folded_attention).
     static_cache=None,
 )
