@@ -3,6 +3,8 @@ here and one line in LOWERING_LIST."""
 
 from __future__ import annotations
 
+import zoo
+
 from ..errors import ExportError
 from ..names import LOWERINGS
 from .base import Limit, Lowering
@@ -25,11 +27,6 @@ def record(name: str) -> Lowering:
         raise ExportError(f"lowering={name!r} is not one of {', '.join(RECORDS)} or 'auto'") from None
 
 
-# The README's table rows: each modifier (by its name in zoo/modifiers/) and its README label.
-_ROWS = (("rope", "rotary (any `rope_dim`, `rope_scale`)"), ("alibi", "ALiBi"), ("rel_buckets", "T5 relative buckets"))
-_ROWS += (("window", "window"), ("softcap", "softcap"), ("qk_norm", "QK-norm"), ("clip_qkv", "clip_qkv"))
-
-
 def support_table() -> str:
     """The README's "what each lowering cannot express" table, from the records."""
     head = "| | " + " | ".join(f"`{lw.name}`" for lw in LOWERING_LIST) + " |"
@@ -40,8 +37,8 @@ def support_table() -> str:
             return "yes"
         return f"no: {limit.text}" if limit.never else f"yes, {limit.text}"
 
-    for key, label in _ROWS:
-        lines.append(f"| {label} | " + " | ".join(cell(lw.modifiers.get(key)) for lw in LOWERING_LIST) + " |")
+    for mod in zoo.modifiers.MODIFIERS:  # one row per modifier, labelled by the modifier itself
+        lines.append(f"| {mod.label} | " + " | ".join(cell(lw.modifiers.get(mod.name)) for lw in LOWERING_LIST) + " |")
     lines.append("| non-causal, cross-attention, `d_v != d_k` | " + " | ".join(lw.kinds for lw in LOWERING_LIST) + " |")
     lines.append("| fp16 | " + " | ".join(lw.fp16 for lw in LOWERING_LIST) + " |")
     lines.append("| static KV cache (decode) | " + " | ".join(_static_cell(lw) for lw in LOWERING_LIST) + " |")

@@ -464,3 +464,11 @@ def test_modifiers_write_their_graph_pieces_through_the_builder():
     before = len(g.ops)
     assert block.mods["alibi"].gqa_bias(g).startswith("mul")
     assert [op for op, *_ in g.ops[before:]] == ["Unsqueeze", "Neg", "Mul"]  # slopes * (j - i), causal
+
+
+@pytest.mark.parametrize("mod", zoo.modifiers.MODIFIERS, ids=lambda m: m.name)
+def test_every_modifier_labels_its_row_of_the_lowering_table(mod):
+    """The support table has one row per modifier, labelled by the modifier (no list elsewhere)."""
+    from export.lowerings import support_table
+
+    assert mod.label and f"\n| {mod.label} | " in support_table()

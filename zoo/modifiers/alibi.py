@@ -33,6 +33,7 @@ class ALiBi(Modifier):
     """
 
     name = "alibi"
+    label = "ALiBi"
     fields = ("alibi",)
     shapes_scores = True
 

@@ -41,6 +41,8 @@ class Modifier(nn.Module):
     """Base: every hook is the identity, every check passes."""
 
     name: ClassVar[str] = ""
+    # Its row's label in the lowering support table (docs/lowerings.md), in Markdown.
+    label: ClassVar[str] = ""
     fields: ClassVar[tuple[str, ...]] = ()
     # A modifier SDPA cannot express (a nonlinear map of the scores) forces the explicit path.
     needs_explicit: ClassVar[bool] = False

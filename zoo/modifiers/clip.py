@@ -17,6 +17,7 @@ class ClipQKV(Modifier):
     (`attn_config.clip_qkv`, on Wqkv's output) clamp."""
 
     name = "clip_qkv"
+    label = "clip_qkv"
     fields = ("clip_qkv",)
 
     @classmethod

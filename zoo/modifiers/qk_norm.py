@@ -43,6 +43,7 @@ class QKNorm(Modifier):
     """
 
     name = "qk_norm"
+    label = "QK-norm"
     fields = ("qk_norm", "qk_norm_eps")
 
     def __init__(self, spec: SpecFields) -> None:

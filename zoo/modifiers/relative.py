@@ -50,6 +50,7 @@ class RelativeBuckets(Modifier):
     """
 
     name = "rel_buckets"
+    label = "T5 relative buckets"
     fields = ("rel_buckets", "rel_max_distance")
     shapes_scores = True
 

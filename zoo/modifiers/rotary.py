@@ -24,6 +24,7 @@ class Rotary(Modifier):
     """
 
     name = "rope"
+    label = "rotary (any `rope_dim`, `rope_scale`)"
     fields = ("rope_theta", "rope_dim", "rope_interleaved", "rope_scale")
     # Rotary angles are fp32 (as transformers computes them), so a shift moves y by fp32 rounding.
     shift_tolerance = 1e-6

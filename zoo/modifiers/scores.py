@@ -21,6 +21,7 @@ class Window(Modifier):
     """
 
     name = "window"
+    label = "window"
     fields = ("window",)
     shapes_scores = True
 
@@ -124,6 +125,7 @@ class Softcap(Modifier):
     """scores -> cap * tanh(scores / cap), after scaling and before any bias or mask (Gemma-2)."""
 
     name = "softcap"
+    label = "softcap"
     fields = ("softcap",)
     needs_explicit = True  # SDPA has no hook for a nonlinear map of the scores
 
