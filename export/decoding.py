@@ -48,10 +48,7 @@ def decode(sess: RuntimeSession, x, past_key=None, past_value=None, key_mask=Non
 def chunks_one_row_at_a_time(sess: RuntimeSession) -> bool:
     """Whether `sess` must run a chunk (t > 1) after a past one row at a time: its lowering's record
     says so (ort-gqa: GroupQueryAttention takes b > 1 only for a prompt or a single token)."""
-    from .lowerings import RECORDS
-
-    rec = RECORDS.get(sess.metadata.get("attnzoo.lowering", ""))
-    return rec is not None and not rec.batched_chunks
+    return sess.lowering is not None and not sess.lowering.batched_chunks
 
 
 def _run(sess: RuntimeSession, x, pk, pv, km) -> list[np.ndarray]:

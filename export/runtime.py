@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from .feeds import NP_DTYPE, TORCH_DTYPE, RunInputError, np_of, run_feeds
 from .io import CONTEXT, PAST_KEY, PAST_LEN, X
 from .names import PROVIDERS
 from .providers import CUDA, SessionError, announce, choose, device_of, ort, providers_for, session_options
+
+if TYPE_CHECKING:
+    from .lowerings import Lowering
 
 
 class RuntimeSession:
@@ -130,6 +133,14 @@ class RuntimeSession:
         return f"{prec} ({md['attnzoo.precision.method']}{extra})"
 
     @property
+    def lowering(self) -> Lowering | None:
+        """The record of the lowering this file was exported with (None: a file attnzoo did not
+        write, or a lowering name this version does not know)."""
+        from .lowerings import RECORDS  # on first use: the records load onnx, which a plain run never needs
+
+        return RECORDS.get(self.metadata.get("attnzoo.lowering", ""))
+
+    @property
     def is_decode(self) -> bool:
         """True for a token-by-token model (inputs x, past_key, past_value [, key_mask])."""
         return PAST_KEY.name in self._inputs
@@ -158,10 +169,7 @@ class RuntimeSession:
         from zoo.limits import check_fits
 
         # Score tensors (b h t s) the lowering's CPU kernels hold at once (measured peaks, README).
-        from .lowerings import RECORDS
-
-        rec = RECORDS.get(self.metadata.get("attnzoo.lowering", ""))
-        copies = rec.score_copies if rec is not None else 0
+        copies = self.lowering.score_copies if self.lowering is not None else 0
         need = working_set_bytes(
             self.spec, b, t, s if self.spec.is_cross else None, itemsize=self.dtype.itemsize, score_copies=copies
         )
