@@ -27,17 +27,22 @@ def _checkpoint_folder(folder: str) -> Path:
     if not (path / "config.json").is_file():
         raise CliError(f"{folder} has no config.json; give a transformers checkpoint folder")
     try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (ValueError, AttributeError, UnicodeDecodeError) as e:
-        raise CliError(f"{folder}/config.json is not a JSON object ({type(e).__name__})") from None
-    if not isinstance(model_type, str) or not model_type:
+        data = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CliError(f"{folder}/config.json is not JSON ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise CliError(f"{folder}/config.json has no model_type; attnzoo needs it to build the model")
+    from peers.lm import lm_row
+
+    lm_row(data)  # an unknown model_type: one line naming the families that take whole models
     return path
 
 
 def load_lm(folder: str):
     """zoo.lm_from_checkpoint on a checked folder (its refusals, e.g. an unknown model_type, are one line)."""
-    return zoo.lm_from_checkpoint(_checkpoint_folder(folder))
+    from peers.lm import lm_from_checkpoint
+
+    return lm_from_checkpoint(_checkpoint_folder(folder))
 
 
 def _cache_root() -> Path:

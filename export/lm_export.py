@@ -52,10 +52,8 @@ FP16_CPU = (
 
 
 def is_lm(obj) -> bool:
-    """A whole decoder model: a zoo.lm.DecoderLM, or any module with its contract (`step` and `layers`)."""
-    if isinstance(obj, zoo.MultiHeadAttention) or not isinstance(obj, nn.Module):
-        return False
-    return callable(getattr(obj, "step", None)) and isinstance(getattr(obj, "layers", None), nn.ModuleList)
+    """A whole decoder model (zoo.DecoderLM), exported here rather than as a block."""
+    return isinstance(obj, zoo.DecoderLM)
 
 
 def layer_specs(model: nn.Module) -> list[zoo.AttentionSpec]:
@@ -70,11 +68,7 @@ def layer_specs(model: nn.Module) -> list[zoo.AttentionSpec]:
 
 
 def vocab_size(model: nn.Module) -> int:
-    spec = getattr(model, "spec", None)
-    vocab = getattr(spec, "vocab", None) or getattr(spec, "vocab_size", None) or getattr(model, "vocab", None)
-    if not isinstance(vocab, int):
-        raise ExportError("the model records no vocabulary size (spec.vocab); it cannot be exported")
-    return vocab
+    return model.spec.vocab
 
 
 @dataclass
@@ -215,6 +209,8 @@ def export_lm(
     from .saving import EXTERNAL_DATA_BYTES, output_target, save_atomic
 
     started = time.perf_counter()
+    if not is_lm(model):
+        raise zoo.InputTypeError(f"export_lm takes a zoo.DecoderLM, got {type(model).__name__}")
     if overrides:
         raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a model")
     _check_args(decode, cache, max_len, precision, dtype, provider, overwrite, all_logits, argmax, path)
