@@ -34,8 +34,6 @@ def prompts(folder: Path | None, text_file: Path, count: int, t: int, vocab: int
 
 
 def main() -> None:
-    import torch
-
     from export import OnnxSession, export_onnx
     from export.generation import ROUND
     from export.precision import rel_l2
@@ -84,12 +82,13 @@ def main() -> None:
         rows.append((precision, sessions[precision].precision, float(np.mean(errs)), float(np.max(errs)),
                      float(np.mean(agree)), min(agree)))
     src = f"{args.folder}" if folder else "random LLaMA (issue 27's shape), random prompts"
-    print(f"model: {src}; {len(cases)} prompts of {args.prompt_len} tokens, {args.new} new tokens; torch {torch.__version__}")
+    print(f"model: {src}; {len(cases)} prompts of {args.prompt_len} tokens, {args.new} new tokens")
     print("| precision | method | next-token logits rel. error (mean / max) | greedy tokens equal to fp32 before the "
           "first divergence (mean / min) |")
     print("|---|---|---:|---:|")
     for prec, method, mean_e, max_e, mean_a, min_a in rows:
-        print(f"| {prec} | {method} | {100 * mean_e:.2f}% / {100 * max_e:.2f}% | {mean_a:.1f} / {min_a} of {args.new} |")
+        errs = f"{100 * mean_e:.2f}% / {100 * max_e:.2f}%"
+        print(f"| {prec} | {method} | {errs} | {mean_a:.1f} / {min_a} of {args.new} |")
 
 
 if __name__ == "__main__":

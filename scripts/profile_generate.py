@@ -90,17 +90,12 @@ def profile_steps(path: Path, ids, args) -> dict:
         if not any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in steps):
             continue
         op = e["args"].get("op_name", "")
-        shapes = json.dumps(e["args"].get("output_type_shape", ""))
-        if op in ("MatMul", "MatMulNBits", "Gemm", "FusedMatMul") and f"{vocab}" in shapes:
-            split["head"] += e["dur"]
-        elif op == "MatMulNBits" or (op in ("MatMul", "Gemm") and "weight" in e["args"].get("input_type_shape", "")):
-            split["projections_mlp"] += e["dur"]
+        # torch's exporter names a Linear's node node_linear_N (the quantizer keeps the name in its MatMulNBits)
+        if "linear" in e["name"]:
+            shapes = json.dumps(e["args"].get("output_type_shape", ""))
+            split["head" if f"{vocab}]" in shapes else "projections_mlp"] += e["dur"]
         elif op in ("MatMul", "FusedMatMul", "Einsum"):
-            # a weight MatMul's second input is constant; the profiler does not say so: tell them by shape
-            ins = e["args"].get("input_type_shape", [])
-            dims = [list(d.values())[0] for d in ins] if ins else []
-            is_weight = len(dims) == 2 and len(dims[1]) == 2
-            split["projections_mlp" if is_weight else "attention_products"] += e["dur"]
+            split["attention_products"] += e["dur"]
         else:
             split["other_nodes"] += e["dur"]
     wall = sum(r["dur"] for r in steps)

@@ -185,7 +185,10 @@ def test_max_len_caps_what_a_call_allocates(lm_exports, tmp_path):
 
 
 def _cli(argv, capsys):
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's usage errors
+        rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
 
