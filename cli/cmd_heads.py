@@ -343,3 +343,7 @@ def add_commands(sub) -> None:
     sp.add_argument("--no-latency", action="store_true", help="skip the ONNX export and latency column")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_ablate)
+
+    from .cmd_patch import add_commands as add_patch
+
+    add_patch(sub)

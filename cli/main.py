@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         def _no_onnx(args: argparse.Namespace) -> int:
             raise CliError(f"this command needs the ONNX packages ({missing}); pip install attnzoo[...]")
 
-        for cmd in ("export", "run", "parity", "bench", "heads", "importance", "ablate", "serve", "triton", "loadtest"):
+        for cmd in ("export", "run", "parity", "bench", "heads", "importance", "ablate", "patch", "serve", "triton", "loadtest"):
             sub.add_parser(cmd, help=f"(unavailable: {missing})").set_defaults(func=_no_onnx)
     else:
         cmd_onnx.add_commands(sub)
