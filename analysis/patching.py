@@ -132,7 +132,8 @@ def _decoder_layers(model) -> int:
 
 def ablation_hooks(model, heads: Sequence[tuple[int, int]], location: str = "z", mode: str = "zero") -> dict:
     """{name: fn} that replace each (layer, head)'s part of `location` by zeros ("zero") or by its
-    mean over the batch of the same call ("mean", position by position)."""
+    mean over the batch of the same call ("mean", position by position). Zeroing the scores keeps
+    their -inf cells (the mask), so the head attends uniformly to the keys it may see."""
     check_location(location)
     if mode not in MODES:
         raise AnalysisError(f"mode {mode!r} is not one of {', '.join(MODES)}")
@@ -146,7 +147,12 @@ def ablation_hooks(model, heads: Sequence[tuple[int, int]], location: str = "z",
             for head in hs:
                 idx = head_slice(model, layer, head, location, t.dim())
                 part = t[idx]
-                t[idx] = torch.zeros_like(part) if mode == "zero" else part.mean(0, keepdim=True).expand_as(part)
+                if mode == "mean":
+                    t[idx] = part.mean(0, keepdim=True).expand_as(part)
+                elif location == "scores":  # zero the scores the mask allows: the -inf cells stay masked
+                    t[idx] = torch.where(part.isfinite(), 0.0, part)
+                else:
+                    t[idx] = torch.zeros_like(part)
             return t
 
         hooks[f"{head_prefix(model)}{layer}.{location}"] = ablate

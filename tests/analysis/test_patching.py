@@ -115,3 +115,23 @@ def test_patch_cli_table_json_picture_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["patch", "--help"])
     assert e.value.code == 0 and "--location" in capsys.readouterr().out
+
+
+def test_location_table_and_ablate_cli(lm, capsys):
+    from analysis.ablate import format_locations, location_table
+    from analysis.importance import eval_batches
+    from analysis.tasks import get_task
+
+    task = get_task("tiny-induction")
+    batches = eval_batches(task, 1, 4, seed=0)
+    rows = location_table(lm, task, [(1, 2)], batches)
+    got = {(r.location, r.mode): r.loss for r in rows}
+    assert len(rows) == 1 + 2 * len(patching.PATCH_LOCATIONS)
+    # zeroing z, result, pattern or v removes the head's output alike; zeroing q only makes it uniform
+    for loc in ("result", "pattern", "v"):
+        assert got[(loc, "zero")] == pytest.approx(got[("z", "zero")], abs=1e-4)
+    assert got[("q", "zero")] == pytest.approx(got[("scores", "zero")], abs=1e-4)
+    assert got[("q", "zero")] != pytest.approx(got[("z", "zero")], abs=1e-3)
+    assert "| pattern | mean |" in format_locations(rows, "acc", "loss")
+    assert main(["ablate", "tiny-induction", "--heads", "1.2", "--location", "nowhere"]) == 2
+    assert "location 'nowhere' is not one of" in capsys.readouterr().err
