@@ -220,7 +220,8 @@ def dates_experiment(model, sources: Sequence[str] | None = None, corrupt: Seque
     writes the day's first digit, the logit of the clean digit minus that of the corrupt one."""
     from . import dates
 
-    what = f"{len(sources or [])} dates given (clean) against " + ("the corrupt ones given" if corrupt else "the day swapped")
+    what = f"{len(sources or [])} dates given (clean) against "
+    what += "the corrupt ones given" if corrupt else "the day swapped"
     if sources is None:
         what = f"{n} held-out dates (seed {seed}, days 10-18 and 20-28) against the same dates with the day swapped"
         gen = torch.Generator().manual_seed(seed)

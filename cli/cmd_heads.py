@@ -365,7 +365,3 @@ def add_commands(sub) -> None:
     sp.add_argument("--mode", choices=("zero", "mean"), default="zero", help="(a): zero, or the batch mean")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_ablate)
-
-    from .cmd_patch import add_commands as add_patch
-
-    add_patch(sub)

@@ -19,7 +19,8 @@ def _lm_pair(model, args: argparse.Namespace):
         raise CliError("--clean needs --corrupt for a language model (text of the same length)")
     clean, corrupt = (model.check_tokens(torch.tensor([[ord(ch) for ch in s]])) for s in (args.clean, args.corrupt))
     if clean.shape != corrupt.shape:
-        raise CliError(f"--clean has {clean.shape[1]} characters and --corrupt {corrupt.shape[1]}; give the same length")
+        n, m = clean.shape[1], corrupt.shape[1]
+        raise CliError(f"--clean has {n} characters and --corrupt {m}; give the same length")
     differ = (clean != corrupt)[0].nonzero()
     if not len(differ) or int(differ[0]) >= clean.shape[1] - 1:
         raise CliError("--clean and --corrupt must differ before their last character")

@@ -192,7 +192,7 @@ class HookedModel:
     resid_hook: HookRun | None = None
 
     def hook_blocks(self) -> dict[str, nn.Module]:
-        raise NotImplementedError  # pragma: no cover - a model defines it
+        raise ArgumentError(f"{type(self).__name__} names no blocks: define hook_blocks() -> {{'L0': block, ...}}")
 
     def resid_names(self) -> list[str]:
         """The residual-stream points this model's forward calls `resid` at."""
