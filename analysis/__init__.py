@@ -5,6 +5,7 @@ model = analysis.load("tiny-induction")        # model(tokens, head_mask=None) -
 maps = model.attention_maps(tokens)            # (layers b h t t)
 analysis.head_scores(model, tokens)            # {"previous_token": (layers h), "induction": ..., ...}
 analysis.field_scores(dates_model, sources)    # {"day"|"month"|"year": (decoder layers h)} on cross-attention
+analysis.patch_heads(model, clean, corrupt, metric, location="z")   # (layers h) restored shares
 
 Depends on `zoo`; never imported by it; does not import `export`.
 """
@@ -12,6 +13,7 @@ Depends on `zoo`; never imported by it; does not import `export`.
 from .dates import DatesConfig, DatesModel
 from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
+from .patching import logit_attribution, patch_heads
 from .scores import (
     SCORE_NAMES,
     best_scores,
@@ -40,6 +42,8 @@ __all__ = [
     "format_scores",
     "get_task",
     "head_scores",
+    "logit_attribution",
+    "patch_heads",
     "load",
     "punctuation_ids",
     "save",

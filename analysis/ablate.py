@@ -1,6 +1,7 @@
 """The four head experiments of seed 000, on the same held-out data and metric.
 
-  (a) zero   heads zeroed for each input at the head-output location (head_mask = 0)
+  (a) zero   heads zeroed for each input at the head-output location (head_mask = 0), or zeroed or
+             mean-ablated at another named location (zoo/hooks.py: q, k, v, scores, pattern, z, result)
   (b) prune  the heads physically removed at evaluation (zoo.prune_heads): same outputs as (a)
   (c) prune + fine-tune   (b), then trained for a stated number of steps
   (d) scratch             a model with that many fewer heads, trained from scratch
@@ -21,6 +22,7 @@ from torch import nn
 
 from .errors import AnalysisError
 from .importance import evaluate, mask_without
+from .patching import PATCH_LOCATIONS, ablation_hooks
 from .tasks import Task
 from .training import TRAIN_SEED, train
 
@@ -100,8 +102,13 @@ def run_ablation(
     latency: LatencyFn | None = None,
     progress: Callable[[str], None] | None = None,
     train_progress: Callable[[int, float], None] | None = None,
+    location: str = "z",
+    mode: str = "zero",
 ) -> Ablation:
-    """The table of experiments (a)-(d) plus the full model, on the same `batches`."""
+    """The table of experiments (a)-(d) plus the full model, on the same `batches`; (a) acts at
+    `location` with `mode` ("zero" or "mean": `patching.ablation_hooks`), head_mask for z and zero."""
+    hooks = ablation_hooks(model, heads, location, mode)
+    by_mask = location == "z" and mode == "zero"
     layers, per_layer = model.layers, model.heads_per_layer
     drop: dict[int, list[int]] = {}
     for layer, h in heads:
@@ -136,17 +143,21 @@ def run_ablation(
     )
 
     step("(a) zero")
-    loss, metric = evaluate(model, task, batches, hm)
+    if by_mask:
+        loss, metric = evaluate(model, task, batches, hm)
+    else:
+        with model.hooks(hooks):
+            loss, metric = evaluate(model, task, batches)
     result.rows.append(
         Row(
-            "(a) zero (head_mask)",
+            "(a) zero (head_mask)" if by_mask else f"(a) {mode} at {location}",
             n_heads - len(heads),
             count_params(model),
             flops_full,
             loss,
             metric,
-            lat(model, [hm[layer, : per_layer[layer]] for layer in range(layers)]),
-            "heads still computed, output scaled by 0",
+            lat(model, [hm[layer, : per_layer[layer]] for layer in range(layers)]) if by_mask else None,
+            "heads still computed, output scaled by 0" if by_mask else _how(location, mode),
         )
     )
 
@@ -230,6 +241,43 @@ def run_ablation(
             + (f" ({how})." if how else ".")
         )
     return result
+
+
+def _how(location: str, mode: str) -> str:
+    what = "set to 0" if mode == "zero" else "replaced by its mean over the batch, position by position"
+    if location == "scores" and mode == "zero":
+        what = "set to 0 where the mask allows (uniform attention)"
+    group = " (the head's kv head: its whole group under GQA)" if location in ("k", "v") else ""
+    return f"the heads' {location}{group} {what}"
+
+
+@dataclass
+class LocationRow:
+    location: str
+    mode: str
+    loss: float
+    metric: float
+    note: str
+
+
+def location_table(model: nn.Module, task: Task, heads: list[tuple[int, int]], batches: list) -> list[LocationRow]:
+    """The heads ablated at each named location, zeroed and mean-ablated, on the same batches
+    (the first row: the full model)."""
+    loss, metric = evaluate(model, task, batches)
+    rows = [LocationRow("-", "-", loss, metric, "full model")]
+    for location in PATCH_LOCATIONS:
+        for mode in ("zero", "mean"):
+            with model.hooks(ablation_hooks(model, heads, location, mode)):
+                loss, metric = evaluate(model, task, batches)
+            rows.append(LocationRow(location, mode, loss, metric, _how(location, mode)))
+    return rows
+
+
+def format_locations(rows: list[LocationRow], metric_name: str, loss_name: str) -> str:
+    lines = [f"| location | ablation | {loss_name} | {metric_name} | what |", "|---|---|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.location} | {r.mode} | {r.loss:.3f} | {r.metric:.3f} | {r.note} |")
+    return "\n".join(lines)
 
 
 def _gate_note(task) -> str:

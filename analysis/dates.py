@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 import zoo
+from zoo.hooks import RESID, HookedModel, layer_blocks
 
 from .errors import AnalysisError
 from .gates import shut
@@ -153,8 +154,14 @@ def _mlp(c: int, f: int) -> nn.Sequential:
     return nn.Sequential(nn.LayerNorm(c), nn.Linear(c, f), nn.GELU(), nn.Linear(f, c))
 
 
-class DatesModel(nn.Module):
-    """Encoder-decoder of zoo blocks; head_mask and pruning address the cross-attention heads."""
+class DatesModel(HookedModel, nn.Module):
+    """Encoder-decoder of zoo blocks; head_mask and pruning address the cross-attention heads.
+
+    run_with_cache / run_with_hooks (zoo.hooks.HookedModel) name the blocks "E{l}" (encoder
+    self-attention), "L{l}" (decoder self-attention) and "X{l}" (decoder cross-attention), e.g.
+    "X0.pattern"; the residual stream "E{l}.resid_pre" / "E{l}.resid_post" around encoder layer l
+    and "L{l}.resid_pre" / "L{l}.resid_post" around decoder layer l (b t c).
+    """
 
     kind = "seq2seq"
     punctuation = PUNCTUATION
@@ -222,65 +229,73 @@ class DatesModel(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------
 
+    def hook_blocks(self) -> dict[str, nn.Module]:
+        """{"E0": encoder block, ..., "L0": decoder self-attention, ..., "X0": cross-attention, ...}."""
+        return {
+            **layer_blocks(self.enc_attn, "E", attr=None),
+            **layer_blocks(self.dec_self, "L", attr=None),
+            **layer_blocks(self.dec_cross, "X", attr=None),
+        }
+
+    def resid_names(self) -> list[str]:
+        layers = [f"E{i}" for i in range(self.config.encoder_layers)]
+        layers += [f"L{i}" for i in range(self.config.decoder_layers)]
+        return [f"{p}.{r}" for p in layers for r in RESID]
+
+    def maps(self, prefix: str, run, *args) -> list[Tensor]:
+        """The patterns of the blocks named prefix0, prefix1, ... while run(*args) runs."""
+        names = [f"{p}.pattern" for p in self.hook_blocks() if p[0] == prefix]
+        with self.hooks(cache={}, names=names) as cache:
+            run(*args)
+        return [cache[n] for n in names]
+
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (b s) -> memory (b s c) and the key mask (b 1 1 s), True = a real character."""
-        memory, keys, _ = self._encode(src, need_weights=False)
-        return memory, keys
-
-    def _encode(self, src: Tensor, *, need_weights: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         keys = (src != PAD)[:, None, None, :]
         x = self.embed(src) + self.src_pos(torch.arange(src.shape[1], device=src.device))
-        maps = []
-        for attn, ln, mlp in zip(self.enc_attn, self.enc_ln, self.enc_mlp):
-            out = attn(ln(x), mask=keys, need_weights=need_weights)
-            if need_weights:
-                out, a = out
-                maps.append(a)
-            x = x + out
+        for i, (attn, ln, mlp) in enumerate(zip(self.enc_attn, self.enc_ln, self.enc_mlp)):
+            x = self.resid(f"E{i}.resid_pre", x)
+            x = x + attn(ln(x), mask=keys)
             x = x + mlp(x)
-        return self.enc_final(x), keys, maps
+            x = self.resid(f"E{i}.resid_post", x)
+        return self.enc_final(x), keys
 
     @torch.no_grad()
     def encoder_attention_maps(self, sources: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Encoder self-attention A (layers b h s s) and the real characters (b s) bool
         (PAD columns get weight 0; PAD rows are not characters)."""
         src = self.encode_sources(sources)
-        _, keys, maps = self._encode(src, need_weights=True)
-        return torch.stack(maps), keys[:, 0, 0]
+        maps = self.maps("E", self.encode, src)
+        return torch.stack(maps), (src != PAD)
 
-    def decode(
-        self, memory: Tensor, keys: Tensor, tgt_in: Tensor, head_mask=None, *, need_weights: bool = False
-    ) -> tuple[Tensor, list[Tensor]]:
-        """tgt_in (b t) (BOS + target so far) -> logits (b t vocab) and cross maps, one (b h t s) per layer."""
+    def decode(self, memory: Tensor, keys: Tensor, tgt_in: Tensor, head_mask=None) -> Tensor:
+        """tgt_in (b t) (BOS + target so far) -> logits (b t vocab)."""
         t = tgt_in.shape[1]
         pos = self.tgt_pos(torch.arange(t, device=tgt_in.device))
         first = self.config.read_first != "none"
         x = self.embed(tgt_in) + (0 if first else pos)
         masks = per_layer(head_mask, self.config.cross_heads, "decoder layer")
-        maps = []
         for i in range(self.config.decoder_layers):
+            x = self.resid(f"L{i}.resid_pre", x)
             if not (first and i == 0):
                 x = x + self.dec_self[i](self.dec_ln_self[i](x))
             q = x
             if first and i == 0 and self.config.read_first == "fixed":  # BOS's embedding on every row
                 q = self.embed.weight[BOS].expand_as(x)
-            out = self.dec_cross[i](
-                self.dec_ln_cross[i](q), context=memory, mask=keys, need_weights=need_weights, head_mask=masks[i]
-            )
-            if need_weights:
-                out, a = out
-                maps.append(a)
-            x = x + out
+            x = x + self.dec_cross[i](self.dec_ln_cross[i](q), context=memory, mask=keys, head_mask=masks[i])
             if first and i == 0:  # now the position, then the self-attention this layer skipped above
                 x = x + pos
                 x = x + self.dec_self[i](self.dec_ln_self[i](x))
             x = x + self.dec_mlp[i](x)
-        return self.unembed(self.dec_final(x)), maps
+            x = self.resid(f"L{i}.resid_post", x)
+        return self.unembed(self.dec_final(x))
+
+    final_norm = property(lambda self: self.dec_final)  # what logit attribution reads (analysis.patching)
 
     def forward(self, src: Tensor, tgt_in: Tensor, head_mask=None) -> Tensor:
         """src (b s), tgt_in (b t) -> logits (b t vocab); head_mask (layers h) on cross-attention."""
         memory, keys = self.encode(src)
-        return self.decode(memory, keys, tgt_in, head_mask)[0]
+        return self.decode(memory, keys, tgt_in, head_mask)
 
     @staticmethod
     def shift(tgt: Tensor) -> Tensor:
@@ -293,7 +308,7 @@ class DatesModel(nn.Module):
         memory, keys = self.encode(src)
         out = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
         for _ in range(TARGET_LEN):
-            logits, _ = self.decode(memory, keys, out, head_mask)
+            logits = self.decode(memory, keys, out, head_mask)
             out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
         return out[:, 1:]
 
@@ -318,8 +333,7 @@ class DatesModel(nn.Module):
         src = self.encode_sources(sources)
         targets = self.translate(sources) if targets is None else list(targets)
         tgt = self.encode_targets(targets)
-        memory, keys = self.encode(src)
-        _, maps = self.decode(memory, keys, self.shift(tgt), need_weights=True)
+        maps = self.maps("X", self, src, self.shift(tgt))
         if len(set(self.config.cross_heads)) != 1:
             raise AnalysisError(f"cross-attention heads per layer differ ({self.config.cross_heads})")
         return torch.stack(maps)

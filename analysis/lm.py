@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 import zoo
+from zoo.hooks import HookedModel, layer_blocks
 
 from .errors import AnalysisError
 from .gates import shut
@@ -72,8 +73,13 @@ class LMConfig:
         return cls(**{**d, "heads": tuple(d["heads"])})
 
 
-class TinyLM(nn.Module):
-    """model(tokens (b t)) -> logits (b t vocab); each layer's attention is a zoo block."""
+class TinyLM(HookedModel, nn.Module):
+    """model(tokens (b t)) -> logits (b t vocab); each layer's attention is a zoo block.
+
+    run_with_cache / run_with_hooks (zoo.hooks.HookedModel) name layer l's block "L{l}" (its
+    locations "L1.pattern", "L0.z", ...) and the residual stream before and after the layer
+    "L{l}.resid_pre" / "L{l}.resid_post" (b t c).
+    """
 
     kind = "lm"
     punctuation = " .,;:!?'\"-()"  # ASCII ids (the CLI's --text): `punctuation` scores' default
@@ -142,13 +148,12 @@ class TinyLM(nn.Module):
         head's output Z^(r) before concatenation, as the zoo block's own head_mask does. With
         fewer heads in a layer than model.heads, that layer reads the first entries of its row.
         """
-        logits, _ = self._run(tokens, head_mask, need_weights=False)
-        return logits
+        return self._run(tokens, head_mask)
 
     def attention_maps(self, tokens: Tensor, head_mask: Tensor | Sequence[Tensor] | None = None) -> Tensor:
         """tokens (b t) -> A (layers b h t t); rows sum to 1. h = model.heads: a layer with fewer
         heads is padded with NaN maps (no such head), so scores come out NaN there too."""
-        _, maps = self._run(tokens, head_mask, need_weights=True)
+        maps = self._maps(tokens, head_mask)
         h = self.heads
         return torch.stack(
             [torch.cat([a, a.new_full((a.shape[0], h - a.shape[1], *a.shape[2:]), torch.nan)], 1) for a in maps]
@@ -156,7 +161,16 @@ class TinyLM(nn.Module):
 
     def attention_map_list(self, tokens: Tensor) -> list[Tensor]:
         """One A (b h t t) per layer (works for pruned models with unequal head counts)."""
-        return self._run(tokens, None, need_weights=True)[1]
+        return self._maps(tokens, None)
+
+    def hook_blocks(self) -> dict[str, nn.Module]:
+        """{"L0": layer 0's zoo block, ...}: the prefixes of run_with_cache's names."""
+        return layer_blocks(self.attn, "L", attr=None)
+
+    def _maps(self, tokens: Tensor, head_mask) -> list[Tensor]:
+        names = [f"{p}.pattern" for p in self.hook_blocks()]
+        _, cache = self.run_with_cache(tokens, head_mask, names=names)
+        return [cache[n] for n in names]
 
     def shut_heads(self) -> list[list[bool]]:
         """(layers, model.heads): True for a head whose W_O columns are all zero (shut by the
@@ -190,23 +204,26 @@ class TinyLM(nn.Module):
         offset = (pos[:, None] - pos[None, :]).clamp_min(0)
         return self.pos_bias[layer][:, offset][None]
 
-    def _run(self, tokens: Tensor, head_mask, *, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+    def residual(self, tokens: Tensor, head_mask=None) -> Tensor:
+        """The residual stream after the last layer (b t c), before the final LayerNorm."""
         tokens = self.check_tokens(tokens)
         t = tokens.shape[1]
         x = self.embed(tokens)
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(t, device=x.device))
-        maps = []
         masks = per_layer(head_mask, self.config.heads)
         for layer, (attn, ln, hm) in enumerate(zip(self.attn, self.ln_attn, masks)):
-            out = attn(ln(x), mask=self.position_bias(layer, t), need_weights=need_weights, head_mask=hm)
-            if need_weights:
-                out, a = out
-                maps.append(a)
-            x = x + out
+            x = self.resid(f"L{layer}.resid_pre", x)
+            x = x + attn(ln(x), mask=self.position_bias(layer, t), head_mask=hm)
             if self.config.mlp:
                 x = x + self.mlps[layer](x)
-        return self.unembed(self.ln_final(x)), maps
+            x = self.resid(f"L{layer}.resid_post", x)
+        return x
+
+    def _run(self, tokens: Tensor, head_mask) -> Tensor:
+        return self.unembed(self.ln_final(self.residual(tokens, head_mask)))
+
+    final_norm = property(lambda self: self.ln_final)  # what logit attribution reads (analysis.patching)
 
     # -- head surgery --------------------------------------------------------------------------
 

@@ -220,3 +220,38 @@ def plot_head_formats(
     if suptitle:
         fig.suptitle(suptitle, fontsize=11)
     return _save(fig, plt, Path(path))
+
+
+def plot_head_values(
+    values: Tensor,
+    path: str | os.PathLike,
+    *,
+    title: str,
+    label: str,
+    shut: Sequence[Sequence[bool]] | None = None,
+    prefix: str = "L",
+) -> Path:
+    """A layers x heads grid of one number per head (patching's restored share, an attribution),
+    each cell written out; a head shut by the gates is marked; NaN (no such head) left blank."""
+    values = values.detach().float().cpu()
+    if values.dim() != 2:
+        raise AnalysisError(f"values have shape {tuple(values.shape)}; expected (layers, heads)")
+    plt = _matplotlib()
+    layers, heads = values.shape
+    fig, ax = plt.subplots(figsize=(1.1 * heads + 2.2, 0.9 * layers + 1.6), layout="constrained")
+    finite = values[~values.isnan()]
+    top = float(finite.abs().max()) if finite.numel() else 1.0
+    im = ax.imshow(values.numpy(), cmap="RdBu_r", vmin=-max(top, 1e-9), vmax=max(top, 1e-9))
+    for layer in range(layers):
+        for h in range(heads):
+            v = float(values[layer, h])
+            if v != v:
+                continue
+            mark = "\nshut" if shut is not None and shut[layer][h] else ""
+            color = "white" if abs(v) > 0.6 * top else "black"
+            ax.text(h, layer, f"{v:.2f}{mark}", ha="center", va="center", fontsize=8, color=color)
+    ax.set_xticks(range(heads), [f"H{h}" for h in range(heads)])
+    ax.set_yticks(range(layers), [f"{prefix}{layer}" for layer in range(layers)])
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label=label)
+    return _save(fig, plt, Path(path))

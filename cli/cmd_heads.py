@@ -245,10 +245,13 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     if args.heads is not None and not args.heads.strip():
         raise CliError("--heads is empty; give LAYER.HEAD,... (e.g. --heads 1.2), or leave it out for the top head")
     import analysis
-    from analysis.ablate import format_table, parse_heads, run_ablation
+    from analysis.ablate import format_locations, format_table, location_table, parse_heads, run_ablation
+    from analysis.patching import check_location
     from analysis.importance import eval_batches, head_importance, ranked_heads
     from analysis.tasks import get_task
 
+    if args.location != "all":
+        check_location(args.location)
     _check_out(args.json)
     model = analysis.load(args.name)
     task = get_task(args.name)
@@ -259,6 +262,16 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         norm, _ = head_importance(model, task, batches)
         heads = [ranked_heads(norm)[-1]]
         print(f"--heads not given: removing the most important head, L{heads[0][0]}H{heads[0][1]}")
+    if args.location == "all":
+        rows = location_table(model, task, heads, batches)
+        names = ", ".join(f"L{a}H{b}" for a, b in heads)
+        print(f"{args.name}: heads {names} ablated at each location, {args.batches * args.batch} held-out examples")
+        print(format_locations(rows, task.metric_name, task.loss_name))
+        if args.json:
+            from dataclasses import asdict
+
+            _write_json(args.json, {"model": args.name, "heads": heads, "rows": [asdict(r) for r in rows]})
+        return 0
     finetune = args.finetune_steps
     scratch = args.scratch_steps if args.scratch_steps is not None else task.steps
     total = 5 + finetune + scratch
@@ -284,6 +297,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             latency=latency,
             progress=progress,
             train_progress=lambda step, loss: bar.update(),
+            location=args.location,
+            mode=args.mode,
         )
     finally:
         bar.close()
@@ -341,5 +356,12 @@ def add_commands(sub) -> None:
         "--scratch-steps", type=steps, default=None, help="(d) training steps (default: the shipped budget)"
     )
     sp.add_argument("--no-latency", action="store_true", help="skip the ONNX export and latency column")
+    sp.add_argument(
+        "--location",
+        default="z",
+        help="where (a) ablates: q, k, v, scores, pattern, z (default), result; 'all': only the table of every "
+        "location, zeroed and mean-ablated (k, v: the head's kv head, its whole group under GQA)",
+    )
+    sp.add_argument("--mode", choices=("zero", "mean"), default="zero", help="(a): zero, or the batch mean")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_ablate)

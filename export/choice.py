@@ -46,8 +46,12 @@ def why_not(
     dtype: str | None = None,
     provider: str | None = None,
     cache: str = "grow",
+    locations: tuple[str, ...] = (),
 ) -> str | None:
     """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
+
+    `locations`: named locations (zoo/hooks.py) asked for as extra outputs; a graph built by hand
+    holds none, and scores and pattern exist only where the lowering can output the weights.
 
     `provider` ("cpu"/"cuda"; None = any) adds what that provider's kernels cannot run.
 
@@ -58,6 +62,17 @@ def why_not(
         return f"{rec.name} cannot keep a static cache: {rec.static_cache}"
     if need_weights and not rec.weights_out:
         return f"{rec.op} does not output the softmax weights; use lowering='decomposed' for need_weights"
+    if locations and not rec.traced:
+        return (
+            f"{rec.name} computes attention inside one {rec.op} node: no named location ({', '.join(locations)}) "
+            "is a tensor of its graph; use lowering='decomposed'"
+        )
+    inner = [loc for loc in locations if loc in ("scores", "pattern")]
+    if inner and not rec.weights_out:
+        return (
+            f"{rec.op} does not output the softmax weights, so {' and '.join(inner)} cannot be outputs; "
+            "use lowering='decomposed'"
+        )
     if spec is None:
         return None
     if decode:

@@ -49,6 +49,17 @@ HEAD_MASK = TensorIO("head_mask", ("b", "h"), "float", "scales each head's outpu
 Y = TensorIO("y", ("b", "t", "c"), "float", "the block's output")
 ATTN = TensorIO("attn", ("b", "h", "t", "s"), "float", "attention weights A, rows sum to 1")
 
+# The block's named locations (zoo/hooks.py) as extra outputs: export_onnx(outputs=("y", "pattern", "z")).
+LOCATION_OUTPUTS = {
+    "q": TensorIO("q", ("b", "h", "t", "dk"), "float", "queries after QK-norm and rotary"),
+    "k": TensorIO("k", ("b", "g", "s", "dk"), "float", "keys after QK-norm and rotary"),
+    "v": TensorIO("v", ("b", "g", "s", "dv"), "float", "values"),
+    "scores": TensorIO("scores", ("b", "h", "t", "s"), "float", "scaled, mapped, biased and masked scores (-inf)"),
+    "pattern": TensorIO("pattern", ("b", "h", "t", "s"), "float", "attention weights A, rows sum to 1"),
+    "z": TensorIO("z", ("b", "h", "t", "dv"), "float", "A V per head, after head_mask"),
+    "result": TensorIO("result", ("b", "t", "h", "c"), "float", "head r's share z_r W_O^(r) of y"),
+}
+
 
 # Incremental decoding: the cache holds p earlier positions; this call adds t, so s = p + t keys.
 PAST_KEY = TensorIO("past_key", ("b", "g", "p", "dk"), "float", "keys of the p earlier positions (after RoPE)")
@@ -122,9 +133,10 @@ def lm_interface(
 
 
 def interface(
-    spec: zoo.AttentionSpec, *, need_weights: bool, with_mask: bool, with_head_mask: bool
+    spec: zoo.AttentionSpec, *, need_weights: bool, with_mask: bool, with_head_mask: bool, locations=()
 ) -> tuple[list[TensorIO], list[TensorIO]]:
-    """(inputs, outputs) in graph order for one export request.
+    """(inputs, outputs) in graph order for one export request; `locations` (named locations,
+    LOCATION_OUTPUTS) follow y and attn.
 
     For self-attention the key axis *is* the query axis, so `s` is renamed `t`.
     """
@@ -135,7 +147,7 @@ def interface(
         ins.append(MASK)
     if with_head_mask:
         ins.append(HEAD_MASK)
-    outs = [Y] + ([ATTN] if need_weights else [])
+    outs = [Y] + ([ATTN] if need_weights else []) + [LOCATION_OUTPUTS[loc] for loc in locations]
     if not spec.is_cross:
         ins = [_self_axes(io) for io in ins]
         outs = [_self_axes(io) for io in outs]

@@ -23,6 +23,7 @@ import torch
 
 import zoo
 
+from .choice import why_not
 from .decode_parity import CHUNKS, PADS, PROMPT, STEPS, check_decode
 from .io import interface
 from .lowerings import record
@@ -71,6 +72,7 @@ def check(
     seed: int = 0,
     precision: str = "fp32",
     row_scales: tuple[float, ...] = MIXED_SCALES,
+    outputs: tuple[str, ...] = ("y",),
     **overrides,
 ) -> ParityRow:
     """Export one variant with one lowering and compare it with eager torch at `shapes`.
@@ -78,7 +80,9 @@ def check(
     precision int8/int4: the fp32 eager block is the reference, and the relative L2 error of y
     of each batch row at each shape must be within ERROR_BOUNDS[precision] (elementwise tolerances
     do not apply); then a batch of rows scaled `row_scales` must give each row its answer alone,
-    and a causal block's earlier positions must not move when later ones are scaled (_coupling)."""
+    and a causal block's earlier positions must not move when later ones are scaled (_coupling).
+    outputs: "y" and named locations (zoo/hooks.py), each checked against eager run_with_cache; a
+    lowering that cannot produce one is a SKIP with why_not's reason."""
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     row = new_row(name, lowering, provider, dtype, case, precision)
     if case not in CASES:
@@ -88,6 +92,12 @@ def check(
     masked = case == "masked"
     # Weights come out of the decomposed lowering only; ask for them where they can be had.
     need_weights = masked and record(lowering).weights_out
+    locations = tuple(outputs[1:])
+    if locations:
+        reason = why_not(lowering, spec_of(name_or_module, overrides), locations=locations)
+        if reason:
+            row.status, row.reason = "SKIP", reason
+            return row
     if skipped(row, lowering, spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype):
         return row
     quantized = precision != "fp32"
@@ -99,12 +109,15 @@ def check(
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
         export_kw = {"need_weights": need_weights, "with_mask": masked, "with_head_mask": masked}
         export_kw["precision"] = precision
+        export_kw["outputs"] = tuple(outputs)
         sess = export_and_open(row, export_onnx, module, path, export_kw)
         if sess is None:
             return row
         device = "cuda" if provider == "cuda" else "cpu"
         ref_module = reference_module(module, dtype, device)
-        ins, _ = interface(spec, need_weights=need_weights, with_mask=masked, with_head_mask=masked)
+        ins, _ = interface(
+            spec, need_weights=need_weights, with_mask=masked, with_head_mask=masked, locations=locations
+        )
         worst_abs = worst_rel = 0.0
         all_ok = True
         varied = False  # a check whose reference is constant everywhere would prove nothing
@@ -114,7 +127,7 @@ def check(
                 feeds["mask"][0, -1, :] = False  # a query row with no allowed key
                 # ablate the last head; with a single head, halve it (zeroing it would leave y = b_O)
                 feeds["head_mask"][:, -1] = 0 if spec.heads > 1 else 0.5
-            refs = _reference(ref_module, feeds, need_weights, device)
+            refs = _reference(ref_module, feeds, need_weights, device, locations)
             varied = varied or bool((refs[0] != refs[0].flatten()[0]).any())
             try:
                 gots = _run(sess, feeds, device)
@@ -122,7 +135,8 @@ def check(
                 row.status, row.reason = "FAIL", f"run failed at (b,t,s)={(b, t, s)}: {str(e)[:200]}"
                 return row
             for o, r in zip(gots, refs):
-                a, rel, ok = errors(o.float().cpu().numpy(), r.cpu().numpy(), tol)
+                o, r = (torch.nan_to_num(v.float().cpu(), neginf=-1e9) for v in (o, r))  # scores: -inf = masked
+                a, rel, ok = errors(o.numpy(), r.numpy(), tol)
                 worst_abs, worst_rel = worse(worst_abs, a), worse(worst_rel, rel)
                 all_ok = all_ok and (ok or quantized)
             l2 = row_l2(gots[0], refs[0])
@@ -145,18 +159,21 @@ def check(
     return row
 
 
-def _reference(ref_module: zoo.MultiHeadAttention, feeds: dict, need_weights: bool, device: str) -> tuple:
-    """The eager outputs for one set of feeds, as a tuple (y, and the weights when asked for)."""
+def _reference(
+    ref_module: zoo.MultiHeadAttention, feeds: dict, need_weights: bool, device: str, locations: tuple = ()
+) -> tuple:
+    """The eager outputs for one set of feeds, as a tuple (y, the weights when asked for, the locations)."""
     masked = "mask" in feeds
     with torch.no_grad():
-        out = ref_module(
+        out, cache = ref_module.run_with_cache(
             feeds["x"].float().to(device),
             feeds["context"].float().to(device) if "context" in feeds else None,
             feeds["mask"][:, None].to(device) if masked else None,
             need_weights=need_weights,
             head_mask=feeds["head_mask"].float().to(device) if "head_mask" in feeds else None,
+            names=locations,
         )
-    return out if isinstance(out, tuple) else (out,)
+    return (*(out if isinstance(out, tuple) else (out,)), *(cache[loc] for loc in locations))
 
 
 def _run(sess: OnnxSession, feeds: dict, device: str) -> tuple:

@@ -12,6 +12,7 @@ from torch import nn
 
 import zoo
 from zoo.attention import static_step
+from zoo.hooks import HookRun, hooked
 
 from .errors import ExportError
 from .graphs import quiet
@@ -28,15 +29,21 @@ EXAMPLE_B, EXAMPLE_T, EXAMPLE_S = 2, 5, 7
 class _ExportBlock(nn.Module):
     """Named keyword inputs for torch.export; the ONNX mask (b t s) is shared by all heads."""
 
-    def __init__(self, block: zoo.MultiHeadAttention, need_weights: bool) -> None:
+    def __init__(self, block: zoo.MultiHeadAttention, need_weights: bool, locations: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.block = block
         self.need_weights = need_weights
+        self.locations = tuple(locations)
 
     def forward(self, x, context=None, mask=None, head_mask=None):
         if mask is not None:
             mask = rearrange(mask, "b t s -> b 1 t s")
-        return self.block(x, context, mask, need_weights=self.need_weights, head_mask=head_mask)
+        if not self.locations:
+            return self.block(x, context, mask, need_weights=self.need_weights, head_mask=head_mask)
+        cache: dict = {}
+        with hooked(self.block, HookRun(cache=cache, names=self.locations)):
+            out = self.block(x, context, mask, need_weights=self.need_weights, head_mask=head_mask)
+        return (*(out if isinstance(out, tuple) else (out,)), *(cache[loc] for loc in self.locations))
 
 
 def example_inputs(
@@ -59,15 +66,18 @@ def example_inputs(
     return out
 
 
-def lower(module, lowering, dtype, need_weights, with_mask, with_head_mask):
-    """Trace one compute path of `module` and return (onnx_ir model, inputs, outputs)."""
+def lower(module, lowering, dtype, need_weights, with_mask, with_head_mask, locations=()):
+    """Trace one compute path of `module` and return (onnx_ir model, inputs, outputs); `locations`
+    (zoo/hooks.py names) become extra outputs after y (and attn)."""
     spec = module.spec
-    ins, outs = interface(spec, need_weights=need_weights, with_mask=with_mask, with_head_mask=with_head_mask)
+    ins, outs = interface(
+        spec, need_weights=need_weights, with_mask=with_mask, with_head_mask=with_head_mask, locations=locations
+    )
     rec = record(lowering)
     if not rec.traced:
         return built(rec, module, dtype, ins, outs), ins, outs
     block = traced_block(module, rec, dtype)
-    wrapper = _ExportBlock(block, need_weights).eval()
+    wrapper = _ExportBlock(block, need_weights, locations).eval()
     example = example_inputs(spec, ins, DTYPES[dtype], EXAMPLE_B, EXAMPLE_T, EXAMPLE_S)
     dims = {a: torch.export.Dim(a) for a in ("b", "t", "s")}
     dynamic_shapes = {io.name: {i: dims[a] for i, a in enumerate(io.axes) if a in dims} for io in ins}

@@ -90,6 +90,7 @@ def export_onnx(
     max_len: int | None = None,
     precision: str = "fp32",
     label: str | None = None,
+    outputs: tuple[str, ...] = ("y",),
     **overrides: Any,
 ) -> ExportResult:
     """Export a zoo block to ONNX with dynamic b, t (and s) axes; returns what was written.
@@ -113,6 +114,8 @@ def export_onnx(
     metadata and ExportResult.precision say which.
     label names a module in the summary and the metadata (attnzoo.name), e.g. the checkpoint and layer it
     came from; default: the registered name, or "custom" for a module.
+    outputs: "y" and any named locations of the block (zoo/hooks.py: q, k, v, scores, pattern, z,
+    result), which become graph outputs of those names after y (and attn), e.g. ("y", "pattern", "z").
     """
     from .lm_export import export_lm, is_lm
 
@@ -130,6 +133,7 @@ def export_onnx(
     if decode and cache == "auto" and isinstance(lowering, str) and isinstance(provider, str):
         cache = decode_cache(provider, lowering, max_len) if lowering in ("auto", *LOWERINGS) else "grow"
     max_len = _check_cache_args(decode, cache, max_len, lowering=lowering)
+    locations = _check_outputs(outputs, decode)
     if decode and (need_weights or with_head_mask):
         raise ExportError("a decode model outputs y and the cache only: drop need_weights / with_head_mask")
     reason = precision_why_not(precision, dtype=dtype, provider=provider, decode=decode)
@@ -158,6 +162,8 @@ def export_onnx(
             raise ExportError(f"cannot export a decode model: {reason}")
         order = decode_order(provider, module.spec, cache=cache)
     request = {"need_weights": need_weights, "decode": decode, "dtype": dtype, "provider": provider}
+    if locations:
+        request["locations"] = locations
     if static:
         request["cache"] = cache
     if lowering == "auto":
@@ -178,7 +184,7 @@ def export_onnx(
             elif decode:
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
-                model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask)
+                model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask, locations)
             quantized, applied = apply_precision(model, precision, decode=decode)
         except ExportError as e:
             if lowering != "auto":
@@ -238,6 +244,24 @@ def export_onnx(
         precision=precision,
         precision_method=applied.method.describe() if applied.method.tool != "none" else "",
     )
+
+
+def _check_outputs(outputs, decode: bool) -> tuple[str, ...]:
+    """The named locations of export_onnx's `outputs` (after "y")."""
+    from .io import LOCATION_OUTPUTS
+
+    if isinstance(outputs, str) or not isinstance(outputs, (tuple, list)) or not outputs or outputs[0] != "y":
+        raise zoo.InputTypeError(f"outputs={outputs!r} must be a tuple starting with 'y', e.g. ('y', 'pattern', 'z')")
+    rest = tuple(outputs[1:])
+    for name in rest:
+        if name not in LOCATION_OUTPUTS or rest.count(name) > 1:
+            raise ExportError(
+                f"outputs: {name!r} is " + ("named twice" if name in LOCATION_OUTPUTS else "not a location")
+                + f"; after 'y' give some of {', '.join(LOCATION_OUTPUTS)}"
+            )
+    if rest and decode:
+        raise ExportError("a decode model outputs y and the cache only: drop the locations from outputs")
+    return rest
 
 
 def _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite) -> None:

@@ -111,7 +111,9 @@ def _upcast(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, bool]:
     return q, k, False
 
 
-def _weights(scores: Tensor, score_map: ScoreMap | None, bias: Tensor | None, allowed: Tensor | None) -> Tensor:
+def _weights(
+    scores: Tensor, score_map: ScoreMap | None, bias: Tensor | None, allowed: Tensor | None, hook=None
+) -> Tensor:
     """A from the scaled scores: the score map, the bias, the mask, then the NaN-safe softmax.
 
     The softmax is written out so that a row with no allowed key (all -inf) gives exp(-inf) = 0
@@ -123,6 +125,8 @@ def _weights(scores: Tensor, score_map: ScoreMap | None, bias: Tensor | None, al
         scores = scores + bias.to(scores.dtype)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
+    if hook is not None:  # the named location "scores" (zoo/hooks.py)
+        scores = hook("scores", scores)
     finfo = torch.finfo(scores.dtype)
     row_max = scores.amax(dim=-1, keepdim=True).clamp_min(finfo.min)
     e = torch.exp(scores - row_max)
@@ -141,13 +145,17 @@ def explicit_attention(
     bias: Tensor | None,
     *,
     score_map: ScoreMap | None = None,
+    hook=None,
 ) -> tuple[Tensor, Tensor]:
-    """Q (b h t dk), K (b h s dk), V (b h s dv) -> Z (b h t dv) and A (b h t s), materializing the scores."""
+    """Q (b h t dk), K (b h s dk), V (b h s dv) -> Z (b h t dv) and A (b h t s), materializing the scores.
+    hook: a zoo.hooks.HookRun, called at "scores" and "pattern"."""
     q, k, low_precision = _upcast(q, k)
     scores = torch.einsum("b h t d, b h s d -> b h t s", q * scale, k)
-    weights = _weights(scores, score_map, bias, allowed)
+    weights = _weights(scores, score_map, bias, allowed, hook)
     if low_precision:
         weights = weights.to(v.dtype)
+    if hook is not None:  # the named location "pattern" (zoo/hooks.py)
+        weights = hook("pattern", weights)
     z = torch.einsum("b h t s, b h s d -> b h t d", weights, v)
     return z, weights
 

@@ -38,12 +38,13 @@ from .attend import (
 )
 from .cache import GrowingCache, KVCache, StaticBuffers, StaticCache
 from .errors import InputTypeError
+from .hooks import HookPoints, output
 from .inputs import check_decode, check_forward, check_positions
 from .limits import check_fits
 from .spec import AttentionSpec
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(HookPoints, nn.Module):
     """Multi-head attention for one `AttentionSpec`.
 
     Parameters (nn.Linear stores weight as (out, in), i.e. the math's W^T):
@@ -56,6 +57,8 @@ class MultiHeadAttention(nn.Module):
     `fused=False` always takes the explicit path (scores, mask, softmax, A @ V).
     `share_kv=True` lets SDPA share the kv heads itself under GQA (enable_gqa) instead of
     repeating K and V to h heads first; same function, less memory in eager torch.
+    `hook` (None unless a run installs one: run_with_cache, run_with_hooks, zoo.hooks.hooked) is
+    called at the named locations of zoo/hooks.py.
     """
 
     def __init__(self, spec: AttentionSpec, *, fused: bool = True) -> None:
@@ -151,14 +154,17 @@ class MultiHeadAttention(nn.Module):
         """
         score_mask = check_forward(self.spec, self.out_proj.weight, x, context, mask, head_mask)
         pos = self._positions(positions, x)
+        hook = self.hook
         q, k, v = self.heads(x, pos, context)
+        if hook is not None:
+            q, k, v = hook("q", q), hook("k", k), hook("v", v)
         allowed, bias = self._resolve_mask(score_mask, q.shape[-2], k.shape[-2], x, pos)
         z, weights = self.attend(
             q, k, v, allowed, bias, need_weights=need_weights, plain_causal=self._causal_only(mask, positions)
         )
         if head_mask is not None:
             z = z * _head_scale(head_mask, z)
-        y = self.out_proj(rearrange(z, MERGE_HEADS))
+        y = self.out_proj(rearrange(z, MERGE_HEADS)) if hook is None else output(z, self.out_proj, hook, MERGE_HEADS)
         return (y, weights) if need_weights else y
 
     def attend(
@@ -175,12 +181,13 @@ class MultiHeadAttention(nn.Module):
         """Q (b h t dk), K (b g s dk), V (b g s dv) -> Z (b h t dv) and, on the explicit path, A (b h t s)."""
         s = self.spec
         smap = score_map(self.mods.values())
-        explicit = need_weights or not self.fused or smap is not None
+        hook = self.hook
+        explicit = need_weights or not self.fused or smap is not None or (hook is not None and hook.explicit)
         gqa = s.group_size > 1 and self.share_kv and not explicit
         if s.group_size > 1 and not gqa:  # blocked GQA: query head r reads kv head r // group_size
             k, v = repeat_kv(k, s.group_size), repeat_kv(v, s.group_size)
         if explicit:
-            return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=smap)
+            return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=smap, hook=hook)
         z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa, fp32=self.sdpa_fp32)
         return z, None
 
@@ -221,20 +228,23 @@ class MultiHeadAttention(nn.Module):
     def step(self, x: Tensor, cache: KVCache) -> tuple[Tensor, Tensor, Tensor]:
         """One decode step of x (b t c) against either kind of cache (checked before): y (b t c) and
         the keys (b g s dk) and values (b g s dv) the step read, this call's among them."""
-        t = x.shape[1]
+        t, hook = x.shape[1], self.hook
         at = cache.place(t, x.device)
         q, k, v = self.heads(x, at.q_pos)
-        k, v = cache.write(k, v, at)
+        k, v = present = cache.write(k, v, at)
+        if hook is not None:  # k, v over the whole cache; a replacement is read by this step only
+            q, k, v = hook("q", q), hook("k", k), hook("v", v)
         allowed = causal_allowed(at.q_at, at.k_at, t, k.shape[2], x.device)
         extra, bias = position_scores(self.mods.values(), at.q_pos, at.k_pos, x.dtype)
         allowed = both(allowed, extra)
         if at.key_mask is not None:
             allowed = real_keys(allowed, at.key_mask)
-        if cache.folded:
+        if cache.folded and (hook is None or not hook.explicit):
             z = folded_attention(q, k, v, self.spec.scale_, allowed, bias, score_map=score_map(self.mods.values()))
         else:
             z, _ = self.attend(q, k, v, allowed, bias)
-        return self.out_proj(rearrange(z, MERGE_HEADS)), k, v
+        y = self.out_proj(rearrange(z, MERGE_HEADS)) if hook is None else output(z, self.out_proj, hook, MERGE_HEADS)
+        return y, *present
 
     # -- masks ---------------------------------------------------------------------------
 

@@ -1,0 +1,227 @@
+"""Named locations on every block (zoo/hooks.py): shapes, the identities between them, and what
+an edit at each location does, on every registered variant (so on every modifier kind)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from einops import rearrange
+
+import zoo
+from tests.helpers import ALL_NAMES, create, make_inputs
+from zoo.hooks import LOCATIONS, HookRun, hooked
+from zoo.modifiers import MODIFIERS
+
+B, T, S = 2, 5, 7
+
+
+def _block(name: str) -> zoo.MultiHeadAttention:
+    torch.manual_seed(0)
+    return create(name).double().eval()
+
+
+def _inputs(block):
+    torch.manual_seed(1)
+    x, ctx, s = make_inputs(block.spec, B, T, S, dtype=torch.float64)
+    return x, ctx, s
+
+
+def test_every_modifier_kind_is_in_the_registry():
+    """The identities below run on every registered name; each modifier must be active in one."""
+    for mod in MODIFIERS:
+        if mod.name == "clip_qkv":
+            continue  # tested below on a spec of its own (no preset clips)
+        assert any(mod.active(zoo.spec(n)) for n in ALL_NAMES), f"no registered name uses the {mod.name} modifier"
+
+
+def _kinds(spec: zoo.AttentionSpec) -> set[str]:
+    """What makes a variant a different case for the hooks: its modifiers, its head sharing, its layout."""
+    kinds = {mod.name for mod in MODIFIERS if mod.active(spec)}
+    kinds.add("mqa" if spec.kv_heads_ == 1 < spec.heads else "gqa" if spec.group_size > 1 else "mha")
+    kinds.update({spec.layout, "cross" if spec.is_cross else "causal" if spec.causal else "bidirectional"})
+    kinds.update({"dv" if spec.d_v_ != spec.d_k_ else "", "bias" if spec.bias else "no-bias"})
+    return kinds - {""}
+
+
+def _representatives() -> list[str]:
+    """The fewest registered names (first in order) that cover every kind some name has."""
+    chosen, covered = [], set()
+    for name in ALL_NAMES:
+        if _kinds(zoo.spec(name)) - covered:
+            chosen.append(name)
+            covered |= _kinds(zoo.spec(name))
+    return chosen
+
+
+# Every registered name; the default run takes one name per kind (every modifier among them), the
+# rest run with -m slow.
+FAST = set(_representatives()) | {"mha-causal+clip_qkv"}
+CASES = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in [*ALL_NAMES, "mha-causal+clip_qkv"]]
+
+
+def _case(case: str) -> zoo.MultiHeadAttention:
+    if case.endswith("+clip_qkv"):
+        torch.manual_seed(0)
+        return create(case.removesuffix("+clip_qkv"), clip_qkv=0.5).double().eval()
+    return _block(case)
+
+
+def test_the_default_run_covers_every_modifier():
+    covered = set().union(*(_kinds(zoo.spec(n)) for n in FAST if "+" not in n))
+    assert {mod.name for mod in MODIFIERS} - {"clip_qkv"} <= covered
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_locations_shapes_and_identities(name):
+    block = _case(name)
+    x, ctx, s = _inputs(block)
+    sp = block.spec
+    h, g, dk, dv, c = sp.heads, sp.kv_heads_, sp.d_k_, sp.d_v_, sp.d_model
+    with torch.no_grad():
+        y0 = block(x, ctx)
+        y, cache = block.run_with_cache(x, ctx)
+    assert block.hook is None
+    assert set(cache) == set(LOCATIONS)
+    want = {
+        "q": (B, h, T, dk),
+        "k": (B, g, s, dk),
+        "v": (B, g, s, dv),
+        "scores": (B, h, T, s),
+        "pattern": (B, h, T, s),
+        "z": (B, h, T, dv),
+        "result": (B, T, h, c),
+        "out": (B, T, c),
+    }
+    assert {k: tuple(v.shape) for k, v in cache.items()} == want
+    torch.testing.assert_close(y, y0)
+    torch.testing.assert_close(cache["out"], y)
+    torch.testing.assert_close(torch.softmax(cache["scores"], -1), cache["pattern"])
+    bias = block.out_proj.bias if block.out_proj.bias is not None else 0
+    torch.testing.assert_close(cache["result"].sum(2) + bias, y)
+    # cache only what is asked: the fused path stays when neither scores nor pattern is read
+    _, only = block.run_with_cache(x, ctx, names=["z"])
+    assert set(only) == {"z"}
+    torch.testing.assert_close(only["z"], cache["z"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_zeroing_a_heads_z_is_head_mask(name):
+    block = _case(name)
+    x, ctx, _ = _inputs(block)
+    r = block.spec.heads - 1
+    hm = torch.ones(block.spec.heads, dtype=torch.float64)
+    hm[r] = 0
+
+    def zero(z, where):
+        assert where == "z"
+        z = z.clone()
+        z[:, r] = 0
+        return z
+
+    with torch.no_grad():
+        torch.testing.assert_close(block.run_with_hooks(x, ctx, hooks={"z": zero}), block(x, ctx, head_mask=hm))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_minus_inf_on_a_score_is_a_mask_without_that_key(name):
+    block = _case(name)
+    x, ctx, s = _inputs(block)
+    key = 1
+
+    def drop(scores, _):
+        scores = scores.clone()
+        scores[..., key] = float("-inf")
+        return scores
+
+    mask = torch.ones(B, 1, T, s, dtype=torch.bool)
+    mask[..., key] = False
+    with torch.no_grad():
+        torch.testing.assert_close(block.run_with_hooks(x, ctx, hooks={"scores": drop}), block(x, ctx, mask))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_replacing_the_pattern_changes_only_what_follows(name):
+    block = _case(name)
+    x, ctx, s = _inputs(block)
+    torch.manual_seed(2)
+    new = torch.softmax(torch.randn(B, block.spec.heads, T, s, dtype=torch.float64), -1)
+    with torch.no_grad():
+        _, before = block.run_with_cache(x, ctx)
+        y, after = block.run_with_cache(x, ctx, hooks={"pattern": lambda a, _: new})
+    for loc in ("q", "k", "v", "scores"):
+        torch.testing.assert_close(after[loc], before[loc])
+    torch.testing.assert_close(after["pattern"], new)
+    v = before["v"].repeat_interleave(block.spec.group_size, dim=1)
+    z = torch.einsum("b h t s, b h s d -> b h t d", new, v)
+    torch.testing.assert_close(after["z"], z)
+    torch.testing.assert_close(y, block.out_proj(rearrange(z, "b h t d -> b t (h d)")))
+
+
+def _name(case) -> str:
+    return case if isinstance(case, str) else case.values[0]
+
+
+DECODE = [c for c in CASES if zoo.spec(_name(c).split("+")[0]).causal]
+
+
+@pytest.mark.parametrize("name", DECODE)
+@pytest.mark.parametrize("kind", ["grow", "static"])
+def test_decode_offers_the_locations_for_the_new_positions(name, kind):
+    block = _case(name)
+    sp = block.spec
+    torch.manual_seed(3)
+    x = torch.randn(B, 6, sp.d_model, dtype=torch.float64)
+    p, t, n = 4, 2, 9
+    with torch.no_grad():
+        _, pk, pv = block.decode(x[:, :p])
+        if kind == "grow":
+            (y, k_all, _), cache = block.run_with_cache(x[:, p:], pk, pv, decode=True)
+            y0, _, _ = block.decode(x[:, p:], pk, pv)
+            keys = p + t
+        else:
+            c1 = zoo.StaticCache.from_past(pk, pv, max_len=n)
+            y, cache = block.run_with_cache(x[:, p:], cache=c1, decode=True)
+            y0 = block.decode(x[:, p:], cache=zoo.StaticCache.from_past(pk, pv, max_len=n))
+            keys = n  # a static cache's k and v: the whole buffer (the tail past its length is masked)
+            assert c1.length == p + t
+        full = block(x)
+    torch.testing.assert_close(y, y0)
+    torch.testing.assert_close(y, full[:, p:])
+    assert tuple(cache["q"].shape) == (B, sp.heads, t, sp.d_k_)
+    assert tuple(cache["k"].shape) == (B, sp.kv_heads_, keys, sp.d_k_)
+    assert tuple(cache["pattern"].shape) == (B, sp.heads, t, keys)
+    torch.testing.assert_close(torch.softmax(cache["scores"], -1), cache["pattern"])
+    bias = block.out_proj.bias if block.out_proj.bias is not None else 0
+    torch.testing.assert_close(cache["result"].sum(2) + bias, y)
+
+
+def test_hooks_are_removed_after_a_failing_run_and_bad_requests_are_one_line():
+    block = _block("mha-causal")
+    x, _, _ = _inputs(block)
+
+    def boom(t, _):
+        raise RuntimeError("inside the hook")
+
+    with pytest.raises(RuntimeError, match="inside the hook"):
+        block.run_with_hooks(x, hooks={"q": boom})
+    assert block.hook is None
+    with pytest.raises(zoo.ArgumentError, match="'attn' is not one of"):
+        block.run_with_hooks(x, hooks={"attn": lambda t, _: None})
+    with pytest.raises(zoo.InputError, match="return a tensor of shape"):
+        block.run_with_hooks(x, hooks={"z": lambda t, _: t[:, :1]})
+    with pytest.raises(zoo.InputTypeError, match="not a function"):
+        block.run_with_hooks(x, hooks={"z": 3})
+    with hooked(block, HookRun({"z": lambda t, _: None})), pytest.raises(zoo.ArgumentError, match="do not nest"):
+        block.run_with_hooks(x, hooks={"z": lambda t, _: None})
+    assert block.hook is None
+
+
+def test_a_hook_that_returns_none_changes_nothing_and_the_fused_path_stays():
+    block = _block("gqa")
+    x, _, _ = _inputs(block)
+    seen = []
+    with torch.no_grad():
+        y = block.run_with_hooks(x, hooks={"z": lambda t, name: seen.append(name)})
+        torch.testing.assert_close(y, block(x))
+    assert seen == ["z"]
+    assert not HookRun({"z": print}).explicit and HookRun({"pattern": print}).explicit
