@@ -38,7 +38,9 @@ class LMRow:
     embed: str = "embed_tokens"
     layer: str = "layers.{layer}"
     norms: tuple[tuple[str, str], ...] | Callable[[ConfigView], tuple[tuple[str, str], ...]] = PRE  # (slot, name)
-    mlp: tuple[tuple[str, str], ...] = GATED  # (part, name): gate/up/down, or gate_up (fused) and down
+    # (part, name): gate/up/down, or gate_up (fused) and down, or experts (a mixture: its saved name; a live
+    # model holds it as mlp.gate and mlp.experts' fused 3-D tensors)
+    mlp: tuple[tuple[str, str], ...] = GATED
     final_norm: str = "norm"
     head: tuple[str, ...] = ("lm_head",)  # its names, saved (GPT-NeoX saves embed_out) and live
     positions: str | None = None  # learned absolute positions
@@ -255,6 +257,11 @@ LM_FAMILIES: dict[str, LMRow] = {
                                 mlp_bias=bool(cfg.get("use_bias", True)), tied=_tied(cfg, True)),
         "LayerNorm, MLP (GELU tanh) with biases, pre-norm, tied",
         mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+    ),
+    "mixtral": LMRow(
+        lambda cfg: _llama(cfg, experts=int(cfg.num_local_experts), experts_per_token=int(cfg.num_experts_per_tok)),
+        "as LLaMA, a sparse mixture of gated experts (top k, renormalized) in place of the MLP",
+        mlp=(("experts", "block_sparse_moe"),),
     ),
     "granite": LMRow(_granite, "as LLaMA, embedding, residual and logit multipliers"),
     "stablelm": LMRow(

@@ -53,6 +53,8 @@ CASES: dict[str, tuple[str, str, dict]] = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(BASE, num_key_value_heads=2)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(BASE, num_key_value_heads=2,
                                                                      sliding_window=WINDOW)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(BASE, num_key_value_heads=2, num_local_experts=4,
+                                                          num_experts_per_tok=2, sliding_window=None)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(BASE, num_key_value_heads=2, embedding_multiplier=3.0,
                                                           residual_multiplier=0.5, logits_scaling=4.0,
                                                           attention_multiplier=0.2)),

@@ -37,6 +37,7 @@ VARIANTS = {
                               logit_softcap=5.0, tied=False, head_bias=True, residual_multiplier=1.0)
         for r in RESIDUALS
     },
+    "mixture": spec(experts=3, experts_per_token=2),
     "granite-like": spec(residual_multiplier=0.5, embed_scale=3.0, logit_scale=0.25, embed_norm=True),
 }
 
@@ -136,6 +137,9 @@ def test_generate_refuses_bad_input():
         (dict(logit_softcap=float("inf")), "logit_softcap"),
         (dict(position_offset=2), "without max_positions"),
         (dict(max_positions=-1), "max_positions"),
+        (dict(experts=-1), "experts=-1"),
+        (dict(experts=4, experts_per_token=5), "experts_per_token in 1..4"),
+        (dict(experts=4, experts_per_token=2, mlp="plain"), "mlp='gated'"),
     ],
 )
 def test_lmspec_refuses(change, match):
