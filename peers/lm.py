@@ -86,8 +86,8 @@ def _head(row: LMRow, names: Any) -> str:
     return next((h for h in row.head if f"{h}.weight" in names.map), row.head[0])
 
 
-def _experts(plan: dict, param: str, moe: nn.Module, at: str, saved: str, names: Any) -> None:
-    """A mixture's tensors: saved per expert (`{saved}.experts.E.w1/w3/w2`: gate, up, down; `{saved}.gate`:
+def _experts(plan: dict, param: str, moe: nn.Module, at: str, saved: str, expert_names, names: Any) -> None:
+    """A mixture's tensors: saved per expert (`{saved}.experts.E.<expert_names>`: gate, up, down; `{saved}.gate`:
     the router), or as a live model holds them (`mlp.gate`, `mlp.experts.gate_up_proj` (E 2f c),
     `mlp.experts.down_proj` (E c f))."""
     fused = f"{at}mlp.experts.gate_up_proj"
@@ -97,11 +97,15 @@ def _experts(plan: dict, param: str, moe: nn.Module, at: str, saved: str, names:
             plan[f"{param}.experts.{e}.gate.weight"] = (fused, ("expert", e, "gate"))
             plan[f"{param}.experts.{e}.up.weight"] = (fused, ("expert", e, "up"))
             plan[f"{param}.experts.{e}.down.weight"] = (f"{at}mlp.experts.down_proj", ("expert", e, None))
-        return
-    plan[f"{param}.router.weight"] = (f"{at}{saved}.gate.weight", None)
-    for e in range(len(moe.experts)):
-        for part, w in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
-            plan[f"{param}.experts.{e}.{part}.weight"] = (f"{at}{saved}.experts.{e}.{w}.weight", None)
+    else:
+        plan[f"{param}.router.weight"] = (f"{at}{saved}.gate.weight", None)
+        for e in range(len(moe.experts)):
+            for part, w in zip(("gate", "up", "down"), expert_names):
+                plan[f"{param}.experts.{e}.{part}.weight"] = (f"{at}{saved}.experts.{e}.{w}.weight", None)
+    if moe.shared is not None:  # saved and live alike
+        for part, w in zip(("gate", "up", "down"), ("gate_proj", "up_proj", "down_proj")):
+            plan[f"{param}.shared.{part}.weight"] = (f"{at}mlp.shared_expert.{w}.weight", None)
+        plan[f"{param}.shared_gate.weight"] = (f"{at}mlp.shared_expert_gate.weight", None)
 
 
 def _plan(row: LMRow, cfg: ConfigView, lm: DecoderLM, base: str, head: str, names: Any) -> dict[str, tuple]:
@@ -126,7 +130,7 @@ def _plan(row: LMRow, cfg: ConfigView, lm: DecoderLM, base: str, head: str, name
             add(f"layers.{i}.{slot}", getattr(layer, slot), at + name)
         for part, name in row.mlp:
             if part == "experts":
-                _experts(plan, f"layers.{i}.mlp", layer.mlp, at, name, names)
+                _experts(plan, f"layers.{i}.mlp", layer.mlp, at, name, row.expert_names, names)
             elif part == "gate_up":  # Phi-3: [gate | up] along the output rows
                 for half in ("gate", "up"):
                     for p_name, _ in getattr(layer.mlp, half).named_parameters():

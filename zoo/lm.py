@@ -74,7 +74,8 @@ class LMSpec:
     mlp_bias: bool = False
     experts: int = 0  # a mixture of this many gated experts in place of the MLP (Mixtral); 0: a dense MLP
     experts_per_token: int = 0  # the router's top k
-    expert_renorm: bool = True  # the top k weights renormalized to sum 1 (Mixtral)
+    expert_renorm: bool = True  # the top k weights renormalized to sum 1 (Mixtral; Qwen2-MoE's norm_topk_prob)
+    shared_expert_d_ff: int = 0  # Qwen2-MoE's sigmoid-gated shared expert of this width; 0: none
     residual: str = "sequential"  # RESIDUALS
     residual_multiplier: float = 1.0  # Granite scales each branch before it is added
     max_positions: int | None = None  # learned absolute positions (GPT-2, OPT); None: none (rotary or ALiBi)
@@ -110,10 +111,14 @@ class LMSpec:
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise SpecError(f"{name}={getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        for name in ("experts", "experts_per_token"):
+        for name in ("experts", "experts_per_token", "shared_expert_d_ff"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise SpecError(f"{name}={v!r} must be an integer >= 0 (experts=0: a dense MLP)")
+        if self.shared_expert_d_ff and not self.experts:
+            raise SpecError(
+                f"shared_expert_d_ff={self.shared_expert_d_ff} without experts: a shared expert is a mixture's"
+            )
         if self.experts and (self.mlp != "gated" or not 1 <= self.experts_per_token <= self.experts):
             raise SpecError(
                 f"experts={self.experts} needs mlp='gated' and experts_per_token in 1..{self.experts}, got "
@@ -162,7 +167,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn = MultiHeadAttention(attn)
         if spec.experts:
-            self.mlp = MoE(spec.d_model, spec.d_ff, spec.act, spec.experts, spec.experts_per_token, spec.expert_renorm)
+            s = spec
+            k, shared = s.experts_per_token, s.shared_expert_d_ff
+            self.mlp = MoE(s.d_model, s.d_ff, s.act, s.experts, k, s.expert_renorm, shared)
         else:
             self.mlp = MLP(spec.mlp, spec.d_model, spec.d_ff, spec.act, spec.mlp_bias)
         held = RESIDUALS[spec.residual]
