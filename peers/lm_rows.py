@@ -38,7 +38,10 @@ class LMRow:
     embed: str = "embed_tokens"
     layer: str = "layers.{layer}"
     norms: tuple[tuple[str, str], ...] | Callable[[ConfigView], tuple[tuple[str, str], ...]] = PRE  # (slot, name)
-    mlp: tuple[tuple[str, str], ...] = GATED  # (part, name): gate/up/down, or gate_up (fused) and down
+    # (part, name): gate/up/down, or gate_up (fused) and down, or experts (a mixture: its saved name; a live
+    # model holds it as mlp.gate and mlp.experts' fused 3-D tensors)
+    mlp: tuple[tuple[str, str], ...] = GATED
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # a saved expert's gate, up, down
     final_norm: str = "norm"
     head: tuple[str, ...] = ("lm_head",)  # its names, saved (GPT-NeoX saves embed_out) and live
     positions: str | None = None  # learned absolute positions
@@ -138,6 +141,12 @@ def _falcon(cfg: ConfigView) -> dict:
 
 def _neox_residual(cfg: ConfigView) -> str:
     return "parallel_two_norms" if cfg.get("use_parallel_residual", True) else "sequential"
+
+
+def _qwen2_moe_refuse(cfg: ConfigView) -> str | None:
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        return "dense layers among the sparse ones (mlp_only_layers, decoder_sparse_step != 1) are not modelled"
+    return None
 
 
 def _granite(cfg: ConfigView) -> dict:
@@ -255,6 +264,22 @@ LM_FAMILIES: dict[str, LMRow] = {
                                 mlp_bias=bool(cfg.get("use_bias", True)), tied=_tied(cfg, True)),
         "LayerNorm, MLP (GELU tanh) with biases, pre-norm, tied",
         mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+    ),
+    "mixtral": LMRow(
+        lambda cfg: _llama(cfg, experts=int(cfg.num_local_experts), experts_per_token=int(cfg.num_experts_per_tok)),
+        "as LLaMA, a sparse mixture of gated experts (top k, renormalized) in place of the MLP",
+        mlp=(("experts", "block_sparse_moe"),),
+        expert_names=("w1", "w3", "w2"),
+    ),
+    "qwen2_moe": LMRow(
+        lambda cfg: _llama(
+            cfg, d_ff=int(cfg.moe_intermediate_size), experts=int(cfg.num_experts),
+            experts_per_token=int(cfg.num_experts_per_tok), expert_renorm=bool(cfg.get("norm_topk_prob", False)),
+            shared_expert_d_ff=int(cfg.get("shared_expert_intermediate_size") or 0),
+        ),
+        "as Qwen2, a mixture of gated experts (top k) plus a sigmoid-gated shared expert",
+        mlp=(("experts", "mlp"),),
+        refuse=_qwen2_moe_refuse,
     ),
     "granite": LMRow(_granite, "as LLaMA, embedding, residual and logit multipliers"),
     "stablelm": LMRow(

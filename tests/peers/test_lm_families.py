@@ -156,3 +156,18 @@ def test_the_docs_table_is_the_commands():
     from helpers import REPO
 
     assert lm_families_markdown() in (REPO / "docs" / "models.md").read_text(), "docs/models.md's table differs"
+
+
+def test_a_sharded_checkpoint_reads_as_one_and_dtype_converts(tmp_path):
+    model = _hf("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    ids = lm_cases.prompt()
+    with torch.no_grad():
+        want = model(ids).logits
+        torch.testing.assert_close(lm_from_checkpoint(tmp_path)(ids), want, rtol=1e-5, atol=1e-5)
+        half = lm_from_checkpoint(tmp_path, dtype="bfloat16")
+    assert half.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in half.parameters())
+    assert half.generate(ids, 3).shape == (2, ids.shape[1] + 3)
