@@ -162,10 +162,11 @@ def _describe(st: Stand) -> str:
     return f"hidden_size={st.c}, heads={st.h}, kv_heads={st.g}, head_dim={st.d}"
 
 
-def load_tensors(folder: str | os.PathLike, st: Stand) -> dict[str, Tensor]:
-    """The layer's tensors, each found, floating and shaped as the config says; relative names."""
+def load_tensors(folder: str | os.PathLike, st: Stand, names: _Names | None = None) -> dict[str, Tensor]:
+    """The layer's tensors, each found, floating and shaped as the config says; relative names.
+    `names`: the folder's index, opened once by a caller reading many layers."""
     folder = Path(folder)
-    names = _Names(folder)
+    names = names or _Names(folder)
     prefix = _prefix(st, names, folder)
     out: dict[str, Tensor] = {}
     for rel, shape in st.shapes().items():
@@ -228,6 +229,19 @@ def from_checkpoint(folder: str | os.PathLike, layer: int = 0, dtype: Any = None
     Refusals raise CheckpointError (a missing file or tensor, a wrong shape or dtype, a config that does
     not match the weights, a corrupt file), HFConversionError (a config the zoo cannot express)."""
     want = _dtype(dtype)
+    path = check_folder(folder)
+    st = prepare(path / "config.json", layer)
+    tensors = load_tensors(path, st)
+    target = want or tensors[f"{st.row.out}.weight"].dtype
+    tensors = {k: v.to(target) for k, v in tensors.items()}
+    spec, p = read_stand(st, tensors)
+    if p.alibi_slopes is not None:
+        p.alibi_slopes = p.alibi_slopes.to(target)
+    return build(spec, p).eval()
+
+
+def check_folder(folder: Any) -> Path:
+    """A checkpoint folder holding config.json, with safetensors importable; CheckpointError otherwise."""
     if not isinstance(folder, (str, os.PathLike)):
         raise InputTypeError(f"folder must be a path to a checkpoint folder, got {type(folder).__name__}")
     path = Path(folder)
@@ -244,14 +258,7 @@ def from_checkpoint(folder: str | os.PathLike, layer: int = 0, dtype: Any = None
         import safetensors  # noqa: F401
     except ImportError:
         raise CheckpointError("from_checkpoint needs the safetensors package: pip install safetensors") from None
-    st = prepare(path / "config.json", layer)
-    tensors = load_tensors(path, st)
-    target = want or tensors[f"{st.row.out}.weight"].dtype
-    tensors = {k: v.to(target) for k, v in tensors.items()}
-    spec, p = read_stand(st, tensors)
-    if p.alibi_slopes is not None:
-        p.alibi_slopes = p.alibi_slopes.to(target)
-    return build(spec, p).eval()
+    return path
 
 
 __all__ = ["CheckpointError", "from_checkpoint"]

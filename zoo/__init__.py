@@ -39,6 +39,7 @@ from .errors import (
 )
 from .errors import HFConversionError as HFConversionError
 from .errors import HFTypeError as HFTypeError
+from .lm import DecoderLM, LMSpec
 from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
 from .registry import (
     DuplicateNameError,
@@ -89,6 +90,10 @@ __all__ = [
     "flops",
     "from_checkpoint",
     "from_torch_mha",
+    "lm_from_checkpoint",
+    "lm_from_hf",
+    "DecoderLM",
+    "LMSpec",
     "fused_attention",
     "get_projections",
     "load_presets",
@@ -115,6 +120,8 @@ _PEERS = {
     "from_hf": "peers.transformers",
     "to_hf": "peers.transformers",
     "from_checkpoint": "peers.checkpoint",
+    "lm_from_checkpoint": "peers.lm",
+    "lm_from_hf": "peers.lm",
     "spec_from_config": "peers.config",
     "preset_toml": "peers.preset",
     "from_torch_mha": "peers.torch_mha",

@@ -18,6 +18,8 @@ HANDED_ON = {
     "from_hf": "peers.transformers",
     "to_hf": "peers.transformers",
     "from_checkpoint": "peers.checkpoint",
+    "lm_from_checkpoint": "peers.lm",
+    "lm_from_hf": "peers.lm",
     "spec_from_config": "peers.config",
     "preset_toml": "peers.preset",
     "from_torch_mha": "peers.torch_mha",

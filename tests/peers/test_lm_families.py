@@ -1,0 +1,147 @@
+"""Whole models against transformers, per row of peers.lm_rows.LM_FAMILIES (a small random model each,
+tests/peers/lm_cases.py): lm_from_checkpoint and lm_from_hf logits equal transformers' to 1e-5 of their
+scale in fp32; greedy generate gives transformers' tokens (a divergence is allowed only at a near-tie of
+transformers' own logits, top-2 gap < 1e-3, and is reported); a left-padded batch gives each row its own
+tokens; eos pads an ended row as transformers' generate does. A model_type without a row is one line.
+
+The default run checks FAST (one family of each kind of layer); the whole table runs under -m slow."""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+
+import pytest
+import torch
+
+import zoo
+from peers.lm import lm_from_checkpoint, lm_from_hf
+from peers.lm_rows import LM_FAMILIES
+
+import lm_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.py)
+
+NEW, TIE_GAP = 12, 1e-3
+# the families the default run checks: rotary gated pre-norm, learned positions and Conv1D, sandwich + softcaps
+FAST = ("llama", "gpt2", "gemma2")
+KINDS = [pytest.param(k, marks=() if k in FAST else pytest.mark.slow) for k in LM_FAMILIES]
+
+
+def test_every_row_has_a_case():
+    assert sorted(LM_FAMILIES) == sorted(lm_cases.CASES)
+
+
+@pytest.fixture(scope="session")
+def lm_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("lm_checkpoints")
+
+
+@functools.cache
+def _hf(kind: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lm_cases.hf_model(kind)
+
+
+def hf_generate(model, ids, mask=None, **kw) -> torch.Tensor:
+    model.generation_config.eos_token_id = None
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0, **kw)
+
+
+def same_tokens(model, got: torch.Tensor, want: torch.Tensor, kind: str) -> None:
+    """got == want, except from a step where transformers' own top two logits lie within TIE_GAP (reported)."""
+    if torch.equal(got, want):
+        return
+    assert got.shape[0] == want.shape[0]
+    for r in range(want.shape[0]):
+        n = min(got.shape[1], want.shape[1])
+        diff = (got[r, :n] != want[r, :n]).nonzero()
+        if not len(diff):
+            continue
+        at = int(diff[0])
+        with torch.no_grad():
+            logits = model(want[r : r + 1, :at]).logits[0, -1]
+        top = logits.topk(2).values
+        gap = float(top[0] - top[1])
+        assert gap < TIE_GAP, f"{kind} row {r}: token {at} differs ({got[r, at]} vs {want[r, at]}), top-2 gap {gap:.2e}"
+        print(f"\n{kind} row {r}: divergence at a near-tie (top-2 gap {gap:.2e}) at token {at}")  # the report
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_and_greedy_tokens_equal_transformers(kind, lm_folder):
+    model = _hf(kind)
+    folder = lm_cases.saved(kind, lm_folder)
+    ids = lm_cases.prompt()
+    with torch.no_grad():
+        want = model(ids).logits
+    scale = float(want.abs().max())
+    for lm in (lm_from_checkpoint(folder), lm_from_hf(model)):
+        assert all(isinstance(layer.attn, zoo.MultiHeadAttention) for layer in lm.layers)
+        with torch.no_grad():
+            got = lm(ids)
+        err = float((got - want).abs().max())
+        assert err <= 1e-5 * scale, f"{kind}: max error {err:.2e} against a scale of {scale:.2e}"
+    same_tokens(model, lm.generate(ids, NEW), hf_generate(model, ids), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_left_padded_batch_gives_each_row_its_own_tokens(kind, lm_folder):
+    model, lm = _hf(kind), lm_from_checkpoint(lm_cases.saved(kind, lm_folder))
+    short, long = lm_cases.prompt(1, 4, seed=3), lm_cases.prompt(1, 9, seed=4)
+    batch = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), short], dim=1), long])
+    mask = torch.ones_like(batch)
+    mask[0, :5] = 0
+    out = lm.generate(batch, NEW, attention_mask=mask)
+    same_tokens(model, out[:1, 5:], hf_generate(model, short), kind)
+    same_tokens(model, out[1:], hf_generate(model, long), kind)
+
+
+@pytest.mark.parametrize("kind", FAST)
+def test_eos_pads_an_ended_row_as_transformers_does(kind, lm_folder):
+    model, lm = _hf(kind), lm_from_checkpoint(lm_cases.saved(kind, lm_folder))
+    ids = lm_cases.prompt()
+    eos = int(hf_generate(model, ids)[0, ids.shape[1] + 2])  # row 0's third new token ends it
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=eos, pad_token_id=5)
+    got = lm.generate(ids, NEW, eos_token_id=eos, pad_token_id=5)
+    same_tokens(model, got, want, kind)
+    assert (got[0, ids.shape[1] + 3 :] == 5).all()
+
+
+def test_a_model_type_without_a_row_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2}))
+    with pytest.raises(zoo.HFConversionError) as e:
+        lm_from_checkpoint(tmp_path)
+    assert "model_type='mpt'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_configuration_a_row_refuses_is_one_line(tmp_path):
+    config = lm_cases.hf_config("opt").to_dict()
+    config["do_layer_norm_before"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(zoo.HFConversionError, match="do_layer_norm_before=false") as e:
+        lm_from_checkpoint(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_tensor_the_model_does_not_read_is_refused(lm_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = lm_cases.saved("llama", lm_folder)
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.layers.0.mlp.extra_proj.weight"] = torch.zeros(2, 2)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    with pytest.raises(zoo.CheckpointError, match="extra_proj.weight.*does not read"):
+        lm_from_checkpoint(tmp_path)
+    del tensors["model.layers.0.mlp.extra_proj.weight"], tensors["model.norm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(zoo.CheckpointError, match="model.norm.weight' is missing"):
+        lm_from_checkpoint(tmp_path)
+
+
+def test_zoo_hands_on_the_whole_model_readers():
+    assert zoo.lm_from_checkpoint is lm_from_checkpoint and zoo.lm_from_hf is lm_from_hf
