@@ -33,6 +33,10 @@ def _block(args: argparse.Namespace, source: str) -> tuple[zoo.MultiHeadAttentio
 def cmd_export(args: argparse.Namespace) -> int:
     from export.writer import export_onnx
 
+    if args.whole:  # the whole model of a checkpoint, one graph (cli/cmd_generate.py)
+        from .cmd_generate import export_whole
+
+        return export_whole(args)
     source = source_of(args, "name")
     what, overrides, label = args.name, zoo.parse_overrides(args.set), None
     if source != "name":
@@ -314,6 +318,12 @@ def add_commands(sub) -> None:
         help="weight precision (default fp32): int8 / int4 = weight-only 8-bit / 4-bit MatMulNBits (block 32, "
         "accuracy_level 4: activations quantized per row inside the kernel); quantized by onnxruntime.quantization "
         "after the lowering, float32 only",
+    )
+    sp.add_argument(
+        "--whole",
+        action="store_true",
+        help="with --checkpoint DIR: the whole decoder model as one graph (input_ids, attention_mask, past_len, "
+        "past_key_values.N.key/.value -> logits, next_token, present.N.key/.value; static cache), for generate",
     )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
     with_set(sp)

@@ -36,20 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd_zoo.add_commands(sub)
     try:
-        from . import cmd_bench, cmd_heads, cmd_onnx, cmd_serve
+        from . import cmd_bench, cmd_generate, cmd_heads, cmd_onnx, cmd_serve
     except ImportError as e:  # ONNX tooling missing: the zoo commands still work
         missing = str(e)
 
         def _no_onnx(args: argparse.Namespace) -> int:
             raise CliError(f"this command needs the ONNX packages ({missing}); pip install attnzoo[...]")
 
-        for cmd in ("export", "run", "parity", "bench", "heads", "importance", "ablate", "serve", "triton", "loadtest"):
+        for cmd in ("export", "run", "parity", "bench", "heads", "importance", "ablate", "serve", "triton", "loadtest",
+                    "generate"):
             sub.add_parser(cmd, help=f"(unavailable: {missing})").set_defaults(func=_no_onnx)
     else:
         cmd_onnx.add_commands(sub)
         cmd_bench.add_commands(sub)
         cmd_heads.add_commands(sub)  # analysis, with ONNX latency in ablate
         cmd_serve.add_commands(sub)  # Ray/Triton are imported only when run
+        cmd_generate.add_commands(sub)  # whole models: greedy tokens under ONNX Runtime
     return p
 
 

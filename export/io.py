@@ -20,7 +20,7 @@ import zoo
 @dataclass(frozen=True)
 class TensorIO:
     name: str
-    axes: tuple[str, ...]  # "b", "t", "s", "p" are dynamic; others are resolved from the spec
+    axes: tuple[str | int, ...]  # "b", "t", "s", "p", "n" are dynamic; others are resolved from the spec
     kind: str  # "float" (the model's dtype), "bool" or "int64"
     doc: str
 
@@ -88,6 +88,37 @@ def static_interface(spec: zoo.AttentionSpec, *, with_key_mask: bool) -> tuple[l
     [, key_mask] -> y, present_key, present_value, the presents being the buffers written in place."""
     ins = [X, CACHE_KEY, CACHE_VALUE, PAST_LEN] + ([CACHE_KEY_MASK] if with_key_mask else [])
     return ins, [Y, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE]
+
+
+# A whole decoder model (export/lm_export.py), named as transformers' ONNX exports and onnxruntime-genai
+# name them; the per-layer buffers are static (capacity n), each bound as past_key_values.i.key and as
+# present.i.key, so ONNX Runtime writes this call's keys in place.
+INPUT_IDS = TensorIO("input_ids", ("b", "t"), "int64", "token ids at cache indices past_len..past_len+t-1")
+ATTENTION_MASK = TensorIO(
+    "attention_mask", ("b", "n"), "bool", "True = a real token, over the whole capacity (left padding False)"
+)
+LOGITS = TensorIO("logits", ("b", 1, "v"), "float", "next-token logits, the call's last position")
+ALL_LOGITS = TensorIO("logits", ("b", "t", "v"), "float", "logits at every position of the call")
+NEXT_TOKEN = TensorIO("next_token", ("b",), "int64", "argmax of the last position's logits (greedy; first of ties)")
+LM_PAST = "past_key_values.{i}.{kv}"  # kv: "key" | "value"
+LM_PRESENT = "present.{i}.{kv}"
+
+
+def lm_interface(
+    layers: list[zoo.AttentionSpec], vocab: int, *, all_logits: bool = False, argmax: bool = True
+) -> tuple[list[TensorIO], list[TensorIO]]:
+    """(inputs, outputs) of a whole-model static-cache graph: input_ids, attention_mask, past_len, then
+    past_key_values.i.key / .value per layer -> logits [, next_token], then present.i.key / .value."""
+    ins, outs = [INPUT_IDS, ATTENTION_MASK, PAST_LEN], [ALL_LOGITS if all_logits else LOGITS]
+    outs = [TensorIO(o.name, tuple(vocab if a == "v" else a for a in o.axes), o.kind, o.doc) for o in outs]
+    if argmax:
+        outs.append(NEXT_TOKEN)
+    for i, spec in enumerate(layers):
+        for kv, d in (("key", spec.d_k_), ("value", spec.d_v_)):
+            axes = ("b", spec.kv_heads_, "n", d)
+            ins.append(TensorIO(LM_PAST.format(i=i, kv=kv), axes, "float", f"layer {i}'s {kv} buffer of capacity n"))
+            outs.append(TensorIO(LM_PRESENT.format(i=i, kv=kv), axes, "float", f"layer {i}'s {kv} buffer, written"))
+    return ins, outs
 
 
 def interface(

@@ -3,6 +3,7 @@
     sess = OnnxSession("model.onnx")              # provider "auto": CUDA where it really works
     y = sess.run(x)                               # a full-sequence model
     y, key, value = sess.decode(x, key, value)    # a token-by-token one (export_onnx(..., decode=True))
+    tokens = sess.generate(input_ids, 64)         # a whole model (export_onnx(decoder_lm, ...))
 
 The session itself (open, metadata, run, I/O binding) is export/runtime.py, where it runs
 export/providers.py, its input checks export/feeds.py; the token-by-token calls are
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import zoo
 
-from . import decoding, placement, static_decoding
+from . import decoding, generation, placement, static_decoding
 from .feeds import RunInputError
 from .placement import NodePlacement
 from .providers import SessionError, cuda_status
@@ -47,6 +48,13 @@ class OnnxSession(RuntimeSession):
                 f"{self.path} keeps a {self.cache or 'no'} cache; export with --decode --cache static for a static one"
             )
         return static_decoding.static_cache(self, batch, past_key, past_value, key_mask, max_len=max_len)
+
+    # -- whole models (export_onnx of a zoo.lm.DecoderLM) --------------------------------------
+
+    def generate(self, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None, pad_token_id=None):
+        """Greedy tokens: (b, t + N) int64, the prompt then the new tokens, as transformers' generate
+        returns them; the buffers bound once and written in place (export/generation.py)."""
+        return generation.generate(self, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id)
 
     # -- where did it run ------------------------------------------------------------------
 

@@ -195,14 +195,32 @@ def built(rec: Lowering, module, dtype: str, ins: list[TensorIO], outs: list[Ten
 
 def traced_block(module: zoo.MultiHeadAttention, rec: Lowering, dtype: str) -> zoo.MultiHeadAttention:
     """The copy of `module` whose eager path torch traces for the lowering `rec`, in the export dtype."""
-    block = copy.deepcopy(module).to(DTYPES[dtype]).eval()
+    return configured(module, rec, dtype)
+
+
+def configured(module: nn.Module, rec: Lowering, dtype: str) -> nn.Module:
+    """A copy of `module` in the export dtype, with every zoo block in it (or the module itself, a
+    block) configured for the traced lowering `rec`: the one mechanism a block export and a whole-model
+    export (export/lm_export.py) share. Where a block is rewritten (a combined projection written as
+    separate ones), the copy holds the new block in the old one's place."""
+    root = copy.deepcopy(module).to(DTYPES[dtype]).eval()
+    if isinstance(root, zoo.MultiHeadAttention):
+        return _configure_block(root, rec)
+    for parent in list(root.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, zoo.MultiHeadAttention):
+                setattr(parent, name, _configure_block(child, rec))
+    return root
+
+
+def _configure_block(block: zoo.MultiHeadAttention, rec: Lowering) -> zoo.MultiHeadAttention:
     block.fused = rec.fused
     block.sdpa_fp32 = rec.sdpa_fp32  # ORT's CPU Attention overflows fp16 Q K^T (README)
     # GQA: repeat K and V in the graph rather than export SDPA's enable_gqa. ORT 1.31's CPU
     # Attention op with native kv heads measured slower and +47% memory (gqa-decoder-4096,
     # T=2048: 1746 ms, +1208 MB against 1619 ms, +822 MB); the ORT rewriter expands them anyway.
     block.share_kv = False
-    if rec.combined_as_separate and module.spec.layout == "combined":
+    if rec.combined_as_separate and block.spec.layout == "combined":
         block = zoo.to_separate(block)
     return block
 

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 import zoo
-from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output
 
+from . import saving
 from .choice import TARGETS, auto_order, decode_cache, decode_order, decode_why_not, why_not
 from .errors import ExportError
 from .graphs import op_counts
@@ -33,9 +30,7 @@ from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
 from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, lower, lower_decode, lower_static_decode
 
-# Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
-ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
-EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clear of it
+EXTERNAL_DATA_BYTES = saving.EXTERNAL_DATA_BYTES  # read at each save (a test lowers it)
 
 
 @dataclass
@@ -90,7 +85,7 @@ def export_onnx(
     with_head_mask: bool = False,
     overwrite: bool = False,
     provider: str = "cpu",
-    decode: bool = False,
+    decode: bool | None = None,
     cache: str = "auto",
     max_len: int | None = None,
     precision: str = "fp32",
@@ -102,6 +97,8 @@ def export_onnx(
     `model_or_name` is a registered name (with spec-field `overrides`) or a module.
     `provider` steers lowering="auto" (the measured-fastest lowering differs by provider), and a
     lowering whose node that provider has no kernel for is refused (ort-gqa in fp32 on CUDA).
+    A whole decoder model (a zoo.lm.DecoderLM) is one graph of its step with a static cache
+    (export/lm_export.py, where its other arguments are described); decode defaults to True for it.
     decode=True writes a token-by-token model (io.decode_interface): x, past_key, past_value
     [, key_mask (b, p+t) with with_mask=True] -> y, present_key, present_value, with b, t and the
     past length p dynamic (p = 0 allowed).
@@ -117,6 +114,15 @@ def export_onnx(
     label names a module in the summary and the metadata (attnzoo.name), e.g. the checkpoint and layer it
     came from; default: the registered name, or "custom" for a module.
     """
+    from .lm_export import export_lm, is_lm
+
+    if is_lm(model_or_name):  # a whole decoder model: one graph of its step (export/lm_export.py)
+        return export_lm(
+            model_or_name, path, decode=True if decode is None else decode, cache=cache, max_len=max_len,
+            precision=precision, lowering=lowering, provider=provider, dtype=dtype, overwrite=overwrite,
+            label=label, **overrides,
+        )
+    decode = False if decode is None else decode
     started = time.perf_counter()
     _check_export_args(path, lowering, dtype, provider, need_weights, with_mask, with_head_mask, overwrite)
     if not isinstance(decode, bool):
@@ -143,15 +149,7 @@ def export_onnx(
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file path such as {path / (name + '.onnx')}")
     name = label or name
-    try:
-        target = resolve_output(path)  # symlinks followed; a device or FIFO is written through
-        if target.exists() and not overwrite and not is_special(target):
-            raise zoo.OutputExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
-        ensure_writable_parent(target)
-    except zoo.OutputExistsError:  # stays what it was: a FileExistsError (and under the root)
-        raise
-    except zoo.OutputPathError as e:  # an export's refusals are ExportErrors, its path's too
-        raise ExportError(str(e)) from None
+    target = saving.output_target(path, overwrite)
 
     static = decode and cache == "static"
     if decode:
@@ -220,7 +218,7 @@ def export_onnx(
     elif decode:
         model.metadata_props["attnzoo.cache"] = "grow"
     model.metadata_props.update(applied.metadata())
-    external = _save_atomic(model, target, module, dtype, overwrite=overwrite)
+    external = saving.save_atomic(model, target, module, dtype, overwrite=overwrite, limit=EXTERNAL_DATA_BYTES)
     return ExportResult(
         path=path,
         name=name,
@@ -343,66 +341,6 @@ def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtyp
     )
     model.producer_name = "attnzoo"
     model.producer_version = zoo.__version__
-
-
-def _save_atomic(model, path: Path, module, dtype: str, *, overwrite: bool = False) -> Path | None:
-    """Write into a temp folder beside `path` (same filesystem), check it, then publish it.
-
-    The no-overwrite rule is enforced by the publishing step itself (see `publish`), not only
-    by a check before the work: two exports racing for one name cannot both win."""
-    import onnx_ir as ir
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    itemsize = torch.tensor([], dtype=DTYPES[dtype]).element_size()
-    big = zoo.count_parameters(module) * itemsize > EXTERNAL_DATA_BYTES
-    data_name = path.name + ".data" if big else None
-    special = is_special(path)
-    if special and big:
-        raise ExportError(f"{path} is not a regular file, and this model keeps its weights in a .data file beside it")
-    try:
-        tmpdir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=None if special else path.parent))
-    except OSError as e:
-        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        tmp = tmpdir / path.name
-        try:
-            ir.save(model, tmp, external_data=data_name)
-        except OSError as e:
-            raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
-        _check_saved(tmp, model)
-        data_path = path.parent / data_name if data_name else None
-        if data_path is not None:
-            publish(tmpdir / data_name, data_path, overwrite=overwrite)
-        try:
-            publish(tmp, path, overwrite=overwrite)
-        except BaseException:
-            if data_path is not None and not overwrite:
-                data_path.unlink(missing_ok=True)  # ours: published a moment ago, now orphaned
-            raise
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    return path.parent / data_name if data_name else None
-
-
-def _check_saved(tmp: Path, model) -> None:
-    """onnx.checker with strict shape inference; for a graph holding ORT-only ops in the default
-    domain (onnx.checker rejects those), ONNX Runtime's own loader is the check instead."""
-    import onnx
-
-    if not any(op in ORT_DEFAULT_DOMAIN_OPS for op in op_counts(model)):
-        try:
-            onnx.checker.check_model(str(tmp), full_check=True)
-        except Exception as e:
-            raise ExportError(f"the exported model fails onnx.checker (full check): {e}") from e
-        return
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        ort.InferenceSession(str(tmp), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - ORT raises its own types
-        raise ExportError(f"ONNX Runtime cannot load the exported model: {str(e).splitlines()[0]}") from e
 
 
 __all__ = ["ExportResult", "export_onnx"]

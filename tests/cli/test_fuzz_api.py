@@ -35,7 +35,7 @@ from export import parity as parity_mod
 from export import writer as writer_mod
 from strategies import config_sizes, fuzz_settings, shard_names
 
-COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate")
+COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate", "generate")
 PAST_64_BITS = ["99999999999999999999999", "-99999999999999999999999", str(2**64), str(2**63)]
 BAD_TEXT = ["", " ", "nan", "NaN", "inf", "-inf", "-1", "0", "-0", "1e20", "1" * 40, "abc", "1.5", "0x10", "None", "2"]
 BAD_TEXT += PAST_64_BITS
@@ -75,6 +75,7 @@ BASE = {
     "heads": ["tiny-induction"],
     "importance": ["tiny-induction", "--batches", "1", "--batch", "2", "-q"],
     "ablate": ["tiny-induction", "--no-latency", "-q"],
+    "generate": ["{model}", "--prompt-ids", "1,2", "--max-new-tokens", "2"],  # a block: refused in one line
 }
 
 

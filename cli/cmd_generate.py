@@ -1,0 +1,194 @@
+"""`attnzoo generate`: greedy tokens from a checkpoint folder or a whole-model export, under ONNX
+Runtime; and `attnzoo export --checkpoint DIR --whole`, the export it runs (export/lm_export.py).
+
+A folder is exported once per (weights, precision, max_len, attnzoo version) into a cache folder
+(ATTNZOO_CACHE, default ~/.cache/attnzoo), so the second run starts at once."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import zoo
+from export.names import PRECISIONS
+from zoo.files import ensure_writable_parent, write_atomic
+
+from .common import CliError, positive
+
+
+def _checkpoint_folder(folder: str) -> Path:
+    path = Path(folder)
+    if not path.is_dir():
+        raise CliError(f"{folder}: not a folder; give a checkpoint folder (config.json + *.safetensors) or .onnx file")
+    if not (path / "config.json").is_file():
+        raise CliError(f"{folder} has no config.json; give a transformers checkpoint folder")
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CliError(f"{folder}/config.json is not JSON ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise CliError(f"{folder}/config.json has no model_type; attnzoo needs it to build the model")
+    from peers.lm import lm_row
+
+    lm_row(data)  # an unknown model_type: one line naming the families that take whole models
+    return path
+
+
+def load_lm(folder: str):
+    """zoo.lm_from_checkpoint on a checked folder (its refusals, e.g. an unknown model_type, are one line)."""
+    from peers.lm import lm_from_checkpoint
+
+    return lm_from_checkpoint(_checkpoint_folder(folder))
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("ATTNZOO_CACHE") or Path.home() / ".cache" / "attnzoo")
+
+
+def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
+    h = hashlib.sha256()
+    h.update((folder / "config.json").read_bytes())
+    for f in sorted(folder.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(f"{precision}:{max_len}:{zoo.__version__}".encode())
+    return h.hexdigest()[:20]
+
+
+def exported(folder: str, precision: str, max_len: int | None) -> Path:
+    """The whole-model export of `folder` at `precision`: made once, then found in the cache folder."""
+    from export.lm_export import export_lm
+
+    path = _checkpoint_folder(folder)
+    out = _cache_root() / "lm" / f"{path.resolve().name}-{_export_key(path, precision, max_len)}.onnx"
+    if out.is_file():
+        return out
+    model = load_lm(folder)
+    print(f"exporting {folder} ({precision}) to {out} (once)")
+    export_lm(model, out, precision=precision, max_len=max_len, overwrite=True, label=str(folder))
+    return out
+
+
+def _tokenizer(source: Path):
+    folder = source if source.is_dir() else source.parent
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type
+        raise CliError(f"{folder / 'tokenizer.json'} cannot be read: {str(e).splitlines()[0][:200]}") from None
+
+
+def _prompt_ids(args, tok) -> list[int]:
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise CliError("give the prompt: --prompt TEXT (needs the folder's tokenizer.json) or --prompt-ids 1,2,3")
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(p) for p in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise CliError(f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas, e.g. 1,2") from None
+        if not ids or any(i < 0 for i in ids):
+            raise CliError(f"--prompt-ids {args.prompt_ids!r}: give non-negative token ids, e.g. 1,2,3")
+        return ids
+    if tok is None:
+        raise CliError("--prompt TEXT needs a tokenizer.json beside the model; give --prompt-ids 1,2,3 instead")
+    ids = tok.encode(args.prompt).ids
+    if not ids:
+        raise CliError(f"--prompt {args.prompt!r} encodes to no tokens; give some text")
+    return ids
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from export.generation import generate
+    from export.session import OnnxSession
+
+    if args.json:
+        ensure_writable_parent(Path(args.json))
+    source = Path(args.source)
+    if source.is_dir():
+        tok = _tokenizer(source)
+        ids = _prompt_ids(args, tok)  # before the export: a mistake costs nothing
+        model_path = exported(args.source, args.precision, args.max_len)
+    elif source.is_file():
+        if args.precision != "fp32" or args.max_len is not None:
+            raise CliError("--precision and --max-len are the export's: with a .onnx file, re-export it instead")
+        tok = _tokenizer(source)
+        ids = _prompt_ids(args, tok)
+        model_path = source
+    else:
+        raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
+    sess = OnnxSession(model_path, provider="cpu", threads=args.threads, verbose=False)
+    if sess.metadata.get("attnzoo.kind") != "lm":
+        raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
+    timings: dict = {}
+    started = time.perf_counter()
+    tokens = generate(sess, np.array([ids], np.int64), args.max_new_tokens, timings=timings)
+    total = time.perf_counter() - started
+    new = tokens.shape[1] - len(ids)
+    timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
+    row = tokens[0].tolist()
+    print("tokens", " ".join(map(str, row)))
+    text = None
+    if tok is not None:
+        text = tok.decode(row[len(ids):])
+        print("text  ", repr(tok.decode(ids)), "->", repr(text))
+    step = timings["decode_s"] / max(timings["steps"], 1)
+    print(
+        f"took   {total:.3f} s for {new} new tokens ({new / total:.1f} tokens/s end to end; prefill "
+        f"{1e3 * timings['prefill_s']:.1f} ms, {1e3 * step:.2f} ms per decode step), {sess.precision}"
+    )
+    if args.json:
+        doc = {"tokens": tokens.tolist(), "text": [text] if text is not None else None, "timings": timings,
+               "model": str(model_path), "precision": sess.precision}
+        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def export_whole(args: argparse.Namespace) -> int:
+    """`attnzoo export --checkpoint DIR --whole -o PATH`: the whole model as one graph."""
+    from export.lm_export import export_lm
+
+    if args.checkpoint is None or args.name is not None or args.config is not None:
+        raise CliError("--whole exports a checkpoint's whole model: give --checkpoint DIR (not NAME or --config)")
+    for flag, given in (("--layer", args.layer is not None), ("--weights", args.weights), ("--mask", args.mask),
+                        ("--head-mask", args.head_mask), ("--set", bool(args.set))):
+        if given:
+            raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
+    ensure_writable_parent(args.output)
+    model = load_lm(args.checkpoint)
+    result = export_lm(
+        model, args.output, cache=args.cache, max_len=args.max_len, precision=args.precision,
+        lowering=args.lowering, provider=args.target, dtype=args.dtype, overwrite=args.force, label=args.checkpoint,
+    )
+    print(result.summary())
+    return 0
+
+
+def add_commands(sub) -> None:
+    sp = sub.add_parser(
+        "generate",
+        help="greedy tokens from a checkpoint folder or a whole-model .onnx, under ONNX Runtime",
+        description="Greedy generation under ONNX Runtime. A checkpoint folder (config.json + *.safetensors) "
+        "is exported whole once (cached in ATTNZOO_CACHE, default ~/.cache/attnzoo); a .onnx is a whole-model "
+        "export (attnzoo export --checkpoint DIR --whole). With a tokenizer.json beside it, --prompt takes text.",
+    )
+    sp.add_argument("source", metavar="FOLDER|MODEL.onnx")
+    sp.add_argument("--prompt", help="the prompt as text (needs tokenizer.json)")
+    sp.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids")
+    sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
+    sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
+    sp.add_argument(
+        "--max-len", type=positive, default=None, help="a folder's export: the most cache positions a call allocates"
+    )
+    sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime's intra-op threads")
+    sp.add_argument("--json", metavar="PATH", help="also write the tokens and timings as JSON")
+    sp.set_defaults(func=cmd_generate)

@@ -1,0 +1,174 @@
+"""Greedy generation under ONNX Runtime from a whole-model export (export/lm_export.py).
+
+    tokens = OnnxSession("lm.onnx").generate(input_ids, max_new_tokens=64)     # (b, t + 64) int64
+
+The per-layer buffers (b g n d), sized to the call (prompt + new tokens, rounded up to ROUND, at most
+the exported max_len), are bound ONCE, each as past_key_values.i.* and as present.i.*, so every step
+writes its keys in place. The step's other inputs (input_ids (b 1), past_len) and outputs (logits
+(b 1 v), next_token (b)) are preallocated arrays bound once too: a step writes a token id and a
+position into them and reads b int64 back; nothing of the cache's size is allocated or copied.
+
+Left padding: attention_mask (b t) marks the real prompt tokens; it becomes the key mask over the
+capacity, and each row's positions count its real tokens only (DecoderLM.step), so a row's tokens
+are its own. eos_token_id: a row that produced it is padded (pad_token_id, default eos) while the
+others go on; the loop stops when every row has ended, as transformers' generate does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+import zoo
+
+from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+
+if TYPE_CHECKING:
+    from .runtime import RuntimeSession
+
+ROUND = 32  # a call's capacity is prompt + new tokens rounded up to this (each step reads all of it)
+
+
+def _as_ids(sess: RuntimeSession, input_ids) -> np.ndarray:
+    if isinstance(input_ids, torch.Tensor):
+        input_ids = input_ids.detach().cpu().numpy()
+    if isinstance(input_ids, (list, tuple)):
+        input_ids = np.asarray(input_ids)
+    if not isinstance(input_ids, np.ndarray) or input_ids.dtype.kind not in "iu" or input_ids.ndim != 2:
+        what = getattr(input_ids, "dtype", type(input_ids).__name__)
+        raise zoo.InputTypeError(
+            f"input_ids must be a (batch, tokens) integer tensor or array, got {what} "
+            f"of shape {getattr(input_ids, 'shape', '?')}"
+        )
+    b, t = input_ids.shape
+    if b < 1 or t < 1:
+        raise zoo.InputError(f"input_ids of shape {input_ids.shape} is empty; give at least one token per row")
+    vocab = lm_vocab(sess)
+    bad = (input_ids < 0) | (input_ids >= vocab)
+    if bad.any():
+        raise zoo.InputError(
+            f"token id {int(input_ids[bad][0])} is outside this model's vocabulary of {vocab} (0..{vocab - 1})"
+        )
+    return np.ascontiguousarray(input_ids, np.int64)
+
+
+def lm_vocab(sess: RuntimeSession) -> int:
+    raw = sess.metadata.get("attnzoo.vocab", "")
+    if not (raw.isascii() and raw.isdigit()):
+        raise zoo.InputError(f"{sess.path} is not a whole-model export (no attnzoo.vocab); export one with --whole")
+    return int(raw)
+
+
+def lm_max_len(sess: RuntimeSession) -> int | None:
+    raw = sess.metadata.get("attnzoo.max_len")
+    return int(raw) if raw and raw.isascii() and raw.isdigit() else None
+
+
+def _check_count(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
+
+
+def generate(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None,
+             pad_token_id=None, *, timings: dict | None = None):
+    """(b, t + N) int64: the prompt then greedy tokens (fewer than N when every row ended at eos).
+
+    torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
+    prefill_s, decode_s, steps and capacity."""
+    import onnxruntime as ort
+
+    as_torch = isinstance(input_ids, torch.Tensor)
+    ids = _as_ids(sess, input_ids)
+    _check_count("max_new_tokens", max_new_tokens, 1)
+    for name, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        if v is not None:
+            _check_count(name, v, 0)
+    b, t = ids.shape
+    need = t + max_new_tokens - 1  # the last new token is not fed back
+    cap = lm_max_len(sess)
+    if cap is not None and need > cap:
+        raise zoo.ArgumentError(
+            f"prompt {t} + max_new_tokens {max_new_tokens} needs {need} cache positions, past this export's "
+            f"max_len {cap}: re-export with a larger max_len (--max-len)"
+        )
+    n = -(-need // ROUND) * ROUND
+    n = min(n, cap) if cap is not None else n
+    key_mask = np.ones((b, n), np.bool_)
+    if attention_mask is not None:
+        am = attention_mask
+        am = am.detach().cpu().numpy() if isinstance(am, torch.Tensor) else np.asarray(am)
+        if am.shape != (b, t):
+            raise zoo.InputError(f"attention_mask has shape {am.shape}; it must be (batch, tokens) = {(b, t)}")
+        if not am.astype(bool)[:, -1].all():
+            raise zoo.InputError("attention_mask: pad on the left (every row's last prompt token must be real)")
+        key_mask[:, :t] = am.astype(bool)
+    from zoo.limits import check_fits
+
+    buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith("past_key_values.")]
+    need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for _, x in buffers)
+    check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
+
+    binding = sess.new_binding()
+    keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
+
+    def bound(arr: np.ndarray):
+        keep.append(arr)
+        return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+
+    dtype = np.float16 if "float16" in buffers[0][1].type else np.float32
+    for _, x in buffers:
+        buf = bound(np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype))
+        layer, kv = x.name.split(".")[1:3]
+        binding.bind_ortvalue_input(x.name, buf)
+        binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
+    binding.bind_ortvalue_input(ATTENTION_MASK.name, bound(key_mask))
+    past_len = np.zeros((), np.int64)
+    binding.bind_ortvalue_input(PAST_LEN.name, bound(past_len))
+    has_argmax = NEXT_TOKEN.name in sess.output_names
+    if has_argmax:
+        next_token = np.zeros((b,), np.int64)
+        binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(next_token))
+    vocab = lm_vocab(sess)
+    step_logits = np.zeros((b, 1, vocab), dtype)
+    step_ids = np.zeros((b, 1), np.int64)
+
+    out = np.empty((b, t + max_new_tokens), np.int64)
+    out[:, :t] = ids
+    done = np.zeros(b, np.bool_)
+    pad = pad_token_id if pad_token_id is not None else eos_token_id
+    started = time.perf_counter()
+    # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output
+    binding.bind_ortvalue_input(INPUT_IDS.name, bound(ids))
+    binding.bind_output(LOGITS.name, "cpu")
+    sess.run_with_iobinding(binding)
+    if has_argmax:
+        token = next_token.copy()
+    else:
+        token = binding.get_outputs()[0].numpy()[:, -1].argmax(-1)
+    prefill = time.perf_counter() - started
+    binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
+    binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
+    length = t
+    for i in range(max_new_tokens):
+        if eos_token_id is not None:
+            token = np.where(done, pad, token)
+            done |= token == eos_token_id
+        out[:, t + i] = token
+        if (eos_token_id is not None and done.all()) or i + 1 == max_new_tokens:
+            length = t + i + 1
+            break
+        step_ids[:, 0] = token
+        past_len[()] = t + i
+        sess.run_with_iobinding(binding)
+        token = next_token.copy() if has_argmax else step_logits[:, -1].argmax(-1)
+    decode = time.perf_counter() - started - prefill
+    if timings is not None:
+        timings.update(prefill_s=prefill, decode_s=decode, steps=length - t - 1, capacity=n)
+    out = out[:, :length]
+    return torch.from_numpy(out) if as_torch else out
+
+
+__all__ = ["LM_PAST", "ROUND", "generate"]

@@ -1,0 +1,323 @@
+"""A whole decoder model (zoo.lm.DecoderLM) to ONE ONNX graph: its step with a static cache.
+
+    export_onnx(model, "lm.onnx")                        # decode=True, cache="static", fp32, auto lowering
+    export_onnx(model, "lm4.onnx", precision="int4")
+
+The graph traces `DecoderLM.step(..., in_place=False)`, the one function eager generation runs in
+place. Its interface is io.lm_interface: input_ids (b t), attention_mask (b n) over the capacity,
+past_len, past_key_values.i.key / .value (b g n d) per layer -> logits (b 1 v, or b t v with
+all_logits), next_token (b, the argmax in the graph) and present.i.key / .value: the session binds
+each layer's buffer as past and present, so ONNX Runtime writes a step's keys in place
+(export/generation.py). The capacity n is a dynamic axis: a session allocates what its call needs
+(prompt + new tokens, rounded up), and `max_len`, when given, is only the largest it will allocate.
+
+Every attention layer takes the chosen lowering through the mechanism a block export uses
+(tracing.configured: every zoo block inside the module is configured for the traced lowering, then
+the module is traced once). A lowering built by hand for one block (ort-gqa) is refused by its
+record's `in_model` reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import zoo
+
+from .choice import decode_order, why_not
+from .errors import ExportError
+from .graphs import op_counts
+from .io import LM_PAST, LM_PRESENT, lm_interface
+from .lowerings import record
+from .names import CACHE_CHOICES, LOWERINGS, PRECISIONS
+from .precision import PrecisionError
+from .precision import apply as apply_precision
+from .precision import why_not as precision_why_not
+from .tracing import DTYPES, check_interface, configured, trace
+
+# The example the model is traced at: all sizes >= 2 and different, so none is baked in.
+EXAMPLE_B, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 5, 11, 3
+# The lowerings whose static step a whole model takes; fp16 on the CPU: see FP16_CPU.
+FP16_CPU = (
+    "dtype='float16' is refused for whole models on the CPU: ONNX Runtime's CPU provider has no float16 kernels "
+    "for the graph's MatMul, Softmax and norms (it inserts casts around each, slower than fp32); use "
+    "precision='int8' or 'int4' for smaller weights"
+)
+
+
+def is_lm(obj) -> bool:
+    """A whole decoder model (zoo.DecoderLM), exported here rather than as a block."""
+    return isinstance(obj, zoo.DecoderLM)
+
+
+def layer_specs(model: nn.Module) -> list[zoo.AttentionSpec]:
+    """The attention spec of each layer, in order (each layer holds a zoo block as `.attn`)."""
+    specs = []
+    for i, layer in enumerate(model.layers):
+        block = getattr(layer, "attn", None)
+        if not isinstance(block, zoo.MultiHeadAttention):
+            raise ExportError(f"layer {i} of the model has no zoo.MultiHeadAttention as .attn; it cannot be exported")
+        specs.append(block.spec)
+    return specs
+
+
+def vocab_size(model: nn.Module) -> int:
+    return model.spec.vocab
+
+
+@dataclass
+class LMExportResult:
+    path: Path
+    name: str
+    lowering: str
+    opset: int
+    dtype: str
+    layers: int
+    vocab: int
+    inputs: list[tuple[str, str, tuple]]
+    outputs: list[tuple[str, str, tuple]]
+    op_counts: dict[str, int]
+    parameters: int
+    seconds: float
+    file_bytes: int
+    max_len: int | None
+    external_data: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    precision: str = "fp32"
+    precision_method: str = ""
+    module: nn.Module | None = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.op_counts.items(), key=lambda kv: -kv[1])[:8])
+        size = self.file_bytes + (self.external_data.stat().st_size if self.external_data else 0)
+        weights_note = f", weights in {self.external_data.name}" if self.external_data else ""
+        per_layer = f"{self.inputs[3][0]} .. (b g n d) per layer" if len(self.inputs) > 3 else ""
+        cap = f"at most {self.max_len} positions" if self.max_len else "sized per call"
+        lines = [
+            f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
+            f"  model     {self.name}: {self.layers} layers, vocabulary {self.vocab}, {self.parameters:,} parameters",
+            f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
+            f"  precision {self.precision_method or self.precision}",
+            f"  cache     static, in place; capacity n {cap}",
+            f"  inputs    input_ids, attention_mask, past_len, {per_layer}",
+            f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
+            f"  nodes     {sum(self.op_counts.values())}: {ops}",
+            f"  took      {self.seconds:.1f} s",
+        ]
+        return "\n".join(lines + [f"  note      {n}" for n in self.notes])
+
+
+class _Step(nn.Module):
+    """DecoderLM.step with flat named inputs: the buffers as one list (key, value per layer)."""
+
+    def __init__(self, lm: nn.Module, all_logits: bool, argmax: bool) -> None:
+        super().__init__()
+        self.lm, self.all_logits, self.argmax = lm, all_logits, argmax
+
+    def forward(self, input_ids, attention_mask, past_len, caches):
+        keys, values = list(caches[0::2]), list(caches[1::2])
+        logits, keys, values = self.lm.step(
+            input_ids, keys, values, past_len, attention_mask, in_place=False, all_logits=self.all_logits
+        )
+        outs = [logits] + ([logits[:, -1].argmax(-1)] if self.argmax else [])
+        for k, v in zip(keys, values):
+            outs += [k, v]
+        return tuple(outs)
+
+
+def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: str) -> list[str]:
+    """The lowerings to try, each able to express every layer with a static cache, or ExportError."""
+    request = {"decode": True, "cache": "static", "dtype": dtype, "provider": provider}
+
+    def reason(lw: str) -> str | None:
+        rec = record(lw)
+        if rec.in_model:
+            return rec.in_model
+        if not rec.traced:
+            return "it is built by hand for a block alone"
+        for i, spec in enumerate(specs):
+            r = why_not(lw, spec, **request)
+            if r:
+                return f"layer {i}: {r}"
+        return None
+
+    if lowering == "auto":
+        found = [lw for lw in decode_order(provider, specs[0], cache="static") if reason(lw) is None]
+        if not found:
+            raise ExportError("no lowering can express every layer of this model with a static cache")
+        return found
+    if not isinstance(lowering, str) or lowering not in LOWERINGS:
+        raise ExportError(f"lowering={lowering!r} is not one of {', '.join(('auto', *LOWERINGS))}")
+    r = reason(lowering)
+    if r:
+        raise ExportError(f"lowering={lowering!r} cannot export a whole model: {r}")
+    return [lowering]
+
+
+def _check_args(decode, cache, max_len, precision, dtype, provider, overwrite, all_logits, argmax, path) -> None:
+    if not isinstance(path, (str, os.PathLike)) or (isinstance(path, str) and not path.strip()):
+        raise zoo.InputTypeError(f"path={path!r} must be a file path (str or os.PathLike), e.g. 'model.onnx'")
+    for flag, value in (("overwrite", overwrite), ("all_logits", all_logits), ("argmax", argmax)):
+        if not isinstance(value, bool):
+            raise zoo.InputTypeError(f"{flag}={value!r} must be True or False")
+    if decode is not True:
+        raise ExportError(f"decode={decode!r}: a whole model is exported as its step with a cache; pass decode=True")
+    if not isinstance(cache, str) or cache not in CACHE_CHOICES:
+        raise ExportError(f"cache={cache!r} is not one of {', '.join(CACHE_CHOICES)}")
+    if cache == "grow":
+        raise ExportError("cache='grow': a whole model keeps a static cache, written in place; pass cache='static'")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise zoo.ArgumentError(f"max_len={max_len!r} must be a positive int (the most positions a session allocates)")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if dtype == "float16" and provider == "cpu":
+        raise ExportError(FP16_CPU)
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+
+
+def export_lm(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    decode: bool = True,
+    cache: str = "auto",
+    max_len: int | None = None,
+    precision: str = "fp32",
+    lowering: str = "auto",
+    provider: str = "cpu",
+    dtype: str = "float32",
+    overwrite: bool = False,
+    label: str | None = None,
+    all_logits: bool = False,
+    argmax: bool = True,
+    **overrides,
+) -> LMExportResult:
+    """Write `model`'s step as one ONNX graph (see the module docstring); returns what was written.
+
+    cache "auto" and "static" are the same here (the in-place buffers); max_len, when given, is the
+    largest capacity a session allocates (recorded as attnzoo.max_len), otherwise each call sizes its
+    buffers to its prompt and new tokens. precision int8 / int4 quantizes every projection, MLP and
+    the head (MatMulNBits, export/precision.py); the embedding stays fp32. all_logits: logits at
+    every position of a call (b t v) instead of the last (b 1 v). argmax: a next_token output."""
+    from .saving import EXTERNAL_DATA_BYTES, output_target, save_atomic
+
+    started = time.perf_counter()
+    if not is_lm(model):
+        raise zoo.InputTypeError(f"export_lm takes a zoo.DecoderLM, got {type(model).__name__}")
+    if overrides:
+        raise zoo.InputTypeError(f"spec overrides {sorted(overrides)} apply to a name, not to a model")
+    _check_args(decode, cache, max_len, precision, dtype, provider, overwrite, all_logits, argmax, path)
+    reason = precision_why_not(precision, dtype=dtype, provider=provider, decode=True)
+    if reason:
+        raise PrecisionError(reason)
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise zoo.InputTypeError(f"label={label!r} must be a non-empty string")
+    specs, vocab = layer_specs(model), vocab_size(model)
+    order = candidates(specs, lowering, provider, dtype)
+    path = Path(path)
+    if path.is_dir():
+        raise ExportError(f"{path} is a folder; give a file path such as {path / 'model.onnx'}")
+    target = output_target(path, overwrite)
+    ins, outs = lm_interface(specs, vocab, all_logits=all_logits, argmax=argmax)
+    notes, error = [], None
+    for lw in order:
+        try:
+            onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0])
+            quantized, applied = apply_precision(onnx_model, precision, decode=True)
+            break
+        except ExportError as e:
+            if lowering != "auto":
+                raise
+            notes.append(f"auto: skipped {lw}: {e}")
+            error = e
+    else:
+        raise error or ExportError("no lowering could export this model")
+    if applied.note():
+        notes.append(applied.note())
+    meta = {
+        "attnzoo.kind": "lm",
+        "attnzoo.name": label or type(model).__name__,
+        "attnzoo.layers": str(len(specs)),
+        "attnzoo.vocab": str(vocab),
+        "attnzoo.layer_specs": json.dumps([s.to_dict() for s in specs], sort_keys=True),
+        "attnzoo.version": zoo.__version__,
+        "attnzoo.lowering": lw,
+        "attnzoo.dtype": dtype,
+        "attnzoo.cache": "static",
+        **({"attnzoo.max_len": str(max_len)} if max_len else {}),
+        **applied.metadata(),
+    }
+    quantized.metadata_props.update(meta)
+    quantized.producer_name, quantized.producer_version = "attnzoo", zoo.__version__
+    if zoo.count_parameters(model) * DTYPES[dtype].itemsize > EXTERNAL_DATA_BYTES:
+        notes.append(f"weights past {EXTERNAL_DATA_BYTES / 1e9:.1f} GB are written beside the graph (external data)")
+    external = save_atomic(quantized, target, model, dtype, overwrite=overwrite)
+    spec0 = specs[0]
+    return LMExportResult(
+        path=path,
+        name=meta["attnzoo.name"],
+        lowering=lw,
+        opset=record(lw).opset,
+        dtype=dtype,
+        layers=len(specs),
+        vocab=vocab,
+        inputs=[(io.name, dtype if io.kind == "float" else io.kind, io.shape(spec0)) for io in ins],
+        outputs=[(io.name, dtype if io.kind == "float" else io.kind, io.shape(spec0)) for io in outs],
+        op_counts=op_counts(quantized),
+        parameters=zoo.count_parameters(model),
+        seconds=time.perf_counter() - started,
+        file_bytes=target.stat().st_size,
+        max_len=max_len,
+        external_data=external,
+        notes=notes,
+        precision=precision,
+        precision_method=applied.method.describe() if applied.method.tool != "none" else "",
+        module=model,
+    )
+
+
+def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0):
+    """The configured copy of `model` traced once: (onnx_ir model) with io.lm_interface's names."""
+    import onnx_ir as ir
+
+    lm = configured(model, rec, dtype)
+    torch_dtype = DTYPES[dtype]
+    b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_N
+    vocab = outs[0].axes[-1]
+    caches = []
+    for io in ins[3:]:
+        shape = [b if a == "b" else n if a == "n" else a for a in io.axes]
+        caches.append(torch.randn(shape).to(torch_dtype))
+    mask = torch.ones(b, n, dtype=torch.bool)
+    mask[0, :2] = False  # left padding in the example, so no branch on it is taken
+    example = {
+        "input_ids": torch.randint(0, vocab, (b, t)),
+        "attention_mask": mask,
+        "past_len": torch.tensor(EXAMPLE_PAST),
+        "caches": caches,
+    }
+    dim_b, dim_t, dim_n = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("n")
+    dynamic = {
+        "input_ids": {0: dim_b, 1: dim_t},
+        "attention_mask": {0: dim_b, 1: dim_n},
+        "past_len": {},
+        "caches": [{0: dim_b, 2: dim_n} for _ in caches],
+    }
+    with torch.no_grad():
+        onnx_model = trace(_Step(lm, all_logits, argmax).eval(), example, dynamic, rec, outs)
+    for value, io in zip(onnx_model.graph.inputs, ins):
+        value.name = io.name
+    for value, io in zip(list(onnx_model.graph.inputs) + list(onnx_model.graph.outputs), ins + outs):
+        value.shape = ir.Shape(list(io.shape(spec0)))
+    check_interface(onnx_model, ins, outs, spec0)
+    return onnx_model
+
+
+__all__ = ["LM_PAST", "LM_PRESENT", "LMExportResult", "export_lm", "is_lm", "layer_specs"]

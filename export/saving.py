@@ -1,0 +1,100 @@
+"""Writing an export: the output path's checks, and the atomic save (temp folder beside the target,
+checked by onnx.checker or ONNX Runtime, then published), with external data past EXTERNAL_DATA_BYTES.
+Shared by block exports (export/writer.py) and whole-model exports (export/lm_export.py)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+import zoo
+from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output
+
+from .errors import ExportError
+from .graphs import op_counts
+from .tracing import DTYPES
+
+# Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
+ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
+EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clear of it
+
+
+def output_target(path: Path, overwrite: bool) -> Path:
+    """The file an export writes (symlinks followed; a device or FIFO is written through), refused
+    when it exists without overwrite or its folder cannot be written."""
+    try:
+        target = resolve_output(path)
+        if target.exists() and not overwrite and not is_special(target):
+            raise zoo.OutputExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
+        ensure_writable_parent(target)
+    except zoo.OutputExistsError:  # stays what it was: a FileExistsError (and under the root)
+        raise
+    except zoo.OutputPathError as e:  # an export's refusals are ExportErrors, its path's too
+        raise ExportError(str(e)) from None
+    return target
+
+
+def save_atomic(
+    model, path: Path, module, dtype: str, *, overwrite: bool = False, limit: int = EXTERNAL_DATA_BYTES
+) -> Path | None:
+    """Write into a temp folder beside `path` (same filesystem), check it, then publish it.
+
+    The no-overwrite rule is enforced by the publishing step itself (see `publish`), not only
+    by a check before the work: two exports racing for one name cannot both win. Weights past `limit`
+bytes go to a .data file beside it (external data)."""
+    import onnx_ir as ir
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    itemsize = torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    big = zoo.count_parameters(module) * itemsize > limit
+    data_name = path.name + ".data" if big else None
+    special = is_special(path)
+    if special and big:
+        raise ExportError(f"{path} is not a regular file, and this model keeps its weights in a .data file beside it")
+    try:
+        tmpdir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=None if special else path.parent))
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        tmp = tmpdir / path.name
+        try:
+            ir.save(model, tmp, external_data=data_name)
+        except OSError as e:
+            raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
+        _check_saved(tmp, model)
+        data_path = path.parent / data_name if data_name else None
+        if data_path is not None:
+            publish(tmpdir / data_name, data_path, overwrite=overwrite)
+        try:
+            publish(tmp, path, overwrite=overwrite)
+        except BaseException:
+            if data_path is not None and not overwrite:
+                data_path.unlink(missing_ok=True)  # ours: published a moment ago, now orphaned
+            raise
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return path.parent / data_name if data_name else None
+
+
+def _check_saved(tmp: Path, model) -> None:
+    """onnx.checker with strict shape inference; for a graph holding ORT-only ops in the default
+    domain (onnx.checker rejects those), ONNX Runtime's own loader is the check instead."""
+    import onnx
+
+    if not any(op in ORT_DEFAULT_DOMAIN_OPS for op in op_counts(model)):
+        try:
+            onnx.checker.check_model(str(tmp), full_check=True)
+        except Exception as e:
+            raise ExportError(f"the exported model fails onnx.checker (full check): {e}") from e
+        return
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(tmp), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own types
+        raise ExportError(f"ONNX Runtime cannot load the exported model: {str(e).splitlines()[0]}") from e
