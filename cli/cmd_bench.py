@@ -276,7 +276,20 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         progress=not args.no_progress,
     )
-    return _finish(args, report, format_generate_table(report), any(not r.get("ok") for r in report["rows"]))
+    table = format_generate_table(report)
+    code = _finish(args, report, table, any(not r.get("ok") for r in report["rows"]))
+    if args.json:  # the table beside the JSON, with the command that made both
+        from zoo.files import write_atomic
+
+        command = (f"attnzoo bench --generate --checkpoint {args.checkpoint} --prompt {','.join(map(str, report['prompts']))}"
+                   f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
+                   f" --repeats {report['repeats']}")
+        for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
+            command += f" {flag} {value}" if value else ""
+        command += f" --json {args.json}"
+        text = f"{table}\n\nCommand: `{command}`\n"
+        write_atomic(Path(args.json).with_suffix(".md"), lambda tmp: tmp.write_text(text))
+    return code
 
 
 def add_commands(sub) -> None:
