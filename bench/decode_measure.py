@@ -78,7 +78,9 @@ def floor_bandwidths(torch, device, job: Job) -> dict[str, Any]:
     if llc:
         out["llc_mb"] = llc / 1e6
         out["llc_gbs"] = read_bandwidth(torch, device, llc // 4, job.threads)
-        t_mem, t_set, t_llc = (job.floor_bytes / (out[k] * 1e9) for k in ("bandwidth_gbs", "working_set_gbs", "llc_gbs"))
+        t_mem, t_set, t_llc = (
+            job.floor_bytes / (out[k] * 1e9) for k in ("bandwidth_gbs", "working_set_gbs", "llc_gbs")
+        )
         out["l3_part"] = min(1.0, max(0.0, (t_mem - t_set) / (t_mem - t_llc))) if t_mem > t_llc else None
     return out
 

@@ -89,8 +89,15 @@ def benchmark_generate(
                 if path in ONLY_FP32:
                     continue
                 target = str(Path(tmp) / f"{path}-{precision}" / ("model.onnx" if path == "attnzoo" else ""))
-                job = {"stage": "build", "path": path, "checkpoint": folder, "precision": precision,
-                       "model": target.rstrip("/"), "max_len": max_len, "threads": threads}
+                job = {
+                    "stage": "build",
+                    "path": path,
+                    "checkpoint": folder,
+                    "precision": precision,
+                    "model": target.rstrip("/"),
+                    "max_len": max_len,
+                    "threads": threads,
+                }
                 started = time.perf_counter()
                 result = _spawn(pythons[path], job, timeout)
                 builds[f"{path} {precision}"] = {**result, "seconds": time.perf_counter() - started}
@@ -107,9 +114,19 @@ def benchmark_generate(
                 for path in paths:
                     if (path, precision) in skipped or (path in ONLY_FP32 and precision != "fp32"):
                         continue
-                    job = {"stage": "time", "path": path, "checkpoint": folder, "precision": precision,
-                           "model": models.get((path, precision), ""), "prompt": ids, "new": new, "threads": threads,
-                           "warmup": warmup, "repeats": repeats, "max_len": max_len}
+                    job = {
+                        "stage": "time",
+                        "path": path,
+                        "checkpoint": folder,
+                        "precision": precision,
+                        "model": models.get((path, precision), ""),
+                        "prompt": ids,
+                        "new": new,
+                        "threads": threads,
+                        "warmup": warmup,
+                        "repeats": repeats,
+                        "max_len": max_len,
+                    }
                     result = _spawn(pythons[path], job, timeout)
                     rows.append({"path": path, "precision": precision, "prompt": prompt, **result})
                     if progress:
@@ -194,8 +211,15 @@ def _brief(result: dict[str, Any]) -> str:
 
 def _config_facts(folder: str) -> dict[str, Any]:
     config = json.loads((Path(folder) / "config.json").read_text())
-    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "intermediate_size")
+    keys = (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+    )
     return {k: config.get(k) for k in keys}
 
 

@@ -129,7 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="with --generate: a transformers checkpoint folder, or 'random' for the benchmark's random LLaMA",
     )
-    gen.add_argument("--prompt", type=int_list, action="extend", metavar="LIST", help="prompt lengths (default 128,1024)")
+    gen.add_argument(
+        "--prompt", type=int_list, action="extend", metavar="LIST", help="prompt lengths (default 128,1024)"
+    )
     gen.add_argument("--new", type=int, default=64, metavar="N", help="new tokens per call (default %(default)s)")
     gen.add_argument("--genai-python", metavar="PATH", help="the python of an environment with onnxruntime-genai")
     gen.add_argument("--llama-python", metavar="PATH", help="the python of an environment with llama-cpp-python")
@@ -155,7 +157,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     for flag, (value, low, high) in ints.items():
         if value is not None and not low <= value <= high:
             raise BenchError(f"{flag} {value} is outside {low}..{high}")
-    if args.min_repeats > args.repeats:
+    if args.min_repeats > args.repeats and not args.generate:  # --generate times whole calls: --repeats alone
         raise BenchError(f"--min-repeats {args.min_repeats} is more than --repeats {args.repeats}")
     for flag, value in (("--budget", args.budget), ("--timeout", args.timeout)):
         if not math.isfinite(value) or value <= 0:
@@ -178,9 +180,17 @@ def run_from_args(args: argparse.Namespace) -> int:
         if out:
             ensure_writable_parent(Path(out))
     budget = Budget(args.warmup, args.repeats, args.min_repeats, args.budget)
-    generate_only = [f for f, v in (("--checkpoint", args.checkpoint), ("--prompt", args.prompt),
-                                    ("--genai-python", args.genai_python), ("--llama-python", args.llama_python),
-                                    ("--gguf", args.gguf)) if v]
+    generate_only = [
+        f
+        for f, v in (
+            ("--checkpoint", args.checkpoint),
+            ("--prompt", args.prompt),
+            ("--genai-python", args.genai_python),
+            ("--llama-python", args.llama_python),
+            ("--gguf", args.gguf),
+        )
+        if v
+    ]
     if args.generate:
         return _run_generate_from_args(args)
     if generate_only:
@@ -281,9 +291,11 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
     if args.json:  # the table beside the JSON, with the command that made both
         from zoo.files import write_atomic
 
-        command = (f"attnzoo bench --generate --checkpoint {args.checkpoint} --prompt {','.join(map(str, report['prompts']))}"
-                   f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
-                   f" --repeats {report['repeats']}")
+        command = (
+            f"attnzoo bench --generate --checkpoint {args.checkpoint} --prompt {','.join(map(str, report['prompts']))}"
+            f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
+            f" --repeats {report['repeats']}"
+        )
         for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
             command += f" {flag} {value}" if value else ""
         command += f" --json {args.json}"

@@ -192,9 +192,10 @@ def samples(folder: Path, new: int = 160) -> list[tuple[str, str]]:
     for prompt in SAMPLE_PROMPTS:
         ids = torch.tensor([[BOS, *tok.encode(prompt, add_special_tokens=False).ids]])
         with torch.inference_mode():
-            got = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                                 pad_token_id=PAD)
-        out.append((prompt, tok.decode(got[0, ids.shape[1]:].tolist(), skip_special_tokens=False)))
+            got = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, pad_token_id=PAD
+            )
+        out.append((prompt, tok.decode(got[0, ids.shape[1] :].tolist(), skip_special_tokens=False)))
     return out
 
 
@@ -238,13 +239,27 @@ def write_readme(folder: Path) -> None:
     facts = json.loads((folder / "training.json").read_text())
     shown = "\n\n".join(f"```\n{p}{c}\n```\n(prompt: {p!r})" for p, c in samples(folder))
     text = README.format(
-        name=folder.name, sha=facts["safetensors_sha256"], seconds=facts["train_seconds"], command=facts["command"],
-        threads=facts["threads"], context=facts["context"], python=facts["python"], train_files=facts["train_files"],
-        train_tokens=facts["train_tokens"], corpus=facts["corpus_sha256"], held=", ".join(facts["held_out_files"]),
-        held_tokens=facts["held_out_tokens"], steps=facts["steps"], batch=facts["batch"],
-        seen=facts["steps"] * facts["batch"] * facts["context"], seed=facts["seed"], torch=facts["torch"],
-        train_loss=facts["train_loss_last50"], held_fp32=facts["held_out_loss_fp32"],
-        held_fp16=facts["held_out_loss_stored_fp16"], samples=shown,
+        name=folder.name,
+        sha=facts["safetensors_sha256"],
+        seconds=facts["train_seconds"],
+        command=facts["command"],
+        threads=facts["threads"],
+        context=facts["context"],
+        python=facts["python"],
+        train_files=facts["train_files"],
+        train_tokens=facts["train_tokens"],
+        corpus=facts["corpus_sha256"],
+        held=", ".join(facts["held_out_files"]),
+        held_tokens=facts["held_out_tokens"],
+        steps=facts["steps"],
+        batch=facts["batch"],
+        seen=facts["steps"] * facts["batch"] * facts["context"],
+        seed=facts["seed"],
+        torch=facts["torch"],
+        train_loss=facts["train_loss_last50"],
+        held_fp32=facts["held_out_loss_fp32"],
+        held_fp16=facts["held_out_loss_stored_fp16"],
+        samples=shown,
     )
     tmp = folder / ".README.md.tmp"
     tmp.write_text(text)
@@ -275,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     train_files, held = split_files(files, root)
     train_ids, held_ids = encode_files(train_files), encode_files(held)
     corpus = corpus_sha256(train_files, root)
-    log(f"python {sys.version.split()[0]}, stdlib {root}: {len(train_files)} training files ({len(train_ids)} tokens, "
-        f"sha256 {corpus[:16]}), held out {[p.name for p in held]} ({len(held_ids)} tokens)")
+    log(
+        f"python {sys.version.split()[0]}, stdlib {root}: {len(train_files)} training files ({len(train_ids)} tokens, "
+        f"sha256 {corpus[:16]}), held out {[p.name for p in held]} ({len(held_ids)} tokens)"
+    )
     log(f"torch {torch.__version__}, {THREADS} thread(s), seed {args.seed}, {args.steps} steps of {BATCH}x{CONTEXT}")
     t0 = time.time()
     model, train_loss = train(train_ids, args.steps, log, args.seed)
@@ -285,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     model.to(torch.float16).to(torch.float32)  # the stored weights, evaluated in fp32
     held_loss = loss_on(model, held_ids)
     facts = {
-        "command": "python scripts/train_lm.py" + (f" --steps {args.steps}" if args.steps != STEPS else "")
+        "command": "python scripts/train_lm.py"
+        + (f" --steps {args.steps}" if args.steps != STEPS else "")
         + (f" --seed {args.seed}" if args.seed != SEED else ""),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -306,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     digest = write_folder(model, Path(args.output), facts)
     write_readme(Path(args.output))
-    log(f"train loss {train_loss:.4f}, held-out loss {held_fp32:.4f} (fp32) / {held_loss:.4f} (stored fp16) "
-        f"nats/byte; {seconds:.0f} s; wrote {args.output}; model.safetensors sha256 {digest}")
+    log(
+        f"train loss {train_loss:.4f}, held-out loss {held_fp32:.4f} (fp32) / {held_loss:.4f} (stored fp16) "
+        f"nats/byte; {seconds:.0f} s; wrote {args.output}; model.safetensors sha256 {digest}"
+    )
     return 0
 
 

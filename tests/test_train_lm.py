@@ -26,10 +26,20 @@ def train_lm():
 @pytest.fixture(scope="module")
 def fake_stdlib(tmp_path_factory):
     root = tmp_path_factory.mktemp("stdlib")
-    files = {"os.py": "import sys\n", "json/decoder.py": "x = 1\n", "test/test_os.py": "bad\n",
-             "site-packages/pkg/mod.py": "bad\n", "idlelib/idle_test/t.py": "bad\n", "notes.txt": "bad\n"}
-    files.update({name: f"# {name}\ndef f():\n    return 'é'\n" for name in ("bisect.py", "colorsys.py", "fractions.py",
-                                                                             "heapq.py", "shlex.py", "textwrap.py")})
+    files = {
+        "os.py": "import sys\n",
+        "json/decoder.py": "x = 1\n",
+        "test/test_os.py": "bad\n",
+        "site-packages/pkg/mod.py": "bad\n",
+        "idlelib/idle_test/t.py": "bad\n",
+        "notes.txt": "bad\n",
+    }
+    files.update(
+        {
+            name: f"# {name}\ndef f():\n    return 'é'\n"
+            for name in ("bisect.py", "colorsys.py", "fractions.py", "heapq.py", "shlex.py", "textwrap.py")
+        }
+    )
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text, encoding="utf-8")
@@ -63,8 +73,9 @@ def test_training_is_bit_reproducible_on_a_tiny_budget(train_lm, fake_stdlib, mo
 
     monkeypatch.setattr(train_lm, "CONTEXT", 16)
     monkeypatch.setattr(train_lm, "BATCH", 2)
-    monkeypatch.setattr(train_lm, "SHAPE", {**train_lm.SHAPE, "hidden_size": 32, "intermediate_size": 64,
-                                              "num_hidden_layers": 1})
+    monkeypatch.setattr(
+        train_lm, "SHAPE", {**train_lm.SHAPE, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    )
     ids = train_lm.encode_files(train_lm.corpus_files(fake_stdlib))
     threads = torch.get_num_threads()
     torch.set_num_threads(train_lm.THREADS)
@@ -99,9 +110,10 @@ def test_shipped_checkpoint_loads_with_transformers_and_generates_text():
     prompt = "def "
     ids = torch.tensor([[256, *tok.encode(prompt, add_special_tokens=False).ids]])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
-                             pad_token_id=258)
-    new = out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, pad_token_id=258
+        )
+    new = out[0, ids.shape[1] :].tolist()
     assert len(new) == 24 and all(0 <= t < 259 for t in new)
     text = tok.decode(new)
     printable = sum(c.isprintable() or c in "\n\t" for c in text)

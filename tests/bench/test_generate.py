@@ -19,8 +19,15 @@ def tiny_checkpoint(tmp_path_factory):
     pytest.importorskip("transformers")
     from bench.checkpoints import random_llama
 
-    shape = dict(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=64, max_position_embeddings=64)
+    shape = dict(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return random_llama(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0, **shape)
 
 
@@ -51,7 +58,11 @@ def test_prompt_ids_are_text_through_the_folders_tokenizer(tiny_checkpoint):
 
 def test_a_peer_without_its_environment_is_skipped_with_the_reason(tiny_checkpoint):
     report = benchmark_generate(
-        str(tiny_checkpoint), prompts=[8], new=2, precisions=["fp32", "int8"], paths=["onnxruntime-genai", "llama.cpp"],
+        str(tiny_checkpoint),
+        prompts=[8],
+        new=2,
+        precisions=["fp32", "int8"],
+        paths=["onnxruntime-genai", "llama.cpp"],
         progress=False,
     )
     assert report["rows"] == []
@@ -59,8 +70,13 @@ def test_a_peer_without_its_environment_is_skipped_with_the_reason(tiny_checkpoi
     assert "--genai-python" in why[("onnxruntime-genai", "fp32")]
     assert "--llama-python" in why[("llama.cpp", "int8")]
     report = benchmark_generate(
-        str(tiny_checkpoint), prompts=[8], new=2, precisions=["int8"], paths=["onnxruntime-genai"],
-        genai_python="/nonexistent/python", progress=False,
+        str(tiny_checkpoint),
+        prompts=[8],
+        new=2,
+        precisions=["int8"],
+        paths=["onnxruntime-genai"],
+        genai_python="/nonexistent/python",
+        progress=False,
     )
     assert "no int8" in report["skipped"][0]["why"]
     assert "skipped:" in format_generate_table(report)
@@ -90,9 +106,27 @@ def test_a_folder_without_config_is_refused(capsys, tmp_path):
 def test_bench_generate_runs_end_to_end(tiny_checkpoint, tmp_path, capsys):
     """Every path that runs here, in its own process, on a tiny checkpoint; the report and its agreement."""
     out = tmp_path / "g.json"
-    argv = ["bench", "--generate", "--checkpoint", str(tiny_checkpoint), "--prompt", "8", "--new", "3",
-            "--threads", "1", "--warmup", "0", "--repeats", "1", "--no-progress", "--json", str(out),
-            "--paths", "transformers-dynamic,transformers-static,attnzoo"]
+    argv = [
+        "bench",
+        "--generate",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--prompt",
+        "8",
+        "--new",
+        "3",
+        "--threads",
+        "1",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out),
+        "--paths",
+        "transformers-dynamic,transformers-static,attnzoo",
+    ]
     code = main(argv)
     report = json.loads(out.read_text())
     rows = {r["path"]: r for r in report["rows"]}
