@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import hf_cases
+import hf_cases_copies
 import hf_cases_long
 import pytest
 import torch
@@ -278,6 +279,8 @@ CASES: dict[str, Case] = {
 CASES.update({name: Case(**fields) for name, fields in hf_cases.CASES.items()})
 # the scaled rotary kinds at 1,100 positions (tests/hf_cases_long.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_long.CASES.items()})
+# the copies under new class names, at 160 positions (tests/hf_cases_copies.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.items()})
 
 
 @dataclass
