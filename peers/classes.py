@@ -403,6 +403,25 @@ COPIES: tuple[Row, ...] = (
     _like(LLAMA, family="OLMo-3", cls="Olmo3Attention", qk_norm="full", window=SLIDING),
     _like(LLAMA, family="VaultGemma", cls="VaultGemmaAttention", softcap="attn_logit_softcapping", window=SLIDING),
     _like(LLAMA, family="ERNIE-4.5", cls="Ernie4_5Attention", rope_interleaved=True),
+    _like(LLAMA, family="ERNIE-4.5-MoE", cls="Ernie4_5_MoeAttention", rope_interleaved=True),
+    _like(LLAMA, family="FlexOlmo", cls="FlexOlmoAttention", qk_norm="full"),
+    _like(
+        LLAMA,
+        family="GLM-4-MoE",
+        cls="Glm4MoeAttention",
+        rope="partial",
+        checks=(BIDIRECTIONAL, flag("use_qk_norm", "GLM-4-MoE's optional QK-norm is not read yet (qk_norm off here)")),
+    ),
+    _like(LLAMA, family="Jais-2", cls="Jais2Attention"),
+    _like(LLAMA, family="CWM", cls="CwmAttention", window=SLIDING),
+    _like(
+        LLAMA,
+        family="EXAONE-MoE",
+        cls="ExaoneMoeAttention",
+        qk_norm="head",
+        rope_if=lambda m: m.sliding_window is None or m.is_sliding,  # as EXAONE-4: global layers NoPE
+        window=lambda m: m.sliding_window if m.is_sliding else None,
+    ),
 )
 ROWS = ROWS + COPIES
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}

@@ -59,4 +59,20 @@ CASES: dict[str, dict] = {
         query_pre_attn_scalar=24, attn_logit_softcapping=1.5, **SLIDE,
     ),  # fmt: skip
     "ernie4.5": _case("Ernie4_5Model", "Ernie4_5Config", {"rope_interleaved": True}, head_dim=16),
+    "ernie4.5-moe": _case(
+        "Ernie4_5_MoeModel", "Ernie4_5_MoeConfig", {"rope_interleaved": True}, head_dim=16, moe_num_experts=2,
+        moe_k=1, moe_intermediate_size=32,
+    ),  # fmt: skip
+    "flex-olmo": _case("FlexOlmoModel", "FlexOlmoConfig", {"qk_norm": "full"}, num_experts=2, num_experts_per_tok=1),
+    "glm4-moe": _case(
+        "Glm4MoeModel", "Glm4MoeConfig", {"rope_dim": 16}, head_dim=32, n_routed_experts=2, num_experts_per_tok=1,
+        moe_intermediate_size=32, first_k_dense_replace=2,
+    ),  # fmt: skip
+    "jais2": _case("Jais2Model", "Jais2Config", {"bias": True}),
+    # CWM's config defaults to llama3 rope scaling (factor 16 from 8192); layer 0 of 2 is global here
+    "cwm": _case("CwmModel", "CwmConfig", {"rope_scaling": "llama3"}, head_dim=16, sliding_window=WINDOW),
+    "exaone-moe-sliding": _case(
+        "ExaoneMoeModel", "ExaoneMoeConfig", {"qk_norm": "head", "window": WINDOW}, head_dim=16, num_experts=2,
+        num_experts_per_tok=1, moe_intermediate_size=32, **SLIDE,
+    ),  # fmt: skip
 }
