@@ -189,6 +189,8 @@ def cmd_families(args: argparse.Namespace) -> int:
 
     if args.json:
         ensure_writable_parent(args.json)
+    if args.coverage:
+        return _coverage(args)
     print(families_markdown())
     rows = family_table()
     print(f"\n{sum(r['status'] == 'exact' for r in rows)} exact, {sum(r['status'] != 'exact' for r in rows)} refused")
@@ -198,6 +200,21 @@ def cmd_families(args: argparse.Namespace) -> int:
         import json
 
         write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(rows, indent=2) + "\n"))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _coverage(args: argparse.Namespace) -> int:
+    """One row per causal-LM model type of the installed transformers (peers.coverage)."""
+    from peers.coverage import coverage, markdown
+    from zoo.files import write_atomic
+
+    rows = coverage()
+    print(markdown(rows))
+    if args.json:
+        import json
+
+        write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(rows, indent=1) + "\n"))
         print(f"wrote {args.json}")
     return 0
 
@@ -221,4 +238,10 @@ def add_preset(sub) -> None:
 def add_families(sub) -> None:
     sp = sub.add_parser("families", help="the transformers attention classes from_hf takes, exact or refused")
     sp.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    sp.add_argument(
+        "--coverage",
+        action="store_true",
+        help="every causal-LM model type of the installed transformers: exact, refused (the missing feature) or "
+        "not-attention (imports every modeling module: a minute or two)",
+    )
     sp.set_defaults(func=cmd_families)

@@ -25,6 +25,7 @@ from .checks import (
     falcon_kv,
     falcon_layout,
     fixed_rope,
+    flag,
     layernorm_qk,
     mpt_slopes,
     t5_bias,
@@ -380,4 +381,47 @@ ROWS: tuple[Row, ...] = (
     ),
 )
 
+# Copies under new class names: the same module as the row they copy (checked by a parity case each,
+# tests/hf_cases_copies.py), and the attention layers of hybrid models beside their state-space layers.
+COPIES: tuple[Row, ...] = (
+    _like(LLAMA, family="Arcee", cls="ArceeAttention"),
+    _like(LLAMA, family="Seed-OSS", cls="SeedOssAttention"),
+    _like(LLAMA, family="PhiMoE", cls="PhimoeAttention", window="config.sliding_window?"),
+    _like(LLAMA, family="Granite-MoE", cls="GraniteMoeAttention"),
+    _like(LLAMA, family="Granite-MoE-Shared", cls="GraniteMoeSharedAttention"),
+    _like(LLAMA, family="GLM-4", cls="Glm4Attention", rope="partial", rope_interleaved=True),
+    _like(LLAMA, family="Qwen3-MoE", cls="Qwen3MoeAttention", qk_norm="head", window=SLIDING),
+    _like(LLAMA, family="Dots1", cls="Dots1Attention", qk_norm="head", window=SLIDING),
+    _like(LLAMA, family="Apertus", cls="ApertusAttention", qk_norm="head"),
+    _like(
+        LLAMA,
+        family="OLMoE",
+        cls="OlmoeAttention",
+        qk_norm="full",
+        checks=(BIDIRECTIONAL, flag("clip_qkv", "OLMoE clamps Q, K, V after its QK-norm; the zoo clamps before")),
+    ),
+    _like(LLAMA, family="OLMo-3", cls="Olmo3Attention", qk_norm="full", window=SLIDING),
+    _like(LLAMA, family="VaultGemma", cls="VaultGemmaAttention", softcap="attn_logit_softcapping", window=SLIDING),
+    _like(LLAMA, family="ERNIE-4.5", cls="Ernie4_5Attention", rope_interleaved=True),
+    _like(LLAMA, family="ERNIE-4.5-MoE", cls="Ernie4_5_MoeAttention", rope_interleaved=True),
+    _like(LLAMA, family="FlexOlmo", cls="FlexOlmoAttention", qk_norm="full"),
+    _like(
+        LLAMA,
+        family="GLM-4-MoE",
+        cls="Glm4MoeAttention",
+        rope="partial",
+        checks=(BIDIRECTIONAL, flag("use_qk_norm", "GLM-4-MoE's optional QK-norm is not read yet (qk_norm off here)")),
+    ),
+    _like(LLAMA, family="Jais-2", cls="Jais2Attention"),
+    _like(LLAMA, family="CWM", cls="CwmAttention", window=SLIDING),
+    _like(
+        LLAMA,
+        family="EXAONE-MoE",
+        cls="ExaoneMoeAttention",
+        qk_norm="head",
+        rope_if=lambda m: m.sliding_window is None or m.is_sliding,  # as EXAONE-4: global layers NoPE
+        window=lambda m: m.sliding_window if m.is_sliding else None,
+    ),
+)
+ROWS = ROWS + COPIES
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}

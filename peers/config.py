@@ -32,7 +32,7 @@ from zoo.errors import ArgumentError, AttnzooError, HFConversionError, InputType
 from zoo.modifiers import alibi_slopes
 
 from .classes import BY_CLASS
-from .model_types import DEFAULT_TRUE, FAMILIES, ConfigView, Family
+from .model_types import DEFAULT_TRUE, FAMILIES, MAX_POSITIONS, ConfigView, Family
 from .rows import Row, read, value
 
 # -- reading a config --------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def normalized(kind: str, data: dict) -> dict:
         data = dict(data["text_config"], model_type="gemma3_text")
     if kind in DEFAULT_TRUE:
         data.setdefault(DEFAULT_TRUE[kind], True)
-    return dict(data, rope_parameters=rope_parameters(kind, data))
+    return dict(data, rope_parameters=rope_parameters(kind, data), max_position_embeddings=_max_positions(kind, data))
 
 
 _LAYER_KINDS = ("full_attention", "sliding_attention")
@@ -103,7 +103,8 @@ def rope_parameters(kind: str, data: dict) -> dict:
     - rope_theta, where the chosen dict lacks it, is the top-level `rope_theta` (GPT-NeoX: `rotary_emb_base`;
       Gemma 3's sliding layers: `rope_local_base_freq`), else the family's default;
     - partial_rotary_factor likewise (GPT-NeoX: `rotary_pct`), where the family has one;
-    - rope_type is `rope_type`, else the legacy `type`, else "default" (Phi-3 calls su/yarn longrope).
+    - rope_type is `rope_type`, else the legacy `type`, else "default" (Phi-3 calls su/yarn longrope);
+    - llama3 / yarn / longrope: original_max_position_embeddings as `standardize_rope_params` fills it in.
     Per-layer-type dicts ({"full_attention": {...}, "sliding_attention": {...}}) get each of these."""
     fam = FAMILIES[kind]
     scaling, given = data.get("rope_scaling"), data.get("rope_parameters")
@@ -128,11 +129,27 @@ def rope_parameters(kind: str, data: dict) -> dict:
             p.setdefault("rope_theta", data.get(theta_key, fam.theta))
             if partial is not None:
                 p.setdefault("partial_rotary_factor", partial)
-    for p in _rope_dicts(params, data):
+    dicts = _rope_dicts(params, data)
+    for p in dicts:
         p.setdefault("rope_type", p.get("type", "default"))
         if kind == "phi3" and p["rope_type"] in ("su", "yarn"):
             p["rope_type"] = "longrope"
+        if p["rope_type"] in ("llama3", "yarn", "longrope"):
+            # the pretraining length: Phi-3's config class has a top-level original_max_position_embeddings
+            # (default 4096), which wins over the dict's for a flat dict; other classes ignore a top-level one
+            # (it is not yet an attribute when transformers resolves the dict); else max_position_embeddings
+            top = data.get("original_max_position_embeddings", 4096) if kind == "phi3" else None
+            # (per-layer-type dicts get theirs when the rotary is built: peers.rope reads max_position_embeddings)
+            if top is not None and dicts == [params]:
+                p["original_max_position_embeddings"] = top
+            elif dicts == [params]:
+                p.setdefault("original_max_position_embeddings", _max_positions(kind, data))
     return params
+
+
+def _max_positions(kind: str, data: dict) -> int:
+    got = data.get("max_position_embeddings")
+    return got if got is not None else MAX_POSITIONS.get(kind, 2048)
 
 
 def _rope_dicts(params: dict, data: dict) -> list[dict]:

@@ -289,5 +289,14 @@ FAMILIES: dict[str, Family] = {
         slopes=_mpt_slopes,
     ),
 }
+# max_position_embeddings where a config.json leaves it out: its transformers config class's default
+# (5.24), which fills in a scaled rotary's original_max_position_embeddings and yarn's factor; else 2048
+MAX_POSITIONS = {
+    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm"), 131072),
+    **dict.fromkeys(("gemma", "gemma2", "cohere", "cohere2"), 8192),
+    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "smollm3"), 32768),
+    **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron"), 4096),
+    "persimmon": 16384,
+}
 # the keys whose transformers default is True when a config.json leaves them out
 DEFAULT_TRUE = {"gpt_neox": "attention_bias", "opt": "enable_bias"}

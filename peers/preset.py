@@ -33,6 +33,23 @@ _SOURCES = {
     "qk_norm_eps": ("rms_norm_eps",),
     "clip_qkv": ("clip_qkv", "attn_config.clip_qkv"),
 }
+# the scaled rotary kinds' fields: the rope_parameters key each is read from (peers/rope.py)
+for _fld, _key in (
+    ("rope_scaling", "rope_type"),
+    ("rope_factor", "factor"),
+    ("rope_original_max", "original_max_position_embeddings"),
+    ("rope_low_freq", "low_freq_factor"),
+    ("rope_high_freq", "high_freq_factor"),
+    ("rope_beta_fast", "beta_fast"),
+    ("rope_beta_slow", "beta_slow"),
+    ("rope_truncate", "truncate"),
+    ("rope_attention", "attention_factor"),
+    ("rope_short_factor", "short_factor"),
+    ("rope_long_factor", "long_factor"),
+):
+    _SOURCES[_fld] = (f"rope_parameters.{_key}", f"rope_parameters.{{kind}}.{_key}")
+_SOURCES["rope_factor"] += ("max_position_embeddings",)  # yarn / longrope without a factor: the ratio
+_SOURCES["rope_attention"] += ("rope_parameters.mscale", "rope_parameters.mscale_all_dim")
 
 
 def _lookup(data: dict, path: str) -> Any:
@@ -53,6 +70,8 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
+    if isinstance(v, (tuple, list)):  # longrope's factor lists
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(str(v))
 
 

@@ -28,6 +28,8 @@ from zoo import AttentionSpec
 from zoo.errors import HFConversionError
 from zoo.heads import Projections
 
+from .rope import rope_fields
+
 CONV1D_TO_LINEAR = "i o -> o i"  # GPT-2's Conv1D stores (in, out); nn.Linear stores (out, in)
 
 
@@ -229,22 +231,15 @@ def layer_type(m: nn.Module) -> str | None:
 
 
 def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
-    """rope_theta / rope_dim / rope_scale from `config.rope_parameters`: the default rotary, or "linear" (the
-    frequencies divided by `factor`); every other rope_type is refused, named."""
+    """rope_theta / rope_dim and the scaling fields from `config.rope_parameters`: the default rotary, "linear"
+    (rope_scale), "llama3", "yarn", "longrope" (rope_scaling; peers.rope); every other rope_type is refused, named."""
     params = getattr(m.config, "rope_parameters", None)
     kind = layer_type(m)
     if isinstance(params, dict) and kind in params and isinstance(params[kind], dict):
         params = params[kind]  # per-layer-type parameters (full vs sliding layers)
     if not isinstance(params, dict) or "rope_theta" not in params:
         raise HFConversionError(f"{cls_name(m)}: config.rope_parameters={params!r} has no rope_theta")
-    rope_type = params.get("rope_type", "default")
-    if rope_type not in ("default", "linear"):
-        raise HFConversionError(
-            f"{cls_name(m)}: config.rope_parameters rope_type={rope_type!r} (scaled rotary frequencies; a "
-            f"config.json's rope_scaling, where set, is what transformers reads there) is not expressible in the "
-            f"zoo, which models the default rotary and linear scaling (rope_scale) only"
-        )
-    scale = float(params["factor"]) if rope_type == "linear" else 1.0
+    scaled = rope_fields(cls_name(m), params, m.config)
     factor = float(params.get("partial_rotary_factor", 1.0))
     if not partial and factor != 1.0:
         raise HFConversionError(
@@ -252,11 +247,7 @@ def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
             f"rotary does not read; refusing rather than guessing which dims rotate"
         )
     rope_dim = int(head_dim * factor)
-    return {
-        "rope_theta": float(params["rope_theta"]),
-        "rope_dim": None if rope_dim == head_dim else rope_dim,
-        "rope_scale": None if scale == 1.0 else scale,
-    }
+    return {"rope_theta": float(params["rope_theta"]), "rope_dim": None if rope_dim == head_dim else rope_dim, **scaled}
 
 
 def _norm_eps(norm: nn.Module) -> float:

@@ -44,6 +44,16 @@ def small_overrides(name: str) -> dict[str, Any]:
         out["window"] = 3
     if s.softcap is not None:
         out["softcap"] = 0.5
+    if s.rope_scaling is not None:
+        # llama3 / yarn: a pretraining length the positions pass, so every band turns; longrope keeps its
+        # own (the tests' splits of a decode would cross its switch, where splits differ by design: its
+        # own tests cover that) and 8 pairs of each list
+        if s.rope_scaling != "longrope":
+            out["rope_original_max"] = 4
+        else:
+            rd = out.get("rope_dim") or out["d_k"]
+            out["rope_short_factor"] = s.rope_short_factor[: rd // 2]
+            out["rope_long_factor"] = s.rope_long_factor[-(rd // 2) :]
     return out
 
 
@@ -82,6 +92,8 @@ FAMILY_PRESETS = frozenset(
         "gemma-3-12b-local",
         "gemma-3-12b-global",
         "starcoder2-7b",
+        "llama-3.1-8b",
+        "phi-3.5-mini",
         "t5-base-encoder",
         "modernbert-base",
         "modernbert-base-local",

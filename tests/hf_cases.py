@@ -690,6 +690,28 @@ BIDIRECTIONAL_CASES = {
     "SmolLM3Attention": "smollm3",
     "Exaone4Attention": "exaone4-sliding",
     "GlmAttention": "glm",
+    # the copies (tests/hf_cases_copies.py)
+    "ArceeAttention": "arcee",
+    "SeedOssAttention": "seed-oss",
+    "PhimoeAttention": "phimoe",
+    "GraniteMoeAttention": "granitemoe",
+    "GraniteMoeSharedAttention": "granitemoeshared",
+    "Glm4Attention": "glm4",
+    "Qwen3MoeAttention": "qwen3-moe",
+    "Dots1Attention": "dots1",
+    "ApertusAttention": "apertus",
+    "OlmoeAttention": "olmoe",
+    "Olmo3Attention": "olmo3-sliding",
+    "VaultGemmaAttention": "vaultgemma-sliding",
+    "Ernie4_5Attention": "ernie4.5",
+    "Ernie4_5_MoeAttention": "ernie4.5-moe",
+    "FlexOlmoAttention": "flex-olmo",
+    "Glm4MoeAttention": "glm4-moe",
+    "Jais2Attention": "jais2",
+    "CwmAttention": "cwm",
+    "ExaoneMoeAttention": "exaone-moe-sliding",
 }
+REFUSALS[("Glm4MoeAttention", "use_qk_norm set")] = ("glm4-moe", _set("config.use_qk_norm", True))
+REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))
 for _cls, _case in BIDIRECTIONAL_CASES.items():
     REFUSALS[(_cls, "use_bidirectional_attention=True")] = (_case, BIDI)

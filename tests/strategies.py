@@ -63,7 +63,34 @@ def specs(
     # distances up to 8 reach the log-spaced buckets and the last one.
     if not is_cross:
         fields.update(draw(rel_buckets(fields["causal"])))
+    # rotary (self-attention, an even d_k), plain or scaled by one of the kinds
+    d_k_resolved = d_k if d_k is not None else d_model // heads
+    if not is_cross and d_k_resolved % 2 == 0:
+        fields.update(draw(rotary(d_k_resolved, long=True)))
     return zoo.AttentionSpec(**fields)
+
+
+@st.composite
+def rotary(draw, d_k: int, *, long: bool) -> dict:
+    """Rotary on all of d_k (or nothing), its frequencies scaled by llama3 / yarn / (with `long`) longrope,
+    with a pretraining length of 2..8 so that positions up to 9 pass it (longrope switches there: a
+    decode split across the switch differs from the full forward, as in transformers, hence `long`)."""
+    kind = draw(st.sampled_from([None, "off", "llama3", "yarn", *(["longrope"] if long else [])]))
+    if kind is None:
+        return {}
+    out: dict = {"rope_theta": draw(st.sampled_from([10000.0, 500000.0]))}
+    if kind == "off":
+        return out
+    out.update(rope_scaling=kind, rope_original_max=draw(st.integers(2, 8)))
+    if kind in ("llama3", "yarn"):
+        out["rope_factor"] = draw(st.sampled_from([2.0, 8.0, 32.0]))
+    if kind == "yarn":
+        out["rope_truncate"] = draw(st.sampled_from([None, False]))
+    if kind == "longrope":
+        factor = st.floats(0.5, 40.0)
+        for name in ("rope_short_factor", "rope_long_factor"):
+            out[name] = tuple(draw(st.lists(factor, min_size=d_k // 2, max_size=d_k // 2)))
+    return out
 
 
 @st.composite
@@ -121,6 +148,7 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         window=draw(st.one_of(st.none(), st.integers(1, 6))),
         clip_qkv=draw(st.one_of(st.none(), st.floats(0.05, 3.0))),
         **draw(rel_buckets(True)),
+        **draw(rotary(d_k, long=False)),
     )
 
 

@@ -212,7 +212,8 @@ class MultiHeadAttention(HookPoints, nn.Module):
         each row computes what it would alone, and a row with no real key gets Z = 0.
 
         The cache keeps every position, also under a sliding window (the mask hides keys older
-        than the window), so decoding in any split gives exactly the rows of `block(x_all)`.
+        than the window), so decoding in any split gives exactly the rows of `block(x_all)` (save
+        longrope across its switch, where a cached key keeps its call's frequencies: rope_scaling.py).
 
         With cache=zoo.StaticCache (preallocated, capacity n), this call's keys and values are
         written into it in place at cache.length (no copy of the past), the length advances, and

@@ -38,6 +38,9 @@ class AttentionSpec(SpecFields):
     it is what it is), checked when made."""
 
     def __post_init__(self) -> None:
+        for name in ("rope_short_factor", "rope_long_factor"):  # a TOML or JSON list: the spec holds a tuple
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         _check_positive_int("d_model", self.d_model)
         _check_positive_int("heads", self.heads)
         _check_positive_int("d_k", self.d_k, optional=True)

@@ -31,6 +31,18 @@ class SpecFields:
     rope_dim: int | None = None  # rotated leading dims of each head, even; None = all of d_k (NeoX: partial)
     rope_interleaved: bool = False  # False: rotate halves (NeoX/LLaMA); True: adjacent pairs (GPT-J)
     rope_scale: float | None = None  # linear rope scaling: positions divided by it (Gemma-3 global: 8.0); None = 1
+    # Scaled rotary frequencies as transformers' rope_type (zoo/modifiers/rope_scaling.py): None = off
+    rope_scaling: str | None = None  # "llama3" (bands by wavelength), "yarn" (ramp + mscale), "longrope" (2 lists)
+    rope_factor: float | None = None  # llama3 / yarn: the factor; longrope: only for its attention factor's default
+    rope_original_max: int | None = None  # original_max_position_embeddings (the pretraining length)
+    rope_low_freq: float | None = None  # llama3 low_freq_factor; None = 1.0 (Llama 3.1's)
+    rope_high_freq: float | None = None  # llama3 high_freq_factor; None = 4.0 (Llama 3.1's)
+    rope_beta_fast: float | None = None  # yarn beta_fast; None = 32
+    rope_beta_slow: float | None = None  # yarn beta_slow; None = 1
+    rope_truncate: bool | None = None  # yarn: floor/ceil the correction range; None = True
+    rope_attention: float | None = None  # yarn / longrope: cos and sin multiplied by it; None = the kind's formula
+    rope_short_factor: tuple[float, ...] | None = None  # longrope: per-pair divisors while positions < original_max
+    rope_long_factor: tuple[float, ...] | None = None  # longrope: per-pair divisors once a call passes original_max
     alibi: bool = False  # per-head linear distance bias, Press et al./BLOOM slopes
     rel_buckets: int | None = None  # T5's learned per-head bias over bucketed key - query distances; None = off
     rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket

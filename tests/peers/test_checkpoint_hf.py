@@ -265,15 +265,23 @@ def test_rope_scaling_beside_rope_parameters_matches_the_module(tmp_path):
     with torch.no_grad():
         want = attn(x, position_embeddings=modeling_llama.LlamaRotaryEmbedding(cfg)(x, pos), attention_mask=None)[0]
         assert (block(x) - want).abs().max().item() <= ATOL
+    # yarn: the same spec both ways (original_max_position_embeddings filled in as transformers does);
+    # dynamic NTK: the same refusal both ways
     yarn = _rope_config(rope_parameters=default, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = modeling_llama.LlamaAttention(transformers.AutoConfig.for_model(**copy.deepcopy(yarn)), layer_idx=1)
+    spec = zoo.spec_from_config(yarn, layer=1)
+    assert zoo.from_hf(module).spec == spec and spec.rope_scaling == "yarn" and spec.rope_factor == 4.0
+    dynamic = _rope_config(rope_parameters=default, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**copy.deepcopy(dynamic))
     with pytest.raises(zoo.HFConversionError) as from_hf:
-        zoo.from_hf(module)
+        zoo.from_hf(modeling_llama.LlamaAttention(cfg, layer_idx=1))
     with pytest.raises(zoo.HFConversionError) as from_config:
-        zoo.spec_from_config(yarn, layer=1)
-    assert str(from_hf.value) == str(from_config.value) and "rope_type='yarn'" in str(from_hf.value)
+        zoo.spec_from_config(dynamic, layer=1)
+    assert str(from_hf.value) == str(from_config.value) and "rope_type='dynamic'" in str(from_hf.value)
 
 
 _DEFAULT = {"rope_type": "default", "rope_theta": 5e5}
@@ -290,6 +298,12 @@ _ROPE_VARIANTS = [
     {"rotary_emb_base": 777.0, "rotary_pct": 0.5},
     {"rope_local_base_freq": 99.0, "rope_theta": 5.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
     {"rope_parameters": _DEFAULT, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}},
+    {
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+        "original_max_position_embeddings": 512,
+    },
+    {"rope_scaling": {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
 ]
 
 
@@ -306,7 +320,7 @@ def test_rope_keys_resolve_as_transformers_autoconfig(kind):
     from peers.config import rope_parameters
 
     base = {"model_type": kind, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
-    base.update(num_hidden_layers=2, intermediate_size=128, vocab_size=100)
+    base.update(num_hidden_layers=2, intermediate_size=128, vocab_size=100, max_position_embeddings=4096)
     compared = 0
     for variant in _ROPE_VARIANTS:
         data = json.loads(json.dumps(dict(base, **variant)))
@@ -317,13 +331,6 @@ def test_rope_keys_resolve_as_transformers_autoconfig(kind):
         except Exception:  # noqa: BLE001 - a combination this config class refuses: nothing to compare
             continue
         got = rope_parameters(kind, data)
-        assert _drop_max_len(got) == _drop_max_len(want), (kind, variant)
+        assert got == want, (kind, variant)
         compared += 1
     assert compared >= 6, f"{kind}: transformers took only {compared} of the variants"
-
-
-def _drop_max_len(p):
-    """original_max_position_embeddings: what transformers adds for yarn/llama3/longrope, which the zoo refuses."""
-    if not isinstance(p, dict):
-        return p
-    return {k: _drop_max_len(v) for k, v in p.items() if k != "original_max_position_embeddings"}

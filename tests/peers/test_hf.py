@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import hf_cases
+import hf_cases_copies
+import hf_cases_long
 import pytest
 import torch
 from torch import Tensor, nn
@@ -275,6 +277,10 @@ CASES: dict[str, Case] = {
 
 # the further families (tests/hf_cases.py), each with its own tiny model
 CASES.update({name: Case(**fields) for name, fields in hf_cases.CASES.items()})
+# the scaled rotary kinds at 1,100 positions (tests/hf_cases_long.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_long.CASES.items()})
+# the copies under new class names, at 160 positions (tests/hf_cases_copies.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.items()})
 
 
 @dataclass
@@ -370,6 +376,12 @@ def test_eager_parity(name):
             with torch.no_grad():
                 miss = (without(c.x, c.context, mask=_key_mask(c.keep)) - c.y).abs().max().item()
             assert miss > 1e-3, f"{name}: {field} makes no difference here ({miss:.1e})"
+    if block.spec.rope_scaling is not None:  # the scaled frequencies matter at these positions too
+        off = dict.fromkeys(("rope_scaling", *zoo.modifiers.rope_scaling.ALL))
+        without = zoo.heads.build(block.spec.replace(**off), zoo.get_projections(block))
+        with torch.no_grad():
+            miss = (without(c.x, c.context, mask=_key_mask(c.keep)) - c.y).abs().max().item()
+        assert miss > 1e-3, f"{name}: rope_scaling makes no difference here ({miss:.1e})"
 
 
 # torch's exporter takes seconds per lowering on 2 cores: the default run exports every case
@@ -513,25 +525,10 @@ def test_a_part_of_a_block_points_to_the_whole():
         zoo.from_hf(bert.self)
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        {"rope_type": "dynamic", "factor": 2.0},
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-        {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32,
-        },
-    ],
-    ids=lambda p: p["rope_type"],
-)
-def test_rope_scaling_other_than_linear_is_refused(params):
-    cfg = transformers.LlamaConfig(**LLAMA, rope_parameters=dict(params, rope_theta=10000.0))
+def test_dynamic_rope_scaling_is_refused_with_its_reason():
+    cfg = transformers.LlamaConfig(**LLAMA, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
     attn = transformers.LlamaModel(cfg).layers[0].self_attn
-    with pytest.raises(zoo.HFConversionError, match=f"rope_type='{params['rope_type']}'"):
+    with pytest.raises(zoo.HFConversionError, match=r"rope_type='dynamic' \(NTK\) is refused: .*max_seq_len_cached"):
         zoo.from_hf(attn)
 
 
@@ -749,6 +746,44 @@ PRESET_MODULES = {
                 "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
             },
             rms_norm_eps=1e-6,
+        ),
+    ),
+    "llama-3.1-8b": (
+        "llama",
+        "LlamaAttention",
+        "LlamaConfig",
+        dict(
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+    ),
+    "phi-3.5-mini": (
+        "phi3",
+        "Phi3Attention",
+        "Phi3Config",
+        dict(
+            hidden_size=3072,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=131072,
+            original_max_position_embeddings=4096,
+            sliding_window=262144,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": list(zoo.spec("phi-3.5-mini").rope_short_factor),
+                "long_factor": list(zoo.spec("phi-3.5-mini").rope_long_factor),
+            },
         ),
     ),
     "starcoder2-7b": (

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..errors import SpecError
 from ..spec_fields import SpecFields
+from . import rope_scaling
 from .base import Modifier, is_number, relative_positions_audit
 from .graph import GraphBuilder, GraphLimit, OpPart
 
@@ -21,11 +22,15 @@ class Rotary(Modifier):
     pair i is (x[i], x[i + rope_dim/2]); interleaved (GPT-J): pair i is (x[2i], x[2i+1]).
     rope_scale (transformers' rope_type "linear", Gemma-3's global layers: 8) divides the positions,
     which is dividing the frequencies, as transformers does (inv_freq / factor, in fp32).
+    rope_scaling ("llama3", "yarn", "longrope", with the rope_* fields of rope_scaling.py) scales the
+    frequencies as transformers' rope types do; yarn and longrope multiply cos and sin by an attention
+    factor, and longrope picks its long frequencies for a call whose largest position + 1 passes
+    rope_original_max (a cached key keeps the rotation of the call that wrote it, as in transformers).
     """
 
     name = "rope"
-    label = "rotary (any `rope_dim`, `rope_scale`)"
-    fields = ("rope_theta", "rope_dim", "rope_interleaved", "rope_scale")
+    label = "rotary (any `rope_dim`, `rope_scale`, `rope_scaling` llama3 / yarn / longrope)"
+    fields = ("rope_theta", "rope_dim", "rope_interleaved", "rope_scale", "rope_scaling", *rope_scaling.ALL)
     # Rotary angles are fp32 (as transformers computes them), so a shift moves y by fp32 rounding.
     shift_tolerance = 1e-6
     HALVES = "... (r n) -> ... n r"  # r = 2: first half, second half
@@ -37,7 +42,8 @@ class Rotary(Modifier):
         # fp32 always, as transformers computes the angles: a plain attribute, not a buffer, so that
         # block.half() does not round the frequencies (fp16 angles are wrong by ~1 rad at position
         # 40000). It follows from the spec alone, so it is not saved with the weights either.
-        self.inv_freq = self.frequencies(spec)
+        self.inv_freq, self.long_freq = rope_scaling.frequencies(spec, self.dim)
+        self.attention = rope_scaling.attention_factor(spec)
 
     @staticmethod
     def rotated(spec: SpecFields) -> int:
@@ -46,9 +52,7 @@ class Rotary(Modifier):
     @staticmethod
     def frequencies(spec: SpecFields) -> Tensor:
         """theta^(-2i/rope_dim) / rope_scale for i < rope_dim/2, in fp32 (the rounding every reference uses)."""
-        rd = Rotary.rotated(spec)
-        inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
-        return inv_freq if spec.rope_scale is None else inv_freq / spec.rope_scale
+        return rope_scaling.frequencies(spec, Rotary.rotated(spec))[0]
 
     @classmethod
     def active(cls, spec: SpecFields) -> bool:
@@ -59,6 +63,7 @@ class Rotary(Modifier):
         if not isinstance(spec.rope_interleaved, bool):
             raise SpecError(f"rope_interleaved={spec.rope_interleaved!r} must be True or False")
         if spec.rope_theta is None:
+            rope_scaling.check(spec, 0)
             if spec.rope_dim is not None or spec.rope_interleaved or spec.rope_scale is not None:
                 raise SpecError(
                     f"rope_dim={spec.rope_dim} / rope_interleaved={spec.rope_interleaved} / "
@@ -84,6 +89,7 @@ class Rotary(Modifier):
                 raise SpecError(f"rope_dim={rd!r} must be an even integer in 2..d_k={spec.d_k_} (or None for all)")
         elif spec.d_k_ % 2:
             raise SpecError(f"rotary positions rotate pairs: d_k={spec.d_k_} is odd; set rope_dim to an even width")
+        rope_scaling.check(spec, cls.rotated(spec))
 
     @classmethod
     def describe(cls, spec: SpecFields) -> str:
@@ -91,12 +97,20 @@ class Rotary(Modifier):
         part = f"/{spec.d_k_}" if rd != spec.d_k_ else ""
         scale = f", positions/{spec.rope_scale:g}" if spec.rope_scale is not None else ""
         pairs = ", interleaved" if spec.rope_interleaved else ""
-        return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{pairs}{scale})"
+        return f"rope(theta={spec.rope_theta:g}, dim={rd}{part}{pairs}{scale}{rope_scaling.describe(spec)})"
 
     def cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32."""
-        angles = rearrange(pos.float(), "b t -> b 1 t 1") * self.inv_freq.to(pos.device)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        """cos, sin (b 1 t n) for positions (b t), n = rope_dim / 2, computed in fp32 (times the attention
+        factor, in fp32, before the cast: transformers' order)."""
+        inv = self.inv_freq.to(pos.device)
+        if self.long_freq is not None:  # longrope: one set for the whole call, by its largest position
+            longer = pos.max() + 1 > self.spec.rope_original_max
+            inv = torch.where(longer, self.long_freq.to(pos.device), inv)
+        angles = rearrange(pos.float(), "b t -> b 1 t 1") * inv
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention != 1.0:
+            cos, sin = cos * self.attention, sin * self.attention
+        return cos.to(dtype), sin.to(dtype)
 
     def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         rot, rest = x[..., : self.dim], x[..., self.dim :]
@@ -114,13 +128,19 @@ class Rotary(Modifier):
 
     # GroupQueryAttention rotates inside the op from cos/sin caches (s, rope_dim / 2), whose width its
     # kernel wants a multiple of 8.
-    gqa_limit = GraphLimit("rope_dim / 2 a multiple of 8")
+    gqa_limit = GraphLimit("rope_dim / 2 a multiple of 8; not longrope")
 
     @classmethod
     def gqa_refusal(cls, spec: SpecFields) -> str | None:
         rd = cls.rotated(spec)
         if (rd // 2) % 8:
             return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
+        if spec.rope_scaling == "longrope":
+            return (
+                "rope_scaling='longrope' picks its frequencies by the call's largest position (of each row's real "
+                "keys, under a key mask); the op's cos/sin caches are read per position, so the graph would need "
+                "that position, which the op computes inside; use the traced lowerings"
+            )
         return None
 
     def gqa_op(self, g: GraphBuilder) -> OpPart:
@@ -131,6 +151,9 @@ class Rotary(Modifier):
             g.const(self.inv_freq, "inv_freq", "float32"),
         )
         cos, sin = g.op("Cos", angles), g.op("Sin", angles)  # (s, rope_dim / 2): the kernel's caches
+        if self.attention != 1.0:  # yarn / longrope: cos and sin times the attention factor, in fp32
+            factor = g.const(self.attention, "rope_attention", "float32")
+            cos, sin = g.op("Mul", cos, factor), g.op("Mul", sin, factor)
         if g.dtype != "float32":
             cos, sin = g.cast(cos, g.dtype), g.cast(sin, g.dtype)
         attributes = {"do_rotary": 1, "rotary_interleaved": int(self.spec.rope_interleaved)}
@@ -139,6 +162,8 @@ class Rotary(Modifier):
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
         title, ok, detail = relative_positions_audit(m, x, "rope")
+        if m.spec.rope_scaling is not None:
+            return cls.audit_scaling(m, x, ok, detail)
         sc = m.spec.rope_scale
         if sc is None:
             return title, ok, detail
@@ -158,6 +183,25 @@ class Rotary(Modifier):
         )
 
     @classmethod
+    def audit_scaling(cls, m: nn.Module, x: Tensor, ok: bool, detail: str) -> tuple[str, bool, str]:
+        """The block's fp32 frequencies against the kind's formula written out pair by pair in float64."""
+        spec, mod, t = m.spec, m.mods["rope"], x.shape[1]
+        rd, om = cls.rotated(spec), spec.rope_original_max
+        sets = [(mod.inv_freq, 1)] + ([(mod.long_freq, om + 1)] if mod.long_freq is not None else [])
+        err = 0.0
+        for have, longest in sets:
+            want = torch.tensor(rope_scaling.reference_frequencies(spec, rd, longest)[0], dtype=torch.float64)
+            err = max(err, ((have.double() - want).abs() / want).max().item())
+        if mod.long_freq is not None and t <= om < t + 13:  # the shift by 13 crosses the switch: y moves
+            ok, detail = True, f"shift not checked (positions 0..{t + 12} cross original_max {om})"
+        return (
+            f"rope: {spec.rope_scaling} frequencies and relative positions",
+            ok and err < 1e-5,
+            f"{spec.rope_scaling} inverse frequencies vs the formula in float64: max rel err {err:.1e} (fp32); "
+            + detail,
+        )
+
+    @classmethod
     def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p: Any, pos: Tensor) -> tuple[Tensor, Tensor]:
         return cls.reference(spec, q, pos), cls.reference(spec, k, pos)
 
@@ -166,12 +210,18 @@ class Rotary(Modifier):
         """x (b n t d) rotated pair by pair, written out (no einops); angles, cos and sin in fp32
         as transformers computes them, the rotation itself in x's dtype."""
         rd = Rotary.rotated(spec)
-        freqs = Rotary.frequencies(spec)
+        freqs, long = rope_scaling.frequencies(spec, rd)
+        if long is not None and int(pos.max()) + 1 > spec.rope_original_max:
+            freqs = long
+        att = rope_scaling.attention_factor(spec)
         out = x.clone()
         for i in range(rd // 2):
             a, b = (2 * i, 2 * i + 1) if spec.rope_interleaved else (i, i + rd // 2)
             ang = pos.to(torch.float32)[:, None, :] * freqs[i]  # (b 1 t)
-            c, s = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+            c, s = torch.cos(ang), torch.sin(ang)
+            if att != 1.0:
+                c, s = c * att, s * att
+            c, s = c.to(x.dtype), s.to(x.dtype)
             out[..., a] = x[..., a] * c - x[..., b] * s
             out[..., b] = x[..., a] * s + x[..., b] * c
         return out

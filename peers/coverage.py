@@ -1,0 +1,139 @@
+"""Which causal LMs of the installed transformers the zoo takes: one row per model type with a
+`*ForCausalLM` class (transformers' own auto mapping, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), with the
+attention classes its modeling module defines and a status:
+
+    exact          every attention class of the module has a row of the family table (peers.classes), save
+                   the parts, cross-attention and other towers of a class that has one
+    refused        some has none (or a refused row): `reason` names the one missing feature where it is
+                   known (REASONS), else the classes without a row
+    not-attention  the module defines no attention class (state-space and recurrent models)
+
+`attnzoo families --coverage [--json PATH]` prints it; peers/coverage.json is the committed copy, which
+tests/peers/test_coverage.py holds against the installed transformers. Importing every modeling module
+takes a minute or two: this runs on demand, never at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from pathlib import Path
+
+from .classes import BY_CLASS
+
+COVERAGE_JSON = Path(__file__).with_name("coverage.json")
+
+# The one feature the zoo lacks, per refused model type, where it is known (issue 28's list).
+_MLA = "multi-head latent attention (compressed KV latent, decoupled rotary)"
+_HYBRID = "state-space / recurrent layers beside its attention (outside the zoo)"
+REASONS: dict[str, str] = {
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", "longcat_flash", "sarvam_mla"), _MLA),
+    "gpt_oss": "attention sinks (a learned per-head logit in each softmax denominator)",
+    "llama4": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
+    "llama4_text": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
+    "qwen3_next": "gated attention output (a per-head sigmoid gate on Z) and linear-attention layers",
+    "diffllama": "differential attention (two softmax maps subtracted with a learned lambda)",
+    "dbrx": "a fused Wqkv with clip_qkv after the fused projection",
+    "hunyuan_v1_dense": "QK-norm after the rotary (the zoo normalizes before it)",
+    "hunyuan_v1_moe": "QK-norm after the rotary (the zoo normalizes before it)",
+    **dict.fromkeys(
+        ("jamba", "bamba", "zamba", "zamba2", "falcon_h1", "nemotron_h", "lfm2", "lfm2_moe", "granitemoehybrid"),
+        _HYBRID,
+    ),
+}
+
+
+# Classes that are part of a covered class (BERT's SelfAttention: from_hf points to the whole), its
+# cross-attention (refused by name when asked), or another tower of a multimodal model.
+_PARTS = ("SelfAttention", "CrossAttention", "VisionAttention", "AudioAttention")
+
+
+def causal_lm_types() -> dict[str, str]:
+    """model_type -> its *ForCausalLM class name, from transformers' auto mapping (one entry, the first, where
+    the mapping gives several)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = {}
+    for kind, names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        out[kind] = names[0] if isinstance(names, (list, tuple)) else names
+    return out
+
+
+def attention_classes(lm_class: str) -> list[str] | None:
+    """The attention classes (names ending in "Attention") the LM class's own modeling module defines;
+    None when transformers cannot import the class here."""
+    import torch.nn as nn
+    import transformers
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cls = getattr(transformers, lm_class)
+            module = importlib.import_module(cls.__module__)
+    except Exception:  # noqa: BLE001 - an optional dependency missing, a remote-code-only type: not importable
+        return None
+    return sorted(
+        name
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj)
+        and obj.__module__ == module.__name__
+        and issubclass(obj, nn.Module)
+        and name.endswith("Attention")
+    )
+
+
+def row(kind: str, lm_class: str) -> dict:
+    """One model type's row: model_type, causal_lm, attention_classes, status, reason."""
+    classes = attention_classes(lm_class)
+    out = {"model_type": kind, "causal_lm": lm_class, "attention_classes": classes or []}
+    if classes is None:
+        return dict(out, status="refused", reason=f"transformers cannot import {lm_class} here")
+    if not classes:
+        return dict(out, status="not-attention", reason=None)
+    missing = [c for c in classes if c not in BY_CLASS or BY_CLASS[c].refused is not None]
+    if len(missing) < len(classes):  # the parts and the other towers of a covered class need no row of their own
+        missing = [c for c in missing if not c.endswith(_PARTS)]
+    if not missing:
+        return dict(out, status="exact", reason=None)
+    reason = REASONS.get(kind) or f"no family row for {', '.join(missing)}"
+    return dict(out, status="refused", reason=reason)
+
+
+def coverage() -> list[dict]:
+    """Every causal-LM model type of the installed transformers, sorted by model_type."""
+    return [row(kind, lm) for kind, lm in sorted(causal_lm_types().items())]
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    out = {"exact": 0, "refused": 0, "not-attention": 0}
+    for r in rows:
+        out[r["status"]] += 1
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    c = counts(rows)
+    lines = [
+        f"{len(rows)} causal-LM model types: {c['exact']} exact, {c['refused']} refused, "
+        f"{c['not-attention']} without attention",
+        "",
+        "| model_type | attention classes | status | reason |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        classes = ", ".join(f"`{x}`" for x in r["attention_classes"]) or "-"
+        lines.append(f"| {r['model_type']} | {classes} | {r['status']} | {r['reason'] or '-'} |")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "COVERAGE_JSON",
+    "REASONS",
+    "attention_classes",
+    "causal_lm_types",
+    "counts",
+    "coverage",
+    "markdown",
+    "row",
+]
