@@ -30,6 +30,7 @@ from .checks import (
     t5_bias,
     t5_context,
 )
+from .latent import LatentRow
 from .rows import Check, Row
 
 
@@ -378,6 +379,25 @@ ROWS: tuple[Row, ...] = (
         causal=False,
         scale="scale",
     ),
+)
+
+# latent attention (peers/latent.py reads and writes these; MiniCPM3 rotates halves, DeepSeek-V2 adjacent pairs,
+# DeepSeek-V3 as its config's rope_interleave says)
+DEEPSEEK_V3 = Row(
+    family="DeepSeek-V3",
+    cls="DeepseekV3Attention",
+    covers="the whole module (multi-head latent attention, its decoupled rotary key and causal mask)",
+    out="o_proj",
+    h="num_heads",
+    g=None,
+    d="qk_head_dim",
+    rope="full",
+    latent=LatentRow("rope_interleave"),
+)
+ROWS += (
+    DEEPSEEK_V3,
+    _like(DEEPSEEK_V3, family="DeepSeek-V2", cls="DeepseekV2Attention", latent=LatentRow(True)),
+    _like(DEEPSEEK_V3, family="MiniCPM3", cls="MiniCPM3Attention", latent=LatentRow(False)),
 )
 
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}

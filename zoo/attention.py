@@ -75,7 +75,10 @@ class MultiHeadAttention(nn.Module):
         self.sdpa_fp32 = False
         s = spec
         q_width, k_width, v_width = s.heads * s.d_k_, s.kv_heads_ * s.d_k_, s.kv_heads_ * s.d_v_
-        if s.layout == "separate":
+        if s.kv_lora_rank is not None:  # latent attention: K and V come up from the latent (zoo/modifiers/latent.py)
+            if s.q_lora_rank is None:
+                self.q_proj = nn.Linear(s.d_model, q_width, bias=False)
+        elif s.layout == "separate":
             self.q_proj = nn.Linear(s.d_model, q_width, bias=s.bias)
             self.k_proj = nn.Linear(s.d_kv_in, k_width, bias=s.bias)
             self.v_proj = nn.Linear(s.d_kv_in, v_width, bias=s.bias)
@@ -104,6 +107,8 @@ class MultiHeadAttention(nn.Module):
         s = self.spec
         src = x if context is None else context
         k_width = s.kv_heads_ * s.d_k_
+        if s.kv_lora_rank is not None:
+            return self.mods["latent"].project(x, getattr(self, "q_proj", None))
         if s.layout == "separate":
             return self.q_proj(x), self.k_proj(src), self.v_proj(src)
         if s.is_cross:
@@ -223,14 +228,21 @@ class MultiHeadAttention(nn.Module):
         the keys (b g s dk) and values (b g s dv) the step read, this call's among them."""
         t = x.shape[1]
         at = cache.place(t, x.device)
-        q, k, v = self.heads(x, at.q_pos)
+        latent = self.mods["latent"] if "latent" in self.mods else None
+        if latent is not None:  # the cache keeps the rotary key (b 1 t dr) and the latent (b 1 t r)
+            q, k, v = latent.cached_heads(x, getattr(self, "q_proj", None), self.mods["rope"], at.q_pos)
+        else:
+            q, k, v = self.heads(x, at.q_pos)
         k, v = cache.write(k, v, at)
         allowed = causal_allowed(at.q_at, at.k_at, t, k.shape[2], x.device)
         extra, bias = position_scores(self.mods.values(), at.q_pos, at.k_pos, x.dtype)
         allowed = both(allowed, extra)
         if at.key_mask is not None:
             allowed = real_keys(allowed, at.key_mask)
-        if cache.folded:
+        if latent is not None:  # the absorbed form: attention over the latent, one kv head
+            kernel = "folded" if cache.folded else "fused" if self.fused else "explicit"
+            z = latent.absorbed(q, k, v, allowed, bias, kernel=kernel, fp32=self.sdpa_fp32)
+        elif cache.folded:
             z = folded_attention(q, k, v, self.spec.scale_, allowed, bias, score_map=score_map(self.mods.values()))
         else:
             z, _ = self.attend(q, k, v, allowed, bias)
