@@ -227,7 +227,7 @@ LATENT = {"kv_lora_rank": 32, "rope_dim": 8, "d_k": 24, "d_v": 12}
 # name -> Case fields (test_hf.Case)
 CASES: dict[str, dict] = {
     # -- latent attention
-    "deepseek-v3": dict(
+    "deepseek-v3-lora": dict(
         make=model_of("DeepseekV3Model", "DeepseekV3Config", _self_attn, **DEEPSEEK),
         spec_checks=dict(LATENT, q_lora_rank=24, rope_interleaved=True),
     ),
