@@ -400,4 +400,18 @@ ROWS += (
     _like(DEEPSEEK_V3, family="MiniCPM3", cls="MiniCPM3Attention", latent=LatentRow(False)),
 )
 
+# refused as a whole, measured: read as plain attention with its q/k/v/o projections, a tiny random DiffLlama's
+# second layer misses its module by 5.6 (outputs up to 2.5), so nothing short of its own modifier would do
+ROWS += (
+    Row(
+        family="DiffLlama",
+        cls="DiffLlamaAttention",
+        refused="differential attention: each output head pair is (softmax(Q_r K^T) - lambda * softmax(Q_r' K^T)) V "
+        "over both value halves, lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init(layer), then a weightless "
+        "RMSNorm over the pair's 2 * head_dim and a factor 1 - lambda_init; the zoo's block has one softmax per head and "
+        "nothing between the heads' Z and W_O (as plain attention with its projections it misses by 5.6 on outputs "
+        "up to 2.5, measured on a tiny random model)",
+    ),
+)
+
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}

@@ -697,8 +697,10 @@ def _cross_like(inner: nn.Module) -> nn.Module:
     return inner
 
 
-# Classes refused as a whole: class -> a module of it (none since T5 became exact)
-REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {}
+# Classes refused as a whole: class -> a module of it
+REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {
+    "DiffLlamaAttention": lambda: model_of("DiffLlamaModel", "DiffLlamaConfig", _self_attn, **LLAMA)()[1],
+}
 # Every causal LLaMA-style row refuses bidirectional configs; these cases hold one module of each
 BIDIRECTIONAL_CASES = {
     "LlamaAttention": "llama",
