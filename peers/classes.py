@@ -408,8 +408,8 @@ ROWS += (
         cls="DiffLlamaAttention",
         refused="differential attention: each output head pair is (softmax(Q_r K^T) - lambda * softmax(Q_r' K^T)) V "
         "over both value halves, lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init(layer), then a weightless "
-        "RMSNorm over the pair's 2 * head_dim and a factor 1 - lambda_init; the zoo's block has one softmax per head and "
-        "nothing between the heads' Z and W_O (as plain attention with its projections it misses by 5.6 on outputs "
+        "RMSNorm over the pair's 2 * head_dim and a factor 1 - lambda_init; the zoo's block has one softmax per head "
+        "and nothing between the heads' Z and W_O (as plain attention with its projections it misses by 5.6 on outputs "
         "up to 2.5, measured on a tiny random model)",
     ),
 )
