@@ -31,7 +31,8 @@ lives in that lowering's record (export/lowerings/), keyed by the modifier's `na
 
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
 `latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
-`scores` (window, softcap); this package lists them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
+`scores` (window, softcap); this package lists them in order of application and re-exports every name, so
+`from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
