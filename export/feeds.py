@@ -290,7 +290,7 @@ def check_decode_inputs(sess: Model, x, past_key, past_value, key_mask, *, steps
     dtype = sess.dtype
     x = check_x(sess, x)
     b = x.shape[0]
-    g, dk, dv = spec.kv_heads_, spec.d_k_, spec.d_v_
+    g, dk, dv = spec.cache_widths_
     check_past_pair(past_key, past_value, DECODE)
     if past_key is None:
         past_key, past_value = np.zeros((b, g, 0, dk), dtype), np.zeros((b, g, 0, dv), dtype)

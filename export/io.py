@@ -26,14 +26,8 @@ class TensorIO:
 
     def shape(self, spec: zoo.AttentionSpec) -> tuple[int | str, ...]:
         """Dims as ONNX shows them: dynamic axes by name, the rest as integers."""
-        fixed = {
-            "c": spec.d_model,
-            "c_ctx": spec.d_context or 0,
-            "h": spec.heads,
-            "g": spec.kv_heads_,
-            "dk": spec.d_k_,
-            "dv": spec.d_v_,
-        }
+        g, dk, dv = spec.cache_widths_  # g, dk, dv name only the cache's axes (a latent's: 1, rope_dim, kv_lora_rank)
+        fixed = {"c": spec.d_model, "c_ctx": spec.d_context or 0, "h": spec.heads, "g": g, "dk": dk, "dv": dv}
         return tuple(fixed.get(a, a) for a in self.axes)
 
 

@@ -115,11 +115,12 @@ def lower_decode(module, lowering, dtype, with_key_mask):
         return built(rec, module, dtype, ins, outs), ins, outs
     block = traced_block(module, rec, dtype)
     torch_dtype = DTYPES[dtype]
+    g, dk, dv = spec.cache_widths_
     b, t, p = EXAMPLE_B, EXAMPLE_T, EXAMPLE_P
     example = {
         X.name: torch.randn(b, t, spec.d_model).to(torch_dtype),
-        PAST_KEY.name: torch.randn(b, spec.kv_heads_, p, spec.d_k_).to(torch_dtype),
-        PAST_VALUE.name: torch.randn(b, spec.kv_heads_, p, spec.d_v_).to(torch_dtype),
+        PAST_KEY.name: torch.randn(b, g, p, dk).to(torch_dtype),
+        PAST_VALUE.name: torch.randn(b, g, p, dv).to(torch_dtype),
     }
     dim_b, dim_t, dim_p = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("p", min=0)
     dynamic_shapes = {
@@ -168,11 +169,12 @@ def lower_static_decode(module, lowering, dtype, with_key_mask):
         return built(rec, module, dtype, ins, outs), ins, outs
     block = traced_block(module, rec, dtype)
     torch_dtype = DTYPES[dtype]
+    g, dk, dv = spec.cache_widths_
     b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_S + EXAMPLE_T  # capacity > p + t, all sizes different
     example = {
         X.name: torch.randn(b, t, spec.d_model).to(torch_dtype),
-        PAST_KEY.name: torch.randn(b, spec.kv_heads_, n, spec.d_k_).to(torch_dtype),
-        PAST_VALUE.name: torch.randn(b, spec.kv_heads_, n, spec.d_v_).to(torch_dtype),
+        PAST_KEY.name: torch.randn(b, g, n, dk).to(torch_dtype),
+        PAST_VALUE.name: torch.randn(b, g, n, dv).to(torch_dtype),
         PAST_LEN.name: torch.tensor(EXAMPLE_P),
     }
     dim_b, dim_t, dim_n = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("n")

@@ -182,6 +182,8 @@ class Stand:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The tensors the row reads, relative to the attention module, with the shapes the config implies."""
         row, c, h, g, d = self.row, self.c, self.h, self.g, self.d
+        if row.latent is not None:  # latent attention: its own projections (peers/latent.py)
+            return row.latent.shapes(_Part.of(self.attrs))
         out: dict[str, tuple[int, ...]] = {}
 
         def lin(path: str, rows: int, cols: int) -> None:
@@ -341,7 +343,8 @@ class _Standin:
         obj.__dict__.update(attrs)
         obj.config = cfg
         eps = cfg.get("rms_norm_eps", 1e-6)
-        for path in {p for p in (row.q, row.k, row.v, row.qkv, row.out, *row.norms) if p}:
+        latent = row.latent.paths if row.latent is not None else ()
+        for path in {p for p in (row.q, row.k, row.v, row.qkv, row.out, *row.norms, *latent) if p}:
             w = tensors.get(f"{path}.weight")
             if w is None:
                 continue
@@ -358,6 +361,13 @@ class _Standin:
 class _Part:
     def __init__(self, weight: Tensor | None, bias: Tensor | None, eps: float) -> None:
         self.weight, self.bias, self.eps = weight, bias, eps
+
+    @staticmethod
+    def of(attrs: dict) -> _Part:
+        """An object holding `attrs` as attributes (a module's sizes, for a row's shapes)."""
+        part = _Part(None, None, 0.0)
+        part.__dict__.update(attrs)
+        return part
 
 
 def spec_from_config(config: Any, layer: int = 0) -> AttentionSpec:

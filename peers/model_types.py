@@ -21,6 +21,8 @@ from torch import Tensor
 
 from zoo.modifiers import alibi_slopes
 
+from . import latent
+
 
 class ConfigView:
     """Attribute access over a config dict, with the family's aliases (GPT-2's n_embd is hidden_size)."""
@@ -259,6 +261,10 @@ FAMILIES: dict[str, Family] = {
         partial=0.25,
         rope_keys=("rotary_emb_base", "rotary_pct"),
     ),
+    # latent attention (peers/latent.py): Kimi-K2 ships a deepseek_v3 config
+    "deepseek_v3": Family("DeepseekV3Attention", latent.attrs),
+    "deepseek_v2": Family("DeepseekV2Attention", latent.attrs),
+    "minicpm3": Family("MiniCPM3Attention", latent.attrs),
     "gpt2": Family("GPT2Attention", _gpt2, bias=True, where="h.{layer}.attn", aliases=GPT),
     "bloom": Family(
         "BloomAttention",

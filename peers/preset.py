@@ -17,7 +17,8 @@ from .config import config_dict, normalized, prepare, spec_from_config
 _SOURCES = {
     "d_model": ("hidden_size",),
     "heads": ("num_attention_heads",),
-    "d_k": ("head_dim",),
+    "d_k": ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim"),
+    "d_v": ("v_head_dim",),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query", "new_decoder_architecture"),
     "scale": ("query_pre_attn_scalar", "attention_multiplier", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
     "rope_theta": (
@@ -26,7 +27,10 @@ _SOURCES = {
         "rope_parameters.{kind}.rope_theta",
         "no_rope_layers[{layer}]",
     ),
-    "rope_dim": ("rope_parameters.partial_rotary_factor", "rotary_dim"),
+    "rope_dim": ("rope_parameters.partial_rotary_factor", "rotary_dim", "qk_rope_head_dim"),
+    "rope_interleaved": ("rope_interleave",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "q_lora_rank": ("q_lora_rank",),
     "rope_scale": ("rope_parameters.factor", "rope_parameters.{kind}.factor", "rope_scaling.factor"),
     "window": ("sliding_window", "layer_types[{layer}]"),
     "softcap": ("attn_logit_softcapping",),

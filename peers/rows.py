@@ -99,10 +99,11 @@ class Row:
     rel_buckets: Get = "relative_attention_num_buckets"  # read where rel_bias gives a table
     rel_max_distance: Get = "relative_attention_max_distance"
     checks: tuple[Check, ...] = ()  # configs of this class the zoo refuses
+    latent: Any = None  # latent attention (a peers.latent.LatentRow): its own reader and writer, not q/k/v
 
     def modifiers(self) -> tuple[str, ...]:
         """The zoo modifiers this class can use (some only on some layers or configs)."""
-        mods = []
+        mods = ["latent"] if self.latent is not None else []
         if self.rope is not None:
             mods.append("rope-interleaved" if self.rope_interleaved else "rope")
         for name, on in (
@@ -269,6 +270,8 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
         why = check.fn(m)
         if why:  # one line that starts with the class name
             raise HFConversionError(why if why.startswith(row.cls) else f"{row.cls}: {why}")
+    if row.latent is not None:
+        return row.latent.read(row, m)
     c, h, d = int(value(m, row.c)), int(value(m, row.h)), int(value(m, row.d))
     g = int(value(m, row.g) or h)
     if row.qkv is not None:
@@ -330,6 +333,8 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
 
 def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections, model: nn.Module | None = None) -> None:
     """Write projections `p` (of a block with `spec`, the one `read` gives for `m`) into module `m`."""
+    if row.latent is not None:
+        return row.latent.write(row, m, spec, p)
     held = row.rel_bias(m, model) if row.rel_bias is not None and p.rel_bias is not None else None
     if held is not None and not held[1]:
         shared = held[0].weight

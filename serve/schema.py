@@ -85,9 +85,9 @@ class ModelInfo:
             max_rows=max_rows,
             max_body=max_body,
             decode=decode,
-            kv_heads=spec.kv_heads_,
-            d_k=spec.d_k_,
-            d_v=spec.d_v_,
+            kv_heads=spec.cache_widths_[0],  # the cache's widths (a latent block's: 1, rope_dim, kv_lora_rank)
+            d_k=spec.cache_widths_[1],
+            d_v=spec.cache_widths_[2],
             has_key_mask="key_mask" in sess.input_names,
             max_len=max_len,
         )

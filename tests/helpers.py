@@ -40,6 +40,9 @@ def small_overrides(name: str) -> dict[str, Any]:
         # accepts), in heads widened to keep the preset's rotated fraction
         out["rope_dim"] = 16
         out["d_k"] = max(32, -(-16 * s.d_k_ // s.rope_dim // 16) * 16)  # a multiple of 16 (fp16 GQA)
+    if s.kv_lora_rank is not None:  # latent attention: ranks as small as the heads
+        out["kv_lora_rank"] = 32
+        out["q_lora_rank"] = None if s.q_lora_rank is None else 24
     if s.window is not None:
         out["window"] = 3
     if s.softcap is not None:
@@ -85,6 +88,7 @@ TRACED_LOWERINGS = ("decomposed", "onnx-attention", "ort-mha")
 FAMILY_PRESETS = frozenset(
     {
         "qwen2-7b",
+        "deepseek-v3",
         "mixtral-8x7b",
         "phi-3-mini-4k",
         "gpt-j-6b",

@@ -209,8 +209,43 @@ CROSS = {"causal": False, "d_context": 64}
 T5_SPEC = {"scale": 1.0, "rel_buckets": 8, "rel_max_distance": 12, "bias": False}
 BERT_OUT = dict(output_is_dense_of=lambda m: m.output.dense, spec_checks={"causal": False})
 
+# latent attention (DeepSeek-V2/V3, MiniCPM3): a query low rank, the KV latent, a decoupled rotary key of 8 dims,
+# d_v != d_k; the first layer dense (first_k_dense_replace=1: its MLP is no MoE, which is outside the block anyway)
+MLA = dict(
+    LLAMA,
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=12,
+    max_position_embeddings=512,
+)
+DEEPSEEK = dict(MLA, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+LATENT = {"kv_lora_rank": 32, "rope_dim": 8, "d_k": 24, "d_v": 12}
+
 # name -> Case fields (test_hf.Case)
 CASES: dict[str, dict] = {
+    # -- latent attention
+    "deepseek-v3-lora": dict(
+        make=model_of("DeepseekV3Model", "DeepseekV3Config", _self_attn, **DEEPSEEK),
+        spec_checks=dict(LATENT, q_lora_rank=24, rope_interleaved=True),
+    ),
+    "deepseek-v3-halves": dict(
+        make=model_of(
+            "DeepseekV3Model", "DeepseekV3Config", _self_attn, **dict(DEEPSEEK, q_lora_rank=None, rope_interleave=False)
+        ),
+        spec_checks=dict(LATENT, q_lora_rank=None, rope_interleaved=False),
+        variant=True,
+    ),
+    "deepseek-v2": dict(
+        make=model_of("DeepseekV2Model", "DeepseekV2Config", _self_attn, **dict(DEEPSEEK, q_lora_rank=None)),
+        spec_checks=dict(LATENT, q_lora_rank=None, rope_interleaved=True),
+    ),
+    "minicpm3": dict(
+        make=model_of("MiniCPM3Model", "MiniCPM3Config", _self_attn, **MLA),
+        spec_checks=dict(LATENT, q_lora_rank=24, rope_interleaved=False),
+    ),
     # -- decoders
     "qwen2": dict(make=model_of("Qwen2Model", "Qwen2Config", _self_attn, **LLAMA), spec_checks={"bias": True}),
     "qwen2-sliding": dict(
@@ -662,8 +697,10 @@ def _cross_like(inner: nn.Module) -> nn.Module:
     return inner
 
 
-# Classes refused as a whole: class -> a module of it (none since T5 became exact)
-REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {}
+# Classes refused as a whole: class -> a module of it
+REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {
+    "DiffLlamaAttention": lambda: model_of("DiffLlamaModel", "DiffLlamaConfig", _self_attn, **LLAMA)()[1],
+}
 # Every causal LLaMA-style row refuses bidirectional configs; these cases hold one module of each
 BIDIRECTIONAL_CASES = {
     "LlamaAttention": "llama",

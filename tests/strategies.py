@@ -195,3 +195,27 @@ def row_scales(draw) -> tuple[float, ...]:
     others = draw(st.lists(st.sampled_from([0.1, 1.0, 4.0, 20.0]), min_size=1, max_size=3))
     at = draw(st.integers(0, len(others)))
     return (*others[:at], 1.0, *others[at:])
+
+
+@st.composite
+def latent_specs(draw) -> zoo.AttentionSpec:
+    """A valid latent-attention spec (zoo/modifiers/latent.py): causal self-attention, every head reading the
+    latent, a rotary part narrower than d_k, optionally the query's low rank and a window."""
+    heads = draw(st.integers(1, 4))
+    rope_dim = draw(st.sampled_from([2, 4, 8]))
+    d_k = rope_dim + draw(st.integers(1, 8))
+    return zoo.AttentionSpec(
+        d_model=draw(st.integers(4, 32)),
+        heads=heads,
+        d_k=d_k,
+        d_v=draw(st.integers(1, 12)),
+        bias=False,
+        causal=True,
+        rope_theta=1e4,
+        rope_dim=rope_dim,
+        rope_interleaved=draw(st.booleans()),
+        kv_lora_rank=draw(st.integers(1, 16)),
+        q_lora_rank=draw(st.one_of(st.none(), st.integers(1, 16))),
+        window=draw(st.one_of(st.none(), st.integers(1, 6))),
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+    )

@@ -44,10 +44,11 @@ def parameter_breakdown(spec: AttentionSpec) -> ParameterCount:
     """From the formula: W_Q c x (h dk), W_K c_kv x (g dk), W_V c_kv x (g dv), W_O (h dv) x c."""
     h, g, dk, dv = spec.heads, spec.kv_heads_, spec.d_k_, spec.d_v_
     biases = (h * dk + g * dk + g * dv + spec.d_model) if spec.bias else 0
+    latent = spec.kv_lora_rank is not None  # K, V (and a low-rank Q) come from the latent's weights (modifiers)
     return ParameterCount(
-        w_q=spec.d_model * h * dk,
-        w_k=spec.d_kv_in * g * dk,
-        w_v=spec.d_kv_in * g * dv,
+        w_q=0 if latent and spec.q_lora_rank is not None else spec.d_model * h * dk,
+        w_k=0 if latent else spec.d_kv_in * g * dk,
+        w_v=0 if latent else spec.d_kv_in * g * dv,
         w_o=h * dv * spec.d_model,
         biases=biases,
         modifiers=modifiers.parameters_added(spec),
@@ -60,7 +61,8 @@ def count_parameters(spec_or_module: AttentionSpec | nn.Module) -> int:
     No bias: d_model*(h*dk + g*dk + g*dv) + (h*dv)*d_model (self-attention), which is
     4*d^2 when h*dk = h*dv = d_model = d. With bias, add h*dk + g*dk + g*dv + d_model.
     QK-norm adds its weights: 2*dk ("head") or h*dk + g*dk ("full"); T5's relative buckets their table,
-    rel_buckets*h.
+    rel_buckets*h. Latent attention (r = kv_lora_rank, dr = rope_dim, rq = q_lora_rank): no W_K, W_V;
+    c*(r+dr) + r + r*h*(dk-dr+dv), and c*rq + rq + rq*h*dk in place of W_Q when rq is set.
     """
     if isinstance(spec_or_module, AttentionSpec):
         return parameter_breakdown(spec_or_module).total

@@ -37,7 +37,7 @@ from .attend import (
     score_map,
 )
 from .cache import GrowingCache, KVCache, StaticBuffers, StaticCache
-from .errors import InputTypeError
+from .errors import InputError, InputTypeError
 from .hooks import HookPoints, output
 from .inputs import check_decode, check_forward, check_positions
 from .limits import check_fits
@@ -78,7 +78,10 @@ class MultiHeadAttention(HookPoints, nn.Module):
         self.sdpa_fp32 = False
         s = spec
         q_width, k_width, v_width = s.heads * s.d_k_, s.kv_heads_ * s.d_k_, s.kv_heads_ * s.d_v_
-        if s.layout == "separate":
+        if s.kv_lora_rank is not None:  # latent attention: K and V come up from the latent (zoo/modifiers/latent.py)
+            if s.q_lora_rank is None:
+                self.q_proj = nn.Linear(s.d_model, q_width, bias=False)
+        elif s.layout == "separate":
             self.q_proj = nn.Linear(s.d_model, q_width, bias=s.bias)
             self.k_proj = nn.Linear(s.d_kv_in, k_width, bias=s.bias)
             self.v_proj = nn.Linear(s.d_kv_in, v_width, bias=s.bias)
@@ -107,6 +110,8 @@ class MultiHeadAttention(HookPoints, nn.Module):
         s = self.spec
         src = x if context is None else context
         k_width = s.kv_heads_ * s.d_k_
+        if s.kv_lora_rank is not None:
+            return self.mods["latent"].project(x, getattr(self, "q_proj", None))
         if s.layout == "separate":
             return self.q_proj(x), self.k_proj(src), self.v_proj(src)
         if s.is_cross:
@@ -231,7 +236,16 @@ class MultiHeadAttention(HookPoints, nn.Module):
         the keys (b g s dk) and values (b g s dv) the step read, this call's among them."""
         t, hook = x.shape[1], self.hook
         at = cache.place(t, x.device)
-        q, k, v = self.heads(x, at.q_pos)
+        latent = self.mods["latent"] if "latent" in self.mods else None
+        if latent is not None:  # the cache keeps the rotary key (b 1 t dr) and the latent (b 1 t r)
+            if hook is not None:
+                raise InputError(
+                    "a latent (MLA) block's decode step has no per-head k and v to name: its cache holds the "
+                    "latent; read the named locations from the full forward (run_with_cache(x))"
+                )
+            q, k, v = latent.cached_heads(x, getattr(self, "q_proj", None), self.mods["rope"], at.q_pos)
+        else:
+            q, k, v = self.heads(x, at.q_pos)
         k, v = present = cache.write(k, v, at)
         if hook is not None:  # k, v over the whole cache; a replacement is read by this step only
             q, k, v = hook("q", q), hook("k", k), hook("v", v)
@@ -240,7 +254,10 @@ class MultiHeadAttention(HookPoints, nn.Module):
         allowed = both(allowed, extra)
         if at.key_mask is not None:
             allowed = real_keys(allowed, at.key_mask)
-        if cache.folded and (hook is None or not hook.explicit):
+        if latent is not None:  # the absorbed form: attention over the latent, one kv head
+            kernel = "folded" if cache.folded else "fused" if self.fused else "explicit"
+            z = latent.absorbed(q, k, v, allowed, bias, kernel=kernel, fp32=self.sdpa_fp32)
+        elif cache.folded and (hook is None or not hook.explicit):
             z = folded_attention(q, k, v, self.spec.scale_, allowed, bias, score_map=score_map(self.mods.values()))
         else:
             z, _ = self.attend(q, k, v, allowed, bias)

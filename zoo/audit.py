@@ -126,10 +126,11 @@ def _widths(c: _Case) -> list[Step]:
     """2. Verify the (combined) projection widths."""
     s, p = c.s, c.p
     h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
+    latent = s.kv_lora_rank is not None  # K, V (and a low-rank Q) come from the latent's weights
     want = {
-        "W_Q": (h * dk, s.d_model),
-        "W_K": (g * dk, s.d_kv_in),
-        "W_V": (g * dv, s.d_kv_in),
+        "W_Q": (0 if latent and s.q_lora_rank else h * dk, s.d_model),
+        "W_K": (0 if latent else g * dk, s.d_kv_in),
+        "W_V": (0 if latent else g * dv, s.d_kv_in),
         "W_O": (s.d_model, h * dv),
     }
     got = {"W_Q": p.w_q.shape, "W_K": p.w_k.shape, "W_V": p.w_v.shape, "W_O": p.w_o.shape}
@@ -164,6 +165,8 @@ def _split(c: _Case) -> list[Step]:
         _per_head(c.src, p.w_k, p.b_k, g, dk),
         _per_head(c.src, p.w_v, p.b_v, g, dv),
     )
+    for mod in modifiers.active(s):  # latent attention makes Q, K, V itself
+        c.refs = mod.reference_project(s, c.x, p) or c.refs
     for mod in modifiers.active(s):  # e.g. clip_qkv on the projections, before anything else
         c.refs = mod.reference_qkv(s, *c.refs)
     e = max(_err(q, c.refs[0]), _err(k, c.refs[1]), _err(v, c.refs[2]))
@@ -241,6 +244,8 @@ def _inside_heads(c: _Case) -> list[Step]:
 def _layouts(c: _Case) -> list[Step]:
     """5. Compare the separate and combined head results."""
     s, m = c.s, c.m
+    if s.kv_lora_rank is not None:
+        return [Step("separate vs combined", True, "latent attention has no [Q|K|V] projection to combine")]
     y_plain = m(c.x, c.ctx)
     other = to_combined(m) if s.layout == "separate" else to_separate(m)
     e_conv = _err(other(c.x, c.ctx), y_plain)

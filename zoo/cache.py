@@ -37,8 +37,10 @@ from .spec import AttentionSpec
 
 
 def static_cache_bytes(spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False) -> int:
-    """Bytes of a static cache's buffers: key (b g n dk) and value (b g n dv), and a key mask (b n) bool."""
-    return _buffer_bytes(batch, max_len, spec.kv_heads_, spec.d_k_ + spec.d_v_, itemsize, key_mask)
+    """Bytes of a static cache's buffers: key (b g n dk) and value (b g n dv), and a key mask (b n) bool
+    (under a KV latent: the rotary key (b 1 n rope_dim) and the latent (b 1 n kv_lora_rank))."""
+    g, dk, dv = spec.cache_widths_
+    return _buffer_bytes(batch, max_len, g, dk + dv, itemsize, key_mask)
 
 
 def _buffer_bytes(batch: int, max_len: int, kv_heads: int, d_kv: int, itemsize: int, key_mask: bool) -> int:
@@ -111,9 +113,9 @@ class StaticCache:
         except (RuntimeError, TypeError):
             raise InputTypeError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda')") from None
         check_static_fits(spec, batch, max_len, dtype.itemsize, device=device)  # before torch allocates
-        g = spec.kv_heads_
-        key = torch.zeros(batch, g, max_len, spec.d_k_, dtype=dtype, device=device)
-        value = torch.zeros(batch, g, max_len, spec.d_v_, dtype=dtype, device=device)
+        g, dk, dv = spec.cache_widths_
+        key = torch.zeros(batch, g, max_len, dk, dtype=dtype, device=device)
+        value = torch.zeros(batch, g, max_len, dv, dtype=dtype, device=device)
         return cls(key, value)
 
     @classmethod

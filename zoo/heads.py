@@ -38,6 +38,14 @@ class Projections:
     k_norm: Tensor | None = None
     alibi_slopes: Tensor | None = None
     rel_bias: Tensor | None = None  # T5's relative bias table (buckets, h)
+    # latent attention (zoo/modifiers/latent.py): its projections as nn.Linear stores them; w_k and w_v then
+    # have no rows, and w_q none either when the query has its low rank (q_a, q_b)
+    q_a: Tensor | None = None  # (rq, c)
+    q_a_norm: Tensor | None = None  # (rq)
+    q_b: Tensor | None = None  # ((h dk), rq), each head [q_nope | q_rot] as the model stores it
+    kv_a: Tensor | None = None  # ((r + dr), c)
+    kv_a_norm: Tensor | None = None  # (r)
+    kv_b: Tensor | None = None  # ((h (dk - dr + dv)), r)
 
 
 def _require_module(m: object) -> MultiHeadAttention:
@@ -56,7 +64,11 @@ def get_projections(m: MultiHeadAttention) -> Projections:
         return lin.weight.detach().clone(), (lin.bias.detach().clone() if b else None)
 
     w_o, b_o = wb(m.out_proj)
-    if s.layout == "separate":
+    if s.kv_lora_rank is not None:
+        none = w_o.new_zeros(0, s.d_model)
+        w_q = wb(m.q_proj)[0] if s.q_lora_rank is None else none
+        (w_k, w_v), (b_q, b_k, b_v) = (none, none.clone()), (None, None, None)
+    elif s.layout == "separate":
         (w_q, b_q), (w_k, b_k), (w_v, b_v) = wb(m.q_proj), wb(m.k_proj), wb(m.v_proj)
     elif s.is_cross:
         (w_q, b_q), (w_kv, b_kv) = wb(m.q_proj), wb(m.kv_proj)
@@ -89,7 +101,9 @@ def build(spec: AttentionSpec, p: Projections, *, like: MultiHeadAttention | Non
         m.out_proj.weight.copy_(p.w_o)
         if spec.bias:
             m.out_proj.bias.copy_(p.b_o)
-        if spec.layout == "separate":
+        if spec.kv_lora_rank is not None:
+            pairs = [(m.q_proj, p.w_q, None)] if spec.q_lora_rank is None else []
+        elif spec.layout == "separate":
             pairs = [(m.q_proj, p.w_q, p.b_q), (m.k_proj, p.w_k, p.b_k), (m.v_proj, p.w_v, p.b_v)]
         elif spec.is_cross:
             pairs = [

@@ -175,11 +175,12 @@ def _check_past(spec: AttentionSpec, x: Tensor, past_key: Tensor | None, past_va
         raise InputError("pass past_key and past_value together (or neither, for an empty cache)")
     if past_key is None:
         return 0
-    for name, past, d in (("past_key", past_key, s.d_k_), ("past_value", past_value, s.d_v_)):
+    g, dk, dv = s.cache_widths_
+    for name, past, d in (("past_key", past_key, dk), ("past_value", past_value, dv)):
         if not isinstance(past, Tensor):
             raise InputTypeError(f"{name} must be a torch.Tensor, got {type(past).__name__}")
-        want = f"(b={b}, g={s.kv_heads_}, p, {'dk' if name == 'past_key' else 'dv'}={d})"
-        if past.dim() != 4 or past.shape[0] != b or past.shape[1] != s.kv_heads_ or past.shape[3] != d:
+        want = f"(b={b}, g={g}, p, {'dk' if name == 'past_key' else 'dv'}={d})"
+        if past.dim() != 4 or past.shape[0] != b or past.shape[1] != g or past.shape[3] != d:
             raise InputError(f"{name} has shape {tuple(past.shape)}; expected {want}")
         if past.dtype != x.dtype or past.device != x.device:
             raise InputTypeError(f"{name} is {past.dtype} on {past.device}; x is {x.dtype} on {x.device}")
@@ -196,8 +197,9 @@ def _check_static(spec: AttentionSpec, x: Tensor, cache: StaticCache) -> int:
     if not isinstance(cache, StaticCache):
         raise InputTypeError(f"cache must be a zoo.StaticCache, got {type(cache).__name__}")
     b = x.shape[0]
-    for name, buf, d in (("key", cache.key, spec.d_k_), ("value", cache.value, spec.d_v_)):
-        want = (b, spec.kv_heads_, cache.capacity, d)
+    g, dk, dv = spec.cache_widths_
+    for name, buf, d in (("key", cache.key, dk), ("value", cache.value, dv)):
+        want = (b, g, cache.capacity, d)
         if tuple(buf.shape) != want:
             raise InputError(f"cache.{name} has shape {tuple(buf.shape)}; expected (b, g, n, d) = {want}")
         if buf.dtype != x.dtype or buf.device != x.device:

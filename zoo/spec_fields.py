@@ -51,6 +51,11 @@ class SpecFields:
     qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)
     qk_norm_eps: float = 1e-6  # the RMSNorm epsilon (Qwen3 and OLMo-2 use 1e-6)
     clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
+    # Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): K and V come up from one RMS-normed latent of this
+    # width; each head's first rope_dim query/key dims are the decoupled rotary part (one rotary key for all heads)
+    kv_lora_rank: int | None = None  # the KV latent's width (DeepSeek-V3: 512); None = off
+    q_lora_rank: int | None = None  # the query's low-rank width under a latent (DeepSeek-V3: 1536); None = plain q_proj
+    latent_eps: float = 1e-6  # the latents' RMSNorm epsilon (DeepSeek's rms_norm_eps is 1e-6)
 
     # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
     @property
@@ -77,6 +82,14 @@ class SpecFields:
     @property
     def is_cross(self) -> bool:
         return self.d_context is not None
+
+    @property
+    def cache_widths_(self) -> tuple[int, int, int]:
+        """(heads, key width, value width) a decode cache holds per position: (g, dk, dv); under a KV latent
+        one head of the rotary key (rope_dim) and the normalized latent (kv_lora_rank)."""
+        if self.kv_lora_rank is not None:
+            return 1, self.rope_dim or 0, self.kv_lora_rank
+        return self.kv_heads_, self.d_k_, self.d_v_
 
     @property
     def group_size(self) -> int:

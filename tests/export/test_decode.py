@@ -37,7 +37,8 @@ def test_decode_in_any_split_is_the_full_forward(name):
     full = m(x)
     for y, pk, pv in _split_runs(m, x):
         torch.testing.assert_close(y, full, rtol=0, atol=1e-12)
-        assert pk.shape == (2, m.spec.kv_heads_, 20, m.spec.d_k_) and pv.shape[-1] == m.spec.d_v_
+        g, dk, dv = m.spec.cache_widths_  # (g, d_k, d_v); a latent block's: (1, rope_dim, kv_lora_rank)
+        assert pk.shape == (2, g, 20, dk) and pv.shape[-1] == dv
 
 
 @pytest.mark.parametrize("name", CAUSAL)

@@ -799,6 +799,25 @@ PRESET_MODULES = {
             use_bias=True,
         ),
     ),
+    # the released config's rope_scaling (yarn, factor 40) left out: the zoo refuses yarn frequencies until its
+    # yarn fields land (models/deepseek-v3.toml says so)
+    "deepseek-v3": (
+        "deepseek_v3",
+        "DeepseekV3Attention",
+        "DeepseekV3Config",
+        dict(
+            hidden_size=7168,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            rope_interleave=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
 }
 
 

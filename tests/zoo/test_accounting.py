@@ -23,6 +23,10 @@ def test_no_bias_formula_from_the_design(name):
     expected += {None: 0, "head": 2 * dk, "full": h * dk + g * dk}[s.qk_norm]
     # T5's relative bias table: one learned value per bucket and head
     expected += (s.rel_buckets or 0) * h
+    if s.kv_lora_rank is not None:  # latent attention: no W_K, W_V; K and V (and a low-rank Q) from the latents
+        r, dr, rq = s.kv_lora_rank, s.rope_dim, s.q_lora_rank
+        expected -= s.d_kv_in * (g * dk + g * dv) + (s.d_model * h * dk if rq else 0)
+        expected += s.d_model * (r + dr) + r + r * h * (dk - dr + dv) + (s.d_model * rq + rq + rq * h * dk if rq else 0)
     assert zoo.count_parameters(s) == expected
 
 

@@ -30,8 +30,9 @@ export/gqa.py passes in (`graph.GraphBuilder`). What a traced lowering cannot ex
 lives in that lowering's record (export/lowerings/), keyed by the modifier's `name`.
 
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
-`clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets), `scores` (window, softcap); this package
-lists them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
+`latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
+`scores` (window, softcap); this package lists them in order of application and re-exports every name, so
+`from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -53,6 +54,7 @@ from .base import (
 )
 from .clip import ClipQKV
 from .graph import GraphBuilder, GraphLimit, OpPart, per_head
+from .latent import Latent
 from .qk_norm import QK_NORMS, QKNorm, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
@@ -65,6 +67,7 @@ __all__ = [
     "ClipQKV",
     "GraphBuilder",
     "GraphLimit",
+    "Latent",
     "Modifier",
     "OpPart",
     "PruneRefusal",
@@ -88,9 +91,9 @@ __all__ = [
     "take_blocks",
 ]
 
-# The order is the order of application at each stage (the clamp on the projections first, then
-# QK-norm before RoPE, as every model does).
-MODIFIERS: tuple[type[Modifier], ...] = (ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
+# The order is the order of application at each stage (the latent's projections first, the clamp on the
+# projections, then QK-norm before RoPE, as every model does).
+MODIFIERS: tuple[type[Modifier], ...] = (Latent, ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
 
 
 def check_spec(spec: SpecFields) -> None:

@@ -164,6 +164,12 @@ class Modifier(nn.Module):
     # the scaled scores, a bias on them, the cells a query may see. p holds the block's weights
     # (zoo.heads.Projections); the defaults change nothing.
     @classmethod
+    def reference_project(cls, spec: SpecFields, x: Tensor, p: Any) -> tuple[Tensor, Tensor, Tensor] | None:
+        """q (b h t dk), k (b g s dk), v (b g s dv) per head from x (b t c), for a modifier that makes them
+        itself (latent attention); None: the plain projections W_Q, W_K, W_V make them."""
+        return None
+
+    @classmethod
     def reference_qkv(cls, spec: SpecFields, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q (b h t dk), k (b g s dk), v (b g s dv) per head, as projected -> the same after this modifier."""
         return q, k, v
