@@ -172,6 +172,17 @@ def families_markdown() -> str:
     return "\n".join(lines)
 
 
+def lm_families_markdown() -> str:
+    """The families read as whole models (zoo.lm_from_checkpoint / lm_from_hf), from peers.lm_rows.LM_FAMILIES."""
+    from peers.lm_rows import LM_FAMILIES
+    from peers.model_types import FAMILIES
+
+    lines = ["| model_type | attention class | the rest of the model |", "|---|---|---|"]
+    for kind, row in LM_FAMILIES.items():
+        lines.append(f"| {kind} | `{FAMILIES[kind].cls}` | {row.covers} |")
+    return "\n".join(lines)
+
+
 def cmd_families(args: argparse.Namespace) -> int:
     from peers.transformers import family_table
     from zoo.files import ensure_writable_parent, write_atomic
@@ -181,6 +192,8 @@ def cmd_families(args: argparse.Namespace) -> int:
     print(families_markdown())
     rows = family_table()
     print(f"\n{sum(r['status'] == 'exact' for r in rows)} exact, {sum(r['status'] != 'exact' for r in rows)} refused")
+    print("\nWhole models (zoo.lm_from_checkpoint, zoo.lm_from_hf); other model_types are refused whole:\n")
+    print(lm_families_markdown())
     if args.json:
         import json
 

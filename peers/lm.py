@@ -86,7 +86,29 @@ def _head(row: LMRow, names: Any) -> str:
     return next((h for h in row.head if f"{h}.weight" in names.map), row.head[0])
 
 
-def _plan(row: LMRow, cfg: ConfigView, lm: DecoderLM, base: str, head: str) -> dict[str, tuple[str, str | None]]:
+def _experts(plan: dict, param: str, moe: nn.Module, at: str, saved: str, expert_names, names: Any) -> None:
+    """A mixture's tensors: saved per expert (`{saved}.experts.E.<expert_names>`: gate, up, down; `{saved}.gate`:
+    the router), or as a live model holds them (`mlp.gate`, `mlp.experts.gate_up_proj` (E 2f c),
+    `mlp.experts.down_proj` (E c f))."""
+    fused = f"{at}mlp.experts.gate_up_proj"
+    if fused in names.map:
+        plan[f"{param}.router.weight"] = (f"{at}mlp.gate.weight", None)
+        for e in range(len(moe.experts)):
+            plan[f"{param}.experts.{e}.gate.weight"] = (fused, ("expert", e, "gate"))
+            plan[f"{param}.experts.{e}.up.weight"] = (fused, ("expert", e, "up"))
+            plan[f"{param}.experts.{e}.down.weight"] = (f"{at}mlp.experts.down_proj", ("expert", e, None))
+    else:
+        plan[f"{param}.router.weight"] = (f"{at}{saved}.gate.weight", None)
+        for e in range(len(moe.experts)):
+            for part, w in zip(("gate", "up", "down"), expert_names):
+                plan[f"{param}.experts.{e}.{part}.weight"] = (f"{at}{saved}.experts.{e}.{w}.weight", None)
+    if moe.shared is not None:  # saved and live alike
+        for part, w in zip(("gate", "up", "down"), ("gate_proj", "up_proj", "down_proj")):
+            plan[f"{param}.shared.{part}.weight"] = (f"{at}mlp.shared_expert.{w}.weight", None)
+        plan[f"{param}.shared_gate.weight"] = (f"{at}mlp.shared_expert_gate.weight", None)
+
+
+def _plan(row: LMRow, cfg: ConfigView, lm: DecoderLM, base: str, head: str, names: Any) -> dict[str, tuple]:
     """param name of the DecoderLM (all but attention) -> (tensor name, how: None, 't', 'gate', 'up')."""
     plan: dict[str, tuple[str, str | None]] = {}
 
@@ -107,7 +129,9 @@ def _plan(row: LMRow, cfg: ConfigView, lm: DecoderLM, base: str, head: str) -> d
         for slot, name in row.norm_names(cfg):
             add(f"layers.{i}.{slot}", getattr(layer, slot), at + name)
         for part, name in row.mlp:
-            if part == "gate_up":  # Phi-3: [gate | up] along the output rows
+            if part == "experts":
+                _experts(plan, f"layers.{i}.mlp", layer.mlp, at, name, row.expert_names, names)
+            elif part == "gate_up":  # Phi-3: [gate | up] along the output rows
                 for half in ("gate", "up"):
                     for p_name, _ in getattr(layer.mlp, half).named_parameters():
                         plan[f"layers.{i}.mlp.{half}.{p_name}"] = (f"{at}{name}.{p_name}", half)
@@ -122,13 +146,16 @@ def _plan(row: LMRow, cfg: ConfigView, lm: DecoderLM, base: str, head: str) -> d
     return plan
 
 
-def _read(names: Any, name: str, how: str | None, shape: tuple[int, ...], kind: str) -> Tensor:
+def _read(names: Any, name: str, how: str | tuple | None, shape: tuple[int, ...], kind: str) -> Tensor:
     if name not in names.map:
         raise CheckpointError(f"{kind}: tensor {name!r} is missing (looked in {names.where}); the whole model needs it")
     t = names.tensor(name)
     where = f"{names.where}: {name!r}"
     if t.dtype not in FLOATS:
         raise CheckpointError(f"{where} is {str(t.dtype).removeprefix('torch.')}; whole models hold float weights")
+    if isinstance(how, tuple):  # ("expert", e, half): expert e of a fused (E ...) tensor, a half of its rows
+        _, e, how = how
+        t = t[e] if t.dim() == 3 and e < t.shape[0] else t
     if how == "t" and t.dim() == 2:
         t = t.t()
     elif how in ("gate", "up") and t.shape[0] % 2 == 0:
@@ -152,7 +179,7 @@ def _assemble(
         raise HFConversionError(f"{kind} config: {e}") from None
     lm = DecoderLM(spec)
     head = _head(row, names)
-    plan = _plan(row, cfg, lm, base, head)
+    plan = _plan(row, cfg, lm, base, head, names)
     params = dict(lm.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for param, (name, how) in plan.items():

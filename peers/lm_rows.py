@@ -34,10 +34,14 @@ class LMRow:
     """One model_type's whole model (names relative to the model's base; `head` at the top)."""
 
     fields: Callable[[ConfigView], dict]  # config -> LMSpec fields (all but vocab, d_model, attention)
+    covers: str  # what the row models besides attention, in words (`attnzoo families`' whole-model table)
     embed: str = "embed_tokens"
     layer: str = "layers.{layer}"
     norms: tuple[tuple[str, str], ...] | Callable[[ConfigView], tuple[tuple[str, str], ...]] = PRE  # (slot, name)
-    mlp: tuple[tuple[str, str], ...] = GATED  # (part, name): gate/up/down, or gate_up (fused) and down
+    # (part, name): gate/up/down, or gate_up (fused) and down, or experts (a mixture: its saved name; a live
+    # model holds it as mlp.gate and mlp.experts' fused 3-D tensors)
+    mlp: tuple[tuple[str, str], ...] = GATED
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # a saved expert's gate, up, down
     final_norm: str = "norm"
     head: tuple[str, ...] = ("lm_head",)  # its names, saved (GPT-NeoX saves embed_out) and live
     positions: str | None = None  # learned absolute positions
@@ -139,6 +143,12 @@ def _neox_residual(cfg: ConfigView) -> str:
     return "parallel_two_norms" if cfg.get("use_parallel_residual", True) else "sequential"
 
 
+def _qwen2_moe_refuse(cfg: ConfigView) -> str | None:
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        return "dense layers among the sparse ones (mlp_only_layers, decoder_sparse_step != 1) are not modelled"
+    return None
+
+
 def _granite(cfg: ConfigView) -> dict:
     return _llama(
         cfg,
@@ -149,17 +159,29 @@ def _granite(cfg: ConfigView) -> dict:
 
 
 LM_FAMILIES: dict[str, LMRow] = {
-    "llama": LMRow(_llama),
-    "mistral": LMRow(_llama),
-    "qwen2": LMRow(_llama),
-    "qwen3": LMRow(_llama),
-    "gemma": LMRow(lambda cfg: _gemma(cfg, act_key="hidden_act", residual="sequential")),
-    "gemma2": LMRow(lambda cfg: _gemma(cfg, act_key="hidden_activation", residual="sandwich"), norms=SANDWICH),
-    "gemma3_text": LMRow(lambda cfg: _gemma(cfg, act_key="hidden_activation", residual="sandwich"), norms=SANDWICH),
-    "phi3": LMRow(_llama, mlp=(("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj"))),
+    "llama": LMRow(_llama, "RMSNorm, gated MLP (SiLU), pre-norm; tied or untied head"),
+    "mistral": LMRow(_llama, "as LLaMA (sliding windows in the attention)"),
+    "qwen2": LMRow(_llama, "as LLaMA (windows from max_window_layers)"),
+    "qwen3": LMRow(_llama, "as LLaMA (QK-norm in the attention)"),
+    "gemma": LMRow(
+        lambda cfg: _gemma(cfg, act_key="hidden_act", residual="sequential"),
+        "RMSNorm (1 + w), gated MLP (GELU tanh), embeddings * sqrt(d), pre-norm, tied",
+    ),
+    "gemma2": LMRow(
+        lambda cfg: _gemma(cfg, act_key="hidden_activation", residual="sandwich"),
+        "as Gemma, sandwich norms, final logit softcap",
+        norms=SANDWICH,
+    ),
+    "gemma3_text": LMRow(
+        lambda cfg: _gemma(cfg, act_key="hidden_activation", residual="sandwich"),
+        "as Gemma, sandwich norms",
+        norms=SANDWICH,
+    ),
+    "phi3": LMRow(_llama, "as LLaMA, fused gate_up", mlp=(("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj"))),
     "phi": LMRow(
         lambda cfg: _layer_norm(cfg, "layer_norm_eps", d_ff=cfg.intermediate_size, act=act(cfg.hidden_act),
                                 mlp_bias=True, residual="parallel", head_bias=True, tied=_tied(cfg, False)),
+        "LayerNorm, parallel attention + MLP (GELU) on one norm, head with bias",
         norms=(("attn_norm", "input_layernorm"),),
         mlp=(("up", "mlp.fc1"), ("down", "mlp.fc2")),
         final_norm="final_layernorm",
@@ -168,6 +190,7 @@ LM_FAMILIES: dict[str, LMRow] = {
         lambda cfg: _layer_norm(cfg, "layer_norm_epsilon", d_ff=cfg.get("n_inner") or 4 * cfg.hidden_size,
                                 act=act(cfg.get("activation_function", "gelu_new")), mlp_bias=True,
                                 max_positions=cfg.n_positions, tied=_tied(cfg, True)),
+        "learned positions, LayerNorm, MLP (GELU) of Conv1D weights, pre-norm, tied",
         embed="wte",
         positions="wpe",
         layer="h.{layer}",
@@ -180,6 +203,7 @@ LM_FAMILIES: dict[str, LMRow] = {
         lambda cfg: _layer_norm(cfg, "layer_norm_eps", d_ff=cfg.intermediate_size, act=act(cfg.hidden_act),
                                 mlp_bias=True, tied=_tied(cfg, False),
                                 residual=_neox_residual(cfg)),
+        "LayerNorm, parallel residual with two norms (or sequential), MLP (GELU), untied",
         embed="embed_in",
         head=("embed_out", "lm_head"),
         mlp=(("up", "mlp.dense_h_to_4h"), ("down", "mlp.dense_4h_to_h")),
@@ -189,6 +213,7 @@ LM_FAMILIES: dict[str, LMRow] = {
         lambda cfg: _layer_norm(cfg, "layer_norm_epsilon", d_ff=cfg.get("n_inner") or 4 * cfg.hidden_size,
                                 act=act(cfg.get("activation_function", "gelu_new")), mlp_bias=True,
                                 residual="parallel", head_bias=True, tied=_tied(cfg, False)),
+        "LayerNorm, parallel attention + MLP (GELU) on one norm, head with bias",
         embed="wte",
         layer="h.{layer}",
         norms=(("attn_norm", "ln_1"),),
@@ -200,6 +225,7 @@ LM_FAMILIES: dict[str, LMRow] = {
                                      mlp_bias=bool(cfg.get("enable_bias", True)), tied=_tied(cfg, True),
                                      max_positions=cfg.max_position_embeddings, position_offset=2),
                          norm_bias=bool(cfg.get("enable_bias", True))),
+        "learned positions (offset 2), LayerNorm, MLP (ReLU), pre-norm, tied",
         embed="decoder.embed_tokens",
         positions="decoder.embed_positions",
         layer="decoder.layers.{layer}",
@@ -211,6 +237,7 @@ LM_FAMILIES: dict[str, LMRow] = {
     "bloom": LMRow(
         lambda cfg: _layer_norm(cfg, "layer_norm_epsilon", d_ff=4 * cfg.hidden_size, act="gelu_tanh",
                                 mlp_bias=True, embed_norm=True, tied=_tied(cfg, True)),
+        "LayerNorm on the embeddings, LayerNorm, MLP (GELU tanh), pre-norm, tied",
         embed="word_embeddings",
         embed_norm="word_embeddings_layernorm",
         layer="h.{layer}",
@@ -220,6 +247,7 @@ LM_FAMILIES: dict[str, LMRow] = {
     ),
     "falcon": LMRow(
         _falcon,
+        "LayerNorm, parallel attention + MLP (GELU) on one or two norms (or sequential)",
         embed="word_embeddings",
         layer="h.{layer}",
         norms=_falcon_norms,
@@ -228,17 +256,36 @@ LM_FAMILIES: dict[str, LMRow] = {
     ),
     "olmo2": LMRow(
         lambda cfg: _llama(cfg, residual="post_norms"),
+        "RMSNorm after attention and MLP (no pre-norms), gated MLP (SiLU)",
         norms=(("attn_post", "post_attention_layernorm"), ("mlp_post", "post_feedforward_layernorm")),
     ),
     "starcoder2": LMRow(
         lambda cfg: _layer_norm(cfg, "norm_epsilon", d_ff=cfg.intermediate_size, act=act(cfg.hidden_act),
                                 mlp_bias=bool(cfg.get("use_bias", True)), tied=_tied(cfg, True)),
+        "LayerNorm, MLP (GELU tanh) with biases, pre-norm, tied",
         mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
     ),
-    "granite": LMRow(_granite),
+    "mixtral": LMRow(
+        lambda cfg: _llama(cfg, experts=int(cfg.num_local_experts), experts_per_token=int(cfg.num_experts_per_tok)),
+        "as LLaMA, a sparse mixture of gated experts (top k, renormalized) in place of the MLP",
+        mlp=(("experts", "block_sparse_moe"),),
+        expert_names=("w1", "w3", "w2"),
+    ),
+    "qwen2_moe": LMRow(
+        lambda cfg: _llama(
+            cfg, d_ff=int(cfg.moe_intermediate_size), experts=int(cfg.num_experts),
+            experts_per_token=int(cfg.num_experts_per_tok), expert_renorm=bool(cfg.get("norm_topk_prob", False)),
+            shared_expert_d_ff=int(cfg.get("shared_expert_intermediate_size") or 0),
+        ),
+        "as Qwen2, a mixture of gated experts (top k) plus a sigmoid-gated shared expert",
+        mlp=(("experts", "mlp"),),
+        refuse=_qwen2_moe_refuse,
+    ),
+    "granite": LMRow(_granite, "as LLaMA, embedding, residual and logit multipliers"),
     "stablelm": LMRow(
         lambda cfg: dict(_llama(cfg), norm="layer", norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), norm_bias=True,
                          residual="parallel" if cfg.get("use_parallel_residual", False) else "sequential"),
+        "LayerNorm, gated MLP (SiLU), pre-norm or parallel residual",
         norms=lambda cfg: (PRE[:1] if cfg.get("use_parallel_residual", False) else PRE),
         refuse=_stablelm_refuse,
     ),

@@ -44,7 +44,7 @@ from .attention import MultiHeadAttention, static_step
 from .cache import GrowingCache, check_room
 from .errors import InputError, InputTypeError, SpecError
 from .limits import check_fits
-from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, Norm
+from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, MoE, Norm
 from .spec import AttentionSpec
 
 # arrangement -> the norms a layer holds (before attention, after it, before the MLP, after it)
@@ -72,6 +72,10 @@ class LMSpec:
     mlp: str = "gated"  # MLPS
     act: str = "silu"  # lm_parts.ACTIVATIONS
     mlp_bias: bool = False
+    experts: int = 0  # a mixture of this many gated experts in place of the MLP (Mixtral); 0: a dense MLP
+    experts_per_token: int = 0  # the router's top k
+    expert_renorm: bool = True  # the top k weights renormalized to sum 1 (Mixtral; Qwen2-MoE's norm_topk_prob)
+    shared_expert_d_ff: int = 0  # Qwen2-MoE's sigmoid-gated shared expert of this width; 0: none
     residual: str = "sequential"  # RESIDUALS
     residual_multiplier: float = 1.0  # Granite scales each branch before it is added
     max_positions: int | None = None  # learned absolute positions (GPT-2, OPT); None: none (rotary or ALiBi)
@@ -107,7 +111,21 @@ class LMSpec:
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise SpecError(f"{name}={getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        for name in ("norm_bias", "mlp_bias", "embed_norm", "embed_scale_in_dtype", "final_norm", "tied", "head_bias"):
+        for name in ("experts", "experts_per_token", "shared_expert_d_ff"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise SpecError(f"{name}={v!r} must be an integer >= 0 (experts=0: a dense MLP)")
+        if self.shared_expert_d_ff and not self.experts:
+            raise SpecError(
+                f"shared_expert_d_ff={self.shared_expert_d_ff} without experts: a shared expert is a mixture's"
+            )
+        if self.experts and (self.mlp != "gated" or not 1 <= self.experts_per_token <= self.experts):
+            raise SpecError(
+                f"experts={self.experts} needs mlp='gated' and experts_per_token in 1..{self.experts}, got "
+                f"mlp={self.mlp!r}, experts_per_token={self.experts_per_token!r}"
+            )
+        flags = ("expert_renorm", "norm_bias", "mlp_bias", "embed_norm", "embed_scale_in_dtype", "final_norm", "tied")
+        for name in (*flags, "head_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name}={getattr(self, name)!r} must be True or False")
         for name in ("norm_eps", "residual_multiplier", "embed_scale", "logit_scale", "logit_softcap"):
@@ -128,8 +146,8 @@ class LMSpec:
         parts = [f"vocab={self.vocab}", f"d_model={self.d_model}", f"layers={self.layers}", f"d_ff={self.d_ff}"]
         parts += [self.norm, f"{self.mlp}/{self.act}", self.residual, "tied" if self.tied else "untied"]
         defaults = {f.name: f.default for f in fields(self)}
-        for name in ("max_positions", "position_offset", "embed_norm", "embed_scale", "residual_multiplier",
-                     "logit_scale", "logit_softcap"):
+        shown = ("experts", "experts_per_token", "max_positions", "position_offset", "embed_norm", "embed_scale")
+        for name in (*shown, "residual_multiplier", "logit_scale", "logit_softcap"):
             if getattr(self, name) != defaults[name]:
                 parts.append(f"{name}={getattr(self, name)}")
         return " ".join(parts)
@@ -148,7 +166,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: LMSpec, attn: AttentionSpec) -> None:
         super().__init__()
         self.attn = MultiHeadAttention(attn)
-        self.mlp = MLP(spec.mlp, spec.d_model, spec.d_ff, spec.act, spec.mlp_bias)
+        if spec.experts:
+            s = spec
+            k, shared = s.experts_per_token, s.shared_expert_d_ff
+            self.mlp = MoE(s.d_model, s.d_ff, s.act, s.experts, k, s.expert_renorm, shared)
+        else:
+            self.mlp = MLP(spec.mlp, spec.d_model, spec.d_ff, spec.act, spec.mlp_bias)
         held = RESIDUALS[spec.residual]
         for slot in NORM_SLOTS:
             norm = Norm(spec.norm, spec.d_model, spec.norm_eps, spec.norm_bias) if slot in held else None

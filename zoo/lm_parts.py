@@ -115,3 +115,33 @@ class Embedding(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return h
+
+
+class MoE(nn.Module):
+    """A sparse mixture of gated experts (Mixtral, Qwen2-MoE): router (c -> E), softmax in fp32, the top k
+    probabilities (renormalized to sum 1 with `renorm`), out = sum_e w_e * expert_e(x) (+ a gated shared expert).
+
+    Every expert runs on every token and an unchosen one weighs exactly 0, in expert order as transformers
+    adds them: the same sum, no data-dependent shapes (the step traces as it runs)."""
+
+    def __init__(self, d_model: int, d_ff: int, act: str, experts: int, top_k: int, renorm: bool, shared: int) -> None:
+        super().__init__()
+        self.top_k, self.renorm = top_k, renorm
+        self.router = nn.Linear(d_model, experts, bias=False)
+        self.experts = nn.ModuleList(MLP("gated", d_model, d_ff, act, False) for _ in range(experts))
+        # Qwen2-MoE's shared expert of width `shared`, gated by sigmoid(shared_gate(x)); 0: none
+        self.shared = MLP("gated", d_model, shared, act, False) if shared else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        probs = torch.softmax(self.router(x).float(), dim=-1)  # (b t E)
+        top, idx = probs.topk(self.top_k, dim=-1)
+        if self.renorm:
+            top = top / top.sum(dim=-1, keepdim=True)
+        weights = torch.zeros_like(probs).scatter(-1, idx, top)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            out = out + (expert(x) * weights[..., e : e + 1]).to(x.dtype)
+        if self.shared is not None:
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        return out

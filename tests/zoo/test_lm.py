@@ -37,6 +37,8 @@ VARIANTS = {
                               logit_softcap=5.0, tied=False, head_bias=True, residual_multiplier=1.0)
         for r in RESIDUALS
     },
+    "mixture": spec(experts=3, experts_per_token=2),
+    "mixture-shared": spec(experts=3, experts_per_token=1, expert_renorm=False, shared_expert_d_ff=24),
     "granite-like": spec(residual_multiplier=0.5, embed_scale=3.0, logit_scale=0.25, embed_norm=True),
 }
 
@@ -136,6 +138,10 @@ def test_generate_refuses_bad_input():
         (dict(logit_softcap=float("inf")), "logit_softcap"),
         (dict(position_offset=2), "without max_positions"),
         (dict(max_positions=-1), "max_positions"),
+        (dict(experts=-1), "experts=-1"),
+        (dict(experts=4, experts_per_token=5), "experts_per_token in 1..4"),
+        (dict(experts=4, experts_per_token=2, mlp="plain"), "mlp='gated'"),
+        (dict(shared_expert_d_ff=8), "without experts"),
     ],
 )
 def test_lmspec_refuses(change, match):
