@@ -12,8 +12,11 @@ cache of p positions already counted in the baseline): O(p) for a path that copi
 once per step, O(p^2) for one that builds a (t, p) or (p, p) tensor it should not.
 
 The floor: a step must read the projection weights and the whole cache once, so no path can beat
-(weight bytes + cache bytes) / read bandwidth, the bandwidth measured by each worker in its own
-process just before its path (bench/decode_measure.py). "x floor" is ms/token over that floor.
+(weight bytes + cache bytes) / read bandwidth. Each worker measures that bandwidth in its own
+process just before its path, with the path's threads, over a buffer of exactly those bytes read
+again and again as the steps read them, so the part that stays in the last-level cache between
+steps is read from there ("in L3": that part, from the working set's, memory's and L3's rates;
+bench/decode_measure.py). "x floor" is ms/token over that floor.
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ def benchmark_decode(
             bar.set_postfix_str(f"{label} b={b} p={p}")
             eager = path in EAGER_DECODE_PATHS
             job_dtype = (EAGER_PRECISIONS[precision] or dtype) if eager else dtype
+            weights = weight_bytes.get((path, precision), zoo.count_parameters(spec) * ITEMSIZE[job_dtype])
             job = Job(
                 kind="decode",
                 runtime="torch" if eager else "ort",
@@ -132,9 +136,9 @@ def benchmark_decode(
                 model=models.get((path, precision), ""),
                 batch=b,
                 seq=p,
+                floor_bytes=weights + cache_bytes(spec, job_dtype, b, p),
             )
             result = measure(job, timeout, retries)
-            weights = weight_bytes.get((path, precision), zoo.count_parameters(spec) * ITEMSIZE[job_dtype])
             row = {"path": label, "precision": precision, "batch": b, "past": p, **result}
             rows.append({**row, **floor(spec, job_dtype, b, p, result, weights)})
             bar.update()
@@ -184,17 +188,25 @@ def _initializer_bytes(model_path: Path) -> int:
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def cache_bytes(spec: zoo.AttentionSpec, dtype: str, b: int, p: int) -> int:
+    return b * spec.kv_heads_ * p * (spec.d_k_ + spec.d_v_) * ITEMSIZE[dtype]
+
+
 def floor(spec: zoo.AttentionSpec, dtype: str, b: int, p: int, result: dict[str, Any], weight_bytes: int) -> dict:
     """The row's physical floor: its weights (as stored: quantized ones at their size) and the cache of
-    p positions read once, at the bandwidth its worker measured; and how far the path is from it."""
-    bandwidth = result.get("bandwidth_gbs")
+    p positions read once per step, at the bandwidth its worker measured with the path's threads over a
+    buffer of that size read again and again (what of it stays in the last-level cache between steps is
+    read from there: `l3_part`); and how far the path is from it. Without that figure (CUDA), the
+    memory bandwidth."""
+    bandwidth = result.get("working_set_gbs") or result.get("bandwidth_gbs")
     if not result.get("ok") or not bandwidth:
         return {}
-    cache_bytes = b * spec.kv_heads_ * p * (spec.d_k_ + spec.d_v_) * ITEMSIZE[dtype]
-    floor_ms = (weight_bytes + cache_bytes) / (bandwidth * 1e9) * 1e3
+    cache = cache_bytes(spec, dtype, b, p)
+    floor_ms = (weight_bytes + cache) / (bandwidth * 1e9) * 1e3
     return {
         "weight_mb": weight_bytes / 1e6,
-        "cache_mb": cache_bytes / 1e6,
+        "cache_mb": cache / 1e6,
+        "floor_gbs": bandwidth,
         "floor_ms": floor_ms,
         "x_floor": result["ms_per_token"] / floor_ms,
     }
@@ -206,22 +218,22 @@ def format_decode_table(report: dict[str, Any]) -> str:
         f"decode: {report['name']} ({report['describe']}), {report['provider']} {report['dtype']}, "
         f"{report['threads']} threads, {report['steps_per_call']} single-token steps per call",
         "",
-        "| B | past | path | ms/token | tokens/s | floor ms | x floor | GB/s read | added MB | x eager |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| B | past | path | ms/token | tokens/s | floor ms | x floor | GB/s read | in L3 | added MB | x eager |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:
         if not r.get("ok"):
-            lines.append(f"| {r['batch']} | {r['past']} | {r['path']} | error: {r.get('error', '?')} | | | | | | |")
+            lines.append(f"| {r['batch']} | {r['past']} | {r['path']} | error: {r.get('error', '?')} | | | | | | | |")
             continue
         mem = r.get("peak_added_mb")
         lines.append(
             f"| {r['batch']} | {r['past']} | {r['path']} | {r['ms_per_token']:.3f} | "
             f"{1e3 * r['batch'] / r['ms_per_token']:,.0f} | {_num(r, 'floor_ms', 3)} | {_num(r, 'x_floor', 2)} | "
-            f"{_num(r, 'bandwidth_gbs', 1)} | {'' if mem is None else f'{mem:.1f}'} | "
+            f"{_num(r, 'floor_gbs', 1)} | {_pct(r.get('l3_part'))} | {'' if mem is None else f'{mem:.1f}'} | "
             f"{_num(r, 'speedup_vs_eager', 2)} |"
         )
     for path, why in report["skipped"].items():
-        lines.append(f"| | | {path} | skipped: {why} | | | | | | |")
+        lines.append(f"| | | {path} | skipped: {why} | | | | | | | |")
     growth = []
     for path in dict.fromkeys(r["path"] for r in report["rows"]):
         for b in sorted({r["batch"] for r in report["rows"]}):
@@ -236,6 +248,10 @@ def format_decode_table(report: dict[str, Any]) -> str:
     if growth:
         lines += ["", "per-token time growth with the past:"] + [f"  {g}" for g in growth]
     return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.0f}%"
 
 
 def _num(row: dict[str, Any], key: str, digits: int) -> str:

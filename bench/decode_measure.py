@@ -27,11 +27,17 @@ from .timing import PeakMemory, time_calls, torch_setup
 BANDWIDTH_BYTES = 512 << 20  # larger than any last-level cache of a CPU this runs on
 
 
-def read_bandwidth(torch, device) -> float:
-    """GB/s: the best of 5 reductions over a 512 MiB buffer with the worker's threads (a read of
-    every byte once, as a decode step reads its weights and cache)."""
-    buf = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
+def read_bandwidth(torch, device, nbytes: int = BANDWIDTH_BYTES, threads: int | None = None) -> float:
+    """GB/s: the best of 5 reductions over a buffer of nbytes (a read of every byte once, as a decode
+    step reads its weights and cache), with `threads` torch threads: the threads the path uses. The
+    buffer is read once untimed first, so a buffer that fits the last-level cache is read from it, as
+    a step's weights and cache are when they fit: the bandwidth of a step's own working set."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    count = max(nbytes // 4, 1024)
+    buf = torch.ones(count, dtype=torch.float32, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    buf.sum()
     best = float("inf")
     for _ in range(5):
         sync()
@@ -40,13 +46,49 @@ def read_bandwidth(torch, device) -> float:
         sync()
         best = min(best, time.perf_counter() - started)
     del buf
-    return BANDWIDTH_BYTES / best / 1e9
+    return count * 4 / best / 1e9
+
+
+def last_level_cache_bytes() -> int | None:
+    """The CPU's L3 (or last-level) cache in bytes, from sysfs; None where it does not say."""
+    from pathlib import Path
+
+    for index in ("index3", "index2"):
+        f = Path(f"/sys/devices/system/cpu/cpu0/cache/{index}/size")
+        try:
+            text = f.read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        return int(text.rstrip("KMG")) * scale
+    return None
+
+
+def floor_bandwidths(torch, device, job: Job) -> dict[str, Any]:
+    """The floor's bandwidths, all with the path's threads: from memory (BANDWIDTH_BYTES), of the step's
+    own working set (job.floor_bytes, read again right after a read, so whatever part of it stays in the
+    last-level cache between steps is read from there), and of the cache itself (a quarter of its size).
+    l3_part: the share of the working set those figures say stays in the last-level cache between steps."""
+    out: dict[str, Any] = {"bandwidth_threads": job.threads}
+    out["bandwidth_gbs"] = read_bandwidth(torch, device, BANDWIDTH_BYTES, job.threads)
+    if device.type != "cpu" or job.floor_bytes <= 0:
+        return out
+    out["working_set_gbs"] = read_bandwidth(torch, device, job.floor_bytes, job.threads)
+    llc = last_level_cache_bytes()
+    if llc:
+        out["llc_mb"] = llc / 1e6
+        out["llc_gbs"] = read_bandwidth(torch, device, llc // 4, job.threads)
+        t_mem, t_set, t_llc = (
+            job.floor_bytes / (out[k] * 1e9) for k in ("bandwidth_gbs", "working_set_gbs", "llc_gbs")
+        )
+        out["l3_part"] = min(1.0, max(0.0, (t_mem - t_set) / (t_mem - t_llc))) if t_mem > t_llc else None
+    return out
 
 
 def measure_decode(job: Job) -> dict[str, Any]:
     """ms per token for one (path, b, p), with the bandwidth read just before."""
     torch, device, dtype, sync = torch_setup(job)
-    bandwidth = read_bandwidth(torch, device)
+    bandwidths = floor_bandwidths(torch, device, job)
     spec = zoo.spec(job.name, **job.overrides)
     b, p = job.batch, job.seq
     past_key = torch.randn(b, spec.kv_heads_, p, spec.d_k_, device=device, dtype=dtype)
@@ -64,7 +106,7 @@ def measure_decode(job: Job) -> dict[str, Any]:
     out.update(peak.stop())
     out["ms_per_token"] = out["median_ms"] / STEPS
     out["ran_on"] = where
-    out["bandwidth_gbs"] = bandwidth
+    out.update(bandwidths)
     return out
 
 

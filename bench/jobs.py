@@ -89,6 +89,7 @@ class Job:
     batch: int = 1
     seq: int = 1
     precision: str = "fp32"  # the ONNX model's weight precision (export/precision.py); eager paths are fp32
+    floor_bytes: int = 0  # decode: the bytes one step must read (weights as stored + the cache): the floor's buffer
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

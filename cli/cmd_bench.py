@@ -21,6 +21,14 @@ def _path_list(text: str) -> list[str]:
     return [p for p in text.replace(",", " ").split() if p]
 
 
+def _gguf_map(text: str) -> dict[str, str]:
+    """An argparse type: PREC=FILE pairs separated by commas."""
+    pairs = [p.split("=", 1) for p in text.split(",") if p]
+    if not pairs or any(len(p) != 2 or not p[0] or not p[1] for p in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: give PREC=FILE pairs, e.g. fp32=a.gguf,int4=b.gguf")
+    return dict(pairs)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `attnzoo bench` options (also scripts/bench.py)."""
     parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
@@ -109,6 +117,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="with --decode: past lengths, e.g. 128,1024,4096,16384 (the default)",
     )
+    gen = parser.add_argument_group("whole-model generation (--generate; bench/generate.py)")
+    gen.add_argument(
+        "--generate",
+        action="store_true",
+        help="greedy generation from --checkpoint, each path in its own process: attnzoo's ONNX export, "
+        "transformers' generate (dynamic and static cache), onnxruntime-genai and llama.cpp from their environments",
+    )
+    gen.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="with --generate: a transformers checkpoint folder, or 'random' for the benchmark's random LLaMA",
+    )
+    gen.add_argument(
+        "--prompt", type=int_list, action="extend", metavar="LIST", help="prompt lengths (default 128,1024)"
+    )
+    gen.add_argument("--new", type=int, default=64, metavar="N", help="new tokens per call (default %(default)s)")
+    gen.add_argument("--genai-python", metavar="PATH", help="the python of an environment with onnxruntime-genai")
+    gen.add_argument("--llama-python", metavar="PATH", help="the python of an environment with llama-cpp-python")
+    gen.add_argument(
+        "--gguf",
+        type=_gguf_map,
+        default={},
+        metavar="PREC=FILE,...",
+        help="with --llama-python: the GGUF of each precision, e.g. fp32=model-f32.gguf,int4=model-q4_0.gguf",
+    )
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -124,7 +157,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     for flag, (value, low, high) in ints.items():
         if value is not None and not low <= value <= high:
             raise BenchError(f"{flag} {value} is outside {low}..{high}")
-    if args.min_repeats > args.repeats:
+    if args.min_repeats > args.repeats and not args.generate:  # --generate times whole calls: --repeats alone
         raise BenchError(f"--min-repeats {args.min_repeats} is more than --repeats {args.repeats}")
     for flag, value in (("--budget", args.budget), ("--timeout", args.timeout)):
         if not math.isfinite(value) or value <= 0:
@@ -147,6 +180,21 @@ def run_from_args(args: argparse.Namespace) -> int:
         if out:
             ensure_writable_parent(Path(out))
     budget = Budget(args.warmup, args.repeats, args.min_repeats, args.budget)
+    generate_only = [
+        f
+        for f, v in (
+            ("--checkpoint", args.checkpoint),
+            ("--prompt", args.prompt),
+            ("--genai-python", args.genai_python),
+            ("--llama-python", args.llama_python),
+            ("--gguf", args.gguf),
+        )
+        if v
+    ]
+    if args.generate:
+        return _run_generate_from_args(args)
+    if generate_only:
+        raise BenchError(f"{', '.join(generate_only)} go(es) with --generate (whole-model generation)")
     if args.decode:
         return _run_decode_from_args(args, budget)
     if args.past:
@@ -209,6 +257,51 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
         progress=not args.no_progress,
     )
     return _finish(args, report, format_decode_table(report), any(not r.get("ok") for r in report["rows"]))
+
+
+def _run_generate_from_args(args: argparse.Namespace) -> int:
+    from bench.generate import PRECISIONS, benchmark_generate, format_generate_table
+
+    if not args.checkpoint:
+        raise BenchError("--generate needs --checkpoint DIR (a transformers folder, or 'random')")
+    if args.decode or args.seq or args.past or args.plot or args.name != DEFAULT_NAME:
+        raise BenchError("--generate measures a checkpoint: no zoo name, --decode, --seq, --past or --plot")
+    bad = sorted(set(args.precision or []) - set(PRECISIONS))
+    if bad:
+        raise BenchError(f"--precision {','.join(bad)}: --generate takes {','.join(PRECISIONS)}")
+    if not 1 <= args.new <= 100_000:
+        raise BenchError(f"--new {args.new} is outside 1..100000")
+    report = benchmark_generate(
+        args.checkpoint,
+        prompts=args.prompt or [128, 1024],
+        new=args.new,
+        precisions=args.precision or ["fp32"],
+        threads=args.threads,
+        warmup=1 if args.warmup == Budget.warmup else args.warmup,  # whole generate calls: 1 and best of 3
+        repeats=3 if args.repeats == Budget.repeats else args.repeats,
+        genai_python=args.genai_python,
+        llama_python=args.llama_python,
+        gguf=args.gguf,
+        paths=None if args.paths == list(PATHS) else args.paths,
+        timeout=args.timeout,
+        progress=not args.no_progress,
+    )
+    table = format_generate_table(report)
+    code = _finish(args, report, table, any(not r.get("ok") for r in report["rows"]))
+    if args.json:  # the table beside the JSON, with the command that made both
+        from zoo.files import write_atomic
+
+        command = (
+            f"attnzoo bench --generate --checkpoint {args.checkpoint} --prompt {','.join(map(str, report['prompts']))}"
+            f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
+            f" --repeats {report['repeats']}"
+        )
+        for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
+            command += f" {flag} {value}" if value else ""
+        command += f" --json {args.json}"
+        text = f"{table}\n\nCommand: `{command}`\n"
+        write_atomic(Path(args.json).with_suffix(".md"), lambda tmp: tmp.write_text(text))
+    return code
 
 
 def add_commands(sub) -> None:

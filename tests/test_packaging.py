@@ -44,7 +44,18 @@ def _source_files() -> set[str]:
     for f in (ROOT / "models").iterdir():
         if f.suffix in (".toml", ".pt"):
             found.add(f"zoo/presets/{f.name}")
+    for f in (ROOT / "models").glob("*/*"):  # a shipped checkpoint folder, whole (config, weights, tokenizer)
+        if f.suffix in (".json", ".safetensors") or f.name == "README.md":
+            found.add(f"zoo/presets/{f.parent.name}/{f.name}")
     return found
+
+
+def test_a_shipped_checkpoint_is_in_the_tree_to_check():
+    """The wheel check above covers the shipped checkpoint folders only if there is one."""
+    folders = [d for d in (ROOT / "models").iterdir() if d.is_dir() and (d / "config.json").exists()]
+    assert folders, "models/ holds no checkpoint folder (scripts/train_lm.py writes models/tiny-stdlib-llama)"
+    for d in folders:
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in d.iterdir()}, d
 
 
 def test_wheel_holds_every_module_and_preset_of_the_tree(wheel):

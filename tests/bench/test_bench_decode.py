@@ -34,11 +34,18 @@ def test_decode_bench_static_paths_the_peer_and_the_floor(tmp_path, capsys):
     paths = ["--paths", "eager-static,transformers-static,ort-decomposed-static"]
     code = main(["bench", "llama-3-8b", *TINY, "--decode", "--past", "16", *paths, *QUICK, "--json", str(out)])
     assert code == 0, capsys.readouterr()
-    rows = json.loads(out.read_text())["rows"]
+    report = json.loads(out.read_text())
+    rows = report["rows"]
     assert [r["path"] for r in rows] == ["eager-static", "transformers-static", "ort-decomposed-static"]
     for r in rows:
         assert r["ok"] and r["bandwidth_gbs"] > 0.1 and r["floor_ms"] > 0
         assert r["x_floor"] == pytest.approx(r["ms_per_token"] / r["floor_ms"])
+        # The floor reads the step's own bytes (weights + cache) with the path's threads, and says
+        # what part of them the last-level cache holds between steps.
+        assert r["bandwidth_threads"] == report["threads"]
+        assert r["floor_gbs"] == r.get("working_set_gbs", r["bandwidth_gbs"])
+        assert r["floor_ms"] == pytest.approx((r["weight_mb"] + r["cache_mb"]) / r["floor_gbs"])
+        assert r.get("l3_part") is None or 0.0 <= r["l3_part"] <= 1.0
         assert r["cache_mb"] == pytest.approx(2 * 16 * (16 + 16) * 4 / 1e6)  # g=2, p=16, dk+dv, fp32
     assert "x floor" in capsys.readouterr().out
     # A block transformers' LlamaAttention does not have: the peer is skipped with the reason.

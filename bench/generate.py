@@ -1,0 +1,266 @@
+"""Whole-model generation benchmark: the same greedy tokens from a checkpoint, path by path, each in
+its own process.
+
+    attnzoo bench --checkpoint DIR --generate --prompt 128,1024 --new 64 --precision fp32,int4 \
+        [--genai-python PATH] [--llama-python PATH --gguf fp32=F32.gguf,int4=Q4_0.gguf] [--json PATH]
+
+Paths (PATHS): attnzoo (export_onnx(model, decode=True, precision=P) and OnnxSession.generate),
+transformers' generate with its dynamic cache and with cache_implementation="static" (fp32 only),
+onnxruntime-genai (its builder, then og.Generator) from the python given by --genai-python, and
+llama.cpp through llama-cpp-python from --llama-python with a GGUF per precision (int4 = Q4_0).
+A path whose environment or model is not given, or that cannot run, is a row saying why.
+
+Every worker (bench/generate_peers.py) gets the same prompt ids, B = 1, the same threads; it times
+its own greedy loop: end-to-end seconds for N new tokens, the prefill (the call for 1 token),
+decode ms/token, and its peak RSS. Token agreement: each row's tokens against transformers'
+dynamic-cache fp32 tokens at the same prompt (the leading run that matches, and the count equal).
+`--checkpoint random` is the issue's random LLaMA (bench/checkpoints.py), made in a temp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .checkpoints import prompt_ids, random_llama
+from .generate_peers import RESULT_MARK
+from .jobs import BenchError
+from .machine import default_threads, machine_info, versions
+from .worker import import_root
+
+PATHS = ("attnzoo", "transformers-dynamic", "transformers-static", "onnxruntime-genai", "llama.cpp")
+PRECISIONS = ("fp32", "int8", "int4")
+ONLY_FP32 = ("transformers-dynamic", "transformers-static")
+REFERENCE = "transformers-dynamic"
+WORKER = Path(__file__).resolve().parent / "generate_peers.py"
+RANDOM = "random"
+
+
+def benchmark_generate(
+    checkpoint: str,
+    *,
+    prompts: list[int],
+    new: int,
+    precisions: list[str],
+    threads: int | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    genai_python: str | None = None,
+    llama_python: str | None = None,
+    gguf: dict[str, str] | None = None,
+    paths: list[str] | None = None,
+    timeout: float = 1800.0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Build each path's model once per precision, then time every (prompt, precision, path)."""
+    paths = list(paths or PATHS)
+    bad = sorted(set(paths) - set(PATHS)) + sorted(set(precisions) - set(PRECISIONS))
+    if bad:
+        raise BenchError(f"unknown path or precision {bad}; paths: {', '.join(PATHS)}; precisions: fp32,int8,int4")
+    if new < 1 or not prompts or min(prompts) < 1:
+        raise BenchError(f"--new {new} and --prompt {prompts} must be positive")
+    threads = threads or default_threads()
+    pythons = {p: sys.executable for p in PATHS}
+    pythons["onnxruntime-genai"] = genai_python or ""
+    pythons["llama.cpp"] = llama_python or ""
+    with tempfile.TemporaryDirectory(prefix="attnzoo-bench-generate-") as tmp:
+        folder = str(random_llama(Path(tmp) / "random-llama")) if checkpoint == RANDOM else checkpoint
+        if not (Path(folder) / "config.json").is_file():
+            raise BenchError(f"--checkpoint {checkpoint} has no config.json; name a transformers checkpoint folder")
+        max_len = max(prompts) + new
+        models: dict[tuple[str, str], str] = {}
+        skipped: dict[tuple[str, str], str] = {}
+        builds: dict[str, Any] = {}
+        for path in paths:
+            for precision in precisions:
+                why = _why_not(path, precision, pythons[path], gguf or {})
+                if why:
+                    skipped[(path, precision)] = why
+                    continue
+                if path == "llama.cpp":
+                    models[(path, precision)] = (gguf or {})[precision]
+                    continue
+                if path in ONLY_FP32:
+                    continue
+                target = str(Path(tmp) / f"{path}-{precision}" / ("model.onnx" if path == "attnzoo" else ""))
+                job = {
+                    "stage": "build",
+                    "path": path,
+                    "checkpoint": folder,
+                    "precision": precision,
+                    "model": target.rstrip("/"),
+                    "max_len": max_len,
+                    "threads": threads,
+                }
+                started = time.perf_counter()
+                result = _spawn(pythons[path], job, timeout)
+                builds[f"{path} {precision}"] = {**result, "seconds": time.perf_counter() - started}
+                if result.get("ok"):
+                    models[(path, precision)] = job["model"]
+                else:
+                    skipped[(path, precision)] = f"build failed: {result.get('error')}"
+                if progress:
+                    print(f"built {path} {precision}: {result.get('ok')}", file=sys.stderr)
+        rows = []
+        for prompt in prompts:
+            ids = prompt_ids(folder, prompt)
+            for precision in precisions:
+                for path in paths:
+                    if (path, precision) in skipped or (path in ONLY_FP32 and precision != "fp32"):
+                        continue
+                    job = {
+                        "stage": "time",
+                        "path": path,
+                        "checkpoint": folder,
+                        "precision": precision,
+                        "model": models.get((path, precision), ""),
+                        "prompt": ids,
+                        "new": new,
+                        "threads": threads,
+                        "warmup": warmup,
+                        "repeats": repeats,
+                        "max_len": max_len,
+                    }
+                    result = _spawn(pythons[path], job, timeout)
+                    rows.append({"path": path, "precision": precision, "prompt": prompt, **result})
+                    if progress:
+                        print(f"prompt {prompt} {path} {precision}: {_brief(result)}", file=sys.stderr)
+    _agreement(rows)
+    return {
+        "kind": "generate",
+        "checkpoint": checkpoint,
+        "config": _config_facts(folder) if checkpoint != RANDOM else {"random_llama": True},
+        "prompts": prompts,
+        "new": new,
+        "precisions": precisions,
+        "threads": threads,
+        "warmup": warmup,
+        "repeats": repeats,
+        "rows": rows,
+        "skipped": [{"path": p, "precision": q, "why": why} for (p, q), why in skipped.items()],
+        "builds": builds,
+        "machine": {**machine_info(), **cpu_facts()},
+        "versions": versions(),
+    }
+
+
+def _why_not(path: str, precision: str, python: str, gguf: dict[str, str]) -> str | None:
+    if path in ONLY_FP32 and precision != "fp32":
+        return None  # transformers rows are fp32 only; nothing to report per precision
+    if path == "attnzoo":
+        import zoo
+
+        if getattr(zoo, "lm_from_checkpoint", None) is None:
+            return "this attnzoo has no whole-model loader (zoo.lm_from_checkpoint)"
+    if path == "onnxruntime-genai":
+        if not python:
+            return "no --genai-python given (onnxruntime-genai brings its own onnxruntime: give its environment)"
+        if precision == "int8":
+            return "onnxruntime-genai's builder has no int8 weight precision"
+    if path == "llama.cpp":
+        if not python:
+            return "no --llama-python given (llama-cpp-python's environment)"
+        if precision not in gguf:
+            return f"no GGUF for {precision} (--gguf {precision}=FILE; int4 is Q4_0)"
+    if python and not Path(python).exists():
+        return f"{python} does not exist"
+    return None
+
+
+def _spawn(python: str, job: dict, timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    if python == sys.executable:  # the attnzoo and transformers workers run exactly this code
+        root = import_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        proc = subprocess.run(
+            [python, str(WORKER), json.dumps(job)], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s (raise --timeout)"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK) :])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"ok": False, "error": f"worker exited {proc.returncode}: {tail}"}
+
+
+def _agreement(rows: list[dict[str, Any]]) -> None:
+    """Each row's tokens against the reference path's fp32 tokens at the same prompt."""
+    for row in rows:
+        ref = next((r for r in rows if r["path"] == REFERENCE and r["prompt"] == row["prompt"] and r.get("ok")), None)
+        if not row.get("ok") or ref is None:
+            continue
+        a, b = row["tokens"], ref["tokens"]
+        lead = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        row["agree_leading"] = lead
+        row["agree_count"] = sum(x == y for x, y in zip(a, b))
+
+
+def _brief(result: dict[str, Any]) -> str:
+    if not result.get("ok"):
+        return result.get("error", "?")
+    return f"{result['end_to_end_s']:.3f} s, {result['tokens_per_s']:.0f} tok/s"
+
+
+def _config_facts(folder: str) -> dict[str, Any]:
+    config = json.loads((Path(folder) / "config.json").read_text())
+    keys = (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+    )
+    return {k: config.get(k) for k in keys}
+
+
+def cpu_facts() -> dict[str, Any]:
+    """AVX-512 or not, the L3 size and the load average: what the figures depend on."""
+    facts: dict[str, Any] = {"load_avg": list(os.getloadavg())}
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        facts["avx512"] = "avx512f" in flags.split()
+        facts["avx2"] = "avx2" in flags.split()
+    except (OSError, StopIteration):
+        pass
+    l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    if l3.exists():
+        facts["l3"] = l3.read_text().strip()
+    return facts
+
+
+def format_generate_table(report: dict[str, Any]) -> str:
+    """A markdown table: one row per (prompt, precision, path), then the skipped paths."""
+    m = report["machine"]
+    lines = [
+        f"generate: {report['checkpoint']}, B 1, {report['new']} new tokens, {report['threads']} threads, "
+        f"best of {report['repeats']} after {report['warmup']} warm-up; {m.get('cpu')} "
+        f"({'AVX-512' if m.get('avx512') else 'no AVX-512'}), load {', '.join(f'{x:.1f}' for x in m['load_avg'])}",
+        "",
+        "| prompt | precision | path | end to end s | tokens/s | prefill s | decode ms/token | peak RSS MB "
+        "| agree (leading / equal) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in report["rows"]:
+        head = f"| {r['prompt']} | {r['precision']} | {r['path']} |"
+        if not r.get("ok"):
+            lines.append(f"{head} error: {r.get('error', '?')} | | | | | |")
+            continue
+        agree = f"{r['agree_leading']} / {r['agree_count']} of {report['new']}" if "agree_count" in r else ""
+        decode = "" if r.get("decode_ms_per_token") is None else f"{r['decode_ms_per_token']:.2f}"
+        lines.append(
+            f"{head} {r['end_to_end_s']:.3f} | {r['tokens_per_s']:.0f} | {r['prefill_s']:.3f} | {decode} "
+            f"| {r['peak_rss_mb']:.0f} | {agree} |"
+        )
+    for s in report["skipped"]:
+        lines.append(f"| | {s['precision']} | {s['path']} | skipped: {s['why']} | | | | | |")
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""One generation path, built or timed in its own process: `PYTHON generate_peers.py JOB_JSON`.
+
+This file imports nothing of attnzoo's at the top and only the standard library: it runs under
+another environment's python too (onnxruntime-genai brings its own onnxruntime, llama-cpp-python
+its own build), which is how the benchmark keeps each peer in the environment it needs. The
+attnzoo path imports zoo and export inside its functions (the parent sets PYTHONPATH for it).
+
+A job (JSON): {"stage": "build"|"time", "path": PATH, "checkpoint": DIR, "precision": "fp32"|"int4"|...,
+"model": the built model (ONNX file, genai folder, GGUF file), "prompt": [ids], "new": N,
+"threads": T, "warmup": W, "repeats": R, "max_len": L}.
+
+Timing (stage "time"), the same for every path: `generate(n)` runs the path's own greedy loop from
+the prompt (a fresh cache each call) and returns the n new tokens. W warm-up rounds of generate(1)
+and generate(N), then R rounds of generate(1) (prefill and the first token) and generate(N); the best of each.
+decode ms/token = (best N - best 1) / (N - 1). Peak memory is the worker's peak RSS (ru_maxrss),
+model and runtime included. The one result line on stdout starts with RESULT_MARK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+RESULT_MARK = "ATTNZOO-GENERATE-RESULT "
+
+
+# ---- attnzoo: export_onnx(model, decode=True, precision=P) + OnnxSession.generate ----
+def build_attnzoo(job: dict) -> dict:
+    import torch
+
+    import zoo
+    from export import export_onnx
+
+    model = zoo.lm_from_checkpoint(job["checkpoint"], dtype=torch.float32)
+    extra = {} if job["precision"] == "fp32" else {"precision": job["precision"]}
+    export_onnx(model, job["model"], decode=True, cache="static", max_len=job["max_len"], **extra)
+    return {}
+
+
+def load_attnzoo(job: dict):
+    import numpy as np
+
+    from export import OnnxSession
+
+    session = OnnxSession(job["model"], provider="cpu", threads=job["threads"])
+    ids = np.asarray([job["prompt"]], dtype=np.int64)
+
+    def generate(n: int) -> list[int]:
+        out = session.generate(ids, max_new_tokens=n)
+        return [int(t) for t in list(out[0])[len(job["prompt"]) :]]
+
+    return generate
+
+
+# ---- transformers' generate, dynamic cache and static cache ----
+def _load_transformers(job: dict, cache_implementation: str | None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(job["threads"])
+    model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], dtype=torch.float32).eval()
+    ids = torch.tensor([job["prompt"]], dtype=torch.long)
+    extra = {} if cache_implementation is None else {"cache_implementation": cache_implementation}
+    pad = model.generation_config.pad_token_id
+    pad = model.generation_config.eos_token_id if pad is None else pad
+
+    def generate(n: int) -> list[int]:
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=pad,
+                **extra,
+            )
+        return out[0, ids.shape[1] :].tolist()
+
+    return generate
+
+
+def load_transformers_dynamic(job: dict):
+    return _load_transformers(job, None)
+
+
+def load_transformers_static(job: dict):
+    return _load_transformers(job, "static")
+
+
+# ---- onnxruntime-genai: its builder, then og.Generator's greedy loop ----
+GENAI_INT4 = ["int4_block_size=32", "int4_accuracy_level=4"]  # MatMulNBits, block 32, accuracy level 4
+
+
+def build_genai(job: dict) -> dict:
+    out, cache = job["model"], job["model"] + ".cache"
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", job["checkpoint"], "-o", out]
+    cmd += ["-p", job["precision"], "-e", "cpu", "-c", cache]
+    if job["precision"] == "int4":
+        cmd += ["--extra_options", *GENAI_INT4]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:300]
+        return {"ok": False, "error": f"onnxruntime-genai's builder exited {proc.returncode}: {tail}"}
+    config_file = os.path.join(out, "genai_config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    options = config["model"]["decoder"].setdefault("session_options", {})
+    options["intra_op_num_threads"] = job["threads"]  # the same threads as every other path
+    with open(config_file, "w") as f:
+        json.dump(config, f, indent=2)
+    return {"command": " ".join(["python", *cmd[1:]])}
+
+
+def load_genai(job: dict):
+    import onnxruntime_genai as og
+
+    model = og.Model(job["model"])
+    prompt = job["prompt"]
+
+    def generate(n: int) -> list[int]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + n, min_length=len(prompt) + n, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(prompt)
+        out = []
+        while not generator.is_done():
+            generator.generate_next_token()
+            out.append(int(generator.get_next_tokens()[0]))
+        return out
+
+    return generate
+
+
+# ---- llama.cpp through llama-cpp-python: eval the prompt, then argmax and eval one token ----
+def load_llama(job: dict):
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    prompt = job["prompt"]
+    llm = llama_cpp.Llama(
+        model_path=job["model"],
+        n_ctx=len(prompt) + job["new"],
+        n_batch=len(prompt),
+        n_threads=job["threads"],
+        n_threads_batch=job["threads"],
+        verbose=False,
+    )
+    n_vocab = llm.n_vocab()
+
+    def last_logits():
+        pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+
+    def generate(n: int) -> list[int]:
+        llm.reset()
+        llm.eval(prompt)
+        out = []
+        for i in range(n):
+            out.append(int(np.argmax(last_logits())))
+            if i < n - 1:
+                llm.eval([out[-1]])
+        return out
+
+    return generate
+
+
+BUILDERS = {"attnzoo": build_attnzoo, "onnxruntime-genai": build_genai}
+LOADERS = {
+    "attnzoo": load_attnzoo,
+    "transformers-dynamic": load_transformers_dynamic,
+    "transformers-static": load_transformers_static,
+    "onnxruntime-genai": load_genai,
+    "llama.cpp": load_llama,
+}
+
+
+def time_path(job: dict) -> dict:
+    started = time.perf_counter()
+    generate = LOADERS[job["path"]](job)
+    load_s = time.perf_counter() - started
+    n = job["new"]
+    for _ in range(job["warmup"]):  # both calls the rounds time, so neither is timed cold
+        generate(1)
+        tokens = generate(n)
+    best_one, best_all = float("inf"), float("inf")
+    for _ in range(job["repeats"]):
+        t0 = time.perf_counter()
+        generate(1)
+        best_one = min(best_one, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tokens = generate(n)
+        best_all = min(best_all, time.perf_counter() - t0)
+    if len(tokens) != n:
+        return {"ok": False, "error": f"{job['path']} returned {len(tokens)} new tokens, not {n}"}
+    return {
+        "tokens": tokens,
+        "load_s": load_s,
+        "end_to_end_s": best_all,
+        "prefill_s": best_one,
+        "decode_ms_per_token": (best_all - best_one) / (n - 1) * 1e3 if n > 1 else None,
+        "tokens_per_s": n / best_all,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,  # KiB on Linux
+    }
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(argv[1])
+    load_before = os.getloadavg()[0]
+    try:
+        work = BUILDERS[job["path"]] if job["stage"] == "build" else time_path
+        result = {"ok": True, **work(job)}  # a result may say "ok": False itself, with its error
+    except Exception as e:  # noqa: BLE001 - any failure becomes the row's note, not a crash
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        result = {"ok": False, "error": f"{type(e).__name__}: {first}"}
+    result["load_avg"] = [load_before, os.getloadavg()[0]]
+    result["python"] = sys.executable
+    print(RESULT_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)  # run as a file: bench/'s own modules must not shadow anything
+    sys.exit(main(sys.argv))

@@ -1,0 +1,335 @@
+"""Train the shipped tiny LLaMA on the Python standard library's own source: python scripts/train_lm.py.
+
+What it makes (models/tiny-stdlib-llama/, transformers' own format, a few MB):
+- a byte-level LLaMA: vocab 259 = the 256 bytes (id = byte value) + BOS 256, EOS 257, PAD 258;
+  hidden 256, 4 layers, 4 heads of 64, 2 kv heads (GQA), SwiGLU intermediate 688, RoPE theta 10000,
+  untied head; trained on windows of CONTEXT bytes;
+- config.json, model.safetensors (weights stored in float16: half the size of float32, and 3 more
+  mantissa bits than bfloat16; the losses in the README are measured with the stored weights),
+  generation_config.json (greedy), tokenizer.json (bench.checkpoints.byte_tokenizer: the `tokenizers`
+  library's byte-level BPE with no merges; any text round-trips, one token per UTF-8 byte) and
+  tokenizer_config.json.
+
+The data: every `*.py` under the running interpreter's standard library (sysconfig's "stdlib"),
+sorted, without site-packages and the test suites; each file is BOS + its bytes + EOS. HELD_OUT
+names the files kept for evaluation. The corpus's sha256 is printed and written to the README:
+another Python version has other files, hence other weights.
+
+Bit-reproducible: seeds fixed, torch.use_deterministic_algorithms(True), THREADS intra-op threads
+(the result depends on the thread count, not on the machine's load). Check: run twice and compare
+the sha256 of model.safetensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.checkpoints import BOS, EOS, PAD, save_tokenizer  # noqa: E402  (the tokenizer the bench uses too)
+
+NAME = "tiny-stdlib-llama"
+SEED = 1234
+THREADS = 1  # bit-reproducible at any fixed count; 1 because 2 threads are slower than 1 on a shared 2-core box
+VOCAB = 259  # the 256 bytes, then BOS, EOS, PAD
+CONTEXT = 256
+BATCH = 8
+STEPS = 120
+LR = 3e-3
+WARMUP = 20
+EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test"}
+# Held out for evaluation: small, long-lived modules every CPython 3.x has.
+HELD_OUT = ("bisect.py", "colorsys.py", "fractions.py", "heapq.py", "shlex.py", "textwrap.py")
+SHAPE = dict(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=688,
+    max_position_embeddings=2048,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+
+
+def stdlib_root() -> Path:
+    """The standard library folder of the running interpreter."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def corpus_files(root: Path) -> list[Path]:
+    """Every .py file under root, sorted by relative path, outside EXCLUDED_DIRS."""
+    found = [p for p in root.rglob("*.py") if p.is_file() and not (set(p.relative_to(root).parts[:-1]) & EXCLUDED_DIRS)]
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def split_files(files: list[Path], root: Path) -> tuple[list[Path], list[Path]]:
+    """(train, held out): the held-out files are the top-level modules named in HELD_OUT."""
+    held = [p for p in files if p.relative_to(root).as_posix() in HELD_OUT]
+    missing = sorted(set(HELD_OUT) - {p.name for p in held})
+    if missing:
+        sys.exit(f"train_lm: the standard library at {root} lacks the held-out files {missing}")
+    return [p for p in files if p not in held], held
+
+
+def encode_files(files: list[Path]) -> list[int]:
+    """BOS + bytes + EOS for each file, concatenated: the token ids are the byte values."""
+    ids: list[int] = []
+    for p in files:
+        ids += [BOS, *p.read_bytes(), EOS]
+    return ids
+
+
+def corpus_sha256(files: list[Path], root: Path) -> str:
+    """One digest over the relative paths and bytes of the files, in order."""
+    h = hashlib.sha256()
+    for p in files:
+        data = p.read_bytes()
+        h.update(f"{p.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def build_model(seed: int = SEED):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, **SHAPE)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def loss_on(model, ids, context: int = CONTEXT) -> float:
+    """Mean next-byte cross-entropy (nats) over ids cut into consecutive windows of context + 1."""
+    import torch
+
+    data = torch.tensor(ids, dtype=torch.long)
+    n = (len(data) - 1) // context
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, n, 8):
+            rows = [data[j * context : j * context + context + 1] for j in range(i, min(n, i + 8))]
+            x = torch.stack(rows)
+            logits = model(input_ids=x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1), reduction="sum")
+            total, count = total + loss.item(), count + x[:, 1:].numel()
+    return total / count
+
+
+def train(train_ids: list[int], steps: int, log, seed: int = SEED):
+    import torch
+
+    model = build_model(seed)
+    data = torch.tensor(train_ids, dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / WARMUP) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
+    model.train()
+    t0, losses = time.time(), []
+    for step in range(1, steps + 1):
+        starts = torch.randint(0, len(data) - CONTEXT - 1, (BATCH,), generator=gen)
+        x = torch.stack([data[s : s + CONTEXT + 1] for s in starts.tolist()])
+        logits = model(input_ids=x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == steps:
+            recent = sum(losses[-10:]) / len(losses[-10:])
+            log(f"step {step}/{steps} loss {recent:.4f} ({time.time() - t0:.0f} s)")
+    return model, sum(losses[-50:]) / len(losses[-50:])
+
+
+def write_folder(model, out: Path, facts: dict) -> str:
+    """Write the folder whole (a temp folder renamed into place); returns the safetensors sha256."""
+    import torch
+    from transformers import GenerationConfig
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.float16)
+    model.config.dtype = "float16"
+    model.save_pretrained(tmp, safe_serialization=True)
+    GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, do_sample=False).save_pretrained(tmp)
+    save_tokenizer(tmp, VOCAB, CONTEXT)
+    digest = hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest()
+    (tmp / "training.json").write_text(json.dumps({**facts, "safetensors_sha256": digest}, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return digest
+
+
+SAMPLE_PROMPTS = ("def ", "import os\n\n\nclass ")
+
+
+def samples(folder: Path, new: int = 160) -> list[tuple[str, str]]:
+    """Greedy continuations of SAMPLE_PROMPTS by transformers' generate from the saved folder, in fp32."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    out = []
+    for prompt in SAMPLE_PROMPTS:
+        ids = torch.tensor([[BOS, *tok.encode(prompt, add_special_tokens=False).ids]])
+        with torch.inference_mode():
+            got = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, pad_token_id=PAD
+            )
+        out.append((prompt, tok.decode(got[0, ids.shape[1] :].tolist(), skip_special_tokens=False)))
+    return out
+
+
+README = """# {name}
+
+A tiny byte-level LLaMA trained on the Python standard library's own source, in transformers' own
+format (config.json, model.safetensors, tokenizer.json): the checkpoint attnzoo ships to generate
+from and to state quantization error on. Made by `{command}`, {seconds:.0f} s on
+{threads} thread(s) of a 2-core AMD EPYC shared with five other jobs (load about 15; a few minutes quiet).
+
+- Architecture: LlamaForCausalLM, hidden 256, 4 layers, 4 heads of 64, **2 kv heads (GQA)**, SwiGLU
+  intermediate 688, RoPE theta 10000, untied head, vocab 259 (the 256 bytes with id = byte value,
+  then `<s>` 256, `</s>` 257, `<pad>` 258). Trained on windows of {context} bytes; max_position_embeddings
+  says 2048, but positions past {context} are RoPE extrapolation, never seen in training.
+- Weights stored in **float16** (half of float32's size, 3 more mantissa bits than bfloat16); load with
+  `dtype=torch.float32` to run in fp32 (transformers' default `dtype="auto"` would give float16).
+  model.safetensors sha256 `{sha}`.
+- Data: python {python}'s standard library (sysconfig's "stdlib"), every `*.py` outside site-packages
+  and the test suites, sorted: {train_files} files, {train_tokens:,} bytes (corpus sha256
+  `{corpus}`); each file is `<s>` + its bytes + `</s>`. Another Python version has other files,
+  hence other weights.
+- Held out: {held} ({held_tokens:,} bytes).
+- Training: {steps} steps of {batch} x {context} bytes (about {seen:,} bytes, a small part of one pass),
+  AdamW lr 3e-3 with warm-up and cosine decay, seed {seed}, torch {torch},
+  `torch.use_deterministic_algorithms(True)`, {threads} thread(s): two runs gave the same sha256.
+- Loss (nats per byte): training {train_loss:.3f} (mean of the last 50 steps); held out {held_fp32:.3f}
+  in fp32 and {held_fp16:.3f} with the stored float16 weights. A uniform guess is 5.55.
+
+It is small and barely trained (the budget was set for a 2-core machine that six jobs shared): it
+has learned the bytes' statistics (spaces, letter runs, `self.`, ` = `, `_`), not Python yet, and
+greedy decoding soon falls into a loop. That is enough for what attnzoo uses it for (real, not
+random, weights: next-token logits with a margin, so int8/int4 error means something; tokens to
+compare across runtimes); `--steps N` trains longer (other weights, another sha256). Greedy
+continuations with transformers' `generate` from this folder, as written by the script:
+
+{samples}
+"""
+
+
+def write_readme(folder: Path) -> None:
+    facts = json.loads((folder / "training.json").read_text())
+    shown = "\n\n".join(f"```\n{p}{c}\n```\n(prompt: {p!r})" for p, c in samples(folder))
+    text = README.format(
+        name=folder.name,
+        sha=facts["safetensors_sha256"],
+        seconds=facts["train_seconds"],
+        command=facts["command"],
+        threads=facts["threads"],
+        context=facts["context"],
+        python=facts["python"],
+        train_files=facts["train_files"],
+        train_tokens=facts["train_tokens"],
+        corpus=facts["corpus_sha256"],
+        held=", ".join(facts["held_out_files"]),
+        held_tokens=facts["held_out_tokens"],
+        steps=facts["steps"],
+        batch=facts["batch"],
+        seen=facts["steps"] * facts["batch"] * facts["context"],
+        seed=facts["seed"],
+        torch=facts["torch"],
+        train_loss=facts["train_loss_last50"],
+        held_fp32=facts["held_out_loss_fp32"],
+        held_fp16=facts["held_out_loss_stored_fp16"],
+        samples=shown,
+    )
+    tmp = folder / ".README.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, folder / "README.md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("-o", "--output", default=str(REPO / "models" / NAME))
+    p.add_argument("--readme-only", action="store_true", help="rewrite README.md of an existing output folder")
+    args = p.parse_args(argv)
+    if args.readme_only:
+        write_readme(Path(args.output))
+        return 0
+
+    import torch
+
+    torch.set_num_threads(THREADS)
+    torch.use_deterministic_algorithms(True)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    root = stdlib_root()
+    files = corpus_files(root)
+    train_files, held = split_files(files, root)
+    train_ids, held_ids = encode_files(train_files), encode_files(held)
+    corpus = corpus_sha256(train_files, root)
+    log(
+        f"python {sys.version.split()[0]}, stdlib {root}: {len(train_files)} training files ({len(train_ids)} tokens, "
+        f"sha256 {corpus[:16]}), held out {[p.name for p in held]} ({len(held_ids)} tokens)"
+    )
+    log(f"torch {torch.__version__}, {THREADS} thread(s), seed {args.seed}, {args.steps} steps of {BATCH}x{CONTEXT}")
+    t0 = time.time()
+    model, train_loss = train(train_ids, args.steps, log, args.seed)
+    seconds = time.time() - t0
+    held_fp32 = loss_on(model, held_ids)
+    model.to(torch.float16).to(torch.float32)  # the stored weights, evaluated in fp32
+    held_loss = loss_on(model, held_ids)
+    facts = {
+        "command": "python scripts/train_lm.py"
+        + (f" --steps {args.steps}" if args.steps != STEPS else "")
+        + (f" --seed {args.seed}" if args.seed != SEED else ""),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "threads": THREADS,
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch": BATCH,
+        "context": CONTEXT,
+        "train_files": len(train_files),
+        "train_tokens": len(train_ids),
+        "corpus_sha256": corpus,
+        "held_out_files": [p.name for p in held],
+        "held_out_tokens": len(held_ids),
+        "train_loss_last50": round(train_loss, 4),
+        "held_out_loss_fp32": round(held_fp32, 4),
+        "held_out_loss_stored_fp16": round(held_loss, 4),
+        "train_seconds": round(seconds, 1),
+    }
+    digest = write_folder(model, Path(args.output), facts)
+    write_readme(Path(args.output))
+    log(
+        f"train loss {train_loss:.4f}, held-out loss {held_fp32:.4f} (fp32) / {held_loss:.4f} (stored fp16) "
+        f"nats/byte; {seconds:.0f} s; wrote {args.output}; model.safetensors sha256 {digest}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

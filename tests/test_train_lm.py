@@ -1,0 +1,120 @@
+"""The shipped checkpoint (models/tiny-stdlib-llama) and the script that trains it (scripts/train_lm.py):
+the folder loads with transformers and generates byte text; the script's data split, tokenizer and
+determinism on a tiny budget."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+
+import pytest
+
+from helpers import REPO
+
+FOLDER = REPO / "models" / "tiny-stdlib-llama"
+
+
+@pytest.fixture(scope="module")
+def train_lm():
+    spec = importlib.util.spec_from_file_location("train_lm", REPO / "scripts" / "train_lm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fake_stdlib(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stdlib")
+    files = {
+        "os.py": "import sys\n",
+        "json/decoder.py": "x = 1\n",
+        "test/test_os.py": "bad\n",
+        "site-packages/pkg/mod.py": "bad\n",
+        "idlelib/idle_test/t.py": "bad\n",
+        "notes.txt": "bad\n",
+    }
+    files.update(
+        {
+            name: f"# {name}\ndef f():\n    return 'é'\n"
+            for name in ("bisect.py", "colorsys.py", "fractions.py", "heapq.py", "shlex.py", "textwrap.py")
+        }
+    )
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def test_corpus_is_sorted_python_outside_tests_and_site_packages(train_lm, fake_stdlib):
+    files = [p.relative_to(fake_stdlib).as_posix() for p in train_lm.corpus_files(fake_stdlib)]
+    assert files == sorted(files)
+    assert "os.py" in files and "json/decoder.py" in files
+    assert not [f for f in files if "test" in f or "site-packages" in f or not f.endswith(".py")]
+
+
+def test_held_out_files_are_the_named_ones_and_never_trained_on(train_lm, fake_stdlib):
+    files = train_lm.corpus_files(fake_stdlib)
+    train, held = train_lm.split_files(files, fake_stdlib)
+    assert sorted(p.name for p in held) == sorted(train_lm.HELD_OUT)
+    assert not set(train) & set(held) and len(train) + len(held) == len(files)
+    with pytest.raises(SystemExit, match="lacks the held-out files"):
+        train_lm.split_files([p for p in files if p.name != "heapq.py"], fake_stdlib)
+
+
+def test_files_encode_as_bytes_between_bos_and_eos(train_lm, fake_stdlib):
+    ids = train_lm.encode_files([fake_stdlib / "os.py"])
+    assert ids == [train_lm.BOS, *b"import sys\n", train_lm.EOS]
+
+
+def test_training_is_bit_reproducible_on_a_tiny_budget(train_lm, fake_stdlib, monkeypatch):
+    """Two runs of two steps from the same seed give the same weights, bit for bit."""
+    import torch
+
+    monkeypatch.setattr(train_lm, "CONTEXT", 16)
+    monkeypatch.setattr(train_lm, "BATCH", 2)
+    monkeypatch.setattr(
+        train_lm, "SHAPE", {**train_lm.SHAPE, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    )
+    ids = train_lm.encode_files(train_lm.corpus_files(fake_stdlib))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(train_lm.THREADS)
+    try:
+        with torch.random.fork_rng():
+            runs = [train_lm.train(ids, 2, lambda line: None)[0].state_dict() for _ in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    assert runs[0].keys() == runs[1].keys()
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
+def test_shipped_checkpoint_is_small_gqa_and_matches_its_record():
+    config = json.loads((FOLDER / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_key_value_heads"] < config["num_attention_heads"]
+    assert config["vocab_size"] == 259
+    size = sum(f.stat().st_size for f in FOLDER.iterdir())
+    assert size < 10e6, f"{FOLDER} is {size / 1e6:.1f} MB"
+    record = json.loads((FOLDER / "training.json").read_text())
+    digest = hashlib.sha256((FOLDER / "model.safetensors").read_bytes()).hexdigest()
+    assert record["safetensors_sha256"] == digest
+    assert digest in (FOLDER / "README.md").read_text()
+
+
+def test_shipped_checkpoint_loads_with_transformers_and_generates_text():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(str(FOLDER / "tokenizer.json"))
+    prompt = "def "
+    ids = torch.tensor([[256, *tok.encode(prompt, add_special_tokens=False).ids]])
+    with torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, pad_token_id=258
+        )
+    new = out[0, ids.shape[1] :].tolist()
+    assert len(new) == 24 and all(0 <= t < 259 for t in new)
+    text = tok.decode(new)
+    printable = sum(c.isprintable() or c in "\n\t" for c in text)
+    assert printable >= 0.9 * len(text), text  # bytes of source text, not noise
