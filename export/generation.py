@@ -107,7 +107,8 @@ def generate(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mas
         key_mask[:, :t] = am.astype(bool)
     from zoo.limits import check_fits
 
-    buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith("past_key_values.")]
+    prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
+    buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith(prefix)]
     need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for _, x in buffers)
     check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
 
@@ -171,4 +172,4 @@ def generate(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mas
     return torch.from_numpy(out) if as_torch else out
 
 
-__all__ = ["LM_PAST", "ROUND", "generate"]
+__all__ = ["ROUND", "generate", "lm_max_len", "lm_vocab"]

@@ -17,7 +17,7 @@ from helpers import REPO
 ROOT = REPO
 TOP_LEVEL = ["zoo", "peers", "export", "analysis", "bench", "serve", "cli"]
 COMMANDS = ["list", "show", "audit", "families", "export", "run", "parity", "bench", "heads", "importance", "ablate"]
-COMMANDS += ["serve", "triton", "loadtest"]
+COMMANDS += ["serve", "triton", "loadtest", "generate"]
 
 
 @pytest.fixture(scope="module")

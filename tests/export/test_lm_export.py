@@ -4,8 +4,8 @@ tokens equal eager DecoderLM.generate's, which equal transformers' greedy tokens
 configs of tests/peers/lm_cases.py; left padding, eos, int8/int4 against fp32, the refusals, and
 `attnzoo generate` / `attnzoo export --whole` with their one-line errors.
 
-One export per family, shared; the default run exports LLaMA (fp32 and int4), every other family and
-int8 run under -m slow (each export is ~30 CPU-seconds on this machine).
+One export per family, shared; the default run exports LLaMA (fp32 and int4), every other family,
+int8 and the capped export under -m slow (each export is ~30 CPU-seconds on this machine).
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ def test_refusals_are_one_line(lm_exports, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
+@pytest.mark.slow  # a third export (~30 CPU-s): the default run keeps two
 def test_max_len_caps_what_a_call_allocates(lm_exports, tmp_path):
     _, lm, _ = lm_exports(DEFAULT)
     path = export_onnx(lm, tmp_path / "capped.onnx", max_len=12).path
