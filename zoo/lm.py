@@ -43,6 +43,7 @@ from .attend import key_positions
 from .attention import MultiHeadAttention, static_step
 from .cache import GrowingCache, check_room
 from .errors import InputError, InputTypeError, SpecError
+from .hooks import HookedModel, layer_blocks
 from .limits import check_fits
 from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, MoE, Norm
 from .spec import AttentionSpec
@@ -208,8 +209,11 @@ class LMCache:
         return self.keys[0].shape[2]
 
 
-class DecoderLM(nn.Module):
-    """A decoder language model of zoo blocks for one `LMSpec` (see the module docstring)."""
+class DecoderLM(HookedModel, nn.Module):
+    """A decoder language model of zoo blocks for one `LMSpec` (see the module docstring).
+
+    Named locations (zoo/hooks.py): `run_with_cache` / `run_with_hooks` by "L{layer}.{location}" for each
+    layer's attention, and "L{layer}.resid_pre" / ".resid_post" for the residual stream around it."""
 
     def __init__(self, spec: LMSpec) -> None:
         super().__init__()
@@ -261,9 +265,14 @@ class DecoderLM(nn.Module):
         pos = torch.arange(t, device=input_ids.device)[None] if key_mask is None else key_positions(key_mask)
         h = self.embed(input_ids, pos)
         cache = GrowingCache(None, None, key_mask)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            h = self.resid(f"L{i}.resid_pre", h)
             h = layer(h, lambda x, blk=layer.attn: blk.step(x, cache)[0])
+            h = self.resid(f"L{i}.resid_post", h)
         return self.logits(h)
+
+    def hook_blocks(self) -> dict[str, nn.Module]:
+        return layer_blocks(self.layers)
 
     def step(
         self,
@@ -301,7 +310,9 @@ class DecoderLM(nn.Module):
             return y
 
         for i, layer in enumerate(self.layers):
+            h = self.resid(f"L{i}.resid_pre", h)
             h = layer(h, lambda x, i=i: attend(x, i))
+            h = self.resid(f"L{i}.resid_post", h)
         if not all_logits:
             h = h[:, -1:]
         return self.logits(h), tuple(new_k), tuple(new_v)

@@ -171,3 +171,24 @@ def test_a_sharded_checkpoint_reads_as_one_and_dtype_converts(tmp_path):
         half = lm_from_checkpoint(tmp_path, dtype="bfloat16")
     assert half.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in half.parameters())
     assert half.generate(ids, 3).shape == (2, ids.shape[1] + 3)
+
+
+@pytest.mark.parametrize("kind", kinds(("llama", "gemma2")))
+def test_named_patterns_equal_transformers_output_attentions(kind):
+    """L{i}.pattern of a whole model is transformers' output_attentions=True map, layer by layer; the
+    residual stream after a layer is its hidden state (output_hidden_states), and replacing one is read."""
+    model = _hf(kind)
+    ids = lm_cases.prompt()
+    with torch.no_grad():
+        out = model(ids, output_attentions=True, output_hidden_states=True)
+        lm = lm_from_hf(model)
+        logits, cache = lm.run_with_cache(ids)
+    torch.testing.assert_close(logits, out.logits, rtol=0, atol=1e-5 * float(out.logits.abs().max()))
+    for i, want in enumerate(out.attentions):
+        torch.testing.assert_close(cache[f"L{i}.pattern"], want, rtol=0, atol=1e-5)
+    for i in range(len(lm.layers) - 1):  # the last hidden state transformers returns is after the final norm
+        torch.testing.assert_close(cache[f"L{i}.resid_post"], out.hidden_states[i + 1], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        zeroed = lm.run_with_hooks(ids, hooks={"L0.resid_post": lambda h, name: torch.zeros_like(h)})
+        alone = lm.run_with_hooks(ids, hooks={"L0.z": lambda z, name: z})  # a hook that returns it unchanged
+    assert not torch.allclose(zeroed, logits) and torch.equal(alone, lm(ids))
