@@ -138,7 +138,7 @@ def read(row: Any, m: nn.Module) -> tuple[AttentionSpec, Projections]:
         rope_theta=rope["rope_theta"],
         rope_dim=dr,
         rope_interleaved=lat.rope_interleaved(m),
-        rope_scale=rope["rope_scale"],
+        **{k: v for k, v in rope.items() if k not in ("rope_theta", "rope_dim")},  # linear or scaled rotary
         kv_lora_rank=int(m.kv_lora_rank),
         q_lora_rank=int(m.q_lora_rank) if lora else None,
         latent_eps=eps.pop(),

@@ -238,6 +238,28 @@ CASES: dict[str, dict] = {
         spec_checks=dict(LATENT, q_lora_rank=None, rope_interleaved=False),
         variant=True,
     ),
+    "deepseek-v3-yarn": dict(  # the released config's yarn: scaled frequencies and mscale on the score scale
+        make=model_of(
+            "DeepseekV3Model",
+            "DeepseekV3Config",
+            _self_attn,
+            **dict(
+                DEEPSEEK,
+                max_position_embeddings=2560,
+                rope_scaling={
+                    "rope_type": "yarn",
+                    "factor": 40.0,
+                    "beta_fast": 32,
+                    "beta_slow": 1,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+        ),
+        spec_checks=dict(LATENT, q_lora_rank=24, rope_scaling="yarn", rope_factor=40.0),
+        variant=True,
+    ),
     "deepseek-v2": dict(
         make=model_of("DeepseekV2Model", "DeepseekV2Config", _self_attn, **dict(DEEPSEEK, q_lora_rank=None)),
         spec_checks=dict(LATENT, q_lora_rank=None, rope_interleaved=True),

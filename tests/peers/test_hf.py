@@ -799,8 +799,6 @@ PRESET_MODULES = {
             use_bias=True,
         ),
     ),
-    # the released config's rope_scaling (yarn, factor 40) left out: the zoo refuses yarn frequencies until its
-    # yarn fields land (models/deepseek-v3.toml says so)
     "deepseek-v3": (
         "deepseek_v3",
         "DeepseekV3Attention",
@@ -815,7 +813,17 @@ PRESET_MODULES = {
             qk_rope_head_dim=64,
             v_head_dim=128,
             rope_interleave=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            max_position_embeddings=163840,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 40.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096,
+            },
         ),
     ),
 }
