@@ -428,7 +428,8 @@ COPIES: tuple[Row, ...] = (
         family="GLM-4-MoE",
         cls="Glm4MoeAttention",
         rope="partial",
-        checks=(BIDIRECTIONAL, flag("use_qk_norm", "GLM-4-MoE's optional QK-norm is not read yet (qk_norm off here)")),
+        qk_norm="head",  # use_qk_norm: RMSNorm over head_dim, one weight shared by the heads, before the rotary
+        qk_norm_if="config.use_qk_norm?",
     ),
     _like(LLAMA, family="Jais-2", cls="Jais2Attention"),
     _like(LLAMA, family="CWM", cls="CwmAttention", window=SLIDING),

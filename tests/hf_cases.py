@@ -707,7 +707,6 @@ BIDIRECTIONAL_CASES = {
     "CwmAttention": "cwm",
     "ExaoneMoeAttention": "exaone-moe-sliding",
 }
-REFUSALS[("Glm4MoeAttention", "use_qk_norm set")] = ("glm4-moe", _set("config.use_qk_norm", True))
 REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))
 for _cls, _case in BIDIRECTIONAL_CASES.items():
     REFUSALS[(_cls, "use_bidirectional_attention=True")] = (_case, BIDI)
