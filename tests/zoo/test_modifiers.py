@@ -249,6 +249,13 @@ def test_qk_norm_weights_follow_heads(norm, kind):
             zoo.prune_heads(m, [3, 7])
     rt = zoo.to_separate(zoo.to_combined(m))
     close(rt(x), m(x), 1e-6)
+    if kind != "rms":  # LayerNorm applies before the cache, as RMSNorm does: both caches give the full rows
+        cm = zoo.heads.build(m.spec.replace(causal=True), zoo.get_projections(m)).eval()  # m's weights, causal
+        y = cm(x)
+        _, pk, pv = cm.decode(x[:, :3])
+        close(cm.decode(x[:, 3:], pk, pv)[0], y[:, 3:], 1e-5)
+        cache = zoo.StaticCache.empty(cm.spec, batch=2, max_len=8)
+        close(torch.cat([cm.decode(x[:, a:b], cache=cache) for a, b in ((0, 2), (2, 3), (3, 5))], 1), y, 1e-5)
 
 
 def test_head_state_lives_on_the_modifiers():
