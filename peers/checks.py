@@ -43,20 +43,6 @@ def cross(attr: str, child: str | None = None) -> Check:
     return Check("cross-attention", fn)
 
 
-def layernorm_qk(flag: str, where: str = "config") -> Check:
-    """Q/K normalized by LayerNorm (mean removed, bias): the zoo's qk_norm is RMSNorm."""
-
-    def fn(m: nn.Module) -> str | None:
-        on = getattr(m.config if where == "config" else m, flag, False)
-        if on:
-            return (
-                f"{flag}=True: it normalizes Q and K with LayerNorm (mean removed, bias), the zoo's qk_norm is RMSNorm"
-            )
-        return None
-
-    return Check(f"{flag}=True", fn)
-
-
 def bloom_slopes(m: nn.Module, heads: int) -> Tensor:
     """BLOOM's own ALiBi slopes, read from transformers' build_alibi_tensor (key 1 of a 2-token row)."""
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor

@@ -33,7 +33,7 @@ from zoo.modifiers import alibi_slopes
 
 from .classes import BY_CLASS
 from .model_types import DEFAULT_TRUE, FAMILIES, MAX_POSITIONS, ConfigView, Family
-from .rows import Row, read, value
+from .rows import Row, norm_shapes, read, value
 
 # -- reading a config --------------------------------------------------------------------------------
 
@@ -196,10 +196,10 @@ class Stand:
             lin(row.k, g * d, c)
             lin(row.v, g * d, c)
         lin(row.out, c, h * d)
-        if row.qk_norm is not None:
-            full = row.qk_norm == "full"
-            out[f"{row.norms[0]}.weight"] = (h * d,) if full else (d,)
-            out[f"{row.norms[1]}.weight"] = (g * d,) if full else (d,)
+        probe = _Standin.make(row, self.cfg, self.attrs, {}, self.family)
+        if row.qk_norm is not None and value(probe, row.qk_norm_if):
+            for path, n in zip(row.norms, (h, g)):
+                out.update(norm_shapes(row, path, n, d))
         return out
 
     def bias_shapes(self) -> dict[str, tuple[int]]:
@@ -342,13 +342,21 @@ class _Standin:
         obj = cls()
         obj.__dict__.update(attrs)
         obj.config = cfg
-        eps = cfg.get("rms_norm_eps", 1e-6)
+        eps = cfg.get("layer_norm_eps", 1e-5) if row.qk_norm_kind == "layer" else cfg.get("rms_norm_eps", 1e-6)
         latent = row.latent.paths if row.latent is not None else ()
         for path in {p for p in (row.q, row.k, row.v, row.qkv, row.out, *row.norms, *latent) if p}:
             w = tensors.get(f"{path}.weight")
-            if w is None:
+            if w is not None:
+                node = _Part(w, tensors.get(f"{path}.bias"), float(eps))
+            elif f"{path}.norms.0.weight" in tensors:  # a norm per head (StableLM's `.norms`)
+                node = _Part(None, None, float(eps))
+                count = sum(1 for name in tensors if name.startswith(f"{path}.norms.") and name.endswith(".weight"))
+                node.norms = [
+                    _Part(tensors[f"{path}.norms.{i}.weight"], tensors.get(f"{path}.norms.{i}.bias"), float(eps))
+                    for i in range(count)
+                ]
+            else:
                 continue
-            node = _Part(w, tensors.get(f"{path}.bias"), float(eps))
             parent = obj
             *parents, last = path.split(".")
             for p in parents:

@@ -34,7 +34,9 @@ _SOURCES = {
     "rope_scale": ("rope_parameters.factor", "rope_parameters.{kind}.factor", "rope_scaling.factor"),
     "window": ("sliding_window", "layer_types[{layer}]"),
     "softcap": ("attn_logit_softcapping",),
-    "qk_norm_eps": ("rms_norm_eps",),
+    "qk_norm_eps": ("rms_norm_eps", "layer_norm_eps"),
+    "qk_norm": ("use_qk_norm", "qk_layernorm"),
+    "qk_norm_kind": ("use_qk_norm", "qk_layernorm"),
     "clip_qkv": ("clip_qkv", "attn_config.clip_qkv"),
 }
 # the scaled rotary kinds' fields: the rope_parameters key each is read from (peers/rope.py)
@@ -112,6 +114,7 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
         return out
 
     defaults = AttentionSpec()
+    norm_name = "LayerNorm" if spec.qk_norm_kind == "layer" else "RMSNorm"
     lines, refs = [], []
     for fld, v in spec.to_dict().items():
         if v == getattr(defaults, fld) or v is None:
@@ -123,7 +126,8 @@ def preset_toml(config: Any, name: str, layer: int = 0) -> str:
             "causal": f"{st.row.cls} is a causal decoder layer",
             "bias": f"{st.row.cls} has no projection biases",
             "alibi": f"{st.row.cls} adds ALiBi (slopes from the head count)",
-            "qk_norm": f"{st.row.cls} normalizes Q and K (RMSNorm)",
+            "qk_norm": f"{st.row.cls} normalizes Q and K ({norm_name})",
+            "qk_norm_bias": f"{st.row.cls}'s LayerNorm on Q and K has a bias",
             "rope_interleaved": f"{st.row.cls} rotates adjacent pairs",
         }.get(fld, f"read by the {st.row.family} row")
         lines.append(f"{fld} = {_toml_value(v)}  # {note}")

@@ -89,8 +89,13 @@ class Row:
     window: Get = None  # sliding window (keys, itself included), None on global layers
     softcap: Get = None
     clip_qkv: Get = None  # the clamp on the projections (OLMo, MPT); None: none
-    qk_norm: str | None = None  # "head" / "full": RMSNorm modules at `norms`
-    norms: tuple[str, str] = ("q_norm", "k_norm")
+    qk_norm: str | None = None  # "head" / "per_head" / "full": the norm modules at `norms`
+    qk_norm_kind: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm: Cohere, StableLM, Persimmon, Phi)
+    qk_norm_if: Get = True  # False where the config turns the norms off (Cohere's use_qk_norm, qk_layernorm)
+    norms: tuple[str, str] = ("q_norm", "k_norm")  # each one norm (weight (d) or (n d)) or per-head `.norms`
+    # how a checkpoint stores each norm: "flat" (d) or (n d); "matrix" (n, d) (Cohere); "list": `.norms.i` (StableLM)
+    norm_shape: str = "flat"
+    norm_bias: bool = False  # the norms carry a bias (Persimmon's and Phi's nn.LayerNorm)
     norm_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     alibi: Callable[[nn.Module, int], Tensor] | None = None  # module, heads -> slopes (h)
     # T5's relative position bias: module, its model (or None) -> (the nn.Embedding holding the table
@@ -115,7 +120,8 @@ class Row:
             ("clip_qkv", self.clip_qkv),
         ):
             if on is not None:
-                mods.append(f"qk_norm={self.qk_norm}" if name == "qk_norm" else name)
+                kind = "" if self.qk_norm_kind == "rms" else f" ({self.qk_norm_kind})"
+                mods.append(f"qk_norm={self.qk_norm}{kind}" if name == "qk_norm" else name)
         return tuple(mods)
 
 
@@ -251,6 +257,51 @@ def config_rope(m: nn.Module, head_dim: int, *, partial: bool) -> dict:
     return {"rope_theta": float(params["rope_theta"]), "rope_dim": None if rope_dim == head_dim else rope_dim, **scaled}
 
 
+def _norm_parts(norm: nn.Module) -> list[nn.Module]:
+    """The norm modules behind one of a row's `norms`: itself, or its per-head list (StableLM's `.norms`)."""
+    parts = getattr(norm, "norms", None)
+    return list(parts) if isinstance(parts, (nn.ModuleList, list, tuple)) else [norm]
+
+
+def read_norm(row: Row, norm: nn.Module) -> tuple[Tensor, Tensor | None, float]:
+    """(weight, bias or None, eps) of a QK-norm, flattened to the zoo's (d) or (n d) layout."""
+    parts = _norm_parts(norm)
+    eps = {_norm_eps(p) for p in parts}
+    if len(eps) != 1:
+        raise HFConversionError(f"{row.cls}: its per-head norms have different eps {sorted(eps)}")
+    w = torch.cat([p.weight.detach().reshape(-1) for p in parts]).clone() + row.norm_offset
+    biases = [getattr(p, "bias", None) for p in parts]
+    b = None if all(x is None for x in biases) else torch.cat([x.detach().reshape(-1) for x in biases]).clone()
+    return w, b, eps.pop()
+
+
+def norm_shapes(row: Row, path: str, n: int, d: int) -> dict[str, tuple[int, ...]]:
+    """The tensors a checkpoint holds for the QK-norm at `path` over n heads of width d, and their shapes."""
+    if row.norm_shape == "list":
+        shapes = {f"{path}.norms.{i}.": (d,) for i in range(n)}
+    else:
+        shape = {"matrix": (n, d), "flat": (d,) if row.qk_norm == "head" else (n * d,)}[row.norm_shape]
+        shapes = {f"{path}.": shape}
+    out = {f"{name}weight": shape for name, shape in shapes.items()}
+    if row.norm_bias:
+        out.update({f"{name}bias": shape for name, shape in shapes.items()})
+    return out
+
+
+def write_norm(row: Row, norm: nn.Module, weight: Tensor, bias: Tensor | None, path: str) -> None:
+    """Copy a QK-norm's flat weight (and bias) into the module(s) at `path`; a bias it lacks must be zero."""
+    parts = _norm_parts(norm)
+    ws, bs = weight.split(weight.numel() // len(parts)), (None,) * len(parts)
+    if bias is not None:
+        bs = bias.split(bias.numel() // len(parts))
+    for part, w, b in zip(parts, ws, bs):
+        part.weight.copy_((w - row.norm_offset).reshape(part.weight.shape))
+        if getattr(part, "bias", None) is not None:
+            part.bias.copy_(b.reshape(part.bias.shape) if b is not None else torch.zeros_like(part.bias))
+        elif b is not None and bool((b != 0).any()):
+            raise HFConversionError(f"{path} has no bias in the module but the block's QK-norm bias is nonzero")
+
+
 def _norm_eps(norm: nn.Module) -> float:
     for name in ("variance_epsilon", "eps"):
         if isinstance(getattr(norm, name, None), float):
@@ -299,13 +350,18 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
         if got is not None:
             fields[field] = int(got) if field == "window" else float(got)
     q_norm = k_norm = slopes = rel = None
-    if row.qk_norm is not None:
-        nq, nk = (value(m, path) for path in row.norms)
-        eq, ek = _norm_eps(nq), _norm_eps(nk)
+    q_norm_bias = k_norm_bias = None
+    if row.qk_norm is not None and value(m, row.qk_norm_if):
+        (q_norm, q_norm_bias, eq), (k_norm, k_norm_bias, ek) = (read_norm(row, value(m, path)) for path in row.norms)
         if eq != ek:
             raise HFConversionError(f"{row.cls}: q_norm eps={eq} != k_norm eps={ek}; the zoo has one qk_norm_eps")
+        if (q_norm_bias is None) != (k_norm_bias is None):
+            raise HFConversionError(f"{row.cls}: one of its Q/K norms has a bias, the other none")
+        if row.qk_norm_kind == "rms" and q_norm_bias is not None:
+            raise HFConversionError(f"{row.cls}: its RMS QK-norm has a bias; the zoo's RMS QK-norm has none")
         fields.update(qk_norm=row.qk_norm, qk_norm_eps=eq)
-        q_norm, k_norm = (n.weight.detach().clone() + row.norm_offset for n in (nq, nk))
+        if row.qk_norm_kind != "rms":
+            fields.update(qk_norm_kind=row.qk_norm_kind, qk_norm_bias=q_norm_bias is not None)
     if row.alibi is not None:
         fields["alibi"] = True
         slopes = row.alibi(m, h).to(wq.dtype)
@@ -328,6 +384,7 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
         **fields,
     )
     p = Projections(wq, wk, wv, wo, bq, bk, bv, bo, q_norm=q_norm, k_norm=k_norm, alibi_slopes=slopes, rel_bias=rel)
+    p.q_norm_bias, p.k_norm_bias = q_norm_bias, k_norm_bias
     return spec, p
 
 
@@ -366,5 +423,5 @@ def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections, model: nn
     if held is not None and held[1]:  # the layer owns the table (T5: every layer of the stack reads it)
         held[0].weight.copy_(p.rel_bias)
     if row.qk_norm is not None and p.q_norm is not None:
-        for path, weight in zip(row.norms, (p.q_norm, p.k_norm)):
-            value(m, path).weight.copy_(weight - row.norm_offset)
+        for path, weight, bias in zip(row.norms, (p.q_norm, p.k_norm), (p.q_norm_bias, p.k_norm_bias)):
+            write_norm(row, value(m, path), weight, bias, path)

@@ -686,10 +686,6 @@ BIDI = _set("config.use_bidirectional_attention", True)
 
 # (class, check name) -> (case whose module is copied, how the copy is changed so that it must be refused)
 REFUSALS: dict[tuple[str, str], tuple[str, Callable[[nn.Module], None]]] = {
-    ("CohereAttention", "use_qk_norm=True"): ("cohere", _set("config.use_qk_norm", True)),
-    ("StableLmAttention", "qk_layernorm=True"): ("stablelm", _set("config.qk_layernorm", True)),
-    ("PersimmonAttention", "qk_layernorm=True"): ("persimmon", _set("config.qk_layernorm", True)),
-    ("PhiAttention", "qk_layernorm=True"): ("phi", _set("qk_layernorm", True)),
     ("FalconAttention", "alibi=True"): ("falcon-mq", _set("config.alibi", True)),
     ("CodeGenAttention", "mp_num != 4"): ("codegen", _set("mp_num", 8)),
     ("CLIPAttention", "config neither CLIP text nor vision"): (
@@ -770,7 +766,6 @@ BIDIRECTIONAL_CASES = {
     "CwmAttention": "cwm",
     "ExaoneMoeAttention": "exaone-moe-sliding",
 }
-REFUSALS[("Glm4MoeAttention", "use_qk_norm set")] = ("glm4-moe", _set("config.use_qk_norm", True))
 REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))
 for _cls, _case in BIDIRECTIONAL_CASES.items():
     REFUSALS[(_cls, "use_bidirectional_attention=True")] = (_case, BIDI)

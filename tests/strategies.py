@@ -26,12 +26,24 @@ def fuzz_settings(examples: int) -> settings:
 
 
 @st.composite
+def qk_norms(draw) -> dict:
+    """QK-norm fields: off, or RMSNorm / LayerNorm (with or without its bias) per head with one shared
+    weight, per head with a weight each, or over all heads; a large eps so that it bites at small d_k."""
+    norm = draw(st.sampled_from([None, "head", "per_head", "full"]))
+    if norm is None:
+        return {}
+    kind = draw(st.sampled_from(["rms", "layer"]))
+    bias = kind == "layer" and draw(st.booleans())
+    return dict(qk_norm=norm, qk_norm_kind=kind, qk_norm_bias=bias, qk_norm_eps=draw(st.sampled_from([1e-6, 0.1])))
+
+
+@st.composite
 def specs(
     draw, *, cross: bool | None = None, causal: bool | None = None, d_v_equals_d_k: bool = False
 ) -> zoo.AttentionSpec:
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
     causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv, T5's
-    relative buckets.
+    relative buckets, QK-norm (RMS or LayerNorm).
     Small, so a forward costs little.
     Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
@@ -59,6 +71,7 @@ def specs(
         fields["window"] = draw(st.one_of(st.none(), st.integers(1, 6)))
     # clip_qkv: small enough that projections of unit inputs hit it.
     fields["clip_qkv"] = draw(st.one_of(st.none(), st.floats(0.05, 3.0)))
+    fields.update(draw(qk_norms()))
     # T5's relative buckets: self-attention only; few buckets and a short max_distance, so that
     # distances up to 8 reach the log-spaced buckets and the last one.
     if not is_cross:
@@ -147,6 +160,7 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         causal=True,
         window=draw(st.one_of(st.none(), st.integers(1, 6))),
         clip_qkv=draw(st.one_of(st.none(), st.floats(0.05, 3.0))),
+        **draw(qk_norms()),
         **draw(rel_buckets(True)),
         **draw(rotary(d_k, long=False)),
     )

@@ -36,6 +36,8 @@ class Projections:
     # what each holds and how it follows the heads). None when the spec has no such modifier.
     q_norm: Tensor | None = None
     k_norm: Tensor | None = None
+    q_norm_bias: Tensor | None = None  # LayerNorm QK-norm's biases (qk_norm_bias)
+    k_norm_bias: Tensor | None = None
     alibi_slopes: Tensor | None = None
     rel_bias: Tensor | None = None  # T5's relative bias table (buckets, h)
     # latent attention (zoo/modifiers/latent.py): its projections as nn.Linear stores them; w_k and w_v then

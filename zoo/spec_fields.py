@@ -48,8 +48,12 @@ class SpecFields:
     rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket
     window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
-    qk_norm: str | None = None  # RMSNorm on Q and K: "head" over d_k (Qwen3) or "full" over h*d_k (OLMo-2)
-    qk_norm_eps: float = 1e-6  # the RMSNorm epsilon (Qwen3 and OLMo-2 use 1e-6)
+    # A norm on Q and K: "head" over d_k, one weight (Qwen3), "per_head" over d_k, a weight per head
+    # (Cohere, StableLM), or "full" over h*d_k (OLMo-2); None = off
+    qk_norm: str | None = None
+    qk_norm_eps: float = 1e-6  # the norm's epsilon (Qwen3 and OLMo-2 use 1e-6)
+    qk_norm_kind: str = "rms"  # "rms" (RMSNorm, the common one) or "layer" (LayerNorm: mean removed; Cohere, Phi)
+    qk_norm_bias: bool = False  # LayerNorm's learned bias on Q and K (Persimmon, Phi); RMSNorm has none
     clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
     # Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): K and V come up from one RMS-normed latent of this
     # width; each head's first rope_dim query/key dims are the decoupled rotary part (one rotary key for all heads)

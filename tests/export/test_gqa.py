@@ -142,3 +142,19 @@ def test_two_modifiers_may_not_set_one_attribute(monkeypatch):
     ins, outs = interface(block.spec, need_weights=False, with_mask=False, with_head_mask=False)
     with pytest.raises(ExportError, match="'softcap'"):
         gqa.build(block, "float32", ins, outs)
+
+
+@pytest.mark.parametrize("norm, bias", [("head", True), ("per_head", False), ("full", True)])
+def test_layernorm_qk_norm_is_layer_normalization_nodes(tmp_path, norm, bias):
+    """LayerNorm QK-norm (Persimmon/Phi "head" with a bias, Cohere/StableLM "per_head", over all heads)
+    comes into the graph as two LayerNormalization nodes before the op, exact against eager."""
+    kw = dict(qk_norm=norm, qk_norm_kind="layer", qk_norm_bias=bias)
+    block = zoo.create("gqa", d_model=128, causal=True, rope_theta=1e4, **kw).eval()
+    with torch.no_grad():
+        for p in block.mods["qk_norm"].parameters():
+            p.copy_(torch.rand_like(p) + 0.5)
+    r = export_onnx(block, tmp_path / "n.onnx", lowering="ort-gqa", overwrite=True)
+    assert r.op_counts.get("LayerNormalization") == 2 and "ReduceMean" not in r.op_counts
+    x = torch.randn(2, 9, 128)
+    y = OnnxSession(r.path, provider="cpu", verbose=False).run(x)
+    torch.testing.assert_close(torch.as_tensor(y), block(x), rtol=1e-4, atol=1e-5)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import hf_cases
 import hf_cases_copies
 import hf_cases_long
+import hf_cases_qknorm
 import pytest
 import torch
 from torch import Tensor, nn
@@ -281,6 +282,8 @@ CASES.update({name: Case(**fields) for name, fields in hf_cases.CASES.items()})
 CASES.update({name: Case(**fields) for name, fields in hf_cases_long.CASES.items()})
 # the copies under new class names, at 160 positions (tests/hf_cases_copies.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.items()})
+# LayerNorm QK-norm (Cohere, StableLM, Persimmon, Phi), at 160 positions (tests/hf_cases_qknorm.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_qknorm.CASES.items()})
 
 
 @dataclass
@@ -547,11 +550,21 @@ def test_linear_rope_scaling_divides_the_positions():
     assert err <= ATOL, f"linear rope: max abs err {err:.2e}"
 
 
-def test_phi_layernorm_on_qk_is_refused():
-    cfg = transformers.PhiConfig(**LLAMA, qk_layernorm=True)
-    attn = transformers.PhiModel(cfg).layers[0].self_attn
-    with pytest.raises(zoo.HFConversionError, match="qk_layernorm=True"):
-        zoo.from_hf(attn)
+@pytest.mark.parametrize("name", list(hf_cases_qknorm.CASES))
+def test_layernorm_on_qk_is_read_and_matters(name):
+    """Cohere's use_qk_norm, StableLM's, Persimmon's and Phi's qk_layernorm (once refused) are LayerNorm
+    QK-norm (GLM-4-MoE's use_qk_norm RMSNorm): the block without the norm, or with RMSNorm in place of a
+    LayerNorm, misses the module's output."""
+    c = capture(name)
+    block = zoo.from_hf(c.module, model=c.model)
+    assert block.spec.qk_norm is not None
+    p = zoo.get_projections(block)
+    rms = dict(qk_norm_kind="rms", qk_norm_bias=False)
+    for off in (dict(rms, qk_norm=None), rms) if block.spec.qk_norm_kind == "layer" else (dict(rms, qk_norm=None),):
+        other = zoo.heads.build(block.spec.replace(**off), p)
+        with torch.no_grad():
+            miss = (other(c.x, mask=_key_mask(c.keep)) - c.y).abs().max().item()
+        assert miss > 1e-3, f"{name}: {off} makes no difference here ({miss:.1e})"
 
 
 def test_other_unexpressible_configs_are_refused():

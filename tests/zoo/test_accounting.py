@@ -19,8 +19,10 @@ def test_no_bias_formula_from_the_design(name):
     s = zoo.spec(name).replace(bias=False)
     h, g, dk, dv = s.heads, s.kv_heads_, s.d_k_, s.d_v_
     expected = s.d_model * h * dk + s.d_kv_in * (g * dk + g * dv) + h * dv * s.d_model
-    # QK-norm's RMSNorm weights: one d_k vector each for Q and K ("head"), or h*d_k and g*d_k ("full")
-    expected += {None: 0, "head": 2 * dk, "full": h * dk + g * dk}[s.qk_norm]
+    # QK-norm's weights: one d_k vector each for Q and K ("head"), or h*d_k and g*d_k ("per_head", "full"),
+    # and as many biases again for a LayerNorm with a bias
+    norm = {None: 0, "head": 2 * dk, "per_head": h * dk + g * dk, "full": h * dk + g * dk}[s.qk_norm]
+    expected += norm * (2 if s.qk_norm_bias else 1)
     # T5's relative bias table: one learned value per bucket and head
     expected += (s.rel_buckets or 0) * h
     if s.kv_lora_rank is not None:  # latent attention: no W_K, W_V; K and V (and a low-rank Q) from the latents
@@ -76,3 +78,13 @@ def test_stage_shapes_use_the_axis_vocabulary():
 def test_count_parameters_type_error():
     with pytest.raises(TypeError, match="AttentionSpec or nn.Module"):
         zoo.count_parameters("transformer-base")
+
+
+@pytest.mark.parametrize("norm", ["head", "per_head", "full"])
+@pytest.mark.parametrize("kind, bias", [("rms", False), ("layer", False), ("layer", True)])
+def test_qk_norm_counts_its_weights_and_biases(norm, kind, bias):
+    s = zoo.spec("gqa", qk_norm=norm, qk_norm_kind=kind, qk_norm_bias=bias)
+    h, g, dk = s.heads, s.kv_heads_, s.d_k_
+    per = 2 * dk if norm == "head" else (h + g) * dk  # one d_k vector, or one per head of Q and of K
+    assert zoo.accounting.parameter_breakdown(s).modifiers == per * (2 if bias else 1)
+    assert zoo.count_parameters(s) == zoo.count_parameters(zoo.MultiHeadAttention(s))

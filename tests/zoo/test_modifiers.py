@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 
 import zoo
 from zoo.modifiers import ALiBi, RelativeBuckets, Rotary, alibi_slopes, relative_bucket
@@ -33,6 +34,9 @@ def close(a, b, tol=1e-6):
         (dict(softcap=-1.0), "softcap"),
         (dict(qk_norm="layer"), "qk_norm"),
         (dict(qk_norm="head", qk_norm_eps=0), "qk_norm_eps"),
+        (dict(qk_norm="head", qk_norm_kind="l2"), "qk_norm_kind"),
+        (dict(qk_norm_kind="layer"), "without qk_norm"),
+        (dict(qk_norm="head", qk_norm_bias=True), "belongs to LayerNorm"),
         (dict(alibi="yes"), "alibi"),
         (dict(alibi=True, d_context=32), "ALiBi"),
         (dict(rope_theta=1e4, d_k=15), "odd"),
@@ -214,9 +218,13 @@ def test_softcap_bounds_and_fused_path():
     close(m(x), m(x, need_weights=True)[0])  # softcap always takes the explicit path
 
 
-@pytest.mark.parametrize("norm", ["head", "full"])
-def test_qk_norm_weights_follow_heads(norm):
-    m = zoo.create("gqa", qk_norm=norm, rope_theta=1e4, alibi=True).eval()
+@pytest.mark.parametrize(
+    "norm, kind",
+    [("head", "rms"), ("full", "rms"), ("head", "layer+bias"), ("per_head", "layer"), ("per_head", "layer+bias")],
+)
+def test_qk_norm_weights_follow_heads(norm, kind):
+    extra = {} if kind == "rms" else dict(qk_norm_kind="layer", qk_norm_bias=kind.endswith("bias"))
+    m = zoo.create("gqa", qk_norm=norm, rope_theta=1e4, alibi=True, **extra).eval()
     with torch.no_grad():
         for p in m.mods["qk_norm"].parameters():
             p.copy_(torch.rand_like(p) + 0.5)
@@ -225,8 +233,12 @@ def test_qk_norm_weights_follow_heads(norm):
     pm = zoo.permute_heads(m, perm)
     close(pm(x), m(x), 1e-5)
     assert torch.equal(pm.mods["alibi"].slopes, m.mods["alibi"].slopes[perm])
-    if norm == "head":
-        assert torch.equal(pm.mods["qk_norm"].q_norm, m.mods["qk_norm"].q_norm)
+    if norm == "per_head":  # kv heads [1, 0] after the permutation: their weights (and biases) swap
+        kq = rearrange(m.mods["qk_norm"].k_norm.detach(), "(g d) -> g d", g=2)
+        assert torch.equal(rearrange(pm.mods["qk_norm"].k_norm.detach(), "(g d) -> g d", g=2), kq[[1, 0]])
+    if norm != "full":
+        if norm == "head":
+            assert torch.equal(pm.mods["qk_norm"].q_norm, m.mods["qk_norm"].q_norm)
         pr = zoo.prune_heads(m, [3, 7])
         hm = torch.ones(8)
         hm[[3, 7]] = 0
@@ -237,6 +249,13 @@ def test_qk_norm_weights_follow_heads(norm):
             zoo.prune_heads(m, [3, 7])
     rt = zoo.to_separate(zoo.to_combined(m))
     close(rt(x), m(x), 1e-6)
+    if kind != "rms":  # LayerNorm applies before the cache, as RMSNorm does: both caches give the full rows
+        cm = zoo.heads.build(m.spec.replace(causal=True), zoo.get_projections(m)).eval()  # m's weights, causal
+        y = cm(x)
+        _, pk, pv = cm.decode(x[:, :3])
+        close(cm.decode(x[:, 3:], pk, pv)[0], y[:, 3:], 1e-5)
+        cache = zoo.StaticCache.empty(cm.spec, batch=2, max_len=8)
+        close(torch.cat([cm.decode(x[:, a:b], cache=cache) for a, b in ((0, 2), (2, 3), (3, 5))], 1), y, 1e-5)
 
 
 def test_head_state_lives_on_the_modifiers():

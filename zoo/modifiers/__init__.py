@@ -55,7 +55,7 @@ from .base import (
 from .clip import ClipQKV
 from .graph import GraphBuilder, GraphLimit, OpPart, per_head
 from .latent import Latent
-from .qk_norm import QK_NORMS, QKNorm, rms_norm
+from .qk_norm import QK_NORM_KINDS, QK_NORMS, QKNorm, qk_normalize, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
@@ -63,6 +63,7 @@ from .scores import Softcap, Window
 __all__ = [
     "MODIFIERS",
     "QK_NORMS",
+    "QK_NORM_KINDS",
     "ALiBi",
     "ClipQKV",
     "GraphBuilder",
@@ -84,6 +85,7 @@ __all__ = [
     "parameters_added",
     "per_head",
     "prune_refusal",
+    "qk_normalize",
     "relative_bucket",
     "relative_distance",
     "relative_positions_audit",
