@@ -166,8 +166,8 @@ def test_spec_from_config_refusals(tmp_path):
         zoo.spec_from_config({"model_type": "t5", "num_layers": 2})
     with pytest.raises(zoo.HFConversionError, match=r"cannot read layer 0 \(the config has no 'hidden_size'"):
         zoo.spec_from_config({k: v for k, v in CONFIG.items() if k != "hidden_size"})
-    with pytest.raises(zoo.HFConversionError, match=r"rope_type='yarn'"):
-        zoo.spec_from_config(dict(CONFIG, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}))
+    with pytest.raises(zoo.HFConversionError, match=r"rope_type='dynamic'"):
+        zoo.spec_from_config(dict(CONFIG, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}))
     with pytest.raises(zoo.HFConversionError, match="no config.json there"):
         zoo.spec_from_config(tmp_path)
     (tmp_path / "config.json").write_text("[1, 2]")
@@ -189,8 +189,8 @@ def test_an_older_config_json_is_read():
     local, glob = zoo.spec_from_config(gemma3, layer=0), zoo.spec_from_config(gemma3, layer=1)
     assert (local.rope_theta, local.window, local.rope_scale) == (1e4, 4, None)
     assert (glob.rope_theta, glob.window, glob.rope_scale) == (1e6, None, 8.0)
-    gemma3["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}  # other scalings stay refused, named
-    with pytest.raises(zoo.HFConversionError, match="rope_type='yarn'"):
+    gemma3["rope_scaling"] = {"rope_type": "dynamic", "factor": 8.0}  # NTK stays refused, named
+    with pytest.raises(zoo.HFConversionError, match="rope_type='dynamic'"):
         zoo.spec_from_config(gemma3, layer=1)
     t5 = {"model_type": "t5", "d_model": 64, "num_heads": 4, "d_kv": 16, "num_layers": 2}
     with pytest.raises(zoo.HFConversionError, match=r"model_type='t5'.*use zoo.from_hf\(module\)"):
@@ -226,11 +226,13 @@ def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_does(saved)
         assert zoo.spec_from_config(dict(CONFIG, rope_scaling=empty)) == zoo.spec_from_config(CONFIG)
     with pytest.raises(zoo.HFConversionError, match=r"rope_scaling='linear' must be an object"):
         zoo.spec_from_config(dict(CONFIG, rope_scaling="linear"))
-    yarn = dict(CONFIG, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(zoo.HFConversionError, match=r"rope_type='yarn'"):
-        zoo.spec_from_config(yarn, layer=1)
-    (folder / "config.json").write_text(json.dumps(yarn))
-    with pytest.raises(zoo.HFConversionError, match=r"rope_type='yarn'"):
+    yarn = dict(CONFIG, rope_scaling={"rope_type": "yarn", "factor": 4.0})  # read since the scaled rotary
+    assert zoo.spec_from_config(yarn, layer=1).rope_scaling == "yarn"
+    ntk = dict(CONFIG, rope_scaling={"rope_type": "dynamic", "factor": 4.0})  # NTK: refused by name
+    with pytest.raises(zoo.HFConversionError, match=r"rope_type='dynamic'"):
+        zoo.spec_from_config(ntk, layer=1)
+    (folder / "config.json").write_text(json.dumps(ntk))
+    with pytest.raises(zoo.HFConversionError, match=r"rope_type='dynamic'"):
         zoo.from_checkpoint(folder, layer=1)
 
 
