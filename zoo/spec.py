@@ -112,7 +112,13 @@ def field_names() -> list[str]:
 
 
 def parse_value(text: str) -> Any:
-    """A spec value from text: true/false, none/null, an int, a float, or the text itself."""
+    """A spec value from text: true/false, none/null, an int, a float, numbers separated by commas (a tuple:
+    longrope's factor lists), or the text itself."""
+    if "," in text:
+        parts = [parse_value(p.strip()) for p in text.split(",") if p.strip()]
+        if parts and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
+            return tuple(float(p) for p in parts)
+        return text
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"

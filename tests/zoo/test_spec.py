@@ -56,3 +56,9 @@ def test_spec_is_frozen():
     s = AttentionSpec()
     with pytest.raises(AttributeError):
         s.heads = 4  # type: ignore[misc]
+
+
+def test_overrides_read_numbers_separated_by_commas_as_a_tuple():
+    """--set rope_short_factor=1,1.5 is longrope's factor list; other text with commas stays text."""
+    got = zoo.parse_overrides(["rope_short_factor=1,1.5, 2", "layout=separate", "name=a,b"])
+    assert got == {"rope_short_factor": (1.0, 1.5, 2.0), "layout": "separate", "name": "a,b"}
