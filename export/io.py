@@ -24,6 +24,10 @@ class TensorIO:
     kind: str  # "float" (the model's dtype), "bool" or "int64"
     doc: str
 
+    def summary(self, spec: zoo.AttentionSpec, dtype: str) -> tuple[str, str, tuple[int | str, ...]]:
+        """(name, type, shape) as an export's summary lists it: a float tensor shows the export's dtype."""
+        return self.name, dtype if self.kind == "float" else self.kind, self.shape(spec)
+
     def shape(self, spec: zoo.AttentionSpec) -> tuple[int | str, ...]:
         """Dims as ONNX shows them: dynamic axes by name, the rest as integers."""
         g, dk, dv = spec.cache_widths_  # g, dk, dv name only the cache's axes (a latent's: 1, rope_dim, kv_lora_rank)

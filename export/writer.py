@@ -22,7 +22,6 @@ from . import saving
 from .choice import TARGETS, auto_order, decode_cache, decode_order, decode_why_not, why_not
 from .errors import ExportError
 from .graphs import op_counts
-from .io import TensorIO
 from .lowerings import record
 from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS
 from .precision import PrecisionError
@@ -232,8 +231,8 @@ def export_onnx(
         opset=record(lw).opset,
         dtype=dtype,
         spec=module.spec,
-        inputs=[(io.name, _type_name(io, dtype), io.shape(module.spec)) for io in ins],
-        outputs=[(io.name, _type_name(io, dtype), io.shape(module.spec)) for io in outs],
+        inputs=[io.summary(module.spec, dtype) for io in ins],
+        outputs=[io.summary(module.spec, dtype) for io in outs],
         op_counts=counts,
         parameters=zoo.count_parameters(module),
         seconds=time.perf_counter() - started,
@@ -345,10 +344,6 @@ def _resolve_module(model_or_name, overrides) -> tuple[zoo.MultiHeadAttention, s
     raise zoo.InputTypeError(
         f"export_onnx takes a zoo name or a zoo.MultiHeadAttention, got {type(model_or_name).__name__}"
     )
-
-
-def _type_name(io: TensorIO, dtype: str) -> str:
-    return dtype if io.kind == "float" else io.kind
 
 
 def _set_metadata(model, name: str, spec: zoo.AttentionSpec, lowering: str, dtype: str, *, decode: bool) -> None:
