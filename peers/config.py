@@ -71,10 +71,16 @@ def _check_layer(layer: Any) -> int:
     return int(layer)
 
 
-def family_of(data: dict) -> tuple[str, Family]:
+def model_type(data: dict) -> str | None:
+    """A config dict's model_type, a multimodal Gemma 3's text stack as its own ("gemma3_text")."""
     kind = data.get("model_type")
     if kind == "gemma3" and isinstance(data.get("text_config"), dict):
-        kind = "gemma3_text"
+        return "gemma3_text"
+    return kind
+
+
+def family_of(data: dict) -> tuple[str, Family]:
+    kind = model_type(data)
     if kind not in FAMILIES:
         raise HFConversionError(
             f"model_type={kind!r}: spec_from_config and from_checkpoint know the decoder families "

@@ -23,16 +23,14 @@ from zoo.heads import build
 from zoo.lm import DecoderLM, LMSpec
 
 from .checkpoint import FLOATS, _dtype, _Names, check_folder, load_tensors
-from .config import config_dict, family_of, prepare, read_stand
+from .config import config_dict, family_of, model_type, prepare, read_stand
 from .lm_rows import LM_FAMILIES, LMRow
 from .model_types import ConfigView
 
 
 def lm_row(data: dict, error: type[HFConversionError] = HFConversionError) -> tuple[str, LMRow]:
     """The whole-model row of a config dict, or one line saying why there is none."""
-    kind = data.get("model_type")
-    if kind == "gemma3" and isinstance(data.get("text_config"), dict):
-        kind = "gemma3_text"
+    kind = model_type(data)
     if kind not in LM_FAMILIES:
         raise error(
             f"model_type={kind!r}: whole models are read for {', '.join(LM_FAMILIES)}; "
