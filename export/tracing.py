@@ -19,6 +19,7 @@ from .graphs import quiet
 from .io import HEAD_MASK, KEY_MASK, PAST_KEY, PAST_LEN, PAST_VALUE, TensorIO, X, interface
 from .lowerings import Lowering, record
 from .names import DTYPES as DTYPE_NAMES
+from .torchlib import torchlib_once
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16)))
 # Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
@@ -241,7 +242,7 @@ def trace(wrapper: nn.Module, example: dict, dynamic_shapes: dict, rec: Lowering
     """torch's dynamo exporter on `wrapper` at the lowering's opset, then the lowering's own step
     (`after_trace`: a rewrite, a check by node counts)."""
     try:
-        with quiet():
+        with quiet(), torchlib_once():
             program = torch.onnx.export(
                 wrapper,
                 (),

@@ -14,6 +14,12 @@ import torch
 # themselves (tests/zoo/test_user_presets.py, with monkeypatch and a fresh registry).
 os.environ.pop("ATTNZOO_PRESETS", None)
 
+# Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads: two
+# workers on two cores, each with two threads, would spend their time waiting on each other.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 # Test modules of other folders import the transformers cases (tests/peers/test_hf.py's CASES and
 # capture) and the checkpoint writers (tests/peers/test_checkpoint.py): make them importable from
 # any folder, whichever file runs alone.

@@ -107,14 +107,18 @@ FAMILY_PRESETS = frozenset(
 )
 
 
-def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bool = True):
+def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bool = True, share: int | None = None):
     """pytest params (name, lowering) for a parity matrix, the costly cells marked `slow`.
 
     rotate=None: every name x every lowering, none slow. rotate=k: each name keeps one traced
     lowering in the default run (the k-th after its own index, so the names share the three
     lowerings out evenly) plus ort-gqa; its other traced lowerings run under `-m slow`.
+    share=k (of 3): matrices that split the names between them, so that each name is traced once
+    in the default run across all three: a name keeps its traced cell here only when its index is
+    k modulo 3 (the lowering then turns with the index's third, so each lowering still meets a third
+    of this matrix's names); ort-gqa, built by hand in milliseconds, stays with every name.
     A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, whatever
-    rotate, and none with families=False (its kind of block is another preset's, and its
+    rotate or share, and none with families=False (its kind of block is another preset's, and its
     transformers family is proven under ONNX Runtime in tests/peers/test_hf.py).
     """
     import pytest
@@ -123,11 +127,13 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bo
 
     params = []
     for i, name in enumerate(names):
+        mine = share is None or i % 3 == share
+        turn_index = i if share is None else i // 3
         for lw in lowerings or LOWERINGS:
-            turn = lw == TRACED_LOWERINGS[(i + (rotate or 0)) % 3]
-            quick = rotate is None or lw not in TRACED_LOWERINGS or turn
+            turn = lw == TRACED_LOWERINGS[(turn_index + (rotate or 0)) % 3]
+            quick = rotate is None or lw not in TRACED_LOWERINGS or (turn and mine)
             if name in FAMILY_PRESETS:
-                quick = turn and families
+                quick = lw == TRACED_LOWERINGS[(i + (rotate or 0)) % 3] and families
             marks = () if quick else (pytest.mark.slow,)
             params.append(pytest.param(name, lw, marks=marks, id=f"{name}-{lw}"))
     return params

@@ -222,3 +222,20 @@ def test_export_flags_take_bools_only(flag, tmp_path):
     with pytest.raises(zoo.InputTypeError, match=flag):
         export_onnx("mha-causal", tmp_path / "m.onnx", **{flag: "no"})
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_torchlib_built_once_gives_the_same_graph(tmp_path):
+    """The registry that export.torchlib keeps for the process changes nothing in the file, and torch's
+    own method is back in place after the export (a user's custom translations never meet it)."""
+    from torch.onnx._internal.exporter import _registration
+
+    import export.torchlib as torchlib
+
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    block = zoo.create("mha-separate-nobias", d_model=32, heads=2).eval()
+    torchlib._BUILT.clear()  # the first export builds its own registry, as torch does on every call
+    first = export_onnx(block, tmp_path / "first.onnx", lowering="decomposed").path
+    assert torchlib._BUILT, "the export went through torchlib_once"
+    again = export_onnx(block, tmp_path / "again.onnx", lowering="decomposed").path  # the kept registry
+    assert first.read_bytes() == again.read_bytes()
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is original

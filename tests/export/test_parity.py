@@ -26,18 +26,18 @@ def _assert_pass(row):
 
 # Three matrices over every registered name: masked (a bool mask with an empty row, a head mask, the
 # weights from decomposed), plain (no mask input: the default graph, SDPA's is_causal) and fp16. In
-# the default run each takes ort-gqa and one traced lowering per name, rotating (masked 2, plain 0,
-# fp16 1), so every (name, traced lowering) pair runs in exactly one of the three and every lowering
-# meets a third of the names in each; a family preset (helpers.FAMILY_PRESETS) runs in the masked
-# matrix only. The rest of the three matrices runs under -m slow.
-@pytest.mark.parametrize("name, lowering", matrix(ALL_NAMES, rotate=2))
+# the default run the three split the names (helpers.matrix's share): each name is traced once, in
+# one of the three, under one lowering turning with the name, so every (matrix, traced lowering) pair
+# meets a few names; ort-gqa (built by hand, milliseconds) takes every name in all three, and a family
+# preset (helpers.FAMILY_PRESETS) is traced in the masked matrix. The rest runs under -m slow.
+@pytest.mark.parametrize("name, lowering", matrix(ALL_NAMES, rotate=2, share=2))
 def test_parity_fp32_masked(name, lowering, tmp_path):
     _assert_pass_or_unexpressible(
         check(name, lowering, case="masked", dtype="float32", workdir=tmp_path, **small_overrides(name))
     )
 
 
-@pytest.mark.parametrize("name, lowering", matrix(ALL_NAMES, rotate=0, families=False))
+@pytest.mark.parametrize("name, lowering", matrix(ALL_NAMES, rotate=0, families=False, share=0))
 def test_parity_fp32_plain(name, lowering, tmp_path):
     _assert_pass_or_unexpressible(
         check(name, lowering, case="plain", dtype="float32", workdir=tmp_path, **small_overrides(name))
@@ -59,7 +59,7 @@ def _assert_pass_or_unexpressible(row):
     _assert_pass(row)
 
 
-@pytest.mark.parametrize("name, lowering", matrix(ALL_NAMES, rotate=1, families=False))
+@pytest.mark.parametrize("name, lowering", matrix(ALL_NAMES, rotate=1, families=False, share=1))
 def test_parity_fp16(name, lowering, tmp_path):
     row = check(name, lowering, case="masked", dtype="float16", workdir=tmp_path, **small_overrides(name))
     if row.status == "SKIP":
