@@ -69,15 +69,26 @@ def plot_attention_grid(
         layers, heads, figsize=(panel * heads, panel * layers + 0.6), squeeze=False, layout="constrained"
     )
     fs = max(4.0, min(8.0, 300.0 / max(len(qi), len(ki), 1)))
+    # Tokens are labelled once per row and column of panels (the left column, each column's lowest
+    # panel), as a shared axis is: every panel shows the same tokens, and laying out the ticks and
+    # labels of every panel took most of a picture's time.
+    shown = ~maps.isnan().flatten(2).all(-1)  # (layers, heads): False for a layer with fewer heads
+    lowest = [max((layer for layer in range(layers) if shown[layer, h]), default=-1) for h in range(heads)]
     for layer in range(layers):
         for h in range(heads):
             ax = axes[layer][h]
-            if maps[layer, h].isnan().all():  # a layer with fewer heads than the widest one
+            if not shown[layer, h]:  # a layer with fewer heads than the widest one
                 ax.axis("off")
                 continue
             ax.imshow(maps[layer, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-            ax.set_xticks(ki, kl, rotation=90, fontsize=fs)
-            ax.set_yticks(qi, ql, fontsize=fs)
+            if layer == lowest[h]:
+                ax.set_xticks(ki, kl, rotation=90, fontsize=fs)
+            else:
+                ax.set_xticks([])
+            if h == 0:
+                ax.set_yticks(qi, ql, fontsize=fs)
+            else:
+                ax.set_yticks([])
             title = f"L{layer}H{h}"
             if titles is not None:
                 title += f"  {titles[layer][h]}"

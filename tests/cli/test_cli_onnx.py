@@ -81,7 +81,7 @@ def test_parity_cli_refuses_cuda_it_cannot_run_and_auto_skips_it(capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--provider cuda" in err and why in err
     # auto: CPU, and CUDA only where it works (one line says so).
-    args = ["parity", "mha-separate-nobias", "--provider", "auto", "--lowering", "decomposed", "--case", "plain", "-q"]
+    args = ["parity", "mha-causal", "--provider", "auto", "--lowering", "ort-gqa", "--case", "plain", "-q"]
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "| cpu |" in out and "| cuda |" not in out and "no CUDA" in err

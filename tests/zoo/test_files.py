@@ -127,7 +127,7 @@ def test_ensure_writable_parent_names_the_users_path(tmp_path):
 def test_cli_json_report_to_dev_null_leaves_the_device(capsys):
     from cli.main import main
 
-    assert main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--json", os.devnull]) == 0
+    assert main(["parity", "mha-causal", "--lowering", "ort-gqa", "--json", os.devnull]) == 0
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
 
@@ -138,7 +138,7 @@ def test_cli_json_report_through_a_symlink(tmp_path, capsys):
     real.write_text("old")  # a link to nothing is refused (test_dangling_symlink_is_refused)
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    assert main(["parity", "mha-separate-nobias", "--lowering", "decomposed", "--json", str(link)]) == 0
+    assert main(["parity", "mha-causal", "--lowering", "ort-gqa", "--json", str(link)]) == 0
     assert link.is_symlink() and json.loads(real.read_text())
 
 
