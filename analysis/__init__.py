@@ -6,6 +6,7 @@ maps = model.attention_maps(tokens)            # (layers b h t t)
 analysis.head_scores(model, tokens)            # {"previous_token": (layers h), "induction": ..., ...}
 analysis.field_scores(dates_model, sources)    # {"day"|"month"|"year": (decoder layers h)} on cross-attention
 analysis.patch_heads(model, clean, corrupt, metric, location="z")   # (layers h) restored shares
+analysis.WholeModel(zoo.lm_from_checkpoint(DIR), vocab)   # a whole model's heads, the same interface
 
 Depends on `zoo`; never imported by it; does not import `export`.
 """
@@ -27,6 +28,7 @@ from .scores import (
 from .store import load, save, weight_path
 from .tasks import TASKS, get_task
 from .training import train
+from .whole import WholeModel
 
 __all__ = [
     "SCORE_NAMES",
@@ -36,6 +38,7 @@ __all__ = [
     "DatesModel",
     "LMConfig",
     "TinyLM",
+    "WholeModel",
     "best_scores",
     "encoder_scores",
     "field_scores",

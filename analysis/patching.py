@@ -18,7 +18,10 @@ The final-norm approximation: LN(x) = gamma * (x - mean(x)) / sigma(x) + beta is
 sigma(x) is frozen at its value on the actual residual stream of that position; each head's result
 is centred, divided by that sigma and scaled by gamma, then read by W_U's target row. With sigma
 frozen the sum over every component of the stream (embeddings, every head, W_O's biases) plus
-beta and the unembedding's bias is the logit exactly; beta and the biases are nobody's head.
+beta and the unembedding's bias is the logit exactly; beta and the biases are nobody's head. An
+RMSNorm (a whole model's, analysis.WholeModel) is the same with no centring and sigma the root mean
+square (Gemma's 1 + w as its gamma); a final logit scale multiplies, and a final softcap, which is not
+linear, is refused.
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ def logit_attribution(model, inputs, target: int | Tensor, positions: Tensor | N
     """(layers h): each head's direct contribution to the target logit, mean over the batch and
     `positions` ((b t) bool, None: all); target an id or (b t) ids. The final LayerNorm is
     linearised at the actual stream (module docstring)."""
+    refusal = getattr(model, "attribution_refusal", None)
+    if refusal:
+        raise AnalysisError(f"direct logit attribution does not apply to this model: {refusal}")
     args = _args(inputs)
     p = head_prefix(model)
     last = f"L{_decoder_layers(model) - 1}.resid_post"
@@ -114,13 +120,18 @@ def logit_attribution(model, inputs, target: int | Tensor, positions: Tensor | N
         raise AnalysisError(f"target has shape {tuple(target.shape)}; give one id or (b={b}, t={t}) ids")
     where = torch.ones(b, t, dtype=torch.bool) if positions is None else torch.as_tensor(positions, dtype=torch.bool)
     ln = model.final_norm
-    x = cache[last]
-    sigma = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()  # (b t 1)
-    w_u = model.unembed.weight[target] * ln.weight  # (b t c): the target row, gamma folded in
+    kind = getattr(ln, "kind", "layer")  # a zoo Norm says its kind; a torch LayerNorm is "layer"
+    x = cache[last].float()
+    centre = kind == "layer"
+    spread = x.var(-1, unbiased=False, keepdim=True) if centre else x.pow(2).mean(-1, keepdim=True)
+    sigma = (spread + ln.eps).sqrt()  # (b t 1), frozen at the actual stream
+    gamma = 1.0 + ln.weight.float() if kind == "rms_plus1" else ln.weight.float()
+    w_u = model.unembed.weight[target].float() * gamma * getattr(model, "logit_scale", 1.0)  # (b t c)
     out = _grid(model)
     for layer in range(model.layers):
-        r = cache[f"{p}{layer}.result"]  # (b t h c)
-        r = r - r.mean(-1, keepdim=True)
+        r = cache[f"{p}{layer}.result"].float()  # (b t h c)
+        if centre:
+            r = r - r.mean(-1, keepdim=True)
         per = torch.einsum("b t h c, b t c -> b t h", r / sigma[:, :, None], w_u)
         out[layer, : r.shape[2]] = per[where].mean(0)
     return out

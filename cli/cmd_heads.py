@@ -95,12 +95,21 @@ def cmd_heads(args: argparse.Namespace) -> int:
     import analysis
     from analysis import AnalysisError, plot, scores
 
+    if (args.name is None) == (args.checkpoint is None):
+        raise CliError("give one of NAME (a trained model) and --checkpoint DIR (a whole model's folder)")
     _check_picture(args.plot)
     _check_out(args.json)
-    model = analysis.load(args.name)
-    if isinstance(model, analysis.DatesModel):
-        return _heads_dates(model, args)
-    tokens, labels = _lm_tokens(model, args)
+    if args.checkpoint is not None:
+        from .checkpoint_heads import load_whole, whole_tokens
+
+        model, tok = load_whole(args.checkpoint)
+        tokens, labels = whole_tokens(model, tok, args)
+        args.name = model.name
+    else:
+        model = analysis.load(args.name)
+        if isinstance(model, analysis.DatesModel):
+            return _heads_dates(model, args)
+        tokens, labels = _lm_tokens(model, args)
     if tokens.shape[1] < 2:
         raise AnalysisError(
             f"{tokens.shape[1]} token: every score reads a row's weight on earlier tokens; give 2 or more"
@@ -320,8 +329,17 @@ def add_commands(sub) -> None:
     batches = number_in(int, 1, below=MAX_BATCHES + 1)
     steps0, steps = number_in(int, 0, below=MAX_STEPS + 1), number_in(int, 1, below=MAX_STEPS + 1)
 
-    def common(sp: argparse.ArgumentParser, batch: int) -> None:
-        sp.add_argument("name", help=f"a trained model: {names}")
+    def common(sp: argparse.ArgumentParser, batch: int, checkpoint: bool = False) -> None:
+        if checkpoint:
+            sp.add_argument("name", nargs="?", help=f"a trained model: {names} (or --checkpoint DIR)")
+            sp.add_argument(
+                "--checkpoint",
+                metavar="DIR",
+                help="a whole model's heads instead: a transformers checkpoint folder (config.json, *.safetensors, "
+                "tokenizer.json for --text), e.g. models/tiny-stdlib-llama",
+            )
+        else:
+            sp.add_argument("name", help=f"a trained model: {names}")
         sp.add_argument(
             "--batch",
             type=examples,
@@ -332,9 +350,13 @@ def add_commands(sub) -> None:
         sp.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
     sp = sub.add_parser("heads", help="head scores (previous-token, induction, ...) and a picture of the maps")
-    common(sp, 16)
+    common(sp, 16, checkpoint=True)
     src = sp.add_mutually_exclusive_group()
-    src.add_argument("--text", help="LM: ASCII text (one token per character); tiny-dates: dates separated by ';'")
+    src.add_argument(
+        "--text",
+        help="LM: ASCII text (one token per character); tiny-dates: dates separated by ';'; --checkpoint: text "
+        "read with the folder's tokenizer.json",
+    )
     src.add_argument("--tokens", help="LM: token ids, e.g. '5 9 2 5 9 2'")
     sp.add_argument("--plot", metavar="PNG", help="write a layers x heads grid of attention maps")
     sp.add_argument("--n", type=examples, default=300, help="tiny-dates: held-out dates the roles are measured on")

@@ -40,12 +40,21 @@ def cmd_patch(args: argparse.Namespace) -> int:
     import analysis
     from analysis import patching, plot, scores
 
+    if (args.name is None) == (args.checkpoint is None):
+        raise CliError("give one of NAME (a trained model) and --checkpoint DIR (a whole model's folder)")
     patching.check_location(args.location)
     _check_picture(args.plot)
     _check_out(args.json)
-    model = analysis.load(args.name)
-    dates = isinstance(model, analysis.DatesModel)
-    clean, corrupt, metric, what = (_dates_pair if dates else _lm_pair)(model, args)
+    if args.checkpoint is not None:
+        from .checkpoint_heads import clean_corrupt, load_whole
+
+        model, tok = load_whole(args.checkpoint)
+        args.name, dates = model.name, False
+        clean, corrupt, metric, what = clean_corrupt(model, tok, args)
+    else:
+        model = analysis.load(args.name)
+        dates = isinstance(model, analysis.DatesModel)
+        clean, corrupt, metric, what = (_dates_pair if dates else _lm_pair)(model, args)
     restored = patching.patch_heads(model, clean, corrupt, metric, args.location)
     shut = model.shut_heads()
     prefix = patching.head_prefix(model)
@@ -105,10 +114,16 @@ def add_commands(sub) -> None:
     from analysis.training import EVAL_SEED
 
     sp = sub.add_parser("patch", help="activation patching per head at a named location, and direct logit attribution")
-    sp.add_argument("name", help=f"a trained model: {', '.join(sorted(TASKS))}")
+    sp.add_argument("name", nargs="?", help=f"a trained model: {', '.join(sorted(TASKS))} (or --checkpoint DIR)")
+    sp.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="a whole model's heads instead: a transformers checkpoint folder (tokenizer.json for --clean text)",
+    )
     sp.add_argument(
         "--clean",
-        help="LM: ASCII text; tiny-dates: dates separated by ';' (default: the model's own experiment)",
+        help="LM: ASCII text (--checkpoint: text read with its tokenizer); tiny-dates: dates separated by ';' "
+        "(default: the model's own experiment)",
     )
     sp.add_argument("--corrupt", help="LM: text of the same length; tiny-dates: default the clean dates, day swapped")
     sp.add_argument(
