@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import PRECISIONS
+from export.names import PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, positive
@@ -112,6 +112,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.json:
         ensure_writable_parent(Path(args.json))
+    if args.provider == "cuda":  # before an export: a machine without CUDA learns it at once
+        from export.providers import cuda_status
+
+        ok, why = cuda_status()
+        if not ok:
+            raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
     source = Path(args.source)
     if source.is_dir():
         tok = _tokenizer(source)
@@ -125,7 +131,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model_path = source
     else:
         raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
-    sess = OnnxSession(model_path, provider="cpu", threads=args.threads, verbose=False)
+    sess = OnnxSession(model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu")
     if sess.metadata.get("attnzoo.kind") != "lm":
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     timings: dict = {}
@@ -143,11 +149,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     step = timings["decode_s"] / max(timings["steps"], 1)
     print(
         f"took   {total:.3f} s for {new} new tokens ({new / total:.1f} tokens/s end to end; prefill "
-        f"{1e3 * timings['prefill_s']:.1f} ms, {1e3 * step:.2f} ms per decode step), {sess.precision}"
+        f"{1e3 * timings['prefill_s']:.1f} ms, {1e3 * step:.2f} ms per decode step), {sess.precision}, "
+        f"on {sess.provider}"
     )
     if args.json:
         doc = {"tokens": tokens.tolist(), "text": [text] if text is not None else None, "timings": timings,
-               "model": str(model_path), "precision": sess.precision}
+               "model": str(model_path), "precision": sess.precision, "provider": sess.provider}
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")
     return 0
@@ -190,5 +197,11 @@ def add_commands(sub) -> None:
         "--max-len", type=positive, default=None, help="a folder's export: the most cache positions a call allocates"
     )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime's intra-op threads")
+    sp.add_argument(
+        "--provider",
+        default="cpu",
+        choices=PROVIDERS,
+        help="where ONNX Runtime runs (default cpu; cuda fails in one line where it does not work; auto says which)",
+    )
     sp.add_argument("--json", metavar="PATH", help="also write the tokens and timings as JSON")
     sp.set_defaults(func=cmd_generate)

@@ -9,6 +9,7 @@
 # 4. the benchmark on CUDA in fp16, up to T = 16384;
 # 5. decode on CUDA: parity (a prompt then single tokens, ragged batch) for each decode lowering,
 #    and the per-token benchmark of a LLaMA-style GQA block;
+# 6. generation: models/tiny-stdlib-llama exported whole, 64 greedy tokens on CPU and on CUDA, compared;
 # everything under $OUT (default ./gpu-out), a short table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,8 +60,24 @@ timeout 300 $py scripts/bench.py llama-3-8b --decode --provider cuda --dtype flo
   --past 128,1024,4096,16384 --json "$OUT/bench-decode-cuda.json" 2>"$OUT/bench-decode-cuda.err" \
   | tee "$OUT/bench-decode-cuda.md"
 
+echo "== 6. generation on CUDA: the shipped checkpoint exported whole, the same greedy tokens as on the CPU"
+for prov in cpu cuda; do
+  timeout 300 $py -m cli generate models/tiny-stdlib-llama --prompt "def main(" --max-new-tokens 64 \
+    --provider "$prov" --json "$OUT/generate-$prov.json" 2>&1 | tee "$OUT/generate-$prov.txt" | tail -2
+done
+$py - "$OUT" <<'PY' 2>&1 | tee "$OUT/generate-compare.txt"
+import json, sys
+cpu, cuda = (json.load(open(f"{sys.argv[1]}/generate-{p}.json")) for p in ("cpu", "cuda"))
+same = cpu["tokens"] == cuda["tokens"]
+print(f"generation: CUDA tokens {'equal' if same else 'DIFFER from'} the CPU's; "
+      f"{cuda['timings']['tokens_per_s']:.1f} tok/s on {cuda['provider']} vs {cpu['timings']['tokens_per_s']:.1f} on cpu")
+sys.exit(0 if same else 1)
+PY
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
 echo "== summary"
 grep -E "ORT CUDA" "$OUT/versions.txt"
 tail -1 "$OUT/cuda-tests.log"
+cat "$OUT/generate-compare.txt"
 grep -E "placement|latency" "$OUT/placement.txt"
 exit $status

@@ -221,6 +221,11 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
     ):
         rc, _, err = _cli(argv, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and words in err, (argv, err)
+    from export.providers import cuda_status
+
+    if not cuda_status()[0]:  # asked for by name, CUDA that does not work is one line (before any export)
+        rc, _, err = _cli(["generate", str(no_config), "--prompt-ids", "1", "--provider", "cuda"], capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "--provider cuda" in err, err
 
 
 @pytest.mark.slow
