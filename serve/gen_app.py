@@ -1,25 +1,21 @@
 """The Ray Serve replica of a whole-model export: POST /generate (serve/gen_protocol.py), requests
-gathered by serve.batch and generated from as one left-padded batch (serve/gen_batching.py)."""
+gathered by a StaticBatcher and generated from as one left-padded batch (serve/gen_batching.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import time
 
-import numpy as np
-
-from .gen_batching import run_generate_batch
+from .gen_batching import StaticBatcher, run_generate_batch
 from .gen_protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     GEN_ROUTE,
     GenInfo,
-    GenItem,
     decode_generate_request,
     encode_tokens,
 )
-from .protocol import failure_answer, rows_of
+from .protocol import failure_answer
 from .replica import open_session, replica_grpc_on_loopback
 from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError
 
@@ -71,13 +67,10 @@ class GenerateServer:
             "max_new_tokens": max_new_tokens,
             "sha256": hashlib.sha256(model_bytes).hexdigest(),
         }
-        from ray import serve
-
-        self._batched = serve.batch(
-            max_batch_size=max_batch,
-            batch_wait_timeout_s=batch_wait_ms / 1000,
-            batch_size_fn=rows_of,
-        )(self._run_items)
+        # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
+        self._batcher = StaticBatcher(
+            lambda items: run_generate_batch(self.sess, items), max_rows=max_batch, wait_s=batch_wait_ms / 1000
+        )
 
     async def __call__(self, request):
         from starlette.responses import PlainTextResponse, Response
@@ -113,25 +106,13 @@ class GenerateServer:
         except RequestError as e:
             return PlainTextResponse(str(e), e.status)
         item.enqueued = time.perf_counter()
-        tokens, timing = await self._batched(item)
+        tokens, timing = await self._batcher.submit(item)
         if isinstance(tokens, Exception):
             return PlainTextResponse(*failure_answer(tokens))
         headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
         headers["x-attnzoo-replica"] = self.replica
         headers["x-attnzoo-new-tokens"] = str(item.rows * (tokens.shape[1] - item.t))
         return Response(encode_tokens(item, tokens), media_type=JSON, headers=headers)
-
-    async def _run_items(self, items: list[GenItem]) -> list[tuple[np.ndarray | Exception, dict[str, float]]]:
-        started = time.perf_counter()
-        # The ORT runs release the GIL: in a thread, the replica keeps reading requests meanwhile.
-        results = await asyncio.to_thread(run_generate_batch, self.sess, items)
-        model_ms = (time.perf_counter() - started) * 1e3
-        rows = sum(it.rows for it in items)
-        return [
-            (res, {"x-attnzoo-model-ms": model_ms, "x-attnzoo-queue-ms": (started - it.enqueued) * 1e3,
-                   "x-attnzoo-batch": rows})
-            for it, res in zip(items, results)
-        ]
 
 
 __all__ = ["GenerateServer"]

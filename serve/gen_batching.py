@@ -6,10 +6,19 @@ Left padding leaves a row's tokens its own: the export's attention_mask hides th
 row's positions count its real tokens only (zoo.lm.DecoderLM.step). A row whose eos_token_id differs
 from the batch's is run to the end and cut afterwards, which is what `OnnxSession.generate` does to
 it alone (a row that ended is padded with eos while the others go on; the answer stops once every
-row of the request has ended). Plain numpy: no Ray.
+row of the request has ended). Plain numpy and asyncio: no Ray.
+
+`StaticBatcher` forms the batches: one run at a time; the requests that arrive while a run goes on are
+all in the next one (Ray Serve's serve.batch forms each batch before it waits for the running one, so
+under load its batches stay small and queue up behind each other).
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -74,4 +83,58 @@ def run_generate_batch(sess, items: list[GenItem], timings: dict | None = None) 
     return results
 
 
-__all__ = ["PAD_ID", "end_at_eos", "left_pad", "run_generate_batch"]
+class StaticBatcher:
+    """Static batches of GenItems for one replica: `await submit(item)` -> (item's result, timings).
+
+    One run at a time (in a thread: ONNX Runtime releases the GIL, so requests keep arriving). A batch is
+    what is waiting when the last run ends, up to `max_rows` rows, in arrival order; when fewer rows wait,
+    it waits until `wait_s` after the first of them arrived for more. `run(items)` returns one result
+    per item (run_generate_batch, bound to a session)."""
+
+    def __init__(self, run: Callable[[list[GenItem]], list], max_rows: int, wait_s: float) -> None:
+        self.run, self.max_rows, self.wait_s = run, max_rows, wait_s
+        self._waiting: deque[tuple[GenItem, asyncio.Future]] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+
+    async def submit(self, item: GenItem) -> tuple[np.ndarray | Exception, dict[str, float]]:
+        if self._arrived is None:
+            self._arrived = asyncio.Event()
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
+        self._arrived.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._serve())
+        return await future
+
+    def _rows_waiting(self) -> int:
+        return sum(it.rows for it, _ in self._waiting)
+
+    async def _serve(self) -> None:
+        while self._waiting:
+            deadline = self._waiting[0][0].enqueued + self.wait_s
+            while self._rows_waiting() < self.max_rows and (left := deadline - time.perf_counter()) > 0:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+            batch, rows = [], 0
+            while self._waiting and (not batch or rows + self._waiting[0][0].rows <= self.max_rows):
+                batch.append(self._waiting.popleft())
+                rows += batch[-1][0].rows
+            started = time.perf_counter()
+            items = [it for it, _ in batch]
+            try:
+                results = await asyncio.to_thread(self.run, items)
+            except Exception as e:  # noqa: BLE001 - every request of the run gets it
+                results = [e] * len(items)
+            model_ms = (time.perf_counter() - started) * 1e3
+            for (it, future), res in zip(batch, results):
+                if not future.done():  # a request whose client went away is cancelled
+                    timing = {"x-attnzoo-model-ms": model_ms, "x-attnzoo-queue-ms": (started - it.enqueued) * 1e3,
+                              "x-attnzoo-batch": rows}
+                    future.set_result((res, timing))
+
+
+__all__ = ["PAD_ID", "StaticBatcher", "end_at_eos", "left_pad", "run_generate_batch"]
