@@ -3,7 +3,8 @@ request exactly the tokens `OnnxSession.generate` gives it alone (left padding, 
 max_new_tokens and eos), concurrent requests through the StaticBatcher (asyncio, no Ray), then the
 same through Ray Serve on 127.0.0.1 with HTTP clients and the load test's generation mode.
 
-One whole-model export of lm_cases' tiny random LLaMA serves every test of the module.
+One whole-model export of lm_cases' tiny random LLaMA serves every test of the module (~25 CPU-seconds);
+the Ray Serve test is under -m slow.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ def server(lm_path, request):
     )
 
 
+@pytest.mark.slow  # a Ray of its own (~20 CPU-seconds): the default run proves the batcher above, without HTTP
 def test_through_ray_serve(server, sess, lm_path):
     """One test (pytest-xdist keeps it on one worker): metadata, concurrent HTTP requests each answered
     with its own tokens, client mistakes as one-line 4xx, then the load test's generation mode."""
