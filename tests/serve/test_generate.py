@@ -265,6 +265,8 @@ def test_through_ray_serve(server, sess, lm_path):
         text = reply.body.decode()
         assert reply.status == status and words in text and "\n" not in text.strip(), text
     assert client.request("POST", "/predict", b"{}").status == 404
+    it = items[1]  # the Client's own call: a request of two rows, left-padded
+    np.testing.assert_array_equal(client.generate(it.ids, it.max_new_tokens, attention_mask=it.mask), wants[1])
     assert client.health()  # the replica lives on
 
     report = loadtest(
