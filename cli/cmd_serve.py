@@ -70,6 +70,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             app=args.app,
             route_prefix=args.route_prefix,
             max_new_tokens=args.max_new_tokens,
+            batching=args.batching,
+            capacity=args.capacity,
         )
         try:
             print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
@@ -245,6 +247,15 @@ def add_commands(sub) -> None:
     sp.add_argument("--max-tokens", type=positive, default=65_536, help="most b*t per request (larger: HTTP 413)")
     sp.add_argument(
         "--max-new-tokens", type=positive, default=256, help="a whole model: most new tokens per request (else 413)"
+    )
+    sp.add_argument(
+        "--batching",
+        default="static",
+        choices=["static", "continuous"],
+        help="a whole model: static batches, or requests joining the running batch at its next step",
+    )
+    sp.add_argument(
+        "--capacity", type=positive, default=512, help="--batching continuous: cache slots (prompt + new tokens)"
     )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")

@@ -17,6 +17,7 @@ from zoo import MissingFileError
 
 from .batching import run_batch
 from .gen_app import GenerateServer
+from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY
 from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
 from .protocol import (
     DEFAULT_MAX_BODY,
@@ -194,6 +195,8 @@ def start(
     app: str = "attnzoo",
     route_prefix: str = "/",
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batching: str = "static",
+    capacity: int = DEFAULT_CAPACITY,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -201,7 +204,8 @@ def start(
     otherwise join that cluster ("auto", or "HOST:6379"). With provider "cuda" each replica asks
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
     A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate
-    (GenerateServer: greedy tokens, at most `max_new_tokens` per request); a block on POST /predict.
+    (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
+    "continuous" with buffers of `capacity` slots); a block on POST /predict.
     """
     from export.names import PROVIDERS
     from export.session import OnnxSession, cuda_status
@@ -209,11 +213,13 @@ def start(
     if provider not in PROVIDERS:
         raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
     counts = (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port))
-    for name, v in (*counts, ("max_new_tokens", max_new_tokens)):
+    for name, v in (*counts, ("max_new_tokens", max_new_tokens), ("capacity", capacity)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ServeError(f"{name}={v!r} must be a positive integer")
     if port > 65535:
         raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
+    if batching not in BATCHINGS:
+        raise ServeError(f"batching={batching!r} is not one of {', '.join(BATCHINGS)}")
     if not 0 <= batch_wait_ms <= 10_000:
         raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
     if cpus_per_replica < 0:
@@ -229,7 +235,7 @@ def start(
     extra: dict[str, Any] = {}
     if is_lm(probe):
         GenInfo.of(probe)
-        server, extra = GenerateServer, {"max_new_tokens": max_new_tokens}
+        server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe

@@ -3,11 +3,13 @@ gathered by a StaticBatcher and generated from as one left-padded batch (serve/g
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
 
 from .gen_batching import StaticBatcher, run_generate_batch
+from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher
 from .gen_protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     GEN_ROUTE,
@@ -21,7 +23,9 @@ from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError
 
 
 class GenerateServer:
-    """A Ray Serve replica over a whole-model export: one OnnxSession, static batches.
+    """A Ray Serve replica over a whole-model export: one OnnxSession, static batches (StaticBatcher) or,
+    with batching="continuous", requests joining the running batch at its next step (ContinuousBatcher,
+    buffers of `capacity` slots).
 
     GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}.
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
@@ -41,6 +45,8 @@ class GenerateServer:
         threads: int | None = None,
         loopback: bool = False,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        batching: str = "static",
+        capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
@@ -48,6 +54,15 @@ class GenerateServer:
         self.info = GenInfo.of(
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )
+        if batching == "continuous":  # one set of buffers of `capacity` slots: a request must fit in it
+            capacity = min(capacity, self.info.max_len or capacity)
+            self.info = dataclasses.replace(self.info, max_len=capacity)
+            self._batcher = ContinuousBatcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000)
+        else:
+            # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
+            self._batcher = StaticBatcher(
+                lambda items: run_generate_batch(self.sess, items), max_rows=max_batch, wait_s=batch_wait_ms / 1000
+            )
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         md = self.sess.metadata
         self.meta = {
@@ -60,18 +75,15 @@ class GenerateServer:
             "dtype": md.get("attnzoo.dtype"),
             "precision": self.sess.precision,
             "provider": self.sess.provider,
-            "max_len": self.info.max_len,  # None: each batch's cache is sized to what it needs
+            "batching": batching,
+            # None: each batch's cache is sized to what it needs; continuous: the one batch's capacity
+            "max_len": self.info.max_len,
             "max_batch": max_batch,
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
             "max_new_tokens": max_new_tokens,
             "sha256": hashlib.sha256(model_bytes).hexdigest(),
         }
-        # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
-        self._batcher = StaticBatcher(
-            lambda items: run_generate_batch(self.sess, items), max_rows=max_batch, wait_s=batch_wait_ms / 1000
-        )
-
     async def __call__(self, request):
         from starlette.responses import PlainTextResponse, Response
 

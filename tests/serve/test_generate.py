@@ -23,6 +23,7 @@ from export.session import OnnxSession
 from helpers import free_port, local_ray
 from serve import Client, RequestError, ServeError, start
 from serve.gen_batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
+from serve.gen_continuous import ContinuousBatcher
 from serve.gen_protocol import GEN_ROUTE, GenInfo, GenItem, decode_generate_request
 from serve.loadtest import loadtest
 
@@ -184,6 +185,19 @@ def test_a_failing_run_fails_every_request_of_it(sess):
     assert [type(r) for r in run_generate_batch(Broken(), items)] == [MemoryError, MemoryError]
 
 
+def _concurrently(batcher, items: list[GenItem], gap_s: float) -> list:
+    """Every item submitted from its own task, the i-th after i * gap_s, some while a run goes on."""
+
+    async def main():
+        async def one(i, it):
+            await asyncio.sleep(gap_s * i)
+            return await batcher.submit(GenItem(it.ids, it.max_new_tokens, it.mask, it.eos_token_id, it.squeeze))
+
+        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+
+    return asyncio.run(main())
+
+
 def test_concurrent_requests_are_batched_and_each_gets_its_own_tokens(sess):
     """Requests arriving from many tasks at once: the batcher runs a few batches (each of several
     requests, up to max_rows rows), and every answer is bit-equal to the request's run alone."""
@@ -195,20 +209,51 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_tokens(sess):
         runs.append(sum(it.rows for it in batch))
         return run_generate_batch(sess, batch)
 
-    async def main():
-        batcher = StaticBatcher(run, max_rows=6, wait_s=0.05)
-
-        async def one(i, it):
-            await asyncio.sleep(0.002 * i)  # arriving over a few ms, some while a batch runs
-            return await batcher.submit(GenItem(it.ids, it.max_new_tokens, it.mask, it.eos_token_id, it.squeeze))
-
-        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
-
-    answers = asyncio.run(main())
+    answers = _concurrently(StaticBatcher(run, max_rows=6, wait_s=0.05), items, gap_s=0.002)
     assert len(runs) < len(items) and max(runs) <= 6 and sum(runs) == sum(it.rows for it in items), runs
     for (tokens, timing), want in zip(answers, wants):
         np.testing.assert_array_equal(tokens, want)
         assert timing["x-attnzoo-batch"] >= 1 and timing["x-attnzoo-model-ms"] > 0
+
+
+def test_continuous_batching_gives_each_request_its_own_tokens(sess):
+    """Requests join the running batch at its next step (their prompts run alone, their keys copied into
+    free rows at the write index): each answer is bit-equal to the request's run alone, and requests
+    ran beside others that started before them."""
+    items = _requests(sess, seed=3) * 2
+    wants = [_alone(sess, it) for it in items]
+    batcher = ContinuousBatcher(sess, max_rows=5, capacity=48, wait_s=0.0)
+    answers = _concurrently(batcher, items, gap_s=0.003)
+    for (tokens, timing), want in zip(answers, wants):
+        assert not isinstance(tokens, Exception), tokens
+        np.testing.assert_array_equal(tokens, want)
+    assert max(timing["x-attnzoo-batch"] for _, timing in answers) > 2
+    assert sorted(batcher.free) == list(range(5))  # every row given back
+
+
+def test_a_failing_continuous_step_fails_its_requests_and_the_next_ones_run(sess):
+    items = _requests(sess, seed=4)[:3]
+    batcher = ContinuousBatcher(sess, max_rows=4, capacity=48)
+    real = batcher.sess
+
+    class FailsOnce:
+        failed = False
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def run_with_iobinding(self, binding):
+            if binding is batcher.batch.binding and not FailsOnce.failed:
+                FailsOnce.failed = True
+                raise RuntimeError("step failed")
+            return real.run_with_iobinding(binding)
+
+    batcher.sess = FailsOnce()
+    first = _concurrently(batcher, items, gap_s=0.0)
+    assert any(isinstance(tokens, RuntimeError) for tokens, _ in first)
+    batcher.sess = real
+    for (tokens, _), it in zip(_concurrently(batcher, items, gap_s=0.0), items):
+        np.testing.assert_array_equal(tokens, _alone(sess, it))
 
 
 # -- through Ray Serve ---------------------------------------------------------------------------
@@ -222,13 +267,25 @@ def server(lm_path, request):
     )
 
 
-@pytest.mark.slow  # a Ray of its own (~20 CPU-seconds): the default run proves the batcher above, without HTTP
+@pytest.mark.slow  # a Ray of its own (~20 CPU-seconds): the default run proves the batchers above, without HTTP
 def test_through_ray_serve(server, sess, lm_path):
-    """One test (pytest-xdist keeps it on one worker): metadata, concurrent HTTP requests each answered
-    with its own tokens, client mistakes as one-line 4xx, then the load test's generation mode."""
-    client = Client(server.url)
+    """One test (pytest-xdist keeps it on one worker), for static batches and then for continuous ones
+    beside them: metadata, concurrent HTTP requests each answered with its own tokens, client mistakes as
+    one-line 4xx, then the load test's generation mode."""
+    _serves_each_request_its_own_tokens(server.url, sess, lm_path, "static")
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    beside = start(
+        lm_path, port=port, max_batch=8, max_new_tokens=40, app="test-generate-cb", route_prefix="/cb",
+        batching="continuous", capacity=64, threads=1,
+    )
+    _serves_each_request_its_own_tokens(beside.url, sess, lm_path, "continuous")
+
+
+def _serves_each_request_its_own_tokens(url: str, sess, lm_path, batching: str) -> None:
+    client = Client(url)
     meta = client.metadata()
     assert (meta["kind"], meta["route"], meta["vocab"], meta["max_new_tokens"]) == ("lm", GEN_ROUTE, VOCAB, 40)
+    assert meta["batching"] == batching and meta["max_len"] == (64 if batching == "continuous" else None)
 
     items = _requests(sess, seed=2)
     wants = [_alone(sess, it) for it in items]
@@ -241,7 +298,7 @@ def test_through_ray_serve(server, sess, lm_path):
             doc["attention_mask"] = it.mask.astype(int).tolist()
         if it.eos_token_id is not None:
             doc["eos_token_id"] = it.eos_token_id
-        with Client(server.url) as c:
+        with Client(url) as c:
             answers[i] = c.request("POST", GEN_ROUTE, json.dumps(doc).encode(), {"Content-Type": "application/json"})
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
@@ -270,7 +327,7 @@ def test_through_ray_serve(server, sess, lm_path):
     assert client.health()  # the replica lives on
 
     report = loadtest(
-        server.url, concurrency=[1, 4], requests=12, seqs=[3, 8], new_tokens=6, bad_fraction=0.25,
+        url, concurrency=[1, 4], requests=12, seqs=[3, 8], new_tokens=6, bad_fraction=0.25,
         model=lm_path, warmup=2,
     )
     assert report["mode"] == "generate" and report["new_tokens"] == 6
