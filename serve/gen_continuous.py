@@ -7,7 +7,9 @@ positions), its keys and values are copied into its rows at slots P-t..P-1, and 
 just these slots (and the ones to come) real, so its positions are 0..t-1 as alone (the export counts a
 row's positions over its real keys, zoo.attend.key_positions). From there every step feeds each row its
 last token at slot P. A request leaves when it has its max_new_tokens (or every row of it made its
-eos_token_id); its rows are free for the next one. When no request runs, P restarts.
+eos_token_id); the rows above its own move down, so the running rows stay packed at 0..k-1 and a step
+runs over those k rows only (a binding per k, over views of the same buffers). When no request runs, P
+restarts.
 
 Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it). Plain
 numpy and a thread: no Ray.
@@ -36,7 +38,7 @@ DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request nee
 @dataclass(eq=False)  # one per request: compared by identity
 class _Running:
     item: GenItem
-    rows: list[int]  # the batch rows it holds
+    rows: list[int]  # the batch rows it holds (moved down when a request below it leaves)
     done: object  # a callable(result, timing)
     admitted: float
     tokens: list[np.ndarray] = field(default_factory=list)  # (r,) per new token
@@ -44,41 +46,45 @@ class _Running:
 
 
 class _Buffers:
-    """A binding of b rows x n slots: the per-layer buffers bound as past and present, the mask, past_len,
-    input_ids and next_token (the export's interface, export/io.lm_interface)."""
+    """b rows x n slots of the export's interface (export/io.lm_interface): the per-layer buffers (bound as
+    past and present), the mask, past_len, input_ids and next_token; `binding(k)` binds the first k rows
+    (views: nothing is copied; a step over k rows reads k rows' caches)."""
 
     def __init__(self, sess, b: int, n: int, t: int) -> None:
-        import onnxruntime as ort
-
         if NEXT_TOKEN.name not in sess.output_names:
             raise ServeError(f"{sess.path} has no {NEXT_TOKEN.name} output; re-export it for continuous batching")
+        self.sess = sess
         prefix = LM_PAST.split("{", 1)[0]
         ins = [x for x in sess._sess.get_inputs() if x.name.startswith(prefix)]
         dtype = np.float16 if "float16" in ins[0].type else np.float32
-        self.binding = sess.new_binding()
-        self.keep: list[np.ndarray] = []
-
-        def bound(arr):
-            self.keep.append(arr)
-            return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-
-        self.cache: dict[str, np.ndarray] = {}
-        for x in ins:
-            buf = np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype)
-            layer, kv = x.name.split(".")[1:3]
-            value = bound(buf)
-            self.binding.bind_ortvalue_input(x.name, value)
-            self.binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), value)
-            self.cache[x.name] = buf
+        self.cache = {x.name: np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype) for x in ins}
         self.mask = np.ones((b, n), np.bool_)
         self.past_len = np.zeros((), np.int64)
         self.ids = np.zeros((b, t), np.int64)
         self.next_token = np.zeros((b,), np.int64)
         self.logits = np.zeros((b, 1, int(sess.metadata["attnzoo.vocab"])), dtype)
-        for name, arr in ((ATTENTION_MASK.name, self.mask), (PAST_LEN.name, self.past_len), (INPUT_IDS.name, self.ids)):
-            self.binding.bind_ortvalue_input(name, bound(arr))
-        self.binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(self.next_token))
-        self.binding.bind_ortvalue_output(LOGITS.name, bound(self.logits))
+        self._bindings: dict[int, object] = {}
+
+    def binding(self, k: int):
+        if k not in self._bindings:
+            import onnxruntime as ort
+
+            def bound(arr):  # a view of the first rows is contiguous: the OrtValue wraps it, no copy
+                return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+
+            binding = self.sess.new_binding()
+            for name, buf in self.cache.items():
+                layer, kv = name.split(".")[1:3]
+                value = bound(buf[:k])
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), value)
+            for name, arr in ((ATTENTION_MASK.name, self.mask[:k]), (INPUT_IDS.name, self.ids[:k])):
+                binding.bind_ortvalue_input(name, bound(arr))
+            binding.bind_ortvalue_input(PAST_LEN.name, bound(self.past_len))
+            binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(self.next_token[:k]))
+            binding.bind_ortvalue_output(LOGITS.name, bound(self.logits[:k]))
+            self._bindings[k] = binding
+        return self._bindings[k]
 
 
 class ContinuousBatcher:
@@ -93,7 +99,7 @@ class ContinuousBatcher:
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: list[tuple[GenItem, object]] = []
         self.running: list[_Running] = []
-        self.free = list(range(max_rows))
+        self.used = 0  # rows 0..used-1 hold running requests (kept packed: a step runs over these only)
         self.write = 0  # P: the slot the next step writes, shared by every row
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -140,10 +146,10 @@ class ContinuousBatcher:
             except Exception as e:  # noqa: BLE001 - the run failed: its requests get it, the batch starts afresh
                 for run in self.running:
                     run.done(e, {})
-                self.running, self.free = [], list(range(self.max_rows))
+                self.running, self.used = [], 0
 
     def _fits(self, it: GenItem, write: int) -> bool:
-        return it.rows <= len(self.free) and it.t <= write and write + it.max_new_tokens - 1 <= self.n
+        return self.used + it.rows <= self.max_rows and it.t <= write and write + it.max_new_tokens - 1 <= self.n
 
     def _admit(self) -> None:
         if not self.running:  # a fresh start: P is the longest prompt of the requests that can start together
@@ -170,8 +176,9 @@ class ContinuousBatcher:
         alone.ids[:] = it.ids
         if it.mask is not None:
             alone.mask[:] = it.mask
-        self.sess.run_with_iobinding(alone.binding)
-        rows = [self.free.pop(0) for _ in range(it.rows)]
+        self.sess.run_with_iobinding(alone.binding(it.rows))
+        rows = list(range(self.used, self.used + it.rows))
+        self.used += it.rows
         p, t = self.write, it.t
         for name, buf in self.batch.cache.items():
             buf[rows, :, p - t : p] = alone.cache[name]
@@ -186,13 +193,27 @@ class ContinuousBatcher:
     def _step(self) -> None:
         for run in self.running:
             self.batch.ids[run.rows, 0] = run.tokens[-1]
-            run.peak_rows = max(run.peak_rows, self.max_rows - len(self.free))
+            run.peak_rows = max(run.peak_rows, self.used)
         self.batch.past_len[()] = self.write
-        self.sess.run_with_iobinding(self.batch.binding)
+        self.sess.run_with_iobinding(self.batch.binding(self.used))
         self.write += 1
-        for run in list(self.running):
+        for run in self.running:  # every token read before any request leaves (leaving moves rows)
             run.tokens.append(self.batch.next_token[run.rows].copy())
+        for run in list(self.running):
             self._finish_if_done(run)
+
+    def _pack(self) -> None:
+        """Move the running requests' rows down to 0..used-1 (their caches and masks with them)."""
+        at = 0
+        for run in sorted(self.running, key=lambda r: r.rows[0]):
+            new = list(range(at, at + len(run.rows)))
+            if new != run.rows:
+                for buf in self.batch.cache.values():
+                    buf[new] = buf[run.rows]
+                self.batch.mask[new] = self.batch.mask[run.rows]
+                run.rows = new
+            at += len(new)
+        self.used = at
 
     def _finish_if_done(self, run: _Running) -> None:
         it = run.item
@@ -201,7 +222,7 @@ class ContinuousBatcher:
         if new.shape[1] < it.max_new_tokens and not ended:
             return
         self.running.remove(run)
-        self.free.extend(run.rows)
+        self._pack()
         tokens = end_at_eos(np.concatenate([it.ids, new], axis=1), it.t, it.eos_token_id)
         now = time.perf_counter()
         timing = {
