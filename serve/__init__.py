@@ -27,6 +27,7 @@ The package, split by job:
     replica.py   what every replica does first (its session from the model's bytes, gRPC on loopback)
     gen_protocol.py  a whole model's /generate requests, checked (GenInfo, GenItem)
     gen_batching.py  left-padded static batches of them, and the StaticBatcher that forms them
+    gen_continuous.py  the ContinuousBatcher: requests join the running batch at its next step
     gen_app.py   the Ray Serve replica of a whole model
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
@@ -39,6 +40,7 @@ Depends on `zoo` and `export`.
 from .app import Deployment, OnnxServer, init_local_ray, replica_states, start
 from .gen_app import GenerateServer
 from .gen_batching import StaticBatcher, run_generate_batch
+from .gen_continuous import ContinuousBatcher
 from .gen_protocol import GenInfo, GenItem, decode_generate_request
 from .batching import length_groups, pad_batch, run_batch
 from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
@@ -62,6 +64,7 @@ __all__ = [
     "Client",
     "ClientError",
     "ClientOptionError",
+    "ContinuousBatcher",
     "Deployment",
     "GenInfo",
     "GenItem",

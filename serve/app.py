@@ -235,6 +235,8 @@ def start(
     extra: dict[str, Any] = {}
     if is_lm(probe):
         GenInfo.of(probe)
+        if batching == "continuous" and "next_token" not in probe.output_names:
+            raise ServeError(f"{path} has no next_token output (an all-logits export); serve it with --batching static")
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)

@@ -127,8 +127,8 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
         )
     if info.max_len is not None and t + new - 1 > info.max_len:
         raise RequestError(
-            f"prompt {t} + max_new_tokens {new} needs {t + new - 1} cache positions, past this export's "
-            f"max_len {info.max_len} (GET /metadata); shorten the request or serve an export with a larger --max-len",
+            f"prompt {t} + max_new_tokens {new} needs {t + new - 1} cache positions, past this server's "
+            f"max_len {info.max_len} (GET /metadata: the export's --max-len, or --capacity when batching continuously)",
             413,
         )
     bad = (ids < 0) | (ids >= info.vocab)

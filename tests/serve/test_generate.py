@@ -122,6 +122,15 @@ def test_only_a_whole_model_export_gets_a_gen_info():
         GenInfo.of(Block())
 
 
+def test_start_refuses_bad_batching_options_before_starting_ray(lm_path):
+    with pytest.raises(ServeError, match="batching='dynamic' is not one of static, continuous"):
+        start(lm_path, batching="dynamic")
+    with pytest.raises(ServeError, match="capacity=0 must be a positive integer"):
+        start(lm_path, batching="continuous", capacity=0)
+    with pytest.raises(ServeError, match="max_new_tokens=0"):
+        start(lm_path, max_new_tokens=0)
+
+
 # -- static batches ------------------------------------------------------------------------------
 
 
