@@ -24,9 +24,15 @@ def _need(module: str, what: str) -> None:
 
 
 def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder: Path, decode: bool) -> Path:
-    """An .onnx path as given, or a zoo name exported with the mask input (so batches can pad;
-    for a decode model, the key_mask)."""
+    """An .onnx path as given, a checkpoint folder exported whole (fp32, once: cmd_generate.exported),
+    or a zoo name exported with the mask input (so batches can pad; for a decode model, the key_mask)."""
     path = Path(target)
+    if path.is_dir():
+        if overrides or decode:
+            raise CliError("--set and --decode apply to a zoo name, not to a checkpoint folder")
+        from .cmd_generate import exported
+
+        return exported(target, "fp32", None)
     if path.suffix == ".onnx" or path.exists():
         if overrides or decode:
             raise CliError("--set and --decode apply to a zoo name, not to an .onnx file")
@@ -63,13 +69,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cpus_per_replica=args.cpus_per_replica,
             app=args.app,
             route_prefix=args.route_prefix,
+            max_new_tokens=args.max_new_tokens,
+            batching=args.batching,
+            capacity=args.capacity,
         )
         try:
             print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
             print(f"  curl -s {dep.url}healthz; curl -s {dep.url}metadata")
-            save = f"np.save('x.npy', np.random.randn(16, {_width(path)}).astype('float32'))"
-            print(f'  python -c "import numpy as np; {save}"')
-            print(f"  curl -s --data-binary @x.npy -H 'Content-Type: application/x-npy' {dep.url}predict -o y.npy")
+            width = _width(path)
+            if width is None:  # a whole model: token ids in, greedy tokens out
+                body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
+                print(f"  curl -s -H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
+            else:
+                save = f"np.save('x.npy', np.random.randn(16, {width}).astype('float32'))"
+                print(f'  python -c "import numpy as np; {save}"')
+                print(f"  curl -s --data-binary @x.npy -H 'Content-Type: application/x-npy' {dep.url}predict -o y.npy")
             sys.stdout.flush()
             # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does.
             signal.signal(signal.SIGTERM, _interrupt)
@@ -88,11 +102,14 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _width(path: Path) -> int | str:
+def _width(path: Path) -> int | str | None:
+    """The block's d_model for the example request; None for a whole-model export."""
     from export.session import OnnxSession
 
-    spec = OnnxSession(path, provider="cpu", verbose=False).spec
-    return spec.d_model if spec else "C"
+    sess = OnnxSession(path, provider="cpu", verbose=False)
+    if sess.metadata.get("attnzoo.kind") == "lm":
+        return None
+    return sess.spec.d_model if sess.spec else "C"
 
 
 def cmd_triton(args: argparse.Namespace) -> int:
@@ -150,8 +167,12 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         retries=args.retries,
         warmup=args.warmup,
         seed=args.seed,
+        new_tokens=args.new_tokens,
         progress=lambda lv: print(
-            f"concurrency {lv['concurrency']}: {lv['throughput_rps']} req/s", file=sys.stderr, flush=True
+            f"concurrency {lv['concurrency']}: {lv['throughput_rps']} req/s"
+            + (f", {lv['tokens_per_s']} tokens/s" if lv.get("tokens_per_s") is not None else ""),
+            file=sys.stderr,
+            flush=True,
         ),
     )
     print(format_report(report))
@@ -207,8 +228,15 @@ def _http_url(text: str) -> str:
 def add_commands(sub) -> None:
     from export.names import LOWERINGS
 
-    sp = sub.add_parser("serve", help="serve an exported block with Ray Serve (dynamic batching, HTTP)")
-    sp.add_argument("model", metavar="PATH_OR_NAME", help="an .onnx file, or a zoo name (exported with --mask first)")
+    sp = sub.add_parser(
+        "serve", help="serve an exported block (POST /predict) or whole model (POST /generate) with Ray Serve"
+    )
+    sp.add_argument(
+        "model",
+        metavar="PATH_OR_NAME",
+        help="an .onnx file (a block, or a whole model: attnzoo export --checkpoint DIR --whole), a checkpoint "
+        "folder (exported whole, fp32), or a zoo name (exported with --mask first)",
+    )
     sp.add_argument("--replicas", type=positive, default=1)
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
@@ -217,6 +245,18 @@ def add_commands(sub) -> None:
     sp.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on (default 127.0.0.1)")
     sp.add_argument("--address", default=None, help="join this Ray cluster ('auto' or HOST:PORT); default: start Ray")
     sp.add_argument("--max-tokens", type=positive, default=65_536, help="most b*t per request (larger: HTTP 413)")
+    sp.add_argument(
+        "--max-new-tokens", type=positive, default=256, help="a whole model: most new tokens per request (else 413)"
+    )
+    sp.add_argument(
+        "--batching",
+        default="static",
+        choices=["static", "continuous"],
+        help="a whole model: static batches, or requests joining the running batch at its next step",
+    )
+    sp.add_argument(
+        "--capacity", type=positive, default=512, help="--batching continuous: cache slots (prompt + new tokens)"
+    )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")
@@ -246,11 +286,18 @@ def add_commands(sub) -> None:
     with_set(sp)
     sp.set_defaults(func=cmd_triton)
 
-    sp = sub.add_parser("loadtest", help="load an `attnzoo serve` URL: throughput, p50/p95/p99, errors, faults")
+    sp = sub.add_parser(
+        "loadtest", help="load an `attnzoo serve` URL: throughput (tokens/s for a whole model), p50/p95/p99, errors"
+    )
     sp.add_argument("url", type=_http_url, help="e.g. http://127.0.0.1:8000/")
     sp.add_argument("--concurrency", type=int_list, default=[1, 16], help="levels, e.g. 1,16 (default 1,16)")
     sp.add_argument("--requests", type=positive, default=200, help="requests per level (default 200)")
-    sp.add_argument("--seq", type=int_list, default=[16, 32, 64, 128], help="T of the requests (default 16,32,64,128)")
+    sp.add_argument(
+        "--seq", type=int_list, default=[16, 32, 64, 128], help="T of the requests (a whole model: prompt lengths)"
+    )
+    sp.add_argument(
+        "--new-tokens", type=positive, default=32, help="a whole model (POST /generate): new tokens per request"
+    )
     sp.add_argument("--batch", type=positive, default=1, help="sequences per request (default 1)")
     sp.add_argument("--json-bodies", action="store_true", help="send JSON instead of .npy bodies")
     sp.add_argument("--bad-fraction", type=_fraction, default=0.0, help="share of malformed requests, e.g. 0.05")

@@ -10,7 +10,11 @@ holding x alone (`application/x-npy`), or an `.npz` body with those names (`appl
 the padding, run once, and each answer is cut back to its own (b_i, t_i). A model exported
 without a mask input cannot hide padding, so its batches group requests of equal lengths.
 
-Everything except `start`/`OnnxServer` works without Ray (the decoding and batching are plain
+A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate instead: JSON
+`{"input_ids": [...], "max_new_tokens": N}` in, the prompt and its greedy tokens out, equal to
+`OnnxSession.generate` of the request alone; the requests of a window are one left-padded batch.
+
+Everything except `start`/`OnnxServer`/`GenerateServer` works without Ray (the decoding and batching are plain
 numpy, and `Client` uses the standard library only).
 
 The package, split by job:
@@ -20,6 +24,11 @@ The package, split by job:
     protocol.py  a request's checks, the answer's encoding
     batching.py  padded batches and decode groups
     app.py       the Ray Serve replica and `start`
+    replica.py   what every replica does first (its session from the model's bytes, gRPC on loopback)
+    gen_protocol.py  a whole model's /generate requests, checked (GenInfo, GenItem)
+    gen_batching.py  left-padded static batches of them, and the StaticBatcher that forms them
+    gen_continuous.py  the ContinuousBatcher: requests join the running batch at its next step
+    gen_app.py   the Ray Serve replica of a whole model
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
     loadtest.py  load, faults and checked answers against a running server
@@ -29,6 +38,10 @@ Depends on `zoo` and `export`.
 """
 
 from .app import Deployment, OnnxServer, init_local_ray, replica_states, start
+from .gen_app import GenerateServer
+from .gen_batching import StaticBatcher, run_generate_batch
+from .gen_continuous import ContinuousBatcher
+from .gen_protocol import GenInfo, GenItem, decode_generate_request
 from .batching import length_groups, pad_batch, run_batch
 from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
 from .protocol import (
@@ -51,14 +64,20 @@ __all__ = [
     "Client",
     "ClientError",
     "ClientOptionError",
+    "ContinuousBatcher",
     "Deployment",
+    "GenInfo",
+    "GenItem",
+    "GenerateServer",
     "Item",
     "ModelInfo",
     "OnnxServer",
     "Reply",
     "RequestError",
     "ServeError",
+    "StaticBatcher",
     "check_arrays",
+    "decode_generate_request",
     "decode_reply",
     "decode_request",
     "encode_response",
@@ -68,5 +87,6 @@ __all__ = [
     "parse_url",
     "replica_states",
     "run_batch",
+    "run_generate_batch",
     "start",
 ]

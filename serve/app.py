@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,9 @@ import numpy as np
 from zoo import MissingFileError
 
 from .batching import run_batch
+from .gen_app import GenerateServer
+from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY
+from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
 from .protocol import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_TOKENS,
@@ -30,6 +31,7 @@ from .protocol import (
     failure_answer,
     rows_of,
 )
+from .replica import open_session, replica_grpc_on_loopback
 
 # -- the Ray Serve deployment ------------------------------------------------------------------
 
@@ -54,20 +56,9 @@ class OnnxServer:
         threads: int | None = None,
         loopback: bool = False,
     ) -> None:
-        from export.session import OnnxSession
-
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
-            _replica_grpc_on_loopback()
-
-        # Replicas may run on other machines: the model travels as bytes, not as a path.
-        folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
-        path = folder / f"{name}.onnx"
-        path.write_bytes(model_bytes)
-        try:
-            self.sess = OnnxSession(path, provider=provider, threads=threads, verbose=False)
-        finally:
-            # ONNX Runtime holds the model in memory now; replicas come and go, their files need not.
-            shutil.rmtree(folder, ignore_errors=True)
+            replica_grpc_on_loopback()
+        self.sess = open_session(model_bytes, name, provider, threads)
         self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
@@ -203,23 +194,32 @@ def start(
     cpus_per_replica: float = 1.0,
     app: str = "attnzoo",
     route_prefix: str = "/",
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batching: str = "static",
+    capacity: int = DEFAULT_CAPACITY,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
     address None: start Ray on this machine (or use the Ray this process already joined);
     otherwise join that cluster ("auto", or "HOST:6379"). With provider "cuda" each replica asks
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
+    A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate
+    (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
+    "continuous" with buffers of `capacity` slots); a block on POST /predict.
     """
     from export.names import PROVIDERS
     from export.session import OnnxSession, cuda_status
 
     if provider not in PROVIDERS:
         raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
-    for name, v in (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port)):
+    counts = (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port))
+    for name, v in (*counts, ("max_new_tokens", max_new_tokens), ("capacity", capacity)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ServeError(f"{name}={v!r} must be a positive integer")
     if port > 65535:
         raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
+    if batching not in BATCHINGS:
+        raise ServeError(f"batching={batching!r} is not one of {', '.join(BATCHINGS)}")
     if not 0 <= batch_wait_ms <= 10_000:
         raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
     if cpus_per_replica < 0:
@@ -231,7 +231,15 @@ def start(
         raise ServeError(f"{path} keeps its weights in an external file; serving sends one file to each replica")
     # Check here, in one process, what every replica would otherwise fail on.
     probe = OnnxSession(path, provider="cpu", verbose=False)
-    ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
+    server: type = OnnxServer
+    extra: dict[str, Any] = {}
+    if is_lm(probe):
+        GenInfo.of(probe)
+        if batching == "continuous" and "next_token" not in probe.output_names:
+            raise ServeError(f"{path} has no next_token output (an all-logits export); serve it with --batching static")
+        server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
+    else:
+        ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
     if not route_prefix.startswith("/"):
         raise ServeError(f"route_prefix={route_prefix!r} must start with '/'")
@@ -267,7 +275,7 @@ def start(
         if provider == "cuda":
             options["num_gpus"] = 1
         deployment = serve.deployment(
-            OnnxServer,
+            server,
             name="onnx",
             num_replicas=replicas,
             ray_actor_options=options,
@@ -285,6 +293,7 @@ def start(
             max_body=max_body,
             threads=threads,
             loopback=ray_on_loopback(),
+            **extra,
         )
         try:
             serve.run(handle, name=app, route_prefix=route_prefix, blocking=False)
@@ -348,28 +357,6 @@ def ray_on_loopback() -> bool:
         return ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback
     except ValueError:
         return False
-
-
-def _replica_grpc_on_loopback() -> None:
-    """Ray Serve 2.60 binds each replica's inter-deployment gRPC server to [::]:0 whatever the
-    node's address; on a loopback-only Ray, bind it to 127.0.0.1 instead (called in the replica's
-    process, before Serve starts that server). A Serve without that hook is left as it is."""
-    try:
-        from ray.serve._private import replica
-    except ImportError:
-        return
-    real = getattr(replica, "add_port_to_grpc_server", None)
-    if real is None or getattr(real, "attnzoo_loopback", False):
-        return
-
-    def add_port(server, address: str, *args, **kwargs):
-        host, _, port = address.rpartition(":")
-        if host in ("[::]", "0.0.0.0", ""):
-            address = f"127.0.0.1:{port}"
-        return real(server, address, *args, **kwargs)
-
-    add_port.attnzoo_loopback = True  # type: ignore[attr-defined]
-    replica.add_port_to_grpc_server = add_port
 
 
 def _check_port_free(host: str, port: int) -> None:

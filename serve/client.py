@@ -78,6 +78,7 @@ class Client:
 
         c = Client("http://127.0.0.1:8000/")
         y = c.predict(x)        # x (t c) or (b t c) numpy -> y of the same shape
+        tokens = c.generate([[5, 6, 7]], max_new_tokens=16)   # a whole model's server: (1, 3 + 16) int64
 
     binary: send .npy/.npz (real sizes) rather than JSON. retries: how many times a request that
     failed on the connection or with a 5xx is sent again (4xx answers are final).
@@ -187,6 +188,19 @@ class Client:
         if not reply.ok:
             raise ClientError(reply)
         return decode_reply(reply)
+
+    def generate(self, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None) -> np.ndarray:
+        """A whole model's greedy tokens (POST /generate): input_ids (t,) or (b, t) -> int64 (t + k,) or
+        (b, t + k), the prompt then the new tokens, as OnnxSession.generate returns them. Raises ClientError."""
+        doc = {"input_ids": np.asarray(input_ids).tolist(), "max_new_tokens": max_new_tokens}
+        if attention_mask is not None:
+            doc["attention_mask"] = np.asarray(attention_mask).astype(int).tolist()
+        if eos_token_id is not None:
+            doc["eos_token_id"] = eos_token_id
+        reply = self.request("POST", "/generate", json.dumps(doc).encode(), {"Content-Type": JSON})
+        if not reply.ok:
+            raise ClientError(reply)
+        return np.asarray(json.loads(reply.body)["tokens"], np.int64)
 
 
 def decode_reply(reply: Reply):

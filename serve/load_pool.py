@@ -18,6 +18,17 @@ from .client import Client
 from .protocol import JSON, NPY
 
 BAD_KINDS = ("not-json", "wrong-width", "wrong-rank", "wrong-dtype", "too-large", "empty", "nan", "unknown-field")
+# A whole model's malformed /generate bodies, each a client mistake (4xx).
+GEN_BAD_KINDS = (
+    "not-json",
+    "id-past-vocab",
+    "too-many-new-tokens",
+    "empty",
+    "unknown-field",
+    "float-ids",
+    "ragged",
+    "no-max-new-tokens",
+)
 
 
 class LoadTestError(AttnzooError, ValueError):
@@ -30,6 +41,8 @@ class Pool:
 
     good: list[tuple[bytes, str, np.ndarray | None]]  # (body, content type, expected y or None)
     bad: dict[str, tuple[bytes, str]]
+    route: str = "/predict"  # a whole model's pool: "/generate"
+    exact: bool = False  # answers are token ids: checked for equality, not within a tolerance
 
 
 def build_pool(
@@ -46,16 +59,7 @@ def build_pool(
     spec = meta["spec"]
     c, c_ctx = spec["d_model"], spec.get("d_context")
     dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
-    sess = None
-    if model is not None:
-        from export.session import OnnxSession
-
-        sess = OnnxSession(model, provider="cpu", verbose=False)
-        import hashlib
-
-        digest = hashlib.sha256(Path(model).read_bytes()).hexdigest()
-        if meta.get("sha256") and digest != meta["sha256"]:
-            raise LoadTestError(f"{model} is not the model this server runs (sha256 differs); give the served file")
+    sess = _served_session(meta, model)
     rng = np.random.default_rng(seed)
     client = Client("http://127.0.0.1/", binary=binary)  # used only to encode bodies
     good = []
@@ -73,6 +77,69 @@ def build_pool(
     max_tokens = int(meta.get("max_tokens", 65_536))
     bad = {kind: bad_body(kind, c, dtype, max_tokens, rng) for kind in BAD_KINDS}
     return Pool(good, bad)
+
+
+def _served_session(meta: dict[str, Any], model: str | os.PathLike | None):
+    """An OnnxSession over `model` when given, checked to be the file the server runs (its sha256)."""
+    if model is None:
+        return None
+    import hashlib
+
+    from export.session import OnnxSession
+
+    digest = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    if meta.get("sha256") and digest != meta["sha256"]:
+        raise LoadTestError(f"{model} is not the model this server runs (sha256 differs); give the served file")
+    return OnnxSession(model, provider="cpu", verbose=False)
+
+
+def build_gen_pool(
+    meta: dict[str, Any],
+    *,
+    seqs: list[int],
+    new_tokens: int,
+    batch: int = 1,
+    size: int = 32,
+    model: str | os.PathLike | None = None,
+    seed: int = 0,
+) -> Pool:
+    """A whole model's pool: `size` prompts of random ids (T drawn from `seqs`, `batch` rows each) asking
+    `new_tokens` tokens; each answer computed with `OnnxSession.generate` on that request alone."""
+    vocab = int(meta["vocab"])
+    sess = _served_session(meta, model)
+    rng = np.random.default_rng(seed)
+    good = []
+    for i in range(size):
+        ids = rng.integers(0, vocab, (batch, seqs[i % len(seqs)]), dtype=np.int64)
+        body = json.dumps({"input_ids": ids.tolist(), "max_new_tokens": new_tokens}).encode()
+        good.append((body, JSON, sess.generate(ids, new_tokens) if sess is not None else None))
+    limit = int(meta.get("max_new_tokens", 256))
+    bad = {kind: (gen_bad_body(kind, vocab, limit), JSON) for kind in GEN_BAD_KINDS}
+    return Pool(good, bad, route="/generate", exact=True)
+
+
+def gen_bad_body(kind: str, vocab: int, max_new_tokens: int) -> bytes:
+    """One malformed /generate body of `kind` (GEN_BAD_KINDS)."""
+    doc: dict[str, Any] = {"input_ids": [[1, 2, 3]], "max_new_tokens": 4}
+    if kind == "not-json":
+        return b'{"input_ids": [1, 2'
+    if kind == "id-past-vocab":
+        doc["input_ids"] = [[1, vocab, 3]]
+    elif kind == "too-many-new-tokens":
+        doc["max_new_tokens"] = max_new_tokens + 1
+    elif kind == "empty":
+        doc["input_ids"] = [[]]
+    elif kind == "unknown-field":
+        doc["temperature"] = 0.7
+    elif kind == "float-ids":
+        doc["input_ids"] = [[1.5, 2.0]]
+    elif kind == "ragged":
+        doc["input_ids"] = [[1, 2, 3], [4]]
+    elif kind == "no-max-new-tokens":
+        del doc["max_new_tokens"]
+    else:
+        raise LoadTestError(f"unknown malformed kind {kind!r}")
+    return json.dumps(doc).encode()
 
 
 def _npy(a: np.ndarray) -> bytes:

@@ -24,6 +24,7 @@ class Sample:
     retried: bool = False
     started: float = 0.0  # seconds since the level began
     error: str = ""
+    new_tokens: int | None = None  # a /generate answer's new tokens, all its rows (x-attnzoo-new-tokens)
 
 
 @dataclass
@@ -46,11 +47,15 @@ class Level:
         mean_lat = statistics.fmean(lat) if lat else float("nan")
         mean_model = statistics.fmean(model) if model else float("nan")
         mean_queue = statistics.fmean(queue) if queue else float("nan")
+        new = [s.new_tokens for s in ok if s.new_tokens is not None]
         return {
             "concurrency": self.concurrency,
             "requests": self.requests,
             "seconds": round(self.seconds, 3),
             "throughput_rps": round(len(self.samples) / self.seconds, 2) if self.seconds else 0.0,
+            # A whole model's: new tokens of the answered good requests, over the level's wall time.
+            "new_tokens": sum(new) if new else None,
+            "tokens_per_s": round(sum(new) / self.seconds, 1) if new and self.seconds else None,
             "good": len(good),
             "good_ok": len(ok),
             "good_ok_fraction": round(len(ok) / len(good), 4) if good else None,
@@ -104,17 +109,21 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 def format_report(report: dict[str, Any]) -> str:
     """A table: one line per concurrency level, then the fault summary."""
     m = report["model"]
+    gen = report.get("mode") == "generate"
+    what = f"prompts of T in {report['seqs']}, {report['new_tokens']} new tokens" if gen else f"T in {report['seqs']}"
     lines = [
         f"{report['url']}: {m['name']} ({m['lowering']}, {m['dtype']}, {m['provider']}), {report['format']} bodies, "
-        f"T in {report['seqs']}, max batch {m['max_batch']}, wait {m['batch_wait_ms']} ms; "
+        f"{what}, max batch {m['max_batch']}, wait {m['batch_wait_ms']} ms; "
         f"client retries {report['retries']}",
-        f"{'conc':>4} {'req':>5} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'model':>7} "
+        f"{'conc':>4} {'req':>5} {'req/s':>7}" + (f" {'tok/s':>7}" if gen else "") + f" {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'model':>7} "
         f"{'wait':>6} {'engine':>7} {'batch':>5} {'ok':>9} {'wrong':>5} {'bad 4xx':>9} {'5xx':>4} {'retry':>5}",
     ]
     for lv in report["levels"]:
         lat, split = lv["latency_ms"], lv["time_split_ms"]
+        tok = f" {_f(lv['tokens_per_s']):>7}" if gen else ""
         lines.append(
-            f"{lv['concurrency']:>4} {lv['requests']:>5} {lv['throughput_rps']:>7.1f} {_f(lat['p50']):>8} "
+            f"{lv['concurrency']:>4} {lv['requests']:>5} {lv['throughput_rps']:>7.1f}{tok} {_f(lat['p50']):>8} "
             f"{_f(lat['p95']):>8} {_f(lat['p99']):>8} {_f(split['model']):>7} {_f(split['batch_wait']):>6} "
             f"{_f(split['engine']):>7} {_f(lv['mean_batch_rows']):>5} {lv['good_ok']:>4}/{lv['good']:<4} "
             f"{lv['good_wrong']:>5} {lv['bad_4xx']:>4}/{lv['bad']:<4} {lv['5xx']:>4} {lv['retried']:>5}"
@@ -129,6 +138,12 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"throughput at concurrency {report['levels'][-1]['concurrency']} / "
             f"{report['levels'][0]['concurrency']}: {report['speedup']}x"
+            + (f" (tokens/s: {report['tokens_speedup']}x)" if report.get("tokens_speedup") is not None else "")
+        )
+    if gen:
+        lines.append(
+            "tok/s = new tokens of the answered good requests per second of the level (wall time, all clients); "
+            "wrong = answers not token-equal to OnnxSession.generate of the request alone"
         )
     lines.append(
         "times in ms, means over answered good requests: model = the ORT run of its batch, wait = in the "

@@ -16,6 +16,7 @@ stays importable from `serve.loadtest`.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -25,7 +26,16 @@ from typing import Any
 import numpy as np
 
 from .client import Client, decode_reply
-from .load_pool import BAD_KINDS, LoadTestError, Pool, bad_body, build_pool
+from .load_pool import (
+    BAD_KINDS,
+    GEN_BAD_KINDS,
+    LoadTestError,
+    Pool,
+    bad_body,
+    build_gen_pool,
+    build_pool,
+    gen_bad_body,
+)
 from .load_report import Level, Sample, format_report, percentile
 
 # Relative to the output scale, as the parity target says (fp32, CPU).
@@ -55,9 +65,10 @@ def run_level(
     bad_at = set(rng.sample(range(requests), n_bad)) if n_bad else set()
     plan: list[str] = []
     k = 0
+    kinds = list(pool.bad)
     for i in range(requests):
         if i in bad_at:
-            plan.append(BAD_KINDS[k % len(BAD_KINDS)])
+            plan.append(kinds[k % len(kinds)])
             k += 1
         else:
             plan.append("good")
@@ -105,7 +116,7 @@ def _one(client: Client, pool: Pool, kind: str, pick: int, index: int, t0: float
     before = client.retried
     started = time.perf_counter() - t0
     try:
-        reply = client.request("POST", "/predict", body, {"Content-Type": ctype})
+        reply = client.request("POST", pool.route, body, {"Content-Type": ctype})
     except ConnectionError as e:
         return Sample(index, kind, 0, 0.0, retried=client.retried > before, started=started, error=str(e)[:200])
     s = Sample(
@@ -119,9 +130,14 @@ def _one(client: Client, pool: Pool, kind: str, pick: int, index: int, t0: float
         replica=reply.headers.get("x-attnzoo-replica"),
         retried=client.retried > before,
         started=started,
+        new_tokens=int(reply.headers["x-attnzoo-new-tokens"]) if "x-attnzoo-new-tokens" in reply.headers else None,
     )
     if reply.ok and want is not None:
         try:
+            if pool.exact:  # token ids: each answer equals the request's own run alone, bit for bit
+                got = np.asarray(json.loads(reply.body)["tokens"], np.int64)
+                s.correct = got.shape == want.shape and bool(np.array_equal(got, want))
+                return s
             got = decode_reply(reply)
             got = got[0] if isinstance(got, tuple) else got
             scale = max(float(np.abs(want).max()), 1e-30)
@@ -210,8 +226,12 @@ def loadtest(
     warmup: int = 8,
     seed: int = 0,
     progress=None,
+    new_tokens: int = 32,
 ) -> dict[str, Any]:
-    """Every concurrency level in turn against `url`; the report as a JSON-ready dict."""
+    """Every concurrency level in turn against `url`; the report as a JSON-ready dict.
+
+    A server of a whole model (its metadata's kind is "lm") is loaded on POST /generate: prompts of
+    `seqs` random ids asking `new_tokens` greedy tokens each, and the report adds tokens per second."""
     if not concurrency or any(c < 1 for c in concurrency):
         raise LoadTestError(f"concurrency={concurrency!r}: give positive integers, e.g. 1,16")
     if requests < 1:
@@ -222,12 +242,18 @@ def loadtest(
         raise LoadTestError(f"retries={retries!r} and warmup={warmup!r} must be >= 0")
     if not seqs or any(t < 1 for t in seqs):
         raise LoadTestError(f"seqs={seqs!r}: give positive lengths, e.g. 16,32,64,128")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise LoadTestError(f"new_tokens={new_tokens!r} must be a positive integer")
     client = Client(url, retries=retries)
     if not client.health():
         raise LoadTestError(f"no attnzoo server answers GET {url.rstrip('/')}/healthz; start one with `attnzoo serve`")
     meta = client.metadata()
     client.close()
-    pool = build_pool(meta, seqs=seqs, batch=batch, binary=binary, model=model, seed=seed)
+    generating = meta.get("kind") == "lm"
+    if generating:
+        pool = build_gen_pool(meta, seqs=seqs, new_tokens=new_tokens, batch=batch, model=model, seed=seed)
+    else:
+        pool = build_pool(meta, seqs=seqs, batch=batch, binary=binary, model=model, seed=seed)
     killer = replica_killer(app, ray_address) if kill_after is not None else None
     if warmup:
         run_level(url, pool, concurrency=min(warmup, max(concurrency)), requests=warmup, retries=retries, seed=seed)
@@ -250,9 +276,11 @@ def loadtest(
     report = {
         "url": url,
         "model": {k: meta.get(k) for k in ("name", "lowering", "dtype", "provider", "max_batch", "batch_wait_ms")},
-        "format": "npy" if binary else "json",
+        "mode": "generate" if generating else "predict",
+        "format": "json" if generating or not binary else "npy",
         "seqs": seqs,
         "batch": batch,
+        "new_tokens": new_tokens if generating else None,
         "bad_fraction": bad_fraction,
         "checked_against": str(model) if model else None,
         "retries": retries,
@@ -263,18 +291,25 @@ def loadtest(
         report["speedup"] = (
             round(last["throughput_rps"] / first["throughput_rps"], 2) if first["throughput_rps"] else None
         )
+        if generating:
+            report["tokens_speedup"] = (
+                round(last["tokens_per_s"] / first["tokens_per_s"], 2) if first["tokens_per_s"] else None
+            )
     return report
 
 
 __all__ = [
     "BAD_KINDS",
     "CHECK_RTOL",
+    "GEN_BAD_KINDS",
     "LoadTestError",
     "Level",
     "Pool",
     "Sample",
     "bad_body",
+    "build_gen_pool",
     "build_pool",
+    "gen_bad_body",
     "format_report",
     "loadtest",
     "percentile",

@@ -18,14 +18,17 @@ from export import export_onnx
 from export.session import OnnxSession
 from helpers import free_port, local_ray
 from serve import ModelInfo, RequestError, decode_request, start
+from serve.gen_protocol import GenInfo, decode_generate_request
 from serve.loadtest import (
     BAD_KINDS,
+    GEN_BAD_KINDS,
     Level,
     LoadTestError,
     Sample,
     bad_body,
     build_pool,
     format_report,
+    gen_bad_body,
     loadtest,
     percentile,
 )
@@ -58,6 +61,32 @@ def test_summary_counts_and_time_split():
     assert s["latency_ms"]["p50"] == 10.0 and s["latency_ms"]["max"] == 30.0
     assert s["time_split_ms"] == {"model": 5.0, "batch_wait": 2.0, "engine": 13.0}
     assert s["mean_batch_rows"] == 3.0 and s["replicas_seen"] == 2
+
+
+def test_a_generation_level_counts_tokens_per_second_and_its_table_shows_them():
+    samples = [
+        Sample(0, "good", 200, 0.5, model_ms=400.0, queue_ms=50.0, batch=3, correct=True, new_tokens=32),
+        Sample(1, "good", 200, 0.7, model_ms=400.0, queue_ms=250.0, batch=3, correct=True, new_tokens=64),
+        Sample(2, "good", 503, 0.1, new_tokens=None),
+        Sample(3, "id-past-vocab", 400, 0.01),
+    ]
+    lv = Level(concurrency=4, requests=4, seconds=2.0, samples=samples).summary()
+    assert lv["new_tokens"] == 96 and lv["tokens_per_s"] == 48.0
+    assert Level(1, 1, 1.0, [Sample(0, "good", 200, 0.1)]).summary()["tokens_per_s"] is None  # a block's level
+    model = {"name": "lm", "lowering": "decomposed", "dtype": "float32", "provider": "cpu", "max_batch": 8,
+             "batch_wait_ms": 5}
+    report = {"url": "http://127.0.0.1:1/", "model": model, "mode": "generate", "format": "json", "seqs": [16],
+              "new_tokens": 32, "retries": 1, "levels": [lv]}
+    table = format_report(report)
+    assert "32 new tokens" in table and "tok/s" in table and "   48.0 " in table
+
+
+@pytest.mark.parametrize("kind", GEN_BAD_KINDS)
+def test_every_malformed_generate_kind_is_refused_with_a_4xx(kind):
+    info = GenInfo(vocab=100, max_len=None, max_new_tokens=64)
+    with pytest.raises(RequestError) as e:
+        decode_generate_request(gen_bad_body(kind, 100, 64), "application/json", info)
+    assert 400 <= e.value.status < 500
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,130 @@
+"""The Ray Serve replica of a whole-model export: POST /generate (serve/gen_protocol.py), requests
+gathered by a StaticBatcher and generated from as one left-padded batch (serve/gen_batching.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+
+from .gen_batching import StaticBatcher, run_generate_batch
+from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher
+from .gen_protocol import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GEN_ROUTE,
+    GenInfo,
+    decode_generate_request,
+    encode_tokens,
+)
+from .protocol import failure_answer
+from .replica import open_session, replica_grpc_on_loopback
+from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError
+
+
+class GenerateServer:
+    """A Ray Serve replica over a whole-model export: one OnnxSession, static batches (StaticBatcher) or,
+    with batching="continuous", requests joining the running batch at its next step (ContinuousBatcher,
+    buffers of `capacity` slots).
+
+    GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}.
+    Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
+    x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
+    x-attnzoo-new-tokens (this answer's new tokens, all rows).
+    """
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        name: str,
+        provider: str = "cpu",
+        max_batch: int = 16,
+        batch_wait_ms: float = 5.0,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_body: int = DEFAULT_MAX_BODY,
+        threads: int | None = None,
+        loopback: bool = False,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        batching: str = "static",
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
+            replica_grpc_on_loopback()
+        self.sess = open_session(model_bytes, name, provider, threads)
+        self.info = GenInfo.of(
+            self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
+        )
+        if batching == "continuous":  # one set of buffers of `capacity` slots: a request must fit in it
+            capacity = min(capacity, self.info.max_len or capacity)
+            self.info = dataclasses.replace(self.info, max_len=capacity)
+            self._batcher = ContinuousBatcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000)
+        else:
+            # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
+            self._batcher = StaticBatcher(
+                lambda items: run_generate_batch(self.sess, items), max_rows=max_batch, wait_s=batch_wait_ms / 1000
+            )
+        self.replica = f"{os.uname().nodename}:{os.getpid()}"
+        md = self.sess.metadata
+        self.meta = {
+            "kind": "lm",
+            "name": md.get("attnzoo.name", name),
+            "route": GEN_ROUTE,
+            "vocab": self.info.vocab,
+            "layers": int(md.get("attnzoo.layers", "0") or 0),
+            "lowering": md.get("attnzoo.lowering"),
+            "dtype": md.get("attnzoo.dtype"),
+            "precision": self.sess.precision,
+            "provider": self.sess.provider,
+            "batching": batching,
+            # None: each batch's cache is sized to what it needs; continuous: the one batch's capacity
+            "max_len": self.info.max_len,
+            "max_batch": max_batch,
+            "batch_wait_ms": batch_wait_ms,
+            "max_tokens": max_tokens,
+            "max_new_tokens": max_new_tokens,
+            "sha256": hashlib.sha256(model_bytes).hexdigest(),
+        }
+    async def __call__(self, request):
+        from starlette.responses import PlainTextResponse, Response
+
+        path = request.url.path
+        root = (request.scope.get("root_path") or "").rstrip("/")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        path = path.rstrip("/") or "/"
+        if request.method == "GET":
+            if path.endswith("/healthz"):
+                return PlainTextResponse("ok")
+            if path == "/" or path.endswith("/metadata"):
+                from starlette.responses import JSONResponse
+
+                return JSONResponse({**self.meta, "replica": self.replica})
+            return PlainTextResponse(f"no such path {path}; GET /healthz or /metadata, POST {GEN_ROUTE}", 404)
+        if request.method != "POST":
+            return PlainTextResponse(f"method {request.method} is not served; POST to {GEN_ROUTE}", 405)
+        if not path.endswith(GEN_ROUTE):
+            return PlainTextResponse(f"no such path {path}; this server runs a whole model: POST to {GEN_ROUTE}", 404)
+        try:
+            declared = request.headers.get("content-length") or "0"
+            size = int(declared) if declared.isdigit() else 0
+            if size > self.info.max_body:
+                raise RequestError(f"the body is {size} bytes; this server takes at most {self.info.max_body}", 413)
+            body = await request.body()
+            if len(body) > self.info.max_body:
+                raise RequestError(
+                    f"the body is {len(body)} bytes; this server takes at most {self.info.max_body}", 413
+                )
+            item = decode_generate_request(body, request.headers.get("content-type", ""), self.info)
+        except RequestError as e:
+            return PlainTextResponse(str(e), e.status)
+        item.enqueued = time.perf_counter()
+        tokens, timing = await self._batcher.submit(item)
+        if isinstance(tokens, Exception):
+            return PlainTextResponse(*failure_answer(tokens))
+        headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
+        headers["x-attnzoo-replica"] = self.replica
+        headers["x-attnzoo-new-tokens"] = str(item.rows * (tokens.shape[1] - item.t))
+        return Response(encode_tokens(item, tokens), media_type=JSON, headers=headers)
+
+
+__all__ = ["GenerateServer"]

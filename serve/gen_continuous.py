@@ -1,0 +1,236 @@
+"""Continuous batching of /generate requests: a request joins the running batch at its next step.
+
+The batch is `max_rows` rows of static buffers (b g n d) per layer, bound once, and one write index P
+shared by every row (the export's past_len). A request of prompt length t joins when rows are free,
+P >= t and its tokens fit before the capacity n: its prompt is run alone (b = its rows, a cache of t
+positions), its keys and values are copied into its rows at slots P-t..P-1, and those rows' mask marks
+just these slots (and the ones to come) real, so its positions are 0..t-1 as alone (the export counts a
+row's positions over its real keys, zoo.attend.key_positions). From there every step feeds each row its
+last token at slot P. A request leaves when it has its max_new_tokens (or every row of it made its
+eos_token_id); the rows above its own move down, so the running rows stay packed at 0..k-1 and a step
+runs over those k rows only (a binding per k, over views of the same buffers). When no request runs, P
+restarts.
+
+Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it). Plain
+numpy and a thread: no Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from export.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+
+from .gen_batching import end_at_eos
+from .gen_protocol import GenItem
+from .schema import ServeError
+
+BATCHINGS = ("static", "continuous")
+DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
+
+
+@dataclass(eq=False)  # one per request: compared by identity
+class _Running:
+    item: GenItem
+    rows: list[int]  # the batch rows it holds (moved down when a request below it leaves)
+    done: object  # a callable(result, timing)
+    admitted: float
+    tokens: list[np.ndarray] = field(default_factory=list)  # (r,) per new token
+    peak_rows: int = 0
+
+
+class _Buffers:
+    """b rows x n slots of the export's interface (export/io.lm_interface): the per-layer buffers (bound as
+    past and present), the mask, past_len, input_ids and next_token; `binding(k)` binds the first k rows
+    (views: nothing is copied; a step over k rows reads k rows' caches)."""
+
+    def __init__(self, sess, b: int, n: int, t: int) -> None:
+        if NEXT_TOKEN.name not in sess.output_names:
+            raise ServeError(f"{sess.path} has no {NEXT_TOKEN.name} output; re-export it for continuous batching")
+        self.sess = sess
+        prefix = LM_PAST.split("{", 1)[0]
+        ins = [x for x in sess._sess.get_inputs() if x.name.startswith(prefix)]
+        dtype = np.float16 if "float16" in ins[0].type else np.float32
+        self.cache = {x.name: np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype) for x in ins}
+        self.mask = np.ones((b, n), np.bool_)
+        self.past_len = np.zeros((), np.int64)
+        self.ids = np.zeros((b, t), np.int64)
+        self.next_token = np.zeros((b,), np.int64)
+        self.logits = np.zeros((b, 1, int(sess.metadata["attnzoo.vocab"])), dtype)
+        self._bindings: dict[int, object] = {}
+
+    def binding(self, k: int):
+        if k not in self._bindings:
+            import onnxruntime as ort
+
+            def bound(arr):  # a view of the first rows is contiguous: the OrtValue wraps it, no copy
+                return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+
+            binding = self.sess.new_binding()
+            for name, buf in self.cache.items():
+                layer, kv = name.split(".")[1:3]
+                value = bound(buf[:k])
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), value)
+            for name, arr in ((ATTENTION_MASK.name, self.mask[:k]), (INPUT_IDS.name, self.ids[:k])):
+                binding.bind_ortvalue_input(name, bound(arr))
+            binding.bind_ortvalue_input(PAST_LEN.name, bound(self.past_len))
+            binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(self.next_token[:k]))
+            binding.bind_ortvalue_output(LOGITS.name, bound(self.logits[:k]))
+            self._bindings[k] = binding
+        return self._bindings[k]
+
+
+class ContinuousBatcher:
+    """`await submit(item)` -> (tokens, timings), as StaticBatcher; the steps run in a thread of their own.
+
+    capacity: the slots n of the batch's buffers (every row, every layer): a request needs
+    prompt + max_new_tokens - 1 <= n to ever fit (GenInfo.max_len says so to clients)."""
+
+    def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
+        self.sess, self.max_rows, self.n, self.wait_s = sess, max_rows, capacity, wait_s
+        self.batch = _Buffers(sess, max_rows, capacity, 1)
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: list[tuple[GenItem, object]] = []
+        self.running: list[_Running] = []
+        self.used = 0  # rows 0..used-1 hold running requests (kept packed: a step runs over these only)
+        self.write = 0  # P: the slot the next step writes, shared by every row
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    async def submit(self, item: GenItem):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(result, timing):
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result((result, timing)))
+
+        self.inbox.put((item, done))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="attnzoo-continuous", daemon=True)
+                self._thread.start()
+        return await future
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            if not self.running and not self.waiting:
+                try:
+                    self.waiting.append(self.inbox.get(timeout=30))
+                except queue.Empty:
+                    return  # idle: the next submit starts a thread again
+                until = time.perf_counter() + self.wait_s
+                while (left := until - time.perf_counter()) > 0:
+                    try:
+                        self.waiting.append(self.inbox.get(timeout=left))
+                    except queue.Empty:
+                        break
+            while True:
+                try:
+                    self.waiting.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            self._admit()
+            if not self.running:
+                continue
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - the run failed: its requests get it, the batch starts afresh
+                for run in self.running:
+                    run.done(e, {})
+                self.running, self.used = [], 0
+
+    def _fits(self, it: GenItem, write: int) -> bool:
+        return self.used + it.rows <= self.max_rows and it.t <= write and write + it.max_new_tokens - 1 <= self.n
+
+    def _admit(self) -> None:
+        if not self.running:  # a fresh start: P is the longest prompt of the requests that can start together
+            write = most_new = rows = 0
+            for it, _ in self.waiting:
+                w, m = max(write, it.t), max(most_new, it.max_new_tokens)
+                if rows + it.rows <= self.max_rows and w + m - 1 <= self.n:
+                    write, most_new, rows = w, m, rows + it.rows
+            self.write = write
+        keep = []
+        for it, done in self.waiting:
+            if not self._fits(it, self.write):
+                keep.append((it, done))
+                continue
+            try:
+                self._join(it, done)
+            except Exception as e:  # noqa: BLE001 - this request's prefill failed; the others run on
+                done(e, {})
+        self.waiting = keep
+
+    def _join(self, it: GenItem, done) -> None:
+        started = time.perf_counter()
+        alone = _Buffers(self.sess, it.rows, it.t, it.t)
+        alone.ids[:] = it.ids
+        if it.mask is not None:
+            alone.mask[:] = it.mask
+        self.sess.run_with_iobinding(alone.binding(it.rows))
+        rows = list(range(self.used, self.used + it.rows))
+        self.used += it.rows
+        p, t = self.write, it.t
+        for name, buf in self.batch.cache.items():
+            buf[rows, :, p - t : p] = alone.cache[name]
+        self.batch.mask[rows] = True
+        self.batch.mask[rows, : p - t] = False
+        if it.mask is not None:
+            self.batch.mask[np.ix_(rows, range(p - t, p))] = it.mask
+        run = _Running(it, rows, done, started, [alone.next_token.copy()])
+        self.running.append(run)
+        self._finish_if_done(run)
+
+    def _step(self) -> None:
+        for run in self.running:
+            self.batch.ids[run.rows, 0] = run.tokens[-1]
+            run.peak_rows = max(run.peak_rows, self.used)
+        self.batch.past_len[()] = self.write
+        self.sess.run_with_iobinding(self.batch.binding(self.used))
+        self.write += 1
+        for run in self.running:  # every token read before any request leaves (leaving moves rows)
+            run.tokens.append(self.batch.next_token[run.rows].copy())
+        for run in list(self.running):
+            self._finish_if_done(run)
+
+    def _pack(self) -> None:
+        """Move the running requests' rows down to 0..used-1 (their caches and masks with them)."""
+        at = 0
+        for run in sorted(self.running, key=lambda r: r.rows[0]):
+            new = list(range(at, at + len(run.rows)))
+            if new != run.rows:
+                for buf in self.batch.cache.values():
+                    buf[new] = buf[run.rows]
+                self.batch.mask[new] = self.batch.mask[run.rows]
+                run.rows = new
+            at += len(new)
+        self.used = at
+
+    def _finish_if_done(self, run: _Running) -> None:
+        it = run.item
+        new = np.stack(run.tokens, axis=1)
+        ended = it.eos_token_id is not None and (new == it.eos_token_id).any(axis=1).all()
+        if new.shape[1] < it.max_new_tokens and not ended:
+            return
+        self.running.remove(run)
+        self._pack()
+        tokens = end_at_eos(np.concatenate([it.ids, new], axis=1), it.t, it.eos_token_id)
+        now = time.perf_counter()
+        timing = {
+            "x-attnzoo-model-ms": (now - run.admitted) * 1e3,
+            "x-attnzoo-queue-ms": (run.admitted - it.enqueued) * 1e3,
+            "x-attnzoo-batch": max(run.peak_rows, len(run.rows)),
+        }
+        run.done(tokens, timing)
+
+
+__all__ = ["BATCHINGS", "DEFAULT_CAPACITY", "ContinuousBatcher"]

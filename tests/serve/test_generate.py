@@ -1,0 +1,347 @@
+"""Serving a whole model on POST /generate: the request checks (plain), static batches that give each
+request exactly the tokens `OnnxSession.generate` gives it alone (left padding, several rows, its own
+max_new_tokens and eos), concurrent requests through the StaticBatcher (asyncio, no Ray), then the
+same through Ray Serve on 127.0.0.1 with HTTP clients and the load test's generation mode.
+
+One whole-model export of lm_cases' tiny random LLaMA serves every test of the module (~25 CPU-seconds);
+the Ray Serve test is under -m slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export import export_onnx
+from export.session import OnnxSession
+from helpers import free_port, local_ray
+from serve import Client, RequestError, ServeError, start
+from serve.gen_batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
+from serve.gen_continuous import ContinuousBatcher
+from serve.gen_protocol import GEN_ROUTE, GenInfo, GenItem, decode_generate_request
+from serve.loadtest import loadtest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
+import lm_cases  # noqa: E402 - the small random transformers models of the whole-model tests
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
+VOCAB = lm_cases.VOCAB
+
+
+@pytest.fixture(scope="module")
+def lm_path(tmp_path_factory):
+    """The whole-model export (fp32, static cache) of lm_cases' random LLaMA, made once."""
+    from peers.lm import lm_from_hf
+
+    lm = lm_from_hf(lm_cases.hf_model("llama")).eval()
+    return export_onnx(lm, tmp_path_factory.mktemp("serve_lm") / "llama.onnx").path
+
+
+@pytest.fixture(scope="module")
+def sess(lm_path):
+    return OnnxSession(lm_path, provider="cpu", verbose=False)
+
+
+def _item(ids, new, mask=None, eos=None) -> GenItem:
+    """A GenItem through the request decoder (as a server gets it)."""
+    doc = {"input_ids": ids, "max_new_tokens": new, "attention_mask": mask, "eos_token_id": eos}
+    return decode_generate_request(json.dumps({k: v for k, v in doc.items() if v is not None}).encode(), "", INFO)
+
+
+INFO = GenInfo(vocab=VOCAB, max_len=None, max_rows=8, max_tokens=400, max_new_tokens=40)
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+def test_a_request_decodes_to_rows_of_ids():
+    one = _item([5, 6, 7], 4)
+    assert one.squeeze and one.ids.dtype == np.int64 and one.ids.shape == (1, 3) and one.mask is None
+    two = _item([[0, 5, 6], [4, 5, 6]], 3, mask=[[0, 1, 1], [1, 1, 1]], eos=2)
+    assert not two.squeeze and two.rows == 2 and two.t == 3 and two.eos_token_id == 2
+    np.testing.assert_array_equal(two.mask, [[False, True, True], [True, True, True]])
+    assert _item([[1, 2]], 1, mask=[[True, True]]).mask.all()
+
+
+BAD = [
+    (b"{not json", 400, "not JSON"),
+    (b"[1, 2]", 400, "send an object"),
+    (b'{"max_new_tokens": 4}', 400, "input_ids is required"),
+    (b'{"input_ids": [1, 2], "temperature": 0.5, "max_new_tokens": 4}', 400, "unknown field"),
+    (b'{"input_ids": [1, 2]}', 400, "max_new_tokens is required"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": 0}', 400, "at least 1"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": 2.5}', 400, "must be an integer"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": true}', 400, "must be an integer"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": 41}', 413, "at most 40"),
+    (b'{"input_ids": [1, 100], "max_new_tokens": 4}', 400, "token id 100 is outside this model's vocabulary of 100"),
+    (b'{"input_ids": [-1, 2], "max_new_tokens": 4}', 400, "token id -1"),
+    (b'{"input_ids": [1.5, 2], "max_new_tokens": 4}', 400, "token ids are integers"),
+    (b'{"input_ids": [[1, 2], [3]], "max_new_tokens": 4}', 400, "ragged"),
+    (b'{"input_ids": [], "max_new_tokens": 4}', 400, "non-empty"),
+    (b'{"input_ids": [[[1]]], "max_new_tokens": 4}', 400, "shape (1, 1, 1)"),
+    (b'{"input_ids": "1 2", "max_new_tokens": 4}', 400, "send a list"),
+    (json.dumps({"input_ids": [[1, 2]] * 9, "max_new_tokens": 4}).encode(), 413, "at most 8"),
+    (json.dumps({"input_ids": [[1] * 90] * 4, "max_new_tokens": 20}).encode(), 413, "at most 400"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": 4, "eos_token_id": 100}', 400, "eos_token_id=100"),
+    (b'{"input_ids": [[5, 6]], "attention_mask": [[1, 0]], "max_new_tokens": 4}', 400, "pad on the left"),
+    (b'{"input_ids": [[5, 6]], "attention_mask": [[1, 2]], "max_new_tokens": 4}', 400, "other than 0 and 1"),
+    (b'{"input_ids": [[5, 6]], "attention_mask": [[1]], "max_new_tokens": 4}', 400, "input_ids' shape"),
+]
+
+
+@pytest.mark.parametrize("body,status,words", BAD, ids=[b[2] for b in BAD])
+def test_bad_requests_get_one_line_and_a_4xx(body, status, words):
+    with pytest.raises(RequestError) as e:
+        decode_generate_request(body, "application/json", INFO)
+    assert e.value.status == status and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_request_past_a_capped_export_or_not_json_is_refused():
+    capped = GenInfo(vocab=VOCAB, max_len=16)
+    with pytest.raises(RequestError, match="max_len 16") as e:
+        decode_generate_request(b'{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "max_new_tokens": 10}', "", capped)
+    assert e.value.status == 413
+    decode_generate_request(b'{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "max_new_tokens": 9}', "", capped)  # fits
+    with pytest.raises(RequestError) as e:
+        decode_generate_request(b"x", "application/x-npy", INFO)
+    assert e.value.status == 415
+
+
+def test_only_a_whole_model_export_gets_a_gen_info():
+    class Block:  # a block export's session: no attnzoo.vocab
+        metadata: dict = {}
+        path = Path("block.onnx")
+
+    with pytest.raises(ServeError, match="not a whole-model export"):
+        GenInfo.of(Block())
+
+
+def test_start_refuses_bad_batching_options_before_starting_ray(lm_path):
+    with pytest.raises(ServeError, match="batching='dynamic' is not one of static, continuous"):
+        start(lm_path, batching="dynamic")
+    with pytest.raises(ServeError, match="capacity=0 must be a positive integer"):
+        start(lm_path, batching="continuous", capacity=0)
+    with pytest.raises(ServeError, match="max_new_tokens=0"):
+        start(lm_path, max_new_tokens=0)
+
+
+# -- static batches ------------------------------------------------------------------------------
+
+
+def test_left_pad_right_aligns_every_row():
+    ids, mask = left_pad([_item([5, 6, 7], 2), _item([[0, 8], [9, 9]], 2, mask=[[0, 1], [1, 1]])])
+    np.testing.assert_array_equal(ids, [[5, 6, 7], [0, 0, 8], [0, 9, 9]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1], [0, 0, 1], [0, 1, 1]])
+
+
+def test_end_at_eos_is_what_generate_does_with_eos(sess):
+    ids = lm_cases.prompt(batch=2, t=5, seed=3).numpy()
+    free = sess.generate(ids, 12)
+    eos = int(free[0, 5 + 3])  # a token row 0 makes at its 4th step
+    want = sess.generate(ids, 12, eos_token_id=eos)
+    np.testing.assert_array_equal(end_at_eos(free, 5, eos), want)
+    np.testing.assert_array_equal(end_at_eos(free[:1], 5, eos), sess.generate(ids[:1], 12, eos_token_id=eos))
+    assert end_at_eos(free, 5, None) is free
+
+
+def _requests(sess, seed: int = 0) -> list[GenItem]:
+    """Requests of different prompt lengths, rows, left padding of their own, max_new_tokens and eos
+    (an eos some of them reach: a token the model makes for them alone)."""
+    rng = np.random.default_rng(seed)
+    items = []
+    for k, (rows, t, new) in enumerate([(1, 3, 9), (2, 7, 4), (1, 12, 14), (2, 5, 6), (1, 1, 11), (1, 9, 2)]):
+        ids = rng.integers(3, VOCAB, (rows, t)).tolist()
+        mask = None
+        if rows == 2:  # the request's own left padding: its first row is shorter
+            mask = [[0] * 2 + [1] * (t - 2), [1] * t]
+            ids[0][:2] = [0, 0]
+        eos = None
+        if k in (2, 3):
+            eos = int(sess.generate(np.array(ids), new, attention_mask=mask)[0, t + 1])
+        items.append(_item(ids if rows > 1 else ids[0], new, mask=mask, eos=eos))
+    return items
+
+
+def _alone(sess, it: GenItem) -> np.ndarray:
+    out = sess.generate(it.ids, it.max_new_tokens, attention_mask=it.mask, eos_token_id=it.eos_token_id)
+    return out
+
+
+def test_one_padded_batch_gives_each_request_its_own_tokens(sess):
+    items = _requests(sess)
+    wants = [_alone(sess, it) for it in items]
+    assert any(w.shape[1] < it.t + it.max_new_tokens for it, w in zip(items, wants)), "no request ended at eos"
+    timings: dict = {}
+    got = run_generate_batch(sess, items, timings)
+    assert timings == {"rows": 8, "prompt": 12, "new": 14}
+    for it, g, w in zip(items, got, wants):
+        assert g.dtype == np.int64 and g.shape == w.shape, (g.shape, w.shape)
+        np.testing.assert_array_equal(g, w)  # bit-equal: token ids
+
+
+def test_a_failing_run_fails_every_request_of_it(sess):
+    class Broken:
+        def generate(self, *args, **kwargs):
+            raise MemoryError("no room")
+
+    items = _requests(sess)[:2]
+    assert [type(r) for r in run_generate_batch(Broken(), items)] == [MemoryError, MemoryError]
+
+
+def _concurrently(batcher, items: list[GenItem], gap_s: float) -> list:
+    """Every item submitted from its own task, the i-th after i * gap_s, some while a run goes on."""
+
+    async def main():
+        async def one(i, it):
+            await asyncio.sleep(gap_s * i)
+            return await batcher.submit(GenItem(it.ids, it.max_new_tokens, it.mask, it.eos_token_id, it.squeeze))
+
+        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+
+    return asyncio.run(main())
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_tokens(sess):
+    """Requests arriving from many tasks at once: the batcher runs a few batches (each of several
+    requests, up to max_rows rows), and every answer is bit-equal to the request's run alone."""
+    items = _requests(sess, seed=1) * 2
+    wants = [_alone(sess, it) for it in items]
+    runs: list[int] = []
+
+    def run(batch):
+        runs.append(sum(it.rows for it in batch))
+        return run_generate_batch(sess, batch)
+
+    answers = _concurrently(StaticBatcher(run, max_rows=6, wait_s=0.05), items, gap_s=0.002)
+    assert len(runs) < len(items) and max(runs) <= 6 and sum(runs) == sum(it.rows for it in items), runs
+    for (tokens, timing), want in zip(answers, wants):
+        np.testing.assert_array_equal(tokens, want)
+        assert timing["x-attnzoo-batch"] >= 1 and timing["x-attnzoo-model-ms"] > 0
+
+
+def test_continuous_batching_gives_each_request_its_own_tokens(sess):
+    """Requests join the running batch at its next step (their prompts run alone, their keys copied into
+    free rows at the write index): each answer is bit-equal to the request's run alone, and requests
+    ran beside others that started before them."""
+    items = _requests(sess, seed=3) * 2
+    wants = [_alone(sess, it) for it in items]
+    batcher = ContinuousBatcher(sess, max_rows=5, capacity=48, wait_s=0.0)
+    answers = _concurrently(batcher, items, gap_s=0.003)
+    for (tokens, timing), want in zip(answers, wants):
+        assert not isinstance(tokens, Exception), tokens
+        np.testing.assert_array_equal(tokens, want)
+    assert max(timing["x-attnzoo-batch"] for _, timing in answers) > 2
+    assert batcher.used == 0 and not batcher.running  # every row given back
+
+
+def test_a_failing_continuous_step_fails_its_requests_and_the_next_ones_run(sess):
+    items = _requests(sess, seed=4)[:3]
+    batcher = ContinuousBatcher(sess, max_rows=4, capacity=48)
+    real = batcher.sess
+
+    class FailsOnce:
+        failed = False
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def run_with_iobinding(self, binding):
+            if binding in batcher.batch._bindings.values() and not FailsOnce.failed:
+                FailsOnce.failed = True
+                raise RuntimeError("step failed")
+            return real.run_with_iobinding(binding)
+
+    batcher.sess = FailsOnce()
+    first = _concurrently(batcher, items, gap_s=0.0)
+    assert any(isinstance(tokens, RuntimeError) for tokens, _ in first)
+    batcher.sess = real
+    for (tokens, _), it in zip(_concurrently(batcher, items, gap_s=0.0), items):
+        np.testing.assert_array_equal(tokens, _alone(sess, it))
+
+
+# -- through Ray Serve ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(lm_path, request):
+    local_ray(request)
+    return start(
+        lm_path, port=free_port(), max_batch=8, batch_wait_ms=20, max_new_tokens=40, app="test-generate", threads=1
+    )
+
+
+@pytest.mark.slow  # a Ray of its own (~20 CPU-seconds): the default run proves the batchers above, without HTTP
+def test_through_ray_serve(server, sess, lm_path):
+    """One test (pytest-xdist keeps it on one worker), for static batches and then for continuous ones
+    beside them: metadata, concurrent HTTP requests each answered with its own tokens, client mistakes as
+    one-line 4xx, then the load test's generation mode."""
+    _serves_each_request_its_own_tokens(server.url, sess, lm_path, "static")
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    beside = start(
+        lm_path, port=port, max_batch=8, max_new_tokens=40, app="test-generate-cb", route_prefix="/cb",
+        batching="continuous", capacity=64, threads=1,
+    )
+    _serves_each_request_its_own_tokens(beside.url, sess, lm_path, "continuous")
+
+
+def _serves_each_request_its_own_tokens(url: str, sess, lm_path, batching: str) -> None:
+    client = Client(url)
+    meta = client.metadata()
+    assert (meta["kind"], meta["route"], meta["vocab"], meta["max_new_tokens"]) == ("lm", GEN_ROUTE, VOCAB, 40)
+    assert meta["batching"] == batching and meta["max_len"] == (64 if batching == "continuous" else None)
+
+    items = _requests(sess, seed=2)
+    wants = [_alone(sess, it) for it in items]
+    answers: list = [None] * len(items)
+
+    def one(i: int) -> None:
+        it = items[i]
+        doc = {"input_ids": it.ids[0].tolist() if it.squeeze else it.ids.tolist(), "max_new_tokens": it.max_new_tokens}
+        if it.mask is not None:
+            doc["attention_mask"] = it.mask.astype(int).tolist()
+        if it.eos_token_id is not None:
+            doc["eos_token_id"] = it.eos_token_id
+        with Client(url) as c:
+            answers[i] = c.request("POST", GEN_ROUTE, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    batches = []
+    for it, reply, want in zip(items, answers, wants):
+        assert reply.status == 200, reply.body
+        doc = json.loads(reply.body)
+        got = np.asarray(doc["tokens"], np.int64)
+        np.testing.assert_array_equal(got[None] if it.squeeze else got, want)
+        assert doc["prompt_len"] == it.t and doc["new_tokens"] == want.shape[1] - it.t
+        assert int(reply.headers["x-attnzoo-new-tokens"]) == it.rows * (want.shape[1] - it.t)
+        batches.append(int(reply.headers["x-attnzoo-batch"]))
+    assert max(batches) > max(it.rows for it in items), batches  # some requests shared a run
+
+    for body, status, words in [BAD[9], BAD[8], BAD[0]]:
+        reply = client.request("POST", GEN_ROUTE, body, {"Content-Type": "application/json"})
+        text = reply.body.decode()
+        assert reply.status == status and words in text and "\n" not in text.strip(), text
+    assert client.request("POST", "/predict", b"{}").status == 404
+    it = items[1]  # the Client's own call: a request of two rows, left-padded
+    np.testing.assert_array_equal(client.generate(it.ids, it.max_new_tokens, attention_mask=it.mask), wants[1])
+    assert client.health()  # the replica lives on
+
+    report = loadtest(
+        url, concurrency=[1, 4], requests=12, seqs=[3, 8], new_tokens=6, bad_fraction=0.25,
+        model=lm_path, warmup=2,
+    )
+    assert report["mode"] == "generate" and report["new_tokens"] == 6
+    for lv in report["levels"]:
+        assert lv["good"] == 9 and lv["good_ok"] == 9 and lv["good_checked"] == 9 and lv["good_wrong"] == 0, lv
+        assert lv["bad"] == 3 and lv["bad_4xx"] == 3 and lv["5xx"] == 0
+        assert lv["new_tokens"] == 9 * 6 and lv["tokens_per_s"] > 0
+    client.close()
