@@ -20,7 +20,7 @@ import inspect
 import warnings
 from pathlib import Path
 
-from .classes import BY_CLASS
+from .copies import BY_CLASS
 
 COVERAGE_JSON = Path(__file__).with_name("coverage.json")
 

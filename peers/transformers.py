@@ -24,7 +24,7 @@ from zoo import AttentionSpec, MultiHeadAttention, get_projections
 from zoo.errors import HFConversionError, HFTypeError
 from zoo.heads import Projections, build
 
-from .classes import BY_CLASS, ROWS
+from .copies import BY_CLASS, ROWS
 from .rows import Row, cls_name, default_scale, read, write
 
 _MEASURED = Path(__file__).with_name("measured.json")

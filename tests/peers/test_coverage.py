@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from peers.classes import BY_CLASS
+from peers.copies import BY_CLASS
 from peers.coverage import _PARTS as PARTS
 from peers.coverage import COVERAGE_JSON, causal_lm_types, counts, coverage, markdown
 
