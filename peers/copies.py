@@ -14,7 +14,7 @@ exact as `exact` with a note saying which layers stay outside.
 from __future__ import annotations
 
 from .checks import flag
-from .classes import BART, BERT, LLAMA, SLIDING, _like
+from .classes import BART, BERT, DEEPSEEK_V3, LLAMA, SLIDING, _like
 from .classes import ROWS as FAMILY_ROWS
 from .rows import Row
 
@@ -55,6 +55,9 @@ _LLAMA_COPIES: tuple[Row, ...] = (
         window=lambda m: m.sliding_window if m.is_sliding else None,
     ),
     _like(LLAMA, family="HY-V3", cls="HYV3Attention", qk_norm="head"),  # Apertus' module
+    # DeepSeek-V3's latent attention, line for line
+    _like(DEEPSEEK_V3, family="Youtu", cls="YoutuAttention"),
+    _like(DEEPSEEK_V3, family="GLM-4-MoE-Lite", cls="Glm4MoeLiteAttention"),
 )
 
 # -- the attention layers of hybrid models -----------------------------------------------------------

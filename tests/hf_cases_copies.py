@@ -5,7 +5,7 @@ run over 160 positions so that windows of 16 and every rotary band matter; the s
 
 from __future__ import annotations
 
-from hf_cases import BERT_OUT, _bert_like, _encdec, model_of
+from hf_cases import BERT_OUT, DEEPSEEK, LATENT, _bert_like, _encdec, model_of
 from hf_cases_long import long_model
 
 T = 160
@@ -115,6 +115,15 @@ CASES.update(
             "Kolibri1Model", "Kolibri1Config", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **SLIDE
         ),
         "hy-v3": _case("HYV3Model", "HYV3Config", {"qk_norm": "head"}, head_dim=16, **MOE),
+        # DeepSeek-V3's latent attention (its own cases at 10 positions, as DeepSeek-V3's)
+        "youtu": dict(
+            make=model_of("YoutuModel", "YoutuConfig", _at(0), **DEEPSEEK), spec_checks=dict(LATENT, q_lora_rank=24)
+        ),
+        "glm4-moe-lite": dict(
+            make=model_of("Glm4MoeLiteModel", "Glm4MoeLiteConfig", _at(0), **DEEPSEEK),
+            spec_checks=dict(LATENT, q_lora_rank=24),
+            variant=True,
+        ),
         "jamba": _case("JambaModel", "JambaConfig", {"rope_theta": None}, num_hidden_layers=1, attn_layer_period=1,
                        attn_layer_offset=0, num_experts=1),  # fmt: skip
         "nemotron-h": dict(
@@ -190,3 +199,6 @@ CASES.update(
         ),  # fmt: skip
     }
 )
+
+# hybrid cases whose model holds a layer outside the zoo (peers.copies.STATE_SPACE), which from_hf refuses by name
+HYBRID_CASES = ("falcon-h1", "olmo-hybrid")
