@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .checks import flag
 from .classes import BART, BERT, DEEPSEEK_V3, LLAMA, SLIDING, _like
+from .classes import BY_CLASS as FAMILY_BY_CLASS
 from .classes import ROWS as FAMILY_ROWS
 from .rows import Row
 
@@ -55,9 +56,23 @@ _LLAMA_COPIES: tuple[Row, ...] = (
         window=lambda m: m.sliding_window if m.is_sliding else None,
     ),
     _like(LLAMA, family="HY-V3", cls="HYV3Attention", qk_norm="head"),  # Apertus' module
-    # DeepSeek-V3's latent attention, line for line
+    # DeepSeek-V3's latent attention, line for line (AXK1: always with the query low rank)
     _like(DEEPSEEK_V3, family="Youtu", cls="YoutuAttention"),
     _like(DEEPSEEK_V3, family="GLM-4-MoE-Lite", cls="Glm4MoeLiteAttention"),
+    _like(DEEPSEEK_V3, family="A.X K1", cls="AXK1Attention"),
+    # the text attention of multimodal models, each a line-for-line copy (their other towers: parts)
+    _like(LLAMA, family="Aria", cls="AriaTextAttention"),
+    _like(LLAMA, family="Apertus-1.5", cls="Apertus1p5TextAttention", qk_norm="head"),
+    _like(LLAMA, family="Mllama", cls="MllamaTextSelfAttention"),
+    _like(FAMILY_BY_CLASS["Phi3Attention"], family="Phi-4-multimodal", cls="Phi4MultimodalAttention"),  # its cross-attention layers: refused by name
+    # a rope_parameters entry of None for a layer type: that type's layers have no rotary
+    _like(
+        LLAMA,
+        family="Cohere-Compass",
+        cls="CohereCompassAttention",
+        window=SLIDING,
+        rope_if=lambda m: m.config.rope_parameters.get(m.config.layer_types[m.layer_idx]) is not None,
+    ),
 )
 
 # -- the attention layers of hybrid models -----------------------------------------------------------

@@ -785,6 +785,11 @@ BIDIRECTIONAL_CASES = {
     "GraniteMoeHybridAttention": "granitemoehybrid",
     "OlmoHybridAttention": "olmo-hybrid",
     "MiniMaxAttention": "minimax",
+    "AriaTextAttention": "aria-text",
+    "Apertus1p5TextAttention": "apertus1p5-text",
+    "MllamaTextSelfAttention": "mllama-text",
+    "CohereCompassAttention": "cohere-compass-sliding",
+    "Phi4MultimodalAttention": "phi4-multimodal",
 }
 for _cls, _case in (
     ("ErnieAttention", "ernie-decoder"),

@@ -89,6 +89,12 @@ BASE_SMALL = dict(hidden_size=64, num_attention_heads=4, intermediate_size=64, v
                   max_position_embeddings=64, pad_token_id=1)
 MUSICGEN = dict(vocab_size=50, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, ffn_dim=64, num_codebooks=1,
                 max_position_embeddings=64, pad_token_id=1, bos_token_id=0)
+# Cohere-Compass: the full layers' rope_parameters entry is None (no rotary there)
+COMPASS = dict(
+    SLIDE,
+    head_dim=16,
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": None},
+)
 MOE = dict(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32)
 CASES.update(
     {
@@ -115,13 +121,41 @@ CASES.update(
             "Kolibri1Model", "Kolibri1Config", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **SLIDE
         ),
         "hy-v3": _case("HYV3Model", "HYV3Config", {"qk_norm": "head"}, head_dim=16, **MOE),
-        # DeepSeek-V3's latent attention (its own cases at 10 positions, as DeepSeek-V3's)
+        # DeepSeek-V3's latent attention (its own cases at 10 positions, as DeepSeek-V3's; their traced exports,
+        # two minutes each here, under -m slow: DeepSeek-V3's own cases export by default)
         "youtu": dict(
-            make=model_of("YoutuModel", "YoutuConfig", _at(0), **DEEPSEEK), spec_checks=dict(LATENT, q_lora_rank=24)
+            make=model_of("YoutuModel", "YoutuConfig", _at(0), **DEEPSEEK), spec_checks=dict(LATENT, q_lora_rank=24),
+            variant=True,
         ),
         "glm4-moe-lite": dict(
             make=model_of("Glm4MoeLiteModel", "Glm4MoeLiteConfig", _at(0), **DEEPSEEK),
             spec_checks=dict(LATENT, q_lora_rank=24),
+            variant=True,
+        ),
+        "axk1": dict(
+            make=model_of("AXK1Model", "AXK1Config", _at(0), **DEEPSEEK), spec_checks=dict(LATENT, q_lora_rank=24),
+            variant=True,
+        ),
+        "aria-text": _case("AriaTextModel", "AriaTextConfig", head_dim=16, moe_num_experts=2, moe_topk=1,
+                           moe_intermediate_size=32),  # fmt: skip
+        "apertus1p5-text": _case("Apertus1p5TextModel", "Apertus1p5TextConfig", {"qk_norm": "head"}, head_dim=16),
+        # layer 1 of 2 is a cross-attention layer (refused by name); layer 0 is self-attention
+        "mllama-text": _case("MllamaTextModel", "MllamaTextConfig", cross_attention_layers=[1]),
+        "cohere-compass-sliding": _case(
+            "CohereCompassTextModel", "CohereCompassTextConfig", {"window": WINDOW}, **COMPASS
+        ),
+        # Phi-3's module; the vision and audio towers tiny (they hold parts: VisionAttention, AudioAttention)
+        "phi4-multimodal": _case(
+            "Phi4MultimodalModel", "Phi4MultimodalConfig", {"layout": "combined"}, num_hidden_layers=1,
+            vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=28, patch_size=14),
+            audio_config=dict(hidden_size=32, intermediate_size=32, num_blocks=1, num_attention_heads=2,
+                              num_mel_bins=8, nemo_conv_channels=8, ext_pw_out_channel=32,
+                              depthwise_separable_out_channel=32, depthwise_multiplier=1, kernel_size=3),
+        ),  # fmt: skip
+        "cohere-compass-full": dict(
+            make=long_model("CohereCompassTextModel", "CohereCompassTextConfig", T, _at(1), **{**BASE, **COMPASS}),
+            spec_checks={"window": None, "rope_theta": None},
             variant=True,
         ),
         "jamba": _case("JambaModel", "JambaConfig", {"rope_theta": None}, num_hidden_layers=1, attn_layer_period=1,
