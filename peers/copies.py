@@ -13,11 +13,13 @@ exact as `exact` with a note saying which layers stay outside.
 
 from __future__ import annotations
 
+from torch import nn
+
 from .checks import flag
 from .classes import BART, BERT, DEEPSEEK_V3, LLAMA, SLIDING, _like
 from .classes import BY_CLASS as FAMILY_BY_CLASS
 from .classes import ROWS as FAMILY_ROWS
-from .rows import Row
+from .rows import Check, Row
 
 # -- LLaMA-style copies ----------------------------------------------------------------------------
 _LLAMA_COPIES: tuple[Row, ...] = (
@@ -132,12 +134,17 @@ STATE_SPACE: dict[str, str] = {
 
 # -- encoder copies with a causal-LM head: BERT's and BART's modules, line for line --------------------
 _XMOD_PRE_NORM = "Xmod's pre_norm applies output.LayerNorm to the module's input, inside it and before the block"
+_PRE_LN = "self-attention + output.dense, from the module's {} of its input (that LayerNorm runs before the block)"
 _ENCODER_COPIES: tuple[Row, ...] = (
     _like(BERT, family="ERNIE", cls="ErnieAttention"),
     _like(BERT, family="Data2Vec-Text", cls="Data2VecTextAttention"),
     _like(BERT, family="RoCBert", cls="RoCBertAttention"),
     _like(BERT, family="BertGeneration", cls="BertGenerationAttention"),
     _like(BERT, family="X-MOD", cls="XmodAttention", checks=(*BERT.checks, flag("pre_norm", _XMOD_PRE_NORM, where="module"))),
+    # pre-LayerNorm copies: the module normalizes its input first; the block is what follows (the LayerNorm before
+    # it, like the residual after it, stays in the layer)
+    _like(BERT, family="RoBERTa-PreLayerNorm", cls="RobertaPreLayerNormAttention", covers=_PRE_LN.format("LayerNorm")),
+    _like(BERT, family="XLM-RoBERTa-XL", cls="XLMRobertaXLAttention", covers=_PRE_LN.format("self_attn_layer_norm")),
     _like(BART, family="BioGPT", cls="BioGptAttention"),
     _like(BART, family="Blenderbot", cls="BlenderbotAttention"),
     _like(BART, family="Blenderbot-Small", cls="BlenderbotSmallAttention"),
@@ -146,8 +153,31 @@ _ENCODER_COPIES: tuple[Row, ...] = (
     _like(BART, family="MusicGen-Melody", cls="MusicgenMelodyAttention"),
 )
 
-# -- a wrapper around a covered module --------------------------------------------------------------
+# -- OpenAI GPT: a class named plain `Attention` (FSMT has one too: refused by the check) -----------------------
+def _openai_only(m: nn.Module) -> str | None:
+    if type(m).__module__ != "transformers.models.openai.modeling_openai":
+        return f"{type(m).__module__}.Attention is another model's class named Attention, not OpenAI GPT's"
+    return None
+
+
+_OPENAI = Row(
+    family="OpenAI GPT",
+    cls="Attention",
+    covers="the whole module (c_attn, causal attention, c_proj); its causal mask is -1e4, zero weight in fp32",
+    qkv="c_attn",
+    out="c_proj",
+    conv1d=True,
+    c="split_size",
+    h="n_head",
+    g=None,
+    d=lambda m: m.split_size // m.n_head,
+    scale=lambda m: (m.split_size // m.n_head) ** -0.5 if m.scale else 1.0,
+    checks=(Check("another model's Attention", _openai_only),),
+)
+
+# -- wrappers around a covered module --------------------------------------------------------------
 _WRAPPERS: tuple[Row, ...] = (
+    _OPENAI,
     Row(
         family="GPT-Neo",
         cls="GPTNeoAttention",

@@ -797,8 +797,14 @@ for _cls, _case in (
     ("RoCBertAttention", "roc-bert-decoder"),
     ("BertGenerationAttention", "bert-generation-decoder"),
     ("XmodAttention", "xmod-decoder"),
+    ("RobertaPreLayerNormAttention", "roberta-prelayernorm-decoder"),
+    ("XLMRobertaXLAttention", "xlm-roberta-xl-decoder"),
 ):
     REFUSALS[(_cls, "cross-attention")] = (_case, lambda m: m.__setattr__("self", _cross_like(m.self)))
+REFUSALS[("Attention", "another model's Attention")] = (
+    "openai-gpt",
+    lambda m: m.__setattr__("__class__", __import__("transformers.models.fsmt.modeling_fsmt", fromlist=["x"]).Attention),
+)
 REFUSALS[("XmodAttention", "pre_norm set")] = ("xmod-decoder", _set("pre_norm", True))
 REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))
 for _cls, _case in BIDIRECTIONAL_CASES.items():

@@ -107,7 +107,8 @@ CASES.update(
         "mellum-sliding": _case(
             "MellumModel", "MellumConfig", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **MOE, **SLIDE
         ),
-        "solar-open": _case("SolarOpenModel", "SolarOpenConfig", head_dim=16),
+        "solar-open": _case("SolarOpenModel", "SolarOpenConfig", head_dim=16, n_routed_experts=2, num_experts_per_tok=1,
+                            moe_intermediate_size=32),  # fmt: skip
         "hyperclovax": _case("HyperCLOVAXModel", "HyperCLOVAXConfig", {"scale": 0.1}, attention_multiplier=0.1),
         "emu3": _case("Emu3TextModel", "Emu3TextConfig"),
         # the released checkpoints' legacy rotary_dim: half of head_dim rotates
@@ -115,10 +116,12 @@ CASES.update(
             "MiniMaxM2Model", "MiniMaxM2Config", {"qk_norm": "full", "rope_dim": 8}, head_dim=16, rotary_dim=8, **MOE
         ) | {"variant": True},  # partial rotary: a traced export (under -m slow; Phi's and Bamba's run by default)
         "lara-mini-sliding": _case(
-            "LaraMiniModel", "LaraMiniConfig", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **SLIDE
+            "LaraMiniModel", "LaraMiniConfig", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **SLIDE, **MOE,
+            shared_expert_intermediate_size=32,
         ),
         "kolibri1-sliding": _case(
-            "Kolibri1Model", "Kolibri1Config", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **SLIDE
+            "Kolibri1Model", "Kolibri1Config", {"window": WINDOW, "qk_norm": "head"}, head_dim=16, **SLIDE, **MOE,
+            shared_expert_intermediate_size=32,
         ),
         "hy-v3": _case("HYV3Model", "HYV3Config", {"qk_norm": "head"}, head_dim=16, **MOE),
         # DeepSeek-V3's latent attention (its own cases at 10 positions, as DeepSeek-V3's; their traced exports,
@@ -165,7 +168,8 @@ CASES.update(
                             **{**BASE, "layers_block_type": ["full_attention"], "head_dim": 16}),
             spec_checks={"rope_theta": None},
         ),  # fmt: skip
-        "bamba": _case("BambaModel", "BambaConfig", num_hidden_layers=1, attn_layer_indices=[0]),
+        # partial rotary: a traced export, a minute here (under -m slow; Phi's and StableLM's run by default)
+        "bamba": _case("BambaModel", "BambaConfig", num_hidden_layers=1, attn_layer_indices=[0]) | {"variant": True},
         "falcon-h1": _case("FalconH1Model", "FalconH1Config", {"scale": 0.5 * 16**-0.5}, num_hidden_layers=1,
                            key_multiplier=0.5),  # fmt: skip
         "lfm2": _case("Lfm2Model", "Lfm2Config", {"qk_norm": "head"}, num_hidden_layers=1, full_attn_idxs=[0]),
@@ -204,6 +208,15 @@ CASES.update(
             ),
             **_DECODER,
         ),
+        # pre-LayerNorm: the block takes what the module's LayerNorm gives its self-attention
+        "roberta-prelayernorm-decoder": dict(
+            make=_bert_like("RobertaPreLayerNormModel", "RobertaPreLayerNormConfig", is_decoder=True, pad_token_id=1),
+            **_DECODER, input_of=lambda m: m.self, layernorm="LayerNorm",
+        ),  # fmt: skip
+        "xlm-roberta-xl-decoder": dict(
+            make=_bert_like("XLMRobertaXLModel", "XLMRobertaXLConfig", is_decoder=True, pad_token_id=1),
+            **_DECODER, input_of=lambda m: m.self, layernorm="self_attn_layer_norm",
+        ),  # fmt: skip
         "biogpt": dict(
             make=model_of("BioGptModel", "BioGptConfig", lambda m: m.layers[0].self_attn, **BASE_SMALL),
             **_BART_DECODER,
@@ -222,6 +235,12 @@ CASES.update(
             make=model_of("MusicgenMelodyModel", "MusicgenMelodyDecoderConfig",
                           lambda m: m.decoder.layers[0].self_attn, **MUSICGEN),
             **_BART_DECODER,
+        ),  # fmt: skip
+        "openai-gpt": dict(
+            make=model_of("OpenAIGPTModel", "OpenAIGPTConfig", lambda m: m.h[0].attn, vocab_size=50, n_embd=64,
+                          n_layer=1, n_head=4, n_positions=32),
+            spec_checks={"layout": "combined", "causal": True},
+            variant=True,
         ),  # fmt: skip
         # GPTNeoAttention, the layer's attn around GPTNeoSelfAttention (the local layer)
         "gpt-neo-attn": dict(
