@@ -65,8 +65,8 @@ _LLAMA_COPIES: tuple[Row, ...] = (
     # the text attention of multimodal models, each a line-for-line copy (their other towers: parts)
     _like(LLAMA, family="Aria", cls="AriaTextAttention"),
     _like(LLAMA, family="Apertus-1.5", cls="Apertus1p5TextAttention", qk_norm="head"),
-    _like(LLAMA, family="Mllama", cls="MllamaTextSelfAttention"),
-    _like(FAMILY_BY_CLASS["Phi3Attention"], family="Phi-4-multimodal", cls="Phi4MultimodalAttention"),  # its cross-attention layers: refused by name
+    _like(LLAMA, family="Mllama", cls="MllamaTextSelfAttention"),  # its cross-attention layers: refused by name
+    _like(FAMILY_BY_CLASS["Phi3Attention"], family="Phi-4-multimodal", cls="Phi4MultimodalAttention"),
     # a rope_parameters entry of None for a layer type: that type's layers have no rotary
     _like(
         LLAMA,
@@ -133,14 +133,14 @@ STATE_SPACE: dict[str, str] = {
 }
 
 # -- encoder copies with a causal-LM head: BERT's and BART's modules, line for line --------------------
-_XMOD_PRE_NORM = "Xmod's pre_norm applies output.LayerNorm to the module's input, inside it and before the block"
+_XMOD_PRE = "Xmod's pre_norm applies output.LayerNorm to the module's input, inside it and before the block"
 _PRE_LN = "self-attention + output.dense, from the module's {} of its input (that LayerNorm runs before the block)"
 _ENCODER_COPIES: tuple[Row, ...] = (
     _like(BERT, family="ERNIE", cls="ErnieAttention"),
     _like(BERT, family="Data2Vec-Text", cls="Data2VecTextAttention"),
     _like(BERT, family="RoCBert", cls="RoCBertAttention"),
     _like(BERT, family="BertGeneration", cls="BertGenerationAttention"),
-    _like(BERT, family="X-MOD", cls="XmodAttention", checks=(*BERT.checks, flag("pre_norm", _XMOD_PRE_NORM, where="module"))),
+    _like(BERT, family="X-MOD", cls="XmodAttention", checks=(*BERT.checks, flag("pre_norm", _XMOD_PRE, "module"))),
     # pre-LayerNorm copies: the module normalizes its input first; the block is what follows (the LayerNorm before
     # it, like the residual after it, stays in the layer)
     _like(BERT, family="RoBERTa-PreLayerNorm", cls="RobertaPreLayerNormAttention", covers=_PRE_LN.format("LayerNorm")),

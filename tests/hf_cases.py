@@ -801,9 +801,10 @@ for _cls, _case in (
     ("XLMRobertaXLAttention", "xlm-roberta-xl-decoder"),
 ):
     REFUSALS[(_cls, "cross-attention")] = (_case, lambda m: m.__setattr__("self", _cross_like(m.self)))
+_FSMT = "transformers.models.fsmt.modeling_fsmt"  # FSMT's own class named Attention
 REFUSALS[("Attention", "another model's Attention")] = (
     "openai-gpt",
-    lambda m: m.__setattr__("__class__", __import__("transformers.models.fsmt.modeling_fsmt", fromlist=["x"]).Attention),
+    lambda m: m.__setattr__("__class__", __import__(_FSMT, fromlist=["x"]).Attention),
 )
 REFUSALS[("XmodAttention", "pre_norm set")] = ("xmod-decoder", _set("pre_norm", True))
 REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))

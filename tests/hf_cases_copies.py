@@ -204,8 +204,9 @@ CASES.update(
         ),
         "xmod-decoder": dict(
             make=_bert_like(
-                "XmodModel", "XmodConfig", is_decoder=True, pad_token_id=1, languages=("en_XX",), default_language="en_XX"
-            ),
+                "XmodModel", "XmodConfig", is_decoder=True, pad_token_id=1, languages=("en_XX",),
+                default_language="en_XX",
+            ),  # fmt: skip
             **_DECODER,
         ),
         # pre-LayerNorm: the block takes what the module's LayerNorm gives its self-attention

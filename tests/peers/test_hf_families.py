@@ -105,7 +105,8 @@ def test_a_hybrids_other_layers_are_refused_by_name(name):
     attention = type(c.module).__name__
     for module in others:
         what = type(module).__name__
-        with pytest.raises(zoo.HFTypeError, match=rf"^{what} is {re.escape(STATE_SPACE[what])}, outside the zoo.*{attention}"):
+        pattern = rf"^{what} is {re.escape(STATE_SPACE[what])}, outside the zoo.*{attention}"
+        with pytest.raises(zoo.HFTypeError, match=pattern):
             zoo.from_hf(module)
 
 
