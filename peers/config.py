@@ -31,7 +31,7 @@ from zoo import AttentionSpec
 from zoo.errors import ArgumentError, AttnzooError, HFConversionError, InputTypeError
 from zoo.modifiers import alibi_slopes
 
-from .classes import BY_CLASS
+from .copies import BY_CLASS
 from .model_types import DEFAULT_TRUE, FAMILIES, MAX_POSITIONS, ConfigView, Family
 from .rows import Row, norm_shapes, read, value
 

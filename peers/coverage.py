@@ -2,8 +2,11 @@
 `*ForCausalLM` class (transformers' own auto mapping, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), with the
 attention classes its modeling module defines and a status:
 
-    exact          every attention class of the module has a row of the family table (peers.classes), save
-                   the parts, cross-attention and other towers of a class that has one
+    exact          every attention class of the module has a row of the family table (peers.copies.ROWS), save
+                   the parts, cross-attention and other towers of a class that has one. A hybrid model's
+                   row is exact when its attention layers are: `reason` then holds a note naming the
+                   state-space / convolution / linear-attention layers that stay outside the zoo
+                   (peers.copies.STATE_SPACE; from_hf refuses them by name)
     refused        some has none (or a refused row): `reason` names the one missing feature where it is
                    known (REASONS), else the classes without a row
     not-attention  the module defines no attention class (state-space and recurrent models)
@@ -20,13 +23,14 @@ import inspect
 import warnings
 from pathlib import Path
 
-from .classes import BY_CLASS
+from .copies import BY_CLASS, STATE_SPACE
 
 COVERAGE_JSON = Path(__file__).with_name("coverage.json")
 
 # The one feature the zoo lacks, per refused model type, where it is known (issue 28's list).
 _MLA = "multi-head latent attention (compressed KV latent, decoupled rotary)"
-_HYBRID = "state-space / recurrent layers beside its attention (outside the zoo)"
+# Zamba's attention reads the concatenation of the layer input and the original embeddings (2 * hidden_size)
+_ZAMBA = "attention from a 2 * hidden_size input to hidden_size (the zoo's block maps d_model to d_model)"
 REASONS: dict[str, str] = {
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", "longcat_flash", "sarvam_mla"), _MLA),
     "gpt_oss": "attention sinks (a learned per-head logit in each softmax denominator)",
@@ -37,10 +41,20 @@ REASONS: dict[str, str] = {
     "dbrx": "a fused Wqkv with clip_qkv after the fused projection",
     "hunyuan_v1_dense": "QK-norm after the rotary (the zoo normalizes before it)",
     "hunyuan_v1_moe": "QK-norm after the rotary (the zoo normalizes before it)",
+    # -- beside the copies of peers/copies.py: the classes that are no copy, each with the one thing it adds
+    **dict.fromkeys(("zamba", "zamba2"), _ZAMBA),
+    "nanochat": "QK-norm after the rotary (the zoo normalizes before it), weightless",
     **dict.fromkeys(
-        ("jamba", "bamba", "zamba", "zamba2", "falcon_h1", "nemotron_h", "lfm2", "lfm2_moe", "granitemoehybrid"),
-        _HYBRID,
+        ("granite_swa", "granitemoe_swa", "flint", "mimo_v2_flash"),
+        "attention sinks (a learned per-head logit in each softmax denominator)",
     ),
+    "ministral3": "a query scale growing with log position (Llama 4's llama_4_scaling_beta)",
+    **dict.fromkeys(
+        ("afmoe", "laguna", "dory", "beam", "hrm_text", "lfm3"),
+        "a gated attention output (a sigmoid or softplus gate on Z from a projection of its own)",
+    ),
+    "bitnet": "an RMSNorm on Z before o_proj (attn_sub_norm)",
+    "zaya": "a CCA projection (convolved, compressed Q/K/V) in place of q/k/v_proj",
 }
 
 
@@ -60,18 +74,32 @@ def causal_lm_types() -> dict[str, str]:
     return out
 
 
-def attention_classes(lm_class: str) -> list[str] | None:
-    """The attention classes (names ending in "Attention") the LM class's own modeling module defines;
-    None when transformers cannot import the class here."""
-    import torch.nn as nn
+def _modeling(lm_class: str):
+    """The LM class's own modeling module; None when transformers cannot import the class here."""
     import transformers
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cls = getattr(transformers, lm_class)
-            module = importlib.import_module(cls.__module__)
+            return importlib.import_module(cls.__module__)
     except Exception:  # noqa: BLE001 - an optional dependency missing, a remote-code-only type: not importable
+        return None
+
+
+def outside_layers(lm_class: str) -> list[str]:
+    """The classes of a hybrid's other layers (peers.copies.STATE_SPACE) the LM class's modeling module defines."""
+    module = _modeling(lm_class)
+    return sorted(name for name in vars(module) if name in STATE_SPACE) if module is not None else []
+
+
+def attention_classes(lm_class: str) -> list[str] | None:
+    """The attention classes (names ending in "Attention") the LM class's own modeling module defines, less a
+    hybrid's linear-attention layers (peers.copies.STATE_SPACE); None when transformers cannot import it here."""
+    import torch.nn as nn
+
+    module = _modeling(lm_class)
+    if module is None:
         return None
     return sorted(
         name
@@ -80,11 +108,13 @@ def attention_classes(lm_class: str) -> list[str] | None:
         and obj.__module__ == module.__name__
         and issubclass(obj, nn.Module)
         and name.endswith("Attention")
+        and name not in STATE_SPACE
     )
 
 
 def row(kind: str, lm_class: str) -> dict:
-    """One model type's row: model_type, causal_lm, attention_classes, status, reason."""
+    """One model type's row: model_type, causal_lm, attention_classes, status, reason (a refusal's reason, or an
+    exact hybrid's note on its layers outside the zoo)."""
     classes = attention_classes(lm_class)
     out = {"model_type": kind, "causal_lm": lm_class, "attention_classes": classes or []}
     if classes is None:
@@ -95,7 +125,9 @@ def row(kind: str, lm_class: str) -> dict:
     if len(missing) < len(classes):  # the parts and the other towers of a covered class need no row of their own
         missing = [c for c in missing if not c.endswith(_PARTS)]
     if not missing:
-        return dict(out, status="exact", reason=None)
+        outside = outside_layers(lm_class)
+        note = "; ".join(f"{c} ({STATE_SPACE[c]})" for c in outside)
+        return dict(out, status="exact", reason=f"attention exact; outside the zoo: {note}" if outside else None)
     reason = REASONS.get(kind) or f"no family row for {', '.join(missing)}"
     return dict(out, status="refused", reason=reason)
 
@@ -135,5 +167,6 @@ __all__ = [
     "counts",
     "coverage",
     "markdown",
+    "outside_layers",
     "row",
 ]

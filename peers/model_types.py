@@ -306,3 +306,17 @@ MAX_POSITIONS = {
 }
 # the keys whose transformers default is True when a config.json leaves them out
 DEFAULT_TRUE = {"gpt_neox": "attention_bias", "opt": "enable_bias"}
+
+# -- copies and the attention of hybrid models (peers/copies.py), read from a config as their family is
+FAMILIES.update(
+    {
+        "solar_open": Family("SolarOpenAttention", LLAMA, bias=False, theta=1e6),
+        "hyperclovax": Family("HyperCLOVAXAttention", llama_like(scaling=lambda cfg, d: cfg.attention_multiplier)),
+        "minimax": Family("MiniMaxAttention", LLAMA, bias=False, theta=1e6),
+        "jamba": Family("JambaAttention", LLAMA, bias=False),  # no rotary: its row reads none
+        "falcon_h1": Family(
+            "FalconH1Attention", llama_like(extra=lambda cfg, i, attrs: dict(attrs, key_multiplier=cfg.key_multiplier))
+        ),
+        "lfm2": Family("Lfm2Attention", LLAMA, bias=False, theta=1e6, aliases={"rms_norm_eps": "norm_eps"}),
+    }
+)

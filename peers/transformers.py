@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from zoo import AttentionSpec, MultiHeadAttention, get_projections
 from zoo.errors import HFConversionError, HFTypeError
 from zoo.heads import Projections, build
 
-from .classes import BY_CLASS, ROWS
+from .copies import BY_CLASS, ROWS, STATE_SPACE
 from .rows import Row, cls_name, default_scale, read, write
 
 _MEASURED = Path(__file__).with_name("measured.json")
@@ -79,6 +80,13 @@ def _row(module: object) -> Row:
     name = cls_name(module)
     if name in _PARTS:
         raise HFTypeError(f"{name}: {_PARTS[name]}")
+    if name in STATE_SPACE:  # a hybrid model's other layers: outside the zoo, named
+        home = vars(sys.modules.get(type(module).__module__, sys))
+        rows = sorted(n for n in home if n in BY_CLASS)
+        raise HFTypeError(
+            f"{name} is {STATE_SPACE[name]}, outside the zoo (the zoo converts attention); convert this hybrid "
+            f"model's attention layers instead ({', '.join(rows) or 'none here'})"
+        )
     row = BY_CLASS.get(name)
     if row is None or not type(module).__module__.startswith("transformers."):
         inside = [

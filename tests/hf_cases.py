@@ -773,7 +773,48 @@ BIDIRECTIONAL_CASES = {
     "Jais2Attention": "jais2",
     "CwmAttention": "cwm",
     "ExaoneMoeAttention": "exaone-moe-sliding",
+    # the copies and hybrids' attention of peers/copies.py (tests/hf_cases_copies.py)
+    "MinistralAttention": "ministral-sliding",
+    "Cohere2MoeAttention": "cohere2-moe-sliding",
+    "MellumAttention": "mellum-sliding",
+    "SolarOpenAttention": "solar-open",
+    "HyperCLOVAXAttention": "hyperclovax",
+    "Emu3Attention": "emu3",
+    "MiniMaxM2Attention": "minimax-m2",
+    "LaraMiniAttention": "lara-mini-sliding",
+    "Kolibri1Attention": "kolibri1-sliding",
+    "HYV3Attention": "hy-v3",
+    "JambaAttention": "jamba",
+    "NemotronHAttention": "nemotron-h",
+    "BambaAttention": "bamba",
+    "FalconH1Attention": "falcon-h1",
+    "Lfm2Attention": "lfm2",
+    "Lfm2MoeAttention": "lfm2-moe",
+    "GraniteMoeHybridAttention": "granitemoehybrid",
+    "OlmoHybridAttention": "olmo-hybrid",
+    "MiniMaxAttention": "minimax",
+    "AriaTextAttention": "aria-text",
+    "Apertus1p5TextAttention": "apertus1p5-text",
+    "MllamaTextSelfAttention": "mllama-text",
+    "CohereCompassAttention": "cohere-compass-sliding",
+    "Phi4MultimodalAttention": "phi4-multimodal",
 }
+for _cls, _case in (
+    ("ErnieAttention", "ernie-decoder"),
+    ("Data2VecTextAttention", "data2vec-text-decoder"),
+    ("RoCBertAttention", "roc-bert-decoder"),
+    ("BertGenerationAttention", "bert-generation-decoder"),
+    ("XmodAttention", "xmod-decoder"),
+    ("RobertaPreLayerNormAttention", "roberta-prelayernorm-decoder"),
+    ("XLMRobertaXLAttention", "xlm-roberta-xl-decoder"),
+):
+    REFUSALS[(_cls, "cross-attention")] = (_case, lambda m: m.__setattr__("self", _cross_like(m.self)))
+_FSMT = "transformers.models.fsmt.modeling_fsmt"  # FSMT's own class named Attention
+REFUSALS[("Attention", "another model's Attention")] = (
+    "openai-gpt",
+    lambda m: m.__setattr__("__class__", __import__(_FSMT, fromlist=["x"]).Attention),
+)
+REFUSALS[("XmodAttention", "pre_norm set")] = ("xmod-decoder", _set("pre_norm", True))
 REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))
 for _cls, _case in BIDIRECTIONAL_CASES.items():
     REFUSALS[(_cls, "use_bidirectional_attention=True")] = (_case, BIDI)

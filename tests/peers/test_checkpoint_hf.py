@@ -21,7 +21,7 @@ import peers.transformers
 import zoo
 from export import OnnxSession, export_onnx
 from export.choice import why_not
-from peers.classes import ROWS
+from peers.copies import ROWS
 from peers.model_types import FAMILIES
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the [hf] and [test] extras")

@@ -48,6 +48,8 @@ class Case:
     spec_checks: dict | None = None  # spec fields the block must hold (the config made concrete)
     variant: bool = False  # a second case of a family: its torch-exported lowerings run only when slow
     layernorm: str = "output.LayerNorm"  # with output_is_dense_of: the LayerNorm after the block
+    # pre-LayerNorm BERT copies: the block's input is this submodule's (the module's LayerNorm runs before it)
+    input_of: Callable[[nn.Module], nn.Module] | None = None
 
 
 def _ids(keep: Tensor | None = None) -> dict:
@@ -315,7 +317,7 @@ def capture(name: str) -> Captured:
         seen["args"], seen["kwargs"] = args, dict(kwargs)
 
     def post(mod, args, kwargs, out):
-        seen["full"] = out[0] if isinstance(out, tuple) else out
+        seen["full"] = out[0] if isinstance(out, (tuple, list)) else out
 
     hooks = [
         module.register_forward_pre_hook(pre, with_kwargs=True),
@@ -323,12 +325,18 @@ def capture(name: str) -> Captured:
     ]
     if case.output_is_dense_of is not None:
         hooks.append(case.output_is_dense_of(module).register_forward_hook(lambda m, a, out: seen.update(dense=out)))
+    if case.input_of is not None:
+        hooks.append(
+            case.input_of(module).register_forward_pre_hook(
+                lambda m, a, kw: seen.update(inner=a[0] if a else kw["hidden_states"]), with_kwargs=True
+            )
+        )
     with torch.no_grad():
         model(**inputs)
     for h in hooks:
         h.remove()
     args, kwargs = seen["args"], seen["kwargs"]
-    x = args[0] if args else kwargs["hidden_states"]
+    x = seen["inner"] if "inner" in seen else (args[0] if args else kwargs["hidden_states"])
     # BART / Whisper encoder_attn, T5's EncDecAttention; UMT5 names it encoder_hidden_states
     context = kwargs.get("key_value_states", kwargs.get("encoder_hidden_states"))
     y = seen.get("dense", seen["full"])
@@ -449,7 +457,7 @@ def _path(c: Captured) -> str:
 def _replay(module: nn.Module, c: Captured) -> Tensor:
     with torch.no_grad():
         out = module(*c.args, **c.kwargs)
-    return out[0] if isinstance(out, tuple) else out
+    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 @pytest.mark.parametrize("name", list(CASES))

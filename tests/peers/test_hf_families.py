@@ -8,6 +8,7 @@ that from_hf and to_hf raise HFConversionError naming the class and the field.
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ import zoo
 transformers = pytest.importorskip("transformers", reason="transformers is in the [hf] and [test] extras")
 
 import hf_cases  # noqa: E402  (after the importorskip: it builds transformers configs)
+import hf_cases_copies  # noqa: E402
 from test_hf import CASES, capture  # noqa: E402
 
 
@@ -90,6 +92,22 @@ def test_refused_class_raises(cls):
     assert str(e.value) == f"{cls}: {reason}"
     with pytest.raises(zoo.HFConversionError, match=rf"^{cls}: "):
         peers.transformers.spec_from_hf(module)
+
+
+@pytest.mark.parametrize("name", hf_cases_copies.HYBRID_CASES)
+def test_a_hybrids_other_layers_are_refused_by_name(name):
+    """The attention of a hybrid model converts (its parity case); its state-space / linear layers do not."""
+    from peers.copies import STATE_SPACE
+
+    c = capture(name)
+    others = [m for m in c.model.modules() if type(m).__name__ in STATE_SPACE]
+    assert others, f"{name}: the case's model holds no layer outside the zoo"
+    attention = type(c.module).__name__
+    for module in others:
+        what = type(module).__name__
+        pattern = rf"^{what} is {re.escape(STATE_SPACE[what])}, outside the zoo.*{attention}"
+        with pytest.raises(zoo.HFTypeError, match=pattern):
+            zoo.from_hf(module)
 
 
 def test_the_family_table_needs_no_transformers():
