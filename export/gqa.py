@@ -10,8 +10,8 @@ the block's weights, with the axis vocabulary as dim names:
                                      each modifier's attributes and inputs (gqa_op),
                                      attention_bias = the modifiers' terms (gqa_bias) + the user mask)
                                                                                      (b t (h dv))
-              -> head_mask, zero rows where no key is allowed (user mask, causal, the modifiers'
-                 terms: gqa_allowed) -> MatMul(+bias) -> y (b t c)
+              -> zero rows where no key is allowed (user mask, causal, the modifiers' terms: gqa_allowed)
+              -> each modifier's nodes on Z (gqa_z) -> head_mask -> MatMul(+bias) -> y (b t c)
 
 The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
 they cannot carry (`gqa_refusal`, which the ort-gqa record reads too); nothing here names one. The op
@@ -295,6 +295,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
                 allowed = g.op("And", allowed, term)
         has_key = g.op("ReduceMax", g.cast(allowed, "int32"), g.ints([-1]), keepdims=1)
         z = g.op("Where", g.cast(has_key, "bool"), z, g.const(0.0, "zero"))
+    for mod in mods:
+        z = mod.gqa_z(g, "x", z)
     if "head_mask" in names:
         z = per_head(g, z, h, lambda t_: g.op("Mul", t_, g.op("Unsqueeze", "head_mask", g.ints([1, 3]))))
     _linear(g, z, p.w_o, p.b_o, "o", out="y")

@@ -60,6 +60,8 @@ class SpecFields:
     kv_lora_rank: int | None = None  # the KV latent's width (DeepSeek-V3: 512); None = off
     q_lora_rank: int | None = None  # the query's low-rank width under a latent (DeepSeek-V3: 1536); None = plain q_proj
     latent_eps: float = 1e-6  # the latents' RMSNorm epsilon (DeepSeek's rms_norm_eps is 1e-6)
+    # Qwen3-Next's gated output: Z * sigmoid(x W_G + b_G) per head and channel before W_O (W_G: c -> (h dv))
+    output_gate: bool = False
 
     # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
     @property

@@ -103,6 +103,10 @@ class Modifier(nn.Module):
         """A pointwise map of the scaled scores, before any bias or mask."""
         return scores
 
+    def z_heads(self, z: Tensor, x: Tensor) -> Tensor:
+        """Z (b h t dv) after attention, before head_mask and W_O; x (b t c) the block's input."""
+        return z
+
     # -- the hand-built GroupQueryAttention graph (graph.py; nothing unless overridden) ---------------
 
     # What the graph cannot carry of this modifier, in a few words; None: it carries every value.
@@ -130,6 +134,10 @@ class Modifier(nn.Module):
     def gqa_allowed(self, g: GraphBuilder) -> str | None:
         """A term of the allowed-keys rule after the op, bool (b|1, t, s); None = no opinion."""
         return None
+
+    def gqa_z(self, g: GraphBuilder, x: str, z: str) -> str:
+        """Nodes on the op's output Z (b t (h dv)), before head_mask and W_O; x (b t c) the graph's input."""
+        return z
 
     # -- head state (zoo/heads.py) ------------------------------------------------------------------
 
@@ -193,6 +201,11 @@ class Modifier(nn.Module):
     def reference_allowed(cls, spec: SpecFields, t: int, s: int) -> Tensor | None:
         """A bool (t s) of the cells a query may see, or None for all."""
         return None
+
+    @classmethod
+    def reference_z(cls, spec: SpecFields, z: Tensor, x: Tensor, p: Any) -> Tensor:
+        """The heads' Z merged (b t (h dv)) -> what W_O reads; x (b t c) the block's input."""
+        return z
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
