@@ -198,6 +198,22 @@ ROWS: tuple[Row, ...] = (
     ),
     _like(
         LLAMA,
+        family="Qwen3-Next",
+        cls="Qwen3NextAttention",
+        covers="its full-attention layers (the linear-attention ones are Qwen3NextGatedDeltaNet, refused)",
+        rope="partial",
+        qk_norm="head",
+        norm_offset=1.0,  # Qwen3NextRMSNorm multiplies by (1 + weight), as Gemma's
+        q_gate=True,  # q_proj: each head [query | gate]; Z * sigmoid(gate) before o_proj
+    ),
+    Row(
+        family="Qwen3-Next",
+        cls="Qwen3NextGatedDeltaNet",
+        refused="Qwen3-Next's linear-attention layer: a gated delta rule over a recurrent state with a causal "
+        "convolution, not softmax attention, so outside the zoo; its full-attention layers (Qwen3NextAttention) convert",
+    ),
+    _like(
+        LLAMA,
         family="Cohere",
         cls="CohereAttention",
         rope_interleaved=True,

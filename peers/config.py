@@ -198,7 +198,7 @@ class Stand:
         if row.qkv is not None:
             lin(row.qkv, (h + 2 * g) * d, c)
         else:
-            lin(row.q, h * d, c)
+            lin(row.q, h * d * (2 if row.q_gate else 1), c)  # Qwen3-Next: each head [query | gate]
             lin(row.k, g * d, c)
             lin(row.v, g * d, c)
         lin(row.out, c, h * d)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from zoo.errors import HFConversionError
 from zoo.modifiers import alibi_slopes
 
 from . import latent
@@ -118,6 +119,20 @@ def _smollm3(cfg: ConfigView, i: int, attrs: dict) -> dict:
 
 def _exaone4(cfg: ConfigView, i: int, attrs: dict) -> dict:
     return dict(attrs, sliding_window=cfg.get("sliding_window"))
+
+
+def _qwen3_next(cfg: ConfigView, i: int, attrs: dict) -> dict:
+    """Its full-attention layers only: the others are gated delta-rule layers (a recurrent state), outside the zoo."""
+    every = cfg.get("full_attention_interval", 4)
+    n = cfg.num_hidden_layers
+    kinds = cfg.get("layer_types") or ["full_attention" if (j + 1) % every == 0 else "linear_attention" for j in range(n)]
+    if kinds[i] != "full_attention":
+        full = [j for j, k in enumerate(kinds) if k == "full_attention"]
+        raise HFConversionError(
+            f"qwen3_next config: layer {i} is a {kinds[i]} layer (Qwen3NextGatedDeltaNet, a recurrent gated delta "
+            f"rule), outside the zoo; its full-attention layers are {full}"
+        )
+    return attrs
 
 
 def _plain(cfg: ConfigView, i: int) -> dict:
@@ -239,6 +254,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2Attention", SLIDING, bias=True),
     "qwen2_moe": Family("Qwen2MoeAttention", SLIDING, bias="qkv_bias"),
     "qwen3": Family("Qwen3Attention", SLIDING),
+    "qwen3_next": Family("Qwen3NextAttention", llama_like(extra=_qwen3_next), partial=0.25),
     "olmo": Family("OlmoAttention", LLAMA),
     "olmo2": Family("Olmo2Attention", LLAMA),
     "phi": Family("PhiAttention", llama_like(extra=_rotary_ndims), bias=True, partial=0.5),
@@ -300,7 +316,7 @@ FAMILIES: dict[str, Family] = {
 MAX_POSITIONS = {
     **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm"), 131072),
     **dict.fromkeys(("gemma", "gemma2", "cohere", "cohere2"), 8192),
-    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "smollm3"), 32768),
+    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "qwen3_next", "smollm3"), 32768),
     **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron"), 4096),
     "persimmon": 16384,
 }

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import hf_cases
 import hf_cases_copies
+import hf_cases_gated
 import hf_cases_long
 import hf_cases_qknorm
 import pytest
@@ -284,6 +285,8 @@ CASES.update({name: Case(**fields) for name, fields in hf_cases_long.CASES.items
 CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.items()})
 # LayerNorm QK-norm (Cohere, StableLM, Persimmon, Phi), at 160 positions (tests/hf_cases_qknorm.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_qknorm.CASES.items()})
+# the gated attention output (Qwen3-Next's full-attention layers), at 160 positions (tests/hf_cases_gated.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_gated.CASES.items()})
 
 
 @dataclass
