@@ -123,7 +123,7 @@ class Row:
             if on is not None:
                 kind = "" if self.qk_norm_kind == "rms" else f" ({self.qk_norm_kind})"
                 mods.append(f"qk_norm={self.qk_norm}{kind}" if name == "qk_norm" else name)
-        return tuple(mods)
+        return tuple(mods) + (("output_gate",) if self.q_gate else ())
 
 
 # -- linear layers -------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def specs(
 ) -> zoo.AttentionSpec:
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
     causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv, T5's
-    relative buckets, QK-norm (RMS or LayerNorm).
+    relative buckets, QK-norm (RMS or LayerNorm), the output gate.
     Small, so a forward costs little.
     Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
@@ -72,6 +72,8 @@ def specs(
     # clip_qkv: small enough that projections of unit inputs hit it.
     fields["clip_qkv"] = draw(st.one_of(st.none(), st.floats(0.05, 3.0)))
     fields.update(draw(qk_norms()))
+    # the gated output (Qwen3-Next): a sigmoid gate from x on every head's Z
+    fields["output_gate"] = draw(st.booleans())
     # T5's relative buckets: self-attention only; few buckets and a short max_distance, so that
     # distances up to 8 reach the log-spaced buckets and the last one.
     if not is_cross:
@@ -161,6 +163,7 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         window=draw(st.one_of(st.none(), st.integers(1, 6))),
         clip_qkv=draw(st.one_of(st.none(), st.floats(0.05, 3.0))),
         **draw(qk_norms()),
+        output_gate=draw(st.booleans()),
         **draw(rel_buckets(True)),
         **draw(rotary(d_k, long=False)),
     )
