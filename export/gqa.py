@@ -142,6 +142,10 @@ class _Graph:
             self._positions = self.cast(self._placed()[0], "float32")
         return self._positions
 
+    def pair_positions(self) -> tuple[str, str]:
+        _, q_pos, k_pos = self._placed()
+        return self.op("Unsqueeze", q_pos, self.ints([2])), self.op("Unsqueeze", k_pos, self.ints([1]))
+
     def distance(self) -> str:
         if self._distance is None:
             _, q_pos, k_pos = self._placed()

@@ -1,5 +1,5 @@
 """Projection, position, score and output modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, T5's
-relative position buckets, sliding window, logit softcap, the gated output.
+relative position buckets, sliding window, chunked attention, logit softcap, the gated output.
 
 Each modifier is one class that says everything about itself:
 
@@ -32,8 +32,8 @@ lives in that lowering's record (export/lowerings/), keyed by the modifier's `na
 
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
 `latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
-`scores` (window, softcap), `gate` (the gated output); this package lists them in order of application
-and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
+`scores` (window, softcap), `chunk` (chunked attention), `gate` (the gated output); this package lists
+them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -53,6 +53,7 @@ from .base import (
     relative_positions_audit,
     take_blocks,
 )
+from .chunk import Chunk, same_chunk
 from .clip import ClipQKV
 from .gate import OutputGate
 from .graph import GraphBuilder, GraphLimit, OpPart, per_head
@@ -67,6 +68,7 @@ __all__ = [
     "QK_NORMS",
     "QK_NORM_KINDS",
     "ALiBi",
+    "Chunk",
     "ClipQKV",
     "GraphBuilder",
     "GraphLimit",
@@ -93,6 +95,7 @@ __all__ = [
     "relative_distance",
     "relative_positions_audit",
     "rms_norm",
+    "same_chunk",
     "take_blocks",
 ]
 
@@ -106,6 +109,7 @@ MODIFIERS: tuple[type[Modifier], ...] = (
     ALiBi,
     RelativeBuckets,
     Window,
+    Chunk,
     Softcap,
     OutputGate,
 )

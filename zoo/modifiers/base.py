@@ -224,16 +224,19 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
 
 
 def relative_positions_audit(m: nn.Module, x: Tensor, what: str) -> tuple[str, bool, str]:
-    """Only distances matter: every position + 13 gives the same y; reversed positions do not."""
+    """Only distances matter: every position + 13 gives the same y; reversed positions do not. Under chunked
+    attention (absolute chunks) the shift is the next multiple of the chunk, which keeps every chunk whole."""
     t = x.shape[1]
     pos = torch.arange(t)
     y = m(x)
-    e_shift = (m(x, positions=pos + 13) - y).abs().max().item()
+    c = getattr(m.spec, "chunk", None)
+    shift = 13 if c is None else c * -(-13 // c)
+    e_shift = (m(x, positions=pos + shift) - y).abs().max().item()
     e_given = (m(x, positions=pos) - y).abs().max().item()
     tol = max(mod.shift_tolerance for mod in m.mods.values())
     ok = e_shift < tol and e_given < 1e-12
     return (
         f"{what}: relative positions",
         ok,
-        f"positions 0..{t - 1} given vs default {e_given:.1e}; shifted by 13: y moves {e_shift:.1e} (< {tol:g})",
+        f"positions 0..{t - 1} given vs default {e_given:.1e}; shifted by {shift}: y moves {e_shift:.1e} (< {tol:g})",
     )

@@ -44,6 +44,10 @@ class GraphBuilder(Protocol):
         """float32 (s,): the key positions 0..s-1, one row of a rotary cache each."""
         ...
 
+    def pair_positions(self) -> tuple[str, str]:
+        """int64 (b|1, t, 1) and (b|1, 1, s): each query's and each key's token position."""
+        ...
+
     def distance(self) -> str:
         """float32 (b|1, t, s): i - j, query i's position less key j's."""
         ...
