@@ -208,8 +208,6 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     q = _linear(g, "x", p.w_q, p.b_q, "q")
     k = _linear(g, "x", p.w_k, p.b_k, "k")
     v = _linear(g, "x", p.w_v, p.b_v, "v")
-    for mod in mods:
-        q, k, v = mod.gqa_qkv(g, q, k, v)
 
     # Lengths and positions. Full sequence: s = t keys at positions 0..t-1. Decode: the cache holds
     # p positions, this call adds t, so s = p + t; with a key_mask (left padding) a row's positions
@@ -250,6 +248,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
         q_pos = last_t(k_pos) if decode else k_pos
     g.place(all_pos, q_pos, k_pos)
+    for mod in mods:  # after the positions: a piece may read them (a query's temperature)
+        q, k, v = mod.gqa_qkv(g, q, k, v)
 
     attrs, op_inputs = _op_parts(mods, g, {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)})
 

@@ -55,6 +55,10 @@ class SpecFields:
     qk_norm_eps: float = 1e-6  # the norm's epsilon (Qwen3 and OLMo-2 use 1e-6)
     qk_norm_kind: str = "rms"  # "rms" (RMSNorm, the common one) or "layer" (LayerNorm: mean removed; Cohere, Phi)
     qk_norm_bias: bool = False  # LayerNorm's learned bias on Q and K (Persimmon, Phi); RMSNorm has none
+    qk_l2: float | None = None  # Llama 4's weightless QK-norm after the rotary: its eps (1e-5); None = off
+    # Llama 4's attention temperature on NoPE layers: q * (1 + scale * log1p(floor((pos + 1) / floor)))
+    temperature_floor: int | None = None  # its floor_scale (8192); None = off
+    temperature_scale: float = 0.1  # its attn_scale (Llama 4: 0.1)
     clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
     # Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): K and V come up from one RMS-normed latent of this
     # width; each head's first rope_dim query/key dims are the decoupled rotary part (one rotary key for all heads)

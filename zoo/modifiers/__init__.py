@@ -32,7 +32,8 @@ lives in that lowering's record (export/lowerings/), keyed by the modifier's `na
 
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
 `latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
-`scores` (window, softcap), `chunk` (chunked attention), `gate` (the gated output); this package lists
+`scores` (window, softcap), `chunk` (chunked attention), `l2_norm` and `temperature` (Llama 4's weightless
+QK-norm after the rotary and its query temperature), `gate` (the gated output); this package lists
 them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
@@ -56,12 +57,14 @@ from .base import (
 from .chunk import Chunk, same_chunk
 from .clip import ClipQKV
 from .gate import OutputGate
+from .l2_norm import L2Norm, l2_normalize
 from .graph import GraphBuilder, GraphLimit, OpPart, per_head
 from .latent import Latent
 from .qk_norm import QK_NORM_KINDS, QK_NORMS, QKNorm, qk_normalize, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
+from .temperature import Temperature, temperature
 
 __all__ = [
     "MODIFIERS",
@@ -72,6 +75,7 @@ __all__ = [
     "ClipQKV",
     "GraphBuilder",
     "GraphLimit",
+    "L2Norm",
     "Latent",
     "Modifier",
     "OpPart",
@@ -81,12 +85,14 @@ __all__ = [
     "RelativeBuckets",
     "Rotary",
     "Softcap",
+    "Temperature",
     "Window",
     "active",
     "alibi_slopes",
     "build",
     "check_spec",
     "is_number",
+    "l2_normalize",
     "parameters_added",
     "per_head",
     "prune_refusal",
@@ -97,6 +103,7 @@ __all__ = [
     "rms_norm",
     "same_chunk",
     "take_blocks",
+    "temperature",
 ]
 
 # The order is the order of application at each stage (the latent's projections first, the clamp on the
@@ -106,6 +113,8 @@ MODIFIERS: tuple[type[Modifier], ...] = (
     ClipQKV,
     QKNorm,
     Rotary,
+    L2Norm,
+    Temperature,
     ALiBi,
     RelativeBuckets,
     Window,
