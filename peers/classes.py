@@ -26,6 +26,7 @@ from .checks import (
     falcon_layout,
     fixed_rope,
     flag,
+    llama4_fields,
     mpt_slopes,
     t5_bias,
     t5_context,
@@ -205,6 +206,16 @@ ROWS: tuple[Row, ...] = (
         qk_norm="head",
         norm_offset=1.0,  # Qwen3NextRMSNorm multiplies by (1 + weight), as Gemma's
         q_gate=True,  # q_proj: each head [query | gate]; Z * sigmoid(gate) before o_proj
+    ),
+    _like(
+        LLAMA,
+        family="Llama 4",
+        cls="Llama4TextAttention",
+        covers="the whole module: its chunked rotary layers (L2 QK-norm after the complex, i.e. interleaved-pair, "
+        "rotary) and its NoPE layers (query temperature)",
+        rope_interleaved=True,
+        rope_if="use_rope",
+        fields=llama4_fields,
     ),
     Row(
         family="Qwen3-Next",

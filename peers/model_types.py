@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -135,6 +136,16 @@ def _qwen3_next(cfg: ConfigView, i: int, attrs: dict) -> dict:
     return attrs
 
 
+def _llama4(cfg: ConfigView, i: int, attrs: dict) -> dict:
+    """use_rope from no_rope_layers (1 = rotary; its config class's default: every 4th layer NoPE), and the
+    weightless QK-norm (its eps) on rotary layers with use_qk_norm."""
+    every = cfg.get("no_rope_layer_interval", 4)
+    n = cfg.num_hidden_layers
+    use_rope = bool((cfg.get("no_rope_layers") or [int((j + 1) % every != 0) for j in range(n)])[i])
+    norm = SimpleNamespace(eps=cfg.get("rms_norm_eps", 1e-5)) if use_rope and cfg.get("use_qk_norm", True) else None
+    return dict(attrs, use_rope=use_rope, **({"qk_norm": norm} if norm is not None else {}))
+
+
 def _plain(cfg: ConfigView, i: int) -> dict:
     """The GPT-2-era modules: sizes as module attributes, the head width from the model width."""
     c, h = cfg.hidden_size, cfg.num_attention_heads
@@ -254,6 +265,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2Attention", SLIDING, bias=True),
     "qwen2_moe": Family("Qwen2MoeAttention", SLIDING, bias="qkv_bias"),
     "qwen3": Family("Qwen3Attention", SLIDING),
+    "llama4_text": Family("Llama4TextAttention", llama_like(extra=_llama4), theta=500000.0),
     "qwen3_next": Family("Qwen3NextAttention", llama_like(extra=_qwen3_next), partial=0.25),
     "olmo": Family("OlmoAttention", LLAMA),
     "olmo2": Family("Olmo2Attention", LLAMA),
@@ -314,7 +326,7 @@ FAMILIES: dict[str, Family] = {
 # max_position_embeddings where a config.json leaves it out: its transformers config class's default
 # (5.24), which fills in a scaled rotary's original_max_position_embeddings and yarn's factor; else 2048
 MAX_POSITIONS = {
-    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm"), 131072),
+    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm", "llama4_text"), 131072),
     **dict.fromkeys(("gemma", "gemma2", "cohere", "cohere2"), 8192),
     **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "qwen3_next", "smollm3"), 32768),
     **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron"), 4096),

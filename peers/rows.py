@@ -105,6 +105,7 @@ class Row:
     rel_buckets: Get = "relative_attention_num_buckets"  # read where rel_bias gives a table
     rel_max_distance: Get = "relative_attention_max_distance"
     checks: tuple[Check, ...] = ()  # configs of this class the zoo refuses
+    fields: Callable[[nn.Module], dict] | None = None  # further spec fields (no weights) read from the module
     latent: Any = None  # latent attention (a peers.latent.LatentRow): its own reader and writer, not q/k/v
 
     def modifiers(self) -> tuple[str, ...]:
@@ -376,6 +377,8 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
     if held is not None:
         fields.update(rel_buckets=int(value(m, row.rel_buckets)), rel_max_distance=int(value(m, row.rel_max_distance)))
         rel = held[0].weight.detach().clone()
+    if row.fields is not None:
+        fields.update(row.fields(m))
     d_context = value(m, row.context)
     if d_context is not None:
         fields["d_context"] = int(d_context)

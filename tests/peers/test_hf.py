@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import hf_cases
 import hf_cases_copies
 import hf_cases_gated
+import hf_cases_llama4
 import hf_cases_long
 import hf_cases_qknorm
 import pytest
@@ -287,6 +288,8 @@ CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.ite
 CASES.update({name: Case(**fields) for name, fields in hf_cases_qknorm.CASES.items()})
 # the gated attention output (Qwen3-Next's full-attention layers), at 160 positions (tests/hf_cases_gated.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_gated.CASES.items()})
+# Llama 4's chunked rotary and NoPE layers, at 160 positions (tests/hf_cases_llama4.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_llama4.CASES.items()})
 
 
 @dataclass
@@ -375,7 +378,7 @@ def test_eager_parity(name):
     assert low <= err <= high, f"{name}: measured {err:.2e}, peers/measured.json says {recorded}"
     # the window, the cap, the clamp, the rope scale and T5's buckets bite at these sizes: the block
     # without them misses the reference
-    for field in ("window", "softcap", "clip_qkv", "rope_scale", "rel_buckets"):
+    for field in ("window", "softcap", "clip_qkv", "rope_scale", "rel_buckets", "chunk", "qk_l2", "temperature_floor"):
         if getattr(block.spec, field) is not None:
             off = {field: None, **({"rel_max_distance": 128} if field == "rel_buckets" else {})}
             without = zoo.heads.build(block.spec.replace(**off), zoo.get_projections(block))
