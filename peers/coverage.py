@@ -30,8 +30,6 @@ _HYBRID = "state-space / recurrent layers beside its attention (outside the zoo)
 REASONS: dict[str, str] = {
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", "longcat_flash", "sarvam_mla"), _MLA),
     "gpt_oss": "attention sinks (a learned per-head logit in each softmax denominator)",
-    "llama4": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
-    "llama4_text": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
     "diffllama": "differential attention (two softmax maps subtracted with a learned lambda)",
     "dbrx": "a fused Wqkv with clip_qkv after the fused projection",
     "hunyuan_v1_dense": "QK-norm after the rotary (the zoo normalizes before it)",

@@ -818,6 +818,28 @@ PRESET_MODULES = {
             use_bias=True,
         ),
     ),
+    "llama-4-scout": (
+        "llama4",
+        "Llama4TextAttention",
+        "Llama4TextConfig",
+        dict(
+            hidden_size=5120,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            head_dim=128,
+            attention_chunk_size=8192,
+            use_qk_norm=True,
+            rms_norm_eps=1e-5,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+    ),
     "deepseek-v3": (
         "deepseek_v3",
         "DeepseekV3Attention",
