@@ -102,6 +102,7 @@ FAMILY_PRESETS = frozenset(
         "starcoder2-7b",
         "llama-3.1-8b",
         "phi-3.5-mini",
+        "llama-4-scout",
         "t5-base-encoder",
         "modernbert-base",
         "modernbert-base-local",
