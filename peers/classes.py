@@ -221,7 +221,8 @@ ROWS: tuple[Row, ...] = (
         family="Qwen3-Next",
         cls="Qwen3NextGatedDeltaNet",
         refused="Qwen3-Next's linear-attention layer: a gated delta rule over a recurrent state with a causal "
-        "convolution, not softmax attention, so outside the zoo; its full-attention layers (Qwen3NextAttention) convert",
+        "convolution, not softmax attention, so outside the zoo; its full-attention layers (Qwen3NextAttention) "
+        "convert",
     ),
     _like(
         LLAMA,

@@ -126,7 +126,8 @@ def _qwen3_next(cfg: ConfigView, i: int, attrs: dict) -> dict:
     """Its full-attention layers only: the others are gated delta-rule layers (a recurrent state), outside the zoo."""
     every = cfg.get("full_attention_interval", 4)
     n = cfg.num_hidden_layers
-    kinds = cfg.get("layer_types") or ["full_attention" if (j + 1) % every == 0 else "linear_attention" for j in range(n)]
+    default = ["full_attention" if (j + 1) % every == 0 else "linear_attention" for j in range(n)]
+    kinds = cfg.get("layer_types") or default
     if kinds[i] != "full_attention":
         full = [j for j, k in enumerate(kinds) if k == "full_attention"]
         raise HFConversionError(

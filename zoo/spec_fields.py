@@ -47,7 +47,7 @@ class SpecFields:
     rel_buckets: int | None = None  # T5's learned per-head bias over bucketed key - query distances; None = off
     rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket
     window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
-    chunk: int | None = None  # Llama 4's chunked attention: i sees j iff i // chunk == j // chunk (and j <= i); None = off
+    chunk: int | None = None  # Llama 4's chunked attention: i sees j iff i // chunk == j // chunk; None = off
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
     # A norm on Q and K: "head" over d_k, one weight (Qwen3), "per_head" over d_k, a weight per head
     # (Cohere, StableLM), or "full" over h*d_k (OLMo-2); None = off

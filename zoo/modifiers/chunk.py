@@ -42,7 +42,9 @@ class Chunk(Modifier):
         if c is None:
             return
         if isinstance(c, bool) or not isinstance(c, int) or not 0 < c < 2**31:
-            raise SpecError(f"chunk={c!r} must be an integer in 1..2**31-1 (positions per chunk; Llama 4: 8192) or None")
+            raise SpecError(
+                f"chunk={c!r} must be an integer in 1..2**31-1 (positions per chunk; Llama 4: 8192) or None"
+            )
         if spec.window is not None:
             raise SpecError(
                 f"chunk={c} with window={spec.window}: a layer has chunks or a sliding window (Llama 4's layers "

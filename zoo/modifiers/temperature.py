@@ -45,10 +45,14 @@ class Temperature(Modifier):
         f, a = spec.temperature_floor, spec.temperature_scale
         if f is None:
             if a != 0.1:
-                raise SpecError(f"temperature_scale={a!r} without temperature_floor: set temperature_floor (Llama 4: 8192)")
+                raise SpecError(
+                    f"temperature_scale={a!r} without temperature_floor: set temperature_floor (Llama 4: 8192)"
+                )
             return
         if isinstance(f, bool) or not isinstance(f, int) or not 0 < f < 2**31:
-            raise SpecError(f"temperature_floor={f!r} must be an integer in 1..2**31-1 (Llama 4's floor_scale: 8192) or None")
+            raise SpecError(
+                f"temperature_floor={f!r} must be an integer in 1..2**31-1 (Llama 4's floor_scale: 8192) or None"
+            )
         if not is_number(a) or not 0 <= a <= 100:
             raise SpecError(f"temperature_scale={a!r} must be a number in [0, 100] (Llama 4's attn_scale: 0.1)")
         if spec.is_cross:
@@ -84,7 +88,8 @@ class Temperature(Modifier):
     def reference_qk(cls, spec: SpecFields, q: Tensor, k: Tensor, p, pos: Tensor) -> tuple[Tensor, Tensor]:
         import math
 
-        f = [1 + spec.temperature_scale * math.log(1 + math.floor((int(i) + 1) / spec.temperature_floor)) for i in pos[0]]
+        a, floor = spec.temperature_scale, spec.temperature_floor
+        f = [1 + a * math.log(1 + math.floor((int(i) + 1) / floor)) for i in pos[0]]
         return q * torch.tensor(f, dtype=torch.float32).to(q.dtype)[:, None], k
 
     @classmethod
@@ -103,5 +108,6 @@ class Temperature(Modifier):
         return (
             f"temperature(floor={f}, scale={m.spec.temperature_scale:g}): q scaled by position",
             err < 1e-6,
-            f"positions 0..{int(pos[-1])}: Q vs Q without it times the written-out factor: max err {err:.1e} (fp32 factor)",
+            f"positions 0..{int(pos[-1])}: Q vs Q without it times the written-out factor: max err {err:.1e} "
+            f"(fp32 factor)",
         )
