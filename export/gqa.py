@@ -10,8 +10,8 @@ the block's weights, with the axis vocabulary as dim names:
                                      each modifier's attributes and inputs (gqa_op),
                                      attention_bias = the modifiers' terms (gqa_bias) + the user mask)
                                                                                      (b t (h dv))
-              -> head_mask, zero rows where no key is allowed (user mask, causal, the modifiers'
-                 terms: gqa_allowed) -> MatMul(+bias) -> y (b t c)
+              -> zero rows where no key is allowed (user mask, causal, the modifiers' terms: gqa_allowed)
+              -> each modifier's nodes on Z (gqa_z) -> head_mask -> MatMul(+bias) -> y (b t c)
 
 The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
 they cannot carry (`gqa_refusal`, which the ort-gqa record reads too); nothing here names one. The op
@@ -142,6 +142,10 @@ class _Graph:
             self._positions = self.cast(self._placed()[0], "float32")
         return self._positions
 
+    def pair_positions(self) -> tuple[str, str]:
+        _, q_pos, k_pos = self._placed()
+        return self.op("Unsqueeze", q_pos, self.ints([2])), self.op("Unsqueeze", k_pos, self.ints([1]))
+
     def distance(self) -> str:
         if self._distance is None:
             _, q_pos, k_pos = self._placed()
@@ -204,8 +208,6 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     q = _linear(g, "x", p.w_q, p.b_q, "q")
     k = _linear(g, "x", p.w_k, p.b_k, "k")
     v = _linear(g, "x", p.w_v, p.b_v, "v")
-    for mod in mods:
-        q, k, v = mod.gqa_qkv(g, q, k, v)
 
     # Lengths and positions. Full sequence: s = t keys at positions 0..t-1. Decode: the cache holds
     # p positions, this call adds t, so s = p + t; with a key_mask (left padding) a row's positions
@@ -246,6 +248,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
         q_pos = last_t(k_pos) if decode else k_pos
     g.place(all_pos, q_pos, k_pos)
+    for mod in mods:  # after the positions: a piece may read them (a query's temperature)
+        q, k, v = mod.gqa_qkv(g, q, k, v)
 
     attrs, op_inputs = _op_parts(mods, g, {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)})
 
@@ -295,6 +299,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
                 allowed = g.op("And", allowed, term)
         has_key = g.op("ReduceMax", g.cast(allowed, "int32"), g.ints([-1]), keepdims=1)
         z = g.op("Where", g.cast(has_key, "bool"), z, g.const(0.0, "zero"))
+    for mod in mods:
+        z = mod.gqa_z(g, "x", z)
     if "head_mask" in names:
         z = per_head(g, z, h, lambda t_: g.op("Mul", t_, g.op("Unsqueeze", "head_mask", g.ints([1, 3]))))
     _linear(g, z, p.w_o, p.b_o, "o", out="y")

@@ -165,3 +165,23 @@ def t5_bias(m: nn.Module, model: nn.Module | None) -> tuple[nn.Module, bool] | N
                 return owners[0].relative_attention_bias, False
             raise HFConversionError(f"{name}: no layer of its stack holds a relative_attention_bias table")
     raise HFConversionError(f"{name} is not inside the {type(model).__name__} given as model=; pass its own model")
+
+
+def llama4_fields(m: nn.Module) -> dict:
+    """Llama 4's layer settings beside its projections, with its config class's defaults: the chunk of a
+    chunked layer (layer_types; without them a rotary layer where attention_chunk_size is set), the weightless
+    QK-norm's eps where the module has one (rotary layers with use_qk_norm), and the query temperature of a
+    NoPE layer (attn_temperature_tuning: floor_scale, attn_scale)."""
+    cfg, out = m.config, {}
+    size = getattr(cfg, "attention_chunk_size", 8192)
+    kinds = getattr(cfg, "layer_types", None)
+    chunked = kinds[m.layer_idx] == "chunked_attention" if kinds else bool(m.use_rope) and size is not None
+    if chunked:
+        out["chunk"] = int(size)
+    norm = getattr(m, "qk_norm", None)
+    if norm is not None:
+        out["qk_l2"] = float(norm.eps)
+    if getattr(cfg, "attn_temperature_tuning", True) and not m.use_rope:
+        out.update(temperature_floor=int(getattr(cfg, "floor_scale", 8192)))
+        out.update(temperature_scale=float(getattr(cfg, "attn_scale", 0.1)))
+    return out

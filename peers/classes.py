@@ -26,6 +26,7 @@ from .checks import (
     falcon_layout,
     fixed_rope,
     flag,
+    llama4_fields,
     mpt_slopes,
     t5_bias,
     t5_context,
@@ -195,6 +196,33 @@ ROWS: tuple[Row, ...] = (
         qk_norm="head",
         window=SLIDING,  # Gemma-3 keeps attn_logit_softcapping in its config but does not apply it
         norm_offset=1.0,
+    ),
+    _like(
+        LLAMA,
+        family="Qwen3-Next",
+        cls="Qwen3NextAttention",
+        covers="its full-attention layers (the linear-attention ones are Qwen3NextGatedDeltaNet, refused)",
+        rope="partial",
+        qk_norm="head",
+        norm_offset=1.0,  # Qwen3NextRMSNorm multiplies by (1 + weight), as Gemma's
+        q_gate=True,  # q_proj: each head [query | gate]; Z * sigmoid(gate) before o_proj
+    ),
+    _like(
+        LLAMA,
+        family="Llama 4",
+        cls="Llama4TextAttention",
+        covers="the whole module: its chunked rotary layers (L2 QK-norm after the complex, i.e. interleaved-pair, "
+        "rotary) and its NoPE layers (query temperature)",
+        rope_interleaved=True,
+        rope_if="use_rope",
+        fields=llama4_fields,
+    ),
+    Row(
+        family="Qwen3-Next",
+        cls="Qwen3NextGatedDeltaNet",
+        refused="Qwen3-Next's linear-attention layer: a gated delta rule over a recurrent state with a causal "
+        "convolution, not softmax attention, so outside the zoo; its full-attention layers (Qwen3NextAttention) "
+        "convert",
     ),
     _like(
         LLAMA,

@@ -72,10 +72,10 @@ def _check_layer(layer: Any) -> int:
 
 
 def model_type(data: dict) -> str | None:
-    """A config dict's model_type, a multimodal Gemma 3's text stack as its own ("gemma3_text")."""
+    """A config dict's model_type, a multimodal Gemma 3's or Llama 4's text stack as its own ("gemma3_text")."""
     kind = data.get("model_type")
-    if kind == "gemma3" and isinstance(data.get("text_config"), dict):
-        return "gemma3_text"
+    if kind in ("gemma3", "llama4") and isinstance(data.get("text_config"), dict):
+        return f"{kind}_text"
     return kind
 
 
@@ -91,8 +91,8 @@ def family_of(data: dict) -> tuple[str, Family]:
 
 def normalized(kind: str, data: dict) -> dict:
     """transformers 5's config fields from an older config.json: rope_parameters, text_config."""
-    if kind == "gemma3_text" and isinstance(data.get("text_config"), dict):
-        data = dict(data["text_config"], model_type="gemma3_text")
+    if kind in ("gemma3_text", "llama4_text") and isinstance(data.get("text_config"), dict):
+        data = dict(data["text_config"], model_type=kind)
     if kind in DEFAULT_TRUE:
         data.setdefault(DEFAULT_TRUE[kind], True)
     return dict(data, rope_parameters=rope_parameters(kind, data), max_position_embeddings=_max_positions(kind, data))
@@ -198,7 +198,7 @@ class Stand:
         if row.qkv is not None:
             lin(row.qkv, (h + 2 * g) * d, c)
         else:
-            lin(row.q, h * d, c)
+            lin(row.q, h * d * (2 if row.q_gate else 1), c)  # Qwen3-Next: each head [query | gate]
             lin(row.k, g * d, c)
             lin(row.v, g * d, c)
         lin(row.out, c, h * d)

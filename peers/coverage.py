@@ -34,9 +34,6 @@ _ZAMBA = "attention from a 2 * hidden_size input to hidden_size (the zoo's block
 REASONS: dict[str, str] = {
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", "longcat_flash", "sarvam_mla"), _MLA),
     "gpt_oss": "attention sinks (a learned per-head logit in each softmax denominator)",
-    "llama4": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
-    "llama4_text": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
-    "qwen3_next": "gated attention output (a per-head sigmoid gate on Z) and linear-attention layers",
     "diffllama": "differential attention (two softmax maps subtracted with a learned lambda)",
     "dbrx": "a fused Wqkv with clip_qkv after the fused projection",
     "hunyuan_v1_dense": "QK-norm after the rotary (the zoo normalizes before it)",

@@ -14,11 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from zoo.errors import HFConversionError
 from zoo.modifiers import alibi_slopes
 
 from . import latent
@@ -118,6 +120,31 @@ def _smollm3(cfg: ConfigView, i: int, attrs: dict) -> dict:
 
 def _exaone4(cfg: ConfigView, i: int, attrs: dict) -> dict:
     return dict(attrs, sliding_window=cfg.get("sliding_window"))
+
+
+def _qwen3_next(cfg: ConfigView, i: int, attrs: dict) -> dict:
+    """Its full-attention layers only: the others are gated delta-rule layers (a recurrent state), outside the zoo."""
+    every = cfg.get("full_attention_interval", 4)
+    n = cfg.num_hidden_layers
+    default = ["full_attention" if (j + 1) % every == 0 else "linear_attention" for j in range(n)]
+    kinds = cfg.get("layer_types") or default
+    if kinds[i] != "full_attention":
+        full = [j for j, k in enumerate(kinds) if k == "full_attention"]
+        raise HFConversionError(
+            f"qwen3_next config: layer {i} is a {kinds[i]} layer (Qwen3NextGatedDeltaNet, a recurrent gated delta "
+            f"rule), outside the zoo; its full-attention layers are {full}"
+        )
+    return attrs
+
+
+def _llama4(cfg: ConfigView, i: int, attrs: dict) -> dict:
+    """use_rope from no_rope_layers (1 = rotary; its config class's default: every 4th layer NoPE), and the
+    weightless QK-norm (its eps) on rotary layers with use_qk_norm."""
+    every = cfg.get("no_rope_layer_interval", 4)
+    n = cfg.num_hidden_layers
+    use_rope = bool((cfg.get("no_rope_layers") or [int((j + 1) % every != 0) for j in range(n)])[i])
+    norm = SimpleNamespace(eps=cfg.get("rms_norm_eps", 1e-5)) if use_rope and cfg.get("use_qk_norm", True) else None
+    return dict(attrs, use_rope=use_rope, **({"qk_norm": norm} if norm is not None else {}))
 
 
 def _plain(cfg: ConfigView, i: int) -> dict:
@@ -239,6 +266,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2Attention", SLIDING, bias=True),
     "qwen2_moe": Family("Qwen2MoeAttention", SLIDING, bias="qkv_bias"),
     "qwen3": Family("Qwen3Attention", SLIDING),
+    "llama4_text": Family("Llama4TextAttention", llama_like(extra=_llama4), theta=500000.0),
+    "qwen3_next": Family("Qwen3NextAttention", llama_like(extra=_qwen3_next), partial=0.25),
     "olmo": Family("OlmoAttention", LLAMA),
     "olmo2": Family("Olmo2Attention", LLAMA),
     "phi": Family("PhiAttention", llama_like(extra=_rotary_ndims), bias=True, partial=0.5),
@@ -298,9 +327,9 @@ FAMILIES: dict[str, Family] = {
 # max_position_embeddings where a config.json leaves it out: its transformers config class's default
 # (5.24), which fills in a scaled rotary's original_max_position_embeddings and yarn's factor; else 2048
 MAX_POSITIONS = {
-    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm"), 131072),
+    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm", "llama4_text"), 131072),
     **dict.fromkeys(("gemma", "gemma2", "cohere", "cohere2"), 8192),
-    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "smollm3"), 32768),
+    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "qwen3_next", "smollm3"), 32768),
     **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron"), 4096),
     "persimmon": 16384,
 }

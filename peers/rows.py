@@ -74,6 +74,7 @@ class Row:
     qkv: str | None = None  # or one fused projection ...
     fused: str | Callable[[nn.Module], str] = "zoo"  # ... in this row layout (FUSED_LAYOUTS), or a function giving it
     out: str = "o_proj"
+    q_gate: bool = False  # q's rows hold each head's [query | output gate] (Qwen3-Next): output_gate
     conv1d: bool = False  # GPT-2's Conv1D (in, out) weights
     c: Get = "config.hidden_size"  # d_model
     h: Get = "config.num_attention_heads"
@@ -104,6 +105,7 @@ class Row:
     rel_buckets: Get = "relative_attention_num_buckets"  # read where rel_bias gives a table
     rel_max_distance: Get = "relative_attention_max_distance"
     checks: tuple[Check, ...] = ()  # configs of this class the zoo refuses
+    fields: Callable[[nn.Module], dict] | None = None  # further spec fields (no weights) read from the module
     latent: Any = None  # latent attention (a peers.latent.LatentRow): its own reader and writer, not q/k/v
 
     def modifiers(self) -> tuple[str, ...]:
@@ -122,7 +124,7 @@ class Row:
             if on is not None:
                 kind = "" if self.qk_norm_kind == "rms" else f" ({self.qk_norm_kind})"
                 mods.append(f"qk_norm={self.qk_norm}{kind}" if name == "qk_norm" else name)
-        return tuple(mods)
+        return tuple(mods) + (("output_gate",) if self.q_gate else ())
 
 
 # -- linear layers -------------------------------------------------------------------------------
@@ -333,9 +335,15 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
     else:
         lins = (value(m, row.q), value(m, row.k), value(m, row.v))
         (wq, bq), (wk, bk), (wv, bv) = (read_linear(lin, row.conv1d) for lin in lins)
+    wg = bg = None
+    if row.q_gate:  # each head's rows [query d | gate d]: the gate's rows are W_G's (zoo/modifiers/gate.py)
+        wq, wg = rearrange(wq, "(h two d) c -> two (h d) c", h=h, two=2)
+        bq, bg = (None, None) if bq is None else rearrange(bq, "(h two d) -> two (h d)", h=h, two=2)
     wo, bo = read_linear(value(m, row.out), row.conv1d)
-    bias, (bq, bk, bv, bo) = complete_biases([bq, bk, bv, bo], [wq, wk, wv, wo])
-    fields: dict = {}
+    gate = [(bg, wg)] if row.q_gate else []
+    bias, (bq, bk, bv, bo, *bg_) = complete_biases([bq, bk, bv, bo, *(b for b, _ in gate)], [wq, wk, wv, wo, wg])
+    bg = bg_[0] if bg_ else None
+    fields: dict = {"output_gate": True} if row.q_gate else {}
     if row.rope is not None and value(m, row.rope_if):
         if callable(row.rope):
             fields.update(row.rope(m, d))
@@ -369,6 +377,8 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
     if held is not None:
         fields.update(rel_buckets=int(value(m, row.rel_buckets)), rel_max_distance=int(value(m, row.rel_max_distance)))
         rel = held[0].weight.detach().clone()
+    if row.fields is not None:
+        fields.update(row.fields(m))
     d_context = value(m, row.context)
     if d_context is not None:
         fields["d_context"] = int(d_context)
@@ -385,6 +395,7 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
     )
     p = Projections(wq, wk, wv, wo, bq, bk, bv, bo, q_norm=q_norm, k_norm=k_norm, alibi_slopes=slopes, rel_bias=rel)
     p.q_norm_bias, p.k_norm_bias = q_norm_bias, k_norm_bias
+    p.w_gate, p.b_gate = (wg, bg) if row.q_gate else (None, None)
     return spec, p
 
 
@@ -417,7 +428,11 @@ def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections, model: nn
             b = _fuse(*(_as_col(x) for x in (p.b_q, p.b_k, p.b_v)), layout, h, g)[:, 0]
         write_linear(value(m, row.qkv), w, b, row.qkv, row.conv1d)
     else:
-        for path, w, b in ((row.q, p.w_q, p.b_q), (row.k, p.w_k, p.b_k), (row.v, p.w_v, p.b_v)):
+        wq, bq, h = p.w_q, p.b_q, spec.heads
+        if row.q_gate:  # the gate's rows back beside each head's query rows
+            wq = rearrange([p.w_q, p.w_gate], "two (h d) c -> (h two d) c", h=h)
+            bq = None if bq is None else rearrange([p.b_q, p.b_gate], "two (h d) -> (h two d)", h=h)
+        for path, w, b in ((row.q, wq, bq), (row.k, p.w_k, p.b_k), (row.v, p.w_v, p.b_v)):
             write_linear(value(m, path), w, b, path, row.conv1d)
     write_linear(value(m, row.out), p.w_o, p.b_o, row.out, row.conv1d)
     if held is not None and held[1]:  # the layer owns the table (T5: every layer of the stack reads it)

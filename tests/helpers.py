@@ -47,6 +47,10 @@ def small_overrides(name: str) -> dict[str, Any]:
         out["window"] = 3
     if s.softcap is not None:
         out["softcap"] = 0.5
+    if s.chunk is not None:  # chunks shorter than the test sequences
+        out["chunk"] = 3
+    if s.temperature_floor is not None:
+        out["temperature_floor"] = 2
     if s.rope_scaling is not None:
         # llama3 / yarn: a pretraining length the positions pass, so every band turns; longrope keeps its
         # own (the tests' splits of a decode would cross its switch, where splits differ by design: its
@@ -98,6 +102,7 @@ FAMILY_PRESETS = frozenset(
         "starcoder2-7b",
         "llama-3.1-8b",
         "phi-3.5-mini",
+        "llama-4-scout",
         "t5-base-encoder",
         "modernbert-base",
         "modernbert-base-local",

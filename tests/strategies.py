@@ -43,7 +43,8 @@ def specs(
 ) -> zoo.AttentionSpec:
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
     causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv, T5's
-    relative buckets, QK-norm (RMS or LayerNorm).
+    relative buckets, QK-norm (RMS or LayerNorm), chunked attention, Llama 4's L2 QK-norm and temperature,
+    the output gate.
     Small, so a forward costs little.
     Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
@@ -69,9 +70,18 @@ def specs(
     # window: self-attention only; on a non-causal block it is symmetric (|i - j| < window).
     if not is_cross:
         fields["window"] = draw(st.one_of(st.none(), st.integers(1, 6)))
+    # chunked attention (Llama 4): self-attention, not with a window; chunks of 1..5 at t, s <= 9
+    if not is_cross and fields["window"] is None:
+        fields["chunk"] = draw(st.one_of(st.none(), st.integers(1, 5)))
     # clip_qkv: small enough that projections of unit inputs hit it.
     fields["clip_qkv"] = draw(st.one_of(st.none(), st.floats(0.05, 3.0)))
     fields.update(draw(qk_norms()))
+    # Llama 4: its weightless QK-norm after the rotary, its query temperature (floors of 1..4 positions)
+    if not is_cross:
+        fields["qk_l2"] = draw(st.sampled_from([None, 1e-5, 0.1]))
+        fields["temperature_floor"] = draw(st.one_of(st.none(), st.integers(1, 4)))
+    # the gated output (Qwen3-Next): a sigmoid gate from x on every head's Z
+    fields["output_gate"] = draw(st.booleans())
     # T5's relative buckets: self-attention only; few buckets and a short max_distance, so that
     # distances up to 8 reach the log-spaced buckets and the last one.
     if not is_cross:
@@ -158,9 +168,12 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         layout=draw(st.sampled_from(["separate", "combined"])),
         bias=draw(st.booleans()),
         causal=True,
-        window=draw(st.one_of(st.none(), st.integers(1, 6))),
+        **draw(st.sampled_from([{}, {"window": 3}, {"window": 6}, {"chunk": 2}, {"chunk": 5}])),
         clip_qkv=draw(st.one_of(st.none(), st.floats(0.05, 3.0))),
         **draw(qk_norms()),
+        output_gate=draw(st.booleans()),
+        qk_l2=draw(st.sampled_from([None, 1e-5])),
+        temperature_floor=draw(st.one_of(st.none(), st.integers(1, 4))),
         **draw(rel_buckets(True)),
         **draw(rotary(d_k, long=False)),
     )

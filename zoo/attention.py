@@ -167,6 +167,7 @@ class MultiHeadAttention(HookPoints, nn.Module):
         z, weights = self.attend(
             q, k, v, allowed, bias, need_weights=need_weights, plain_causal=self._causal_only(mask, positions)
         )
+        z = self.gated(z, x)
         if head_mask is not None:
             z = z * _head_scale(head_mask, z)
         y = self.out_proj(rearrange(z, MERGE_HEADS)) if hook is None else output(z, self.out_proj, hook, MERGE_HEADS)
@@ -195,6 +196,12 @@ class MultiHeadAttention(HookPoints, nn.Module):
             return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=smap, hook=hook)
         z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa, fp32=self.sdpa_fp32)
         return z, None
+
+    def gated(self, z: Tensor, x: Tensor) -> Tensor:
+        """Z (b h t dv) after the modifiers that act on it (the output gate), from x (b t c)."""
+        for mod in self.mods.values():
+            z = mod.z_heads(z, x)
+        return z
 
     # -- incremental decoding ----------------------------------------------------------------
 
@@ -261,6 +268,7 @@ class MultiHeadAttention(HookPoints, nn.Module):
             z = folded_attention(q, k, v, self.spec.scale_, allowed, bias, score_map=score_map(self.mods.values()))
         else:
             z, _ = self.attend(q, k, v, allowed, bias)
+        z = self.gated(z, x)
         y = self.out_proj(rearrange(z, MERGE_HEADS)) if hook is None else output(z, self.out_proj, hook, MERGE_HEADS)
         return y, *present
 

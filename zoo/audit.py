@@ -72,6 +72,7 @@ class _Case:
     attn: Tensor | None = None  # its weights (b h t s)
     z_heads: list[Tensor] = field(default_factory=list)  # the reference Z^(r) (b t dv), r = 0..h-1
     z_merged: Tensor | None = None  # (b t (h dv))
+    z_out: Tensor | None = None  # what W_O reads (b t (h dv)): z_merged after the output gate, if any
 
     def __post_init__(self) -> None:
         self.p = get_projections(self.m)
@@ -265,6 +266,9 @@ def _transpose(c: _Case) -> list[Step]:
         f"Z (b h t dv)={tuple(z_ref.shape)} -> (b t (h dv))={tuple(c.z_merged.shape)}; split(merge(Z)) == Z exactly"
     )
     ok = e_rev == 0.0 and c.z_merged.shape == (b, t, c.s.heads * c.s.d_v_)
+    c.z_out = c.z_merged  # what W_O reads: after the modifiers that act on Z (the output gate)
+    for mod in modifiers.active(c.s):
+        c.z_out = mod.reference_z(c.s, c.z_out, c.x, c.p)
     return [Step("transpose reversed: 'b h t d -> b t (h d)'", ok, detail)]
 
 
@@ -279,7 +283,7 @@ def _w_o(c: _Case) -> list[Step]:
     """8. Verify W_O: (h d_v, d_model) and selected numerical rows."""
     s, p, (b, t, _) = c.s, c.p, c.shape
     w_o_math = p.w_o.T  # (h dv) x c
-    y_ref = _lin(c.z_merged, p.w_o, p.b_o)
+    y_ref = _lin(c.z_out, p.w_o, p.b_o)
     rows = [(0, 0), (b - 1, t - 1), (b // 2, t // 2)]
     e_rows = max(_err(c.y[bi, ti], y_ref[bi, ti]) for bi, ti in rows)
     e_all = _err(c.y, y_ref)
@@ -299,7 +303,7 @@ def _zeroing(c: _Case) -> list[Step]:
     y_zero = m(c.x, c.ctx, c.mask, head_mask=hm)
     w_o_cut = p.w_o.T.clone()
     w_o_cut[j * dv : (j + 1) * dv] = 0
-    y_cut = c.z_merged @ w_o_cut + (0 if p.b_o is None else p.b_o)
+    y_cut = c.z_out @ w_o_cut + (0 if p.b_o is None else p.b_o)
     e_zero = _err(y_zero, y_cut)
     detail = f"head_mask[{j}]=0 vs W_O rows {j * dv}..{(j + 1) * dv - 1} zeroed: max err {e_zero:.1e}"
     ok = e_zero < ATOL

@@ -48,6 +48,9 @@ class Projections:
     kv_a: Tensor | None = None  # ((r + dr), c)
     kv_a_norm: Tensor | None = None  # (r)
     kv_b: Tensor | None = None  # ((h (dk - dr + dv)), r)
+    # the gated output (zoo/modifiers/gate.py): W_G as nn.Linear stores it, rows head-major
+    w_gate: Tensor | None = None  # ((h dv), c)
+    b_gate: Tensor | None = None  # ((h dv))
 
 
 def _require_module(m: object) -> MultiHeadAttention:

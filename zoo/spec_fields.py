@@ -47,6 +47,7 @@ class SpecFields:
     rel_buckets: int | None = None  # T5's learned per-head bias over bucketed key - query distances; None = off
     rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket
     window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
+    chunk: int | None = None  # Llama 4's chunked attention: i sees j iff i // chunk == j // chunk; None = off
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
     # A norm on Q and K: "head" over d_k, one weight (Qwen3), "per_head" over d_k, a weight per head
     # (Cohere, StableLM), or "full" over h*d_k (OLMo-2); None = off
@@ -54,12 +55,18 @@ class SpecFields:
     qk_norm_eps: float = 1e-6  # the norm's epsilon (Qwen3 and OLMo-2 use 1e-6)
     qk_norm_kind: str = "rms"  # "rms" (RMSNorm, the common one) or "layer" (LayerNorm: mean removed; Cohere, Phi)
     qk_norm_bias: bool = False  # LayerNorm's learned bias on Q and K (Persimmon, Phi); RMSNorm has none
+    qk_l2: float | None = None  # Llama 4's weightless QK-norm after the rotary: its eps (1e-5); None = off
+    # Llama 4's attention temperature on NoPE layers: q * (1 + scale * log1p(floor((pos + 1) / floor)))
+    temperature_floor: int | None = None  # its floor_scale (8192); None = off
+    temperature_scale: float = 0.1  # its attn_scale (Llama 4: 0.1)
     clip_qkv: float | None = None  # Q, K, V clamped to [-c, c] after the projections, before QK-norm/RoPE (OLMo, MPT)
     # Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): K and V come up from one RMS-normed latent of this
     # width; each head's first rope_dim query/key dims are the decoupled rotary part (one rotary key for all heads)
     kv_lora_rank: int | None = None  # the KV latent's width (DeepSeek-V3: 512); None = off
     q_lora_rank: int | None = None  # the query's low-rank width under a latent (DeepSeek-V3: 1536); None = plain q_proj
     latent_eps: float = 1e-6  # the latents' RMSNorm epsilon (DeepSeek's rms_norm_eps is 1e-6)
+    # Qwen3-Next's gated output: Z * sigmoid(x W_G + b_G) per head and channel before W_O (W_G: c -> (h dv))
+    output_gate: bool = False
 
     # Resolved values: the defaults above made concrete. Trailing underscore = "resolved".
     @property

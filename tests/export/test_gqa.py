@@ -112,7 +112,7 @@ def test_the_records_limits_are_the_modifiers_own():
 
     limits = RECORDS["ort-gqa"].modifiers
     own = {mod.name: mod for mod in zoo.modifiers.MODIFIERS if mod.gqa_limit is not None}
-    assert set(limits) == set(own) == {"rope", "window", "rel_buckets", "latent"}
+    assert set(limits) == set(own) == {"rope", "window", "rel_buckets", "latent", "qk_l2"}
     for name, mod in own.items():
         assert limits[name].text == mod.gqa_limit.text and limits[name].never == mod.gqa_limit.always
     spec = zoo.spec("phi-2", rope_dim=8)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import hf_cases
 import hf_cases_copies
+import hf_cases_gated
+import hf_cases_llama4
 import hf_cases_long
 import hf_cases_qknorm
 import pytest
@@ -286,6 +288,10 @@ CASES.update({name: Case(**fields) for name, fields in hf_cases_long.CASES.items
 CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.items()})
 # LayerNorm QK-norm (Cohere, StableLM, Persimmon, Phi), at 160 positions (tests/hf_cases_qknorm.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_qknorm.CASES.items()})
+# the gated attention output (Qwen3-Next's full-attention layers), at 160 positions (tests/hf_cases_gated.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_gated.CASES.items()})
+# Llama 4's chunked rotary and NoPE layers, at 160 positions (tests/hf_cases_llama4.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_llama4.CASES.items()})
 
 
 @dataclass
@@ -380,7 +386,7 @@ def test_eager_parity(name):
     assert low <= err <= high, f"{name}: measured {err:.2e}, peers/measured.json says {recorded}"
     # the window, the cap, the clamp, the rope scale and T5's buckets bite at these sizes: the block
     # without them misses the reference
-    for field in ("window", "softcap", "clip_qkv", "rope_scale", "rel_buckets"):
+    for field in ("window", "softcap", "clip_qkv", "rope_scale", "rel_buckets", "chunk", "qk_l2", "temperature_floor"):
         if getattr(block.spec, field) is not None:
             off = {field: None, **({"rel_max_distance": 128} if field == "rel_buckets" else {})}
             without = zoo.heads.build(block.spec.replace(**off), zoo.get_projections(block))
@@ -818,6 +824,28 @@ PRESET_MODULES = {
             rope_theta=1e6,
             sliding_window=4096,
             use_bias=True,
+        ),
+    ),
+    "llama-4-scout": (
+        "llama4",
+        "Llama4TextAttention",
+        "Llama4TextConfig",
+        dict(
+            hidden_size=5120,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            head_dim=128,
+            attention_chunk_size=8192,
+            use_qk_norm=True,
+            rms_norm_eps=1e-5,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            },
         ),
     ),
     "deepseek-v3": (

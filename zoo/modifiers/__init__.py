@@ -1,5 +1,5 @@
-"""Projection, position and score modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, T5's relative
-position buckets, sliding window, logit softcap.
+"""Projection, position, score and output modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, T5's
+relative position buckets, sliding window, chunked attention, logit softcap, the gated output.
 
 Each modifier is one class that says everything about itself:
 
@@ -18,8 +18,9 @@ Each modifier is one class that says everything about itself:
                       qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
                       qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
                       score_allowed / score_bias / score_map   on the (b h t s) scores
+                      z_heads(z, x)                    Z (b h t dv) after attention, before W_O (the gate)
     reference_*     the same math written independently (plain loops, float64) for the audit:
-                      reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed
+                      reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed, reference_z
     audit           its own property check, as an audit step
     gqa_*           what it adds to the hand-built GroupQueryAttention graph (graph.py): nodes on the
                     projected Q/K/V, attributes and inputs of the op, an attention_bias term, a term of
@@ -31,8 +32,9 @@ lives in that lowering's record (export/lowerings/), keyed by the modifier's `na
 
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
 `latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
-`scores` (window, softcap); this package lists them in order of application and re-exports every name, so
-`from zoo.modifiers import X` reaches all of them.
+`scores` (window, softcap), `chunk` (chunked attention), `l2_norm` and `temperature` (Llama 4's weightless
+QK-norm after the rotary and its query temperature), `gate` (the gated output); this package lists
+them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -52,36 +54,45 @@ from .base import (
     relative_positions_audit,
     take_blocks,
 )
+from .chunk import Chunk, same_chunk
 from .clip import ClipQKV
+from .gate import OutputGate
+from .l2_norm import L2Norm, l2_normalize
 from .graph import GraphBuilder, GraphLimit, OpPart, per_head
 from .latent import Latent
 from .qk_norm import QK_NORM_KINDS, QK_NORMS, QKNorm, qk_normalize, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
+from .temperature import Temperature, temperature
 
 __all__ = [
     "MODIFIERS",
     "QK_NORMS",
     "QK_NORM_KINDS",
     "ALiBi",
+    "Chunk",
     "ClipQKV",
     "GraphBuilder",
     "GraphLimit",
+    "L2Norm",
     "Latent",
     "Modifier",
     "OpPart",
+    "OutputGate",
     "PruneRefusal",
     "QKNorm",
     "RelativeBuckets",
     "Rotary",
     "Softcap",
+    "Temperature",
     "Window",
     "active",
     "alibi_slopes",
     "build",
     "check_spec",
     "is_number",
+    "l2_normalize",
     "parameters_added",
     "per_head",
     "prune_refusal",
@@ -90,12 +101,27 @@ __all__ = [
     "relative_distance",
     "relative_positions_audit",
     "rms_norm",
+    "same_chunk",
     "take_blocks",
+    "temperature",
 ]
 
 # The order is the order of application at each stage (the latent's projections first, the clamp on the
 # projections, then QK-norm before RoPE, as every model does).
-MODIFIERS: tuple[type[Modifier], ...] = (Latent, ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
+MODIFIERS: tuple[type[Modifier], ...] = (
+    Latent,
+    ClipQKV,
+    QKNorm,
+    Rotary,
+    L2Norm,
+    Temperature,
+    ALiBi,
+    RelativeBuckets,
+    Window,
+    Chunk,
+    Softcap,
+    OutputGate,
+)
 
 
 def check_spec(spec: SpecFields) -> None:

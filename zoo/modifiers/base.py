@@ -103,6 +103,10 @@ class Modifier(nn.Module):
         """A pointwise map of the scaled scores, before any bias or mask."""
         return scores
 
+    def z_heads(self, z: Tensor, x: Tensor) -> Tensor:
+        """Z (b h t dv) after attention, before head_mask and W_O; x (b t c) the block's input."""
+        return z
+
     # -- the hand-built GroupQueryAttention graph (graph.py; nothing unless overridden) ---------------
 
     # What the graph cannot carry of this modifier, in a few words; None: it carries every value.
@@ -130,6 +134,10 @@ class Modifier(nn.Module):
     def gqa_allowed(self, g: GraphBuilder) -> str | None:
         """A term of the allowed-keys rule after the op, bool (b|1, t, s); None = no opinion."""
         return None
+
+    def gqa_z(self, g: GraphBuilder, x: str, z: str) -> str:
+        """Nodes on the op's output Z (b t (h dv)), before head_mask and W_O; x (b t c) the graph's input."""
+        return z
 
     # -- head state (zoo/heads.py) ------------------------------------------------------------------
 
@@ -195,6 +203,11 @@ class Modifier(nn.Module):
         return None
 
     @classmethod
+    def reference_z(cls, spec: SpecFields, z: Tensor, x: Tensor, p: Any) -> Tensor:
+        """The heads' Z merged (b t (h dv)) -> what W_O reads; x (b t c) the block's input."""
+        return z
+
+    @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
         """(title, ok, detail): a property of this modifier checked on block m (float64) at x (b t c)."""
         raise NotImplementedError
@@ -211,16 +224,19 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
 
 
 def relative_positions_audit(m: nn.Module, x: Tensor, what: str) -> tuple[str, bool, str]:
-    """Only distances matter: every position + 13 gives the same y; reversed positions do not."""
+    """Only distances matter: every position + 13 gives the same y; reversed positions do not. Under chunked
+    attention (absolute chunks) the shift is the next multiple of the chunk, which keeps every chunk whole."""
     t = x.shape[1]
     pos = torch.arange(t)
     y = m(x)
-    e_shift = (m(x, positions=pos + 13) - y).abs().max().item()
+    c = getattr(m.spec, "chunk", None)
+    shift = 13 if c is None else c * -(-13 // c)
+    e_shift = (m(x, positions=pos + shift) - y).abs().max().item()
     e_given = (m(x, positions=pos) - y).abs().max().item()
     tol = max(mod.shift_tolerance for mod in m.mods.values())
     ok = e_shift < tol and e_given < 1e-12
     return (
         f"{what}: relative positions",
         ok,
-        f"positions 0..{t - 1} given vs default {e_given:.1e}; shifted by 13: y moves {e_shift:.1e} (< {tol:g})",
+        f"positions 0..{t - 1} given vs default {e_given:.1e}; shifted by {shift}: y moves {e_shift:.1e} (< {tol:g})",
     )

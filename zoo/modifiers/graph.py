@@ -8,6 +8,7 @@ graph's builder passes in, and names tensors by strings. Its pieces, in the orde
     gqa_bias(g)             a term of its attention_bias, float32 (b|1, h|1, t, s)
     gqa_allowed(g)          a term of the "allowed keys" rule after the op, bool (b|1, t, s): a query
                             row with no allowed key gets Z = 0
+    gqa_z(g, x, z)          nodes on the op's output Z (b t (h dv)) before head_mask and W_O (x: the input)
     gqa_refusal(spec)       "cannot", with the reason; `gqa_limit` says it in a few words for the README
 """
 
@@ -41,6 +42,10 @@ class GraphBuilder(Protocol):
 
     def positions(self) -> str:
         """float32 (s,): the key positions 0..s-1, one row of a rotary cache each."""
+        ...
+
+    def pair_positions(self) -> tuple[str, str]:
+        """int64 (b|1, t, 1) and (b|1, 1, s): each query's and each key's token position."""
         ...
 
     def distance(self) -> str:

@@ -142,10 +142,11 @@ def check(spec: SpecFields, rd: int) -> None:
         v = getattr(spec, name)
         if v is not None and (not is_number(v) or not 0 < v <= 1e6):
             raise SpecError(f"{name}={v!r} must be a positive number (or None for the default)")
-    if kind == "llama3" and _num(spec, "rope_low_freq", 1.0) >= _num(spec, "rope_high_freq", 4.0):
+    # equal factors (Llama 4 Scout: 1.0 and 1.0) leave no band between: every pair is kept or divided
+    if kind == "llama3" and _num(spec, "rope_low_freq", 1.0) > _num(spec, "rope_high_freq", 4.0):
         raise SpecError(
-            f"rope_low_freq={spec.rope_low_freq} must be below rope_high_freq={spec.rope_high_freq} "
-            f"(Llama 3.1: 1.0 and 4.0)"
+            f"rope_low_freq={spec.rope_low_freq} must be at or below rope_high_freq={spec.rope_high_freq} "
+            f"(Llama 3.1: 1.0 and 4.0; Llama 4: 1.0 and 1.0)"
         )
     if spec.rope_truncate is not None and not isinstance(spec.rope_truncate, bool):
         raise SpecError(f"rope_truncate={spec.rope_truncate!r} must be True, False or None")
