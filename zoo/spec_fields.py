@@ -48,6 +48,7 @@ class SpecFields:
     rel_max_distance: int = 128  # T5's max_distance: distances this far or farther share the last bucket
     window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
+    sinks: bool = False  # a learned logit per head that joins each row's softmax denominator (gpt-oss)
     # A norm on Q and K: "head" over d_k, one weight (Qwen3), "per_head" over d_k, a weight per head
     # (Cohere, StableLM), or "full" over h*d_k (OLMo-2); None = off
     qk_norm: str | None = None

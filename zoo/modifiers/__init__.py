@@ -1,5 +1,5 @@
 """Projection, position and score modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, T5's relative
-position buckets, sliding window, logit softcap.
+position buckets, sliding window, logit softcap, attention sinks.
 
 Each modifier is one class that says everything about itself:
 
@@ -18,6 +18,7 @@ Each modifier is one class that says everything about itself:
                       qk_merged(q, k)                  Q (b t (h dk)), K (b s (g dk)), before the split
                       qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
                       score_allowed / score_bias / score_map   on the (b h t s) scores
+                      score_sink()                     a logit per head in the softmax's denominator
     reference_*     the same math written independently (plain loops, float64) for the audit:
                       reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed
     audit           its own property check, as an audit step
@@ -31,8 +32,8 @@ lives in that lowering's record (export/lowerings/), keyed by the modifier's `na
 
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
 `latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
-`scores` (window, softcap); this package lists them in order of application and re-exports every name, so
-`from zoo.modifiers import X` reaches all of them.
+`scores` (window, softcap), `sinks` (gpt-oss's attention sinks); this package lists them in order of
+application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -59,6 +60,7 @@ from .qk_norm import QK_NORM_KINDS, QK_NORMS, QKNorm, qk_normalize, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
+from .sinks import Sinks
 
 __all__ = [
     "MODIFIERS",
@@ -75,6 +77,7 @@ __all__ = [
     "QKNorm",
     "RelativeBuckets",
     "Rotary",
+    "Sinks",
     "Softcap",
     "Window",
     "active",
@@ -96,6 +99,7 @@ __all__ = [
 # The order is the order of application at each stage (the latent's projections first, the clamp on the
 # projections, then QK-norm before RoPE, as every model does).
 MODIFIERS: tuple[type[Modifier], ...] = (Latent, ClipQKV, QKNorm, Rotary, ALiBi, RelativeBuckets, Window, Softcap)
+MODIFIERS += (Sinks,)  # in the softmax's denominator, after every map, bias and mask of the scores
 
 
 def check_spec(spec: SpecFields) -> None:
