@@ -433,6 +433,10 @@ ROWS += (
     ),
 )
 
+# attention sinks (zoo/modifiers/sinks.py): gpt-oss's learned softmax logit per head, alternating sliding and full
+# layers (layer_types), biases on all four projections, yarn-scaled rotary on halves
+ROWS += (_like(LLAMA, family="gpt-oss", cls="GptOssAttention", window=SLIDING, sinks="sinks"),)
+
 
 # Copies under new class names: the same module as the row they copy (checked by a parity case each,
 # tests/hf_cases_copies.py), and the attention layers of hybrid models beside their state-space layers.

@@ -19,6 +19,7 @@ import hf_cases
 import hf_cases_copies
 import hf_cases_long
 import hf_cases_qknorm
+import hf_cases_sinks
 import pytest
 import torch
 from torch import Tensor, nn
@@ -284,6 +285,8 @@ CASES.update({name: Case(**fields) for name, fields in hf_cases_long.CASES.items
 CASES.update({name: Case(**fields) for name, fields in hf_cases_copies.CASES.items()})
 # LayerNorm QK-norm (Cohere, StableLM, Persimmon, Phi), at 160 positions (tests/hf_cases_qknorm.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_qknorm.CASES.items()})
+# attention sinks (gpt-oss), sliding and full layers, at 200 positions (tests/hf_cases_sinks.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_sinks.CASES.items()})
 
 
 @dataclass
