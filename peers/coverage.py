@@ -29,7 +29,6 @@ _MLA = "multi-head latent attention (compressed KV latent, decoupled rotary)"
 _HYBRID = "state-space / recurrent layers beside its attention (outside the zoo)"
 REASONS: dict[str, str] = {
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", "longcat_flash", "sarvam_mla"), _MLA),
-    "gpt_oss": "attention sinks (a learned per-head logit in each softmax denominator)",
     "llama4": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
     "llama4_text": "chunked local attention, NoPE layers with temperature tuning and L2 QK-norm",
     "qwen3_next": "gated attention output (a per-head sigmoid gate on Z) and linear-attention layers",

@@ -98,6 +98,7 @@ FAMILY_PRESETS = frozenset(
         "starcoder2-7b",
         "llama-3.1-8b",
         "phi-3.5-mini",
+        "gpt-oss-20b",
         "t5-base-encoder",
         "modernbert-base",
         "modernbert-base-local",

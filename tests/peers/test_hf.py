@@ -842,6 +842,13 @@ PRESET_MODULES = {
             },
         ),
     ),
+    # GptOssConfig's defaults are gpt-oss-20b's attention values; layer 0 slides (layer_types alternate)
+    "gpt-oss-20b": (
+        "gpt_oss",
+        "GptOssAttention",
+        "GptOssConfig",
+        dict(hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128),
+    ),
 }
 
 
