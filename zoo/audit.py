@@ -198,6 +198,7 @@ def _inside_heads(c: _Case) -> list[Step]:
     for mod in mods:
         q_ref, k_ref = mod.reference_qk(s, q_ref, k_ref, p, pos)
     worst = dict.fromkeys(("scores", "weights", "rowsum", "masked", "empty"), 0.0)
+    sunk = False  # a sink takes a share of each row
     c.z_heads = []
     for r in range(s.heads):
         j = r // s.group_size  # blocked GQA
@@ -210,6 +211,7 @@ def _inside_heads(c: _Case) -> list[Step]:
         al = allowed[:, r]
         has = al.any(-1, keepdim=True)
         sink = next((x for mod in mods if (x := mod.reference_sink(s, r, p)) is not None), None)
+        sunk = sunk or sink is not None
         a = torch.where(has, _softmax(torch.where(has, sc.masked_fill(~al, float("-inf")), 0.0), sink), 0.0)
         c.z_heads.append(a @ v_ref[:, j])
         a_mod = c.attn[:, r]
@@ -236,7 +238,8 @@ def _inside_heads(c: _Case) -> list[Step]:
         Step(
             "per head: mask, softmax rows, masked weights",
             rows_ok and finite,
-            f"row sums - 1{' (less the sink share)' if s.sinks else ''}: {worst['rowsum']:.1e}; masked weights max {worst['masked']:.1e} (must be 0); "
+            f"row sums - 1{' (less the sink share)' if sunk else ''}: {worst['rowsum']:.1e}; "
+            f"masked weights max {worst['masked']:.1e} (must be 0); "
             f"{empty_rows} fully masked rows give weights {worst['empty']:.1e}, y finite: {finite}; "
             f"weights vs reference {worst['weights']:.1e}" + ("; causal" if s.causal else ""),
         ),

@@ -38,9 +38,10 @@ def _gpt_oss_reference(m, x, allowed):
     return z @ p.w_o.T + (0 if p.b_o is None else p.b_o), probs
 
 
-@pytest.mark.parametrize(
-    "kw", [dict(causal=True), dict(causal=True, kv_heads=2, bias=False), dict(causal=False), dict(causal=True, window=3)]
-)
+KINDS = [dict(causal=True), dict(causal=True, kv_heads=2, bias=False), dict(causal=False), dict(causal=True, window=3)]
+
+
+@pytest.mark.parametrize("kw", KINDS)
 def test_sinks_are_gpt_oss_softmax_on_every_kernel(kw):
     m = _block(**kw)
     x = torch.randn(2, 9, 32, dtype=torch.float64)
