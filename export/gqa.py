@@ -57,8 +57,10 @@ GQA_INPUTS = (
     "sin_cache",
     "position_ids",
     "attention_bias",
+    "head_sink",
 )
-MODIFIER_INPUTS = ("cos_cache", "sin_cache", "position_ids")  # the rest are the block's (attention_bias: a sum)
+# the inputs a modifier may fill; the rest are the block's (attention_bias: a sum)
+MODIFIER_INPUTS = ("cos_cache", "sin_cache", "position_ids", "head_sink")
 
 
 def why_not(

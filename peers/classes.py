@@ -461,6 +461,11 @@ ROWS += (
     ),
 )
 
+# attention sinks (zoo/modifiers/sinks.py): gpt-oss's learned softmax logit per head, alternating sliding and full
+# layers (layer_types), biases on all four projections, yarn-scaled rotary on halves
+# (its module is causal whatever use_bidirectional_attention says: no check)
+ROWS += (_like(LLAMA, family="gpt-oss", cls="GptOssAttention", window=SLIDING, sinks="sinks", checks=()),)
+
 
 # Copies under new class names: the same module as the row they copy (checked by a parity case each,
 # tests/hf_cases_copies.py), and the attention layers of hybrid models beside their state-space layers.

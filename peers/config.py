@@ -128,7 +128,7 @@ def rope_parameters(kind: str, data: dict) -> dict:
         params["full_attention"].setdefault("rope_theta", data.get("rope_theta", fam.theta))
         params["sliding_attention"].setdefault("rope_theta", data.get("rope_local_base_freq", 10000.0))
     else:
-        chosen = scaling or given
+        chosen = scaling or given or fam.rope
         params = copy.deepcopy(chosen) if isinstance(chosen, dict) else {}
         partial = data.get(partial_key, fam.partial)
         for p in _rope_dicts(params, data):
@@ -202,6 +202,8 @@ class Stand:
             lin(row.k, g * d, c)
             lin(row.v, g * d, c)
         lin(row.out, c, h * d)
+        if row.sinks is not None:
+            out[row.sinks] = (h,)
         probe = _Standin.make(row, self.cfg, self.attrs, {}, self.family)
         if row.qk_norm is not None and value(probe, row.qk_norm_if):
             for path, n in zip(row.norms, (h, g)):
@@ -213,7 +215,7 @@ class Stand:
         return {
             name[: -len("weight")] + "bias": (shape[-1] if self.row.conv1d else shape[0],)
             for name, shape in self.shapes().items()
-            if not any(name.startswith(n + ".") for n in self.row.norms)
+            if name.endswith(".weight") and not any(name.startswith(n + ".") for n in self.row.norms)
         }
 
 
@@ -369,6 +371,8 @@ class _Standin:
                 parent.__dict__.setdefault(p, _Part(None, None, 0.0))
                 parent = parent.__dict__[p]
             parent.__dict__[last] = node
+        if row.sinks is not None and row.sinks in tensors:  # a parameter, not a module
+            obj.__dict__[row.sinks] = tensors[row.sinks]
         return obj
 
 

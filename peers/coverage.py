@@ -33,7 +33,6 @@ _MLA = "multi-head latent attention (compressed KV latent, decoupled rotary)"
 _ZAMBA = "attention from a 2 * hidden_size input to hidden_size (the zoo's block maps d_model to d_model)"
 REASONS: dict[str, str] = {
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", "longcat_flash", "sarvam_mla"), _MLA),
-    "gpt_oss": "attention sinks (a learned per-head logit in each softmax denominator)",
     "diffllama": "differential attention (two softmax maps subtracted with a learned lambda)",
     "dbrx": "a fused Wqkv with clip_qkv after the fused projection",
     "hunyuan_v1_dense": "QK-norm after the rotary (the zoo normalizes before it)",

@@ -241,6 +241,8 @@ class Family:
     theta: float = 10000.0
     partial: float | None = None
     rope_keys: tuple[str, str] = ("rope_theta", "partial_rotary_factor")
+    # the rope_parameters its config class fills in where a config.json gives none (gpt-oss: yarn); None: default
+    rope: dict | None = None
 
     def has_bias(self, cfg: ConfigView) -> bool:
         return bool(cfg.get(self.bias, False)) if isinstance(self.bias, str) else self.bias
@@ -251,6 +253,15 @@ class Family:
 
 
 LLAMA = llama_like()
+# GptOssConfig's rope_parameters where a config gives none (transformers 5.24)
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 SLIDING = llama_like(kinds=_from_max_window_layers)
 GPT = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
 
@@ -290,6 +301,8 @@ FAMILIES: dict[str, Family] = {
         partial=0.25,
         rope_keys=("rotary_emb_base", "rotary_pct"),
     ),
+    # attention sinks; layer_types alternate sliding and full where the config leaves them out
+    "gpt_oss": Family("GptOssAttention", llama_like(kinds=_every(None, 2)), theta=150000.0, rope=GPT_OSS_ROPE),
     # latent attention (peers/latent.py): Kimi-K2 ships a deepseek_v3 config
     "deepseek_v3": Family("DeepseekV3Attention", latent.attrs),
     "deepseek_v2": Family("DeepseekV2Attention", latent.attrs),
@@ -327,14 +340,14 @@ FAMILIES: dict[str, Family] = {
 # max_position_embeddings where a config.json leaves it out: its transformers config class's default
 # (5.24), which fills in a scaled rotary's original_max_position_embeddings and yarn's factor; else 2048
 MAX_POSITIONS = {
-    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm", "llama4_text"), 131072),
+    **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm", "llama4_text", "gpt_oss"), 131072),
     **dict.fromkeys(("gemma", "gemma2", "cohere", "cohere2"), 8192),
     **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "qwen3_next", "smollm3"), 32768),
     **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron"), 4096),
     "persimmon": 16384,
 }
 # the keys whose transformers default is True when a config.json leaves them out
-DEFAULT_TRUE = {"gpt_neox": "attention_bias", "opt": "enable_bias"}
+DEFAULT_TRUE = {"gpt_neox": "attention_bias", "opt": "enable_bias", "gpt_oss": "attention_bias"}
 
 # -- copies and the attention of hybrid models (peers/copies.py), read from a config as their family is
 FAMILIES.update(

@@ -104,6 +104,7 @@ class Row:
     rel_bias: Callable[[nn.Module, nn.Module | None], tuple[nn.Module, bool] | None] | None = None
     rel_buckets: Get = "relative_attention_num_buckets"  # read where rel_bias gives a table
     rel_max_distance: Get = "relative_attention_max_distance"
+    sinks: str | None = None  # attention sinks (gpt-oss): the module's per-head softmax logits (h), a dotted path
     checks: tuple[Check, ...] = ()  # configs of this class the zoo refuses
     fields: Callable[[nn.Module], dict] | None = None  # further spec fields (no weights) read from the module
     latent: Any = None  # latent attention (a peers.latent.LatentRow): its own reader and writer, not q/k/v
@@ -120,6 +121,7 @@ class Row:
             ("softcap", self.softcap),
             ("qk_norm", self.qk_norm),
             ("clip_qkv", self.clip_qkv),
+            ("sinks", self.sinks),
         ):
             if on is not None:
                 kind = "" if self.qk_norm_kind == "rms" else f" ({self.qk_norm_kind})"
@@ -379,6 +381,10 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
         rel = held[0].weight.detach().clone()
     if row.fields is not None:
         fields.update(row.fields(m))
+    sinks = None
+    if row.sinks is not None:
+        fields["sinks"] = True
+        sinks = value(m, row.sinks).detach().clone()
     d_context = value(m, row.context)
     if d_context is not None:
         fields["d_context"] = int(d_context)
@@ -394,7 +400,7 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
         **fields,
     )
     p = Projections(wq, wk, wv, wo, bq, bk, bv, bo, q_norm=q_norm, k_norm=k_norm, alibi_slopes=slopes, rel_bias=rel)
-    p.q_norm_bias, p.k_norm_bias = q_norm_bias, k_norm_bias
+    p.q_norm_bias, p.k_norm_bias, p.sinks = q_norm_bias, k_norm_bias, sinks
     p.w_gate, p.b_gate = (wg, bg) if row.q_gate else (None, None)
     return spec, p
 
@@ -437,6 +443,8 @@ def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections, model: nn
     write_linear(value(m, row.out), p.w_o, p.b_o, row.out, row.conv1d)
     if held is not None and held[1]:  # the layer owns the table (T5: every layer of the stack reads it)
         held[0].weight.copy_(p.rel_bias)
+    if row.sinks is not None and p.sinks is not None:
+        value(m, row.sinks).copy_(p.sinks)
     if row.qk_norm is not None and p.q_norm is not None:
         for path, weight, bias in zip(row.norms, (p.q_norm, p.k_norm), (p.q_norm_bias, p.k_norm_bias)):
             write_norm(row, value(m, path), weight, bias, path)

@@ -103,6 +103,7 @@ FAMILY_PRESETS = frozenset(
         "llama-3.1-8b",
         "phi-3.5-mini",
         "llama-4-scout",
+        "gpt-oss-20b",
         "t5-base-encoder",
         "modernbert-base",
         "modernbert-base-local",

@@ -44,7 +44,7 @@ def specs(
     """A valid AttentionSpec: widths, heads, kv heads dividing heads, d_k/d_v, layout, bias,
     causal (self-attention only), cross-attention, scale, window (causal or symmetric), clip_qkv, T5's
     relative buckets, QK-norm (RMS or LayerNorm), chunked attention, Llama 4's L2 QK-norm and temperature,
-    the output gate.
+    the output gate, attention sinks.
     Small, so a forward costs little.
     Head sizes include multiples of 8 and the sizes fused kernels refuse (4, 12, 20)."""
     heads = draw(st.integers(1, 4))
@@ -90,6 +90,8 @@ def specs(
     d_k_resolved = d_k if d_k is not None else d_model // heads
     if not is_cross and d_k_resolved % 2 == 0:
         fields.update(draw(rotary(d_k_resolved, long=True)))
+    # attention sinks: a fresh block's logits are unit normals, so the sink takes a share that bites
+    fields["sinks"] = draw(st.booleans())
     return zoo.AttentionSpec(**fields)
 
 
@@ -176,6 +178,7 @@ def decode_specs(draw) -> zoo.AttentionSpec:
         temperature_floor=draw(st.one_of(st.none(), st.integers(1, 4))),
         **draw(rel_buckets(True)),
         **draw(rotary(d_k, long=False)),
+        sinks=draw(st.booleans()),
     )
 
 

@@ -3,7 +3,8 @@ the NaN-safe softmax, then A V.
 
     scores = Q K^T * scale               (b h t s)
     scores = map(scores) + bias           map: softcap (on the scaled scores, before any bias or mask)
-    A = softmax_s(scores | allowed)       a disallowed key gets -inf; a row with none allowed gets A = 0
+    A = softmax_s(scores | allowed)       a disallowed key gets -inf; a row with none allowed gets A = 0;
+                                          a sink (a logit per head) joins the denominator with no value
     Z = A V                               (b h t dv)
 
 Three kernels share it:
@@ -14,7 +15,8 @@ Three kernels share it:
 
 The rules every path calls: `causal_allowed` (a query reads keys at or before it), `key_positions` and
 `real_keys` (the key_mask rule: a row's positions count its real keys only, padding is never read),
-`position_scores` (what the modifiers make of positions) and `both` (masks meet, biases add).
+`position_scores` (what the modifiers make of positions), `score_map` and `score_sink` (what they make of
+the scores and the softmax) and `both` (masks meet, biases add).
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ def position_scores(
     return allowed, bias
 
 
+def score_sink(mods: Iterable[Modifier]) -> Tensor | None:
+    """The logit per head (1, h, 1, 1) that joins every row's softmax denominator (attention sinks), or None."""
+    sinks = [sink for mod in mods if (sink := mod.score_sink()) is not None]
+    return sinks[0] if sinks else None  # one modifier (zoo/modifiers/sinks.py) has one
+
+
 def score_map(mods: Iterable[Modifier]) -> ScoreMap | None:
     """The modifiers' maps of the scaled scores SDPA cannot express, applied in their order; None if none."""
     maps = [mod.score_map for mod in mods if mod.needs_explicit]
@@ -112,12 +120,19 @@ def _upcast(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, bool]:
 
 
 def _weights(
-    scores: Tensor, score_map: ScoreMap | None, bias: Tensor | None, allowed: Tensor | None, hook=None
+    scores: Tensor,
+    score_map: ScoreMap | None,
+    bias: Tensor | None,
+    allowed: Tensor | None,
+    hook=None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """A from the scaled scores: the score map, the bias, the mask, then the NaN-safe softmax.
 
     The softmax is written out so that a row with no allowed key (all -inf) gives exp(-inf) = 0
-    everywhere and 0 / max(0, tiny) = 0 rather than 0 / 0 = NaN.
+    everywhere and 0 / max(0, tiny) = 0 rather than 0 / 0 = NaN. A sink (b|1, h, t|1, 1), finite, is one
+    more logit in each row's max and denominator (transformers' gpt-oss: a column appended, then dropped):
+    the denominator is then at least 1, and a row with no allowed key gives 0 / 1 = 0.
     """
     if score_map is not None:
         scores = score_map(scores)
@@ -129,6 +144,11 @@ def _weights(
         scores = hook("scores", scores)
     finfo = torch.finfo(scores.dtype)
     row_max = scores.amax(dim=-1, keepdim=True).clamp_min(finfo.min)
+    if sink is not None:
+        sink = sink.to(scores.dtype)
+        row_max = torch.maximum(row_max, sink)
+        e = torch.exp(scores - row_max)
+        return e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink - row_max))
     e = torch.exp(scores - row_max)
     return e / e.sum(dim=-1, keepdim=True).clamp_min(finfo.tiny)
 
@@ -146,12 +166,13 @@ def explicit_attention(
     *,
     score_map: ScoreMap | None = None,
     hook=None,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Q (b h t dk), K (b h s dk), V (b h s dv) -> Z (b h t dv) and A (b h t s), materializing the scores.
-    hook: a zoo.hooks.HookRun, called at "scores" and "pattern"."""
+    hook: a zoo.hooks.HookRun, called at "scores" and "pattern". sink: (1, h, 1, 1) or None."""
     q, k, low_precision = _upcast(q, k)
     scores = torch.einsum("b h t d, b h s d -> b h t s", q * scale, k)
-    weights = _weights(scores, score_map, bias, allowed, hook)
+    weights = _weights(scores, score_map, bias, allowed, hook, sink)
     if low_precision:
         weights = weights.to(v.dtype)
     if hook is not None:  # the named location "pattern" (zoo/hooks.py)
@@ -215,18 +236,20 @@ def folded_attention(
     bias: Tensor | None,
     *,
     score_map: ScoreMap | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """Q (b h t dk), K (b g n dk), V (b g n dv) -> Z (b h t dv), reading each kv head once.
 
-    allowed (b|1, h|1, t|1, n) and bias (b|1, h|1, t|1, n) are per head; the scores, mask and
-    softmax are the explicit path's, on the folded layout (b g (r t) n).
+    allowed (b|1, h|1, t|1, n), bias (b|1, h|1, t|1, n) and sink (1, h, 1, 1) are per head; the scores,
+    mask and softmax are the explicit path's, on the folded layout (b g (r t) n).
     """
     h, t = q.shape[1], q.shape[2]
     r = h // k.shape[1]
     q, k, low_precision = _upcast(q, k)
     scores = torch.matmul(rearrange(q * scale, FOLD, r=r), k.transpose(-1, -2))  # (b g (r t) n)
     folded_bias = None if bias is None else _fold_heads(bias, h, r, t)
-    weights = _weights(scores, score_map, folded_bias, _fold_heads(allowed, h, r, t))
+    folded_sink = None if sink is None else _fold_heads(sink, h, r, t)
+    weights = _weights(scores, score_map, folded_bias, _fold_heads(allowed, h, r, t), sink=folded_sink)
     if low_precision:
         weights = weights.to(v.dtype)
     return rearrange(torch.matmul(weights, v), UNFOLD, r=r)  # (b g (r t) dv) -> (b h t dv)

@@ -35,6 +35,7 @@ from .attend import (
     real_keys,
     repeat_kv,
     score_map,
+    score_sink,
 )
 from .cache import GrowingCache, KVCache, StaticBuffers, StaticCache
 from .errors import InputError, InputTypeError
@@ -186,14 +187,15 @@ class MultiHeadAttention(HookPoints, nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Q (b h t dk), K (b g s dk), V (b g s dv) -> Z (b h t dv) and, on the explicit path, A (b h t s)."""
         s = self.spec
-        smap = score_map(self.mods.values())
+        smap, sink = score_map(self.mods.values()), score_sink(self.mods.values())
         hook = self.hook
-        explicit = need_weights or not self.fused or smap is not None or (hook is not None and hook.explicit)
+        explicit = need_weights or not self.fused or smap is not None or sink is not None
+        explicit = explicit or (hook is not None and hook.explicit)
         gqa = s.group_size > 1 and self.share_kv and not explicit
         if s.group_size > 1 and not gqa:  # blocked GQA: query head r reads kv head r // group_size
             k, v = repeat_kv(k, s.group_size), repeat_kv(v, s.group_size)
         if explicit:
-            return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=smap, hook=hook)
+            return explicit_attention(q, k, v, s.scale_, allowed, bias, score_map=smap, hook=hook, sink=sink)
         z = fused_attention(q, k, v, s.scale_, allowed, bias, causal_only=plain_causal, gqa=gqa, fp32=self.sdpa_fp32)
         return z, None
 
@@ -265,7 +267,9 @@ class MultiHeadAttention(HookPoints, nn.Module):
             kernel = "folded" if cache.folded else "fused" if self.fused else "explicit"
             z = latent.absorbed(q, k, v, allowed, bias, kernel=kernel, fp32=self.sdpa_fp32)
         elif cache.folded and (hook is None or not hook.explicit):
-            z = folded_attention(q, k, v, self.spec.scale_, allowed, bias, score_map=score_map(self.mods.values()))
+            mods = self.mods.values()
+            smap, sink = score_map(mods), score_sink(mods)
+            z = folded_attention(q, k, v, self.spec.scale_, allowed, bias, score_map=smap, sink=sink)
         else:
             z, _ = self.attend(q, k, v, allowed, bias)
         z = self.gated(z, x)

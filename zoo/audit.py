@@ -199,6 +199,7 @@ def _inside_heads(c: _Case) -> list[Step]:
     for mod in mods:
         q_ref, k_ref = mod.reference_qk(s, q_ref, k_ref, p, pos)
     worst = dict.fromkeys(("scores", "weights", "rowsum", "masked", "empty"), 0.0)
+    sunk = False  # a sink takes a share of each row
     c.z_heads = []
     for r in range(s.heads):
         j = r // s.group_size  # blocked GQA
@@ -210,17 +211,20 @@ def _inside_heads(c: _Case) -> list[Step]:
             sc = sc if bias is None else sc + bias.to(sc.dtype)
         al = allowed[:, r]
         has = al.any(-1, keepdim=True)
-        a = torch.where(has, torch.softmax(torch.where(has, sc.masked_fill(~al, float("-inf")), 0.0), -1), 0.0)
+        sink = next((x for mod in mods if (x := mod.reference_sink(s, r, p)) is not None), None)
+        sunk = sunk or sink is not None
+        a = torch.where(has, _softmax(torch.where(has, sc.masked_fill(~al, float("-inf")), 0.0), sink), 0.0)
         c.z_heads.append(a @ v_ref[:, j])
         a_mod = c.attn[:, r]
         worst["weights"] = max(worst["weights"], _err(a_mod, a))
-        rows = a_mod.sum(-1)[has[..., 0]]
-        worst["rowsum"] = max(worst["rowsum"], _err(rows, torch.ones_like(rows)))
+        rows = a_mod.sum(-1)[has[..., 0]]  # 1, less the share a sink takes
+        want = torch.ones_like(rows) if sink is None else a.sum(-1)[has[..., 0]]
+        worst["rowsum"] = max(worst["rowsum"], _err(rows, want))
         worst["masked"] = max(worst["masked"], a_mod[~al].abs().max().item() if (~al).any() else 0.0)
         worst["empty"] = max(worst["empty"], a_mod[~has[..., 0]].abs().max().item() if (~has).any() else 0.0)
         # The module does not expose its logits; the softmax without a user mask pins the
         # scale and Q K^T (up to a per-row constant, which a softmax cannot see anyway).
-        a_plain = torch.softmax(sc.masked_fill(~builtin, float("-inf")), -1)
+        a_plain = _softmax(sc.masked_fill(~builtin, float("-inf")), sink)
         worst["scores"] = max(worst["scores"], _err(a_plain, a_nomask[:, r]))
     finite = bool(torch.isfinite(c.y).all())
     empty_rows = int((~allowed.any(-1)).sum())
@@ -235,11 +239,20 @@ def _inside_heads(c: _Case) -> list[Step]:
         Step(
             "per head: mask, softmax rows, masked weights",
             rows_ok and finite,
-            f"row sums - 1: {worst['rowsum']:.1e}; masked weights max {worst['masked']:.1e} (must be 0); "
+            f"row sums - 1{' (less the sink share)' if sunk else ''}: {worst['rowsum']:.1e}; "
+            f"masked weights max {worst['masked']:.1e} (must be 0); "
             f"{empty_rows} fully masked rows give weights {worst['empty']:.1e}, y finite: {finite}; "
             f"weights vs reference {worst['weights']:.1e}" + ("; causal" if s.causal else ""),
         ),
     ]
+
+
+def _softmax(scores: Tensor, sink: float | None) -> Tensor:
+    """The softmax over keys (b t s); a sink is one more column of logits, dropped after the softmax."""
+    if sink is None:
+        return torch.softmax(scores, -1)
+    column = torch.full_like(scores[..., :1], sink)
+    return torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1]
 
 
 def _layouts(c: _Case) -> list[Step]:

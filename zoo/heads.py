@@ -40,6 +40,7 @@ class Projections:
     k_norm_bias: Tensor | None = None
     alibi_slopes: Tensor | None = None
     rel_bias: Tensor | None = None  # T5's relative bias table (buckets, h)
+    sinks: Tensor | None = None  # attention sinks: one softmax logit per query head (h)
     # latent attention (zoo/modifiers/latent.py): its projections as nn.Linear stores them; w_k and w_v then
     # have no rows, and w_q none either when the query has its low rank (q_a, q_b)
     q_a: Tensor | None = None  # (rq, c)

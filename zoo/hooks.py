@@ -4,7 +4,7 @@
     k        (b g s dk)   the same; in a decode step, over the whole cache (a static cache: its capacity)
     v        (b g s dv)
     scores   (b h t s)    Q K^T * scale, the score map (softcap), bias and mask (-inf); before the softmax
-    pattern  (b h t s)    A = softmax(scores); rows sum to 1 (a row with no allowed key: 0)
+    pattern  (b h t s)    A = softmax(scores); rows sum to 1 (a row with no allowed key: 0; a sink takes a share)
     z        (b h t dv)   A V, after head_mask: what W_O reads
     result   (b t h c)    head r's own share of the output, z_r W_O^(r); sum over h + W_O's bias = y
     out      (b t c)      y

@@ -49,6 +49,7 @@ class SpecFields:
     window: int | None = None  # |i - j| < window: causal, `window` keys with itself (HF); else symmetric (ModernBERT)
     chunk: int | None = None  # Llama 4's chunked attention: i sees j iff i // chunk == j // chunk; None = off
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) after scaling, before masks (Gemma-2)
+    sinks: bool = False  # a learned logit per head that joins each row's softmax denominator (gpt-oss)
     # A norm on Q and K: "head" over d_k, one weight (Qwen3), "per_head" over d_k, a weight per head
     # (Cohere, StableLM), or "full" over h*d_k (OLMo-2); None = off
     qk_norm: str | None = None

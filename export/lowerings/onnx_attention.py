@@ -27,6 +27,7 @@ LOWERING = Lowering(
         "softcap": Limit(
             "the ONNX Attention op applies its softcap after the mask (a masked score becomes -cap, not -inf), "
             "Gemma-2 caps before masking"
-        )
+        ),
+        "sinks": Limit("the ONNX Attention op (opset 23 to 25) has no input for a per-head sink logit"),
     },
 )

@@ -158,3 +158,25 @@ def test_layernorm_qk_norm_is_layer_normalization_nodes(tmp_path, norm, bias):
     x = torch.randn(2, 9, 128)
     y = OnnxSession(r.path, provider="cpu", verbose=False).run(x)
     torch.testing.assert_close(torch.as_tensor(y), block(x), rtol=1e-4, atol=1e-5)
+
+
+def test_sinks_are_the_ops_head_sink_input(tmp_path):
+    """Attention sinks (gpt-oss) go into GroupQueryAttention's `head_sink` input (onnxruntime 1.31: "a smooth
+    factor adding to the denominator of softmax", per head): exact against eager, full sequence with a
+    query row that has no allowed key, and decode with the growing and the static cache."""
+    from export.parity import check_decode
+
+    torch.manual_seed(0)
+    block = zoo.create("gqa", d_model=64, heads=4, kv_heads=2, causal=True, window=5, rope_theta=1e4, sinks=True)
+    with torch.no_grad():
+        block.mods["sinks"].logits.mul_(3.0)
+    block.eval()
+    x = torch.randn(2, 11, 64)
+    sess = _run(tmp_path, block, x, with_mask=True)
+    mask = torch.ones(2, 11, 11, dtype=torch.bool)
+    mask[1, 4] = False  # a query row with no allowed key: Z = 0
+    y = torch.as_tensor(sess.run(x, mask=mask))
+    torch.testing.assert_close(y, block(x, mask=mask[:, None]), rtol=1e-4, atol=1e-5)
+    for cache in ("grow", "static"):
+        row = check_decode(block, "ort-gqa", cache=cache, workdir=tmp_path)
+        assert row.status == "PASS", f"{cache}: {row.reason} (max abs {row.max_abs:.2e})"

@@ -21,6 +21,7 @@ import hf_cases_gated
 import hf_cases_llama4
 import hf_cases_long
 import hf_cases_qknorm
+import hf_cases_sinks
 import pytest
 import torch
 from torch import Tensor, nn
@@ -292,6 +293,8 @@ CASES.update({name: Case(**fields) for name, fields in hf_cases_qknorm.CASES.ite
 CASES.update({name: Case(**fields) for name, fields in hf_cases_gated.CASES.items()})
 # Llama 4's chunked rotary and NoPE layers, at 160 positions (tests/hf_cases_llama4.py)
 CASES.update({name: Case(**fields) for name, fields in hf_cases_llama4.CASES.items()})
+# attention sinks (gpt-oss), sliding and full layers, at 200 positions (tests/hf_cases_sinks.py)
+CASES.update({name: Case(**fields) for name, fields in hf_cases_sinks.CASES.items()})
 
 
 @dataclass
@@ -874,6 +877,13 @@ PRESET_MODULES = {
                 "original_max_position_embeddings": 4096,
             },
         ),
+    ),
+    # GptOssConfig's defaults are gpt-oss-20b's attention values; layer 0 slides (layer_types alternate)
+    "gpt-oss-20b": (
+        "gpt_oss",
+        "GptOssAttention",
+        "GptOssConfig",
+        dict(hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128),
     ),
 }
 

@@ -25,6 +25,7 @@ def test_no_bias_formula_from_the_design(name):
     expected += norm * (2 if s.qk_norm_bias else 1)
     # T5's relative bias table: one learned value per bucket and head
     expected += (s.rel_buckets or 0) * h
+    expected += h if s.sinks else 0  # attention sinks: one logit per query head
     if s.kv_lora_rank is not None:  # latent attention: no W_K, W_V; K and V (and a low-rank Q) from the latents
         r, dr, rq = s.kv_lora_rank, s.rope_dim, s.q_lora_rank
         expected -= s.d_kv_in * (g * dk + g * dv) + (s.d_model * h * dk if rq else 0)

@@ -59,6 +59,15 @@ FAST = set(_representatives()) | {"mha-causal+clip_qkv"}
 CASES = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in [*ALL_NAMES, "mha-causal+clip_qkv"]]
 
 
+def _softmax(block: zoo.MultiHeadAttention, scores: torch.Tensor) -> torch.Tensor:
+    """pattern from scores: the softmax over keys, with a sink (zoo/modifiers/sinks.py) as one more column."""
+    sink = zoo.attend.score_sink(block.mods.values())
+    if sink is None:
+        return torch.softmax(scores, -1)
+    column = sink.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1]
+
+
 def _case(case: str) -> zoo.MultiHeadAttention:
     if case.endswith("+clip_qkv"):
         torch.manual_seed(0)
@@ -95,7 +104,7 @@ def test_locations_shapes_and_identities(name):
     assert {k: tuple(v.shape) for k, v in cache.items()} == want
     torch.testing.assert_close(y, y0)
     torch.testing.assert_close(cache["out"], y)
-    torch.testing.assert_close(torch.softmax(cache["scores"], -1), cache["pattern"])
+    torch.testing.assert_close(_softmax(block, cache["scores"]), cache["pattern"])
     bias = block.out_proj.bias if block.out_proj.bias is not None else 0
     torch.testing.assert_close(cache["result"].sum(2) + bias, y)
     # cache only what is asked: the fused path stays when neither scores nor pattern is read
@@ -196,7 +205,7 @@ def test_decode_offers_the_locations_for_the_new_positions(name, kind):
     assert tuple(cache["q"].shape) == (B, sp.heads, t, sp.d_k_)
     assert tuple(cache["k"].shape) == (B, sp.kv_heads_, keys, sp.d_k_)
     assert tuple(cache["pattern"].shape) == (B, sp.heads, t, keys)
-    torch.testing.assert_close(torch.softmax(cache["scores"], -1), cache["pattern"])
+    torch.testing.assert_close(_softmax(block, cache["scores"]), cache["pattern"])
     bias = block.out_proj.bias if block.out_proj.bias is not None else 0
     torch.testing.assert_close(cache["result"].sum(2) + bias, y)
 

@@ -1,5 +1,5 @@
 """Projection, position, score and output modifiers: clip_qkv, QK-norm, rotary positions, ALiBi, T5's
-relative position buckets, sliding window, chunked attention, logit softcap, the gated output.
+relative position buckets, sliding window, chunked attention, logit softcap, attention sinks, the gated output.
 
 Each modifier is one class that says everything about itself:
 
@@ -19,6 +19,7 @@ Each modifier is one class that says everything about itself:
                       qk_heads(q, k, q_pos, k_pos)     Q (b h t dk), K (b g s dk), after the split
                       score_allowed / score_bias / score_map   on the (b h t s) scores
                       z_heads(z, x)                    Z (b h t dv) after attention, before W_O (the gate)
+                      score_sink()                     a logit per head in the softmax's denominator
     reference_*     the same math written independently (plain loops, float64) for the audit:
                       reference_qkv, reference_qk, reference_map, reference_bias, reference_allowed, reference_z
     audit           its own property check, as an audit step
@@ -33,8 +34,9 @@ lives in that lowering's record (export/lowerings/), keyed by the modifier's `na
 One module per family: `base` (the protocol, shared helpers), `graph` (the hand-built graph's types),
 `latent` (multi-head latent attention), `clip`, `qk_norm`, `rotary`, `alibi`, `relative` (T5's buckets),
 `scores` (window, softcap), `chunk` (chunked attention), `l2_norm` and `temperature` (Llama 4's weightless
-QK-norm after the rotary and its query temperature), `gate` (the gated output); this package lists
-them in order of application and re-exports every name, so `from zoo.modifiers import X` reaches all of them.
+QK-norm after the rotary and its query temperature), `sinks` (gpt-oss's attention sinks), `gate` (the gated
+output); this package lists them in order of application and re-exports every name, so
+`from zoo.modifiers import X` reaches all of them.
 
 Positions are integers, q_pos (b|1, t) and k_pos (b|1, s); for self-attention they are the
 same tensor (0..t-1 unless the caller gives `positions`).
@@ -65,6 +67,7 @@ from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
 from .temperature import Temperature, temperature
+from .sinks import Sinks
 
 __all__ = [
     "MODIFIERS",
@@ -84,6 +87,7 @@ __all__ = [
     "QKNorm",
     "RelativeBuckets",
     "Rotary",
+    "Sinks",
     "Softcap",
     "Temperature",
     "Window",
@@ -120,6 +124,7 @@ MODIFIERS: tuple[type[Modifier], ...] = (
     Window,
     Chunk,
     Softcap,
+    Sinks,  # in the softmax's denominator, after every map, bias and mask of the scores
     OutputGate,
 )
 

@@ -107,6 +107,11 @@ class Modifier(nn.Module):
         """Z (b h t dv) after attention, before head_mask and W_O; x (b t c) the block's input."""
         return z
 
+    def score_sink(self) -> Tensor | None:
+        """A logit per head (1, h, 1, 1) that joins each row's softmax denominator with a value of zero
+        (attention sinks); None = nothing. SDPA has no input for it: a block with one takes the explicit path."""
+        return None
+
     # -- the hand-built GroupQueryAttention graph (graph.py; nothing unless overridden) ---------------
 
     # What the graph cannot carry of this modifier, in a few words; None: it carries every value.
@@ -195,6 +200,11 @@ class Modifier(nn.Module):
     @classmethod
     def reference_bias(cls, spec: SpecFields, head: int, p: Any, t: int, s: int) -> Tensor | None:
         """An additive bias (t s) on head `head`'s scores, or None."""
+        return None
+
+    @classmethod
+    def reference_sink(cls, spec: SpecFields, head: int, p: Any) -> float | None:
+        """Head `head`'s logit that joins each row's softmax denominator, or None."""
         return None
 
     @classmethod
