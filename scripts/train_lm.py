@@ -129,6 +129,14 @@ def loss_on(model, ids, context: int = CONTEXT) -> float:
 
 
 def train(train_ids: list[int], steps: int, log, seed: int = SEED):
+    """(model, mean loss of the last 50 steps); autograd on whatever the caller's grad mode."""
+    import torch
+
+    with torch.enable_grad():
+        return _train(train_ids, steps, log, seed)
+
+
+def _train(train_ids: list[int], steps: int, log, seed: int):
     import torch
 
     model = build_model(seed)

@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    yield
+    torch.set_grad_enabled(True)  # a bench job run in-process turns autograd off for its own process
 
 
 @pytest.fixture
