@@ -107,16 +107,18 @@ def test_export_script_is_the_cli(tmp_path):
     assert out.is_file() and "float16" in r.stdout
 
 
-def test_help_for_every_command():
-    for cmd in ([], ["list"], ["show"], ["audit"], ["export"], ["run"], ["parity"], ["bench"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "cli", *cmd, "--help"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-        assert r.returncode == 0 and "usage: attnzoo" in r.stdout, (cmd, r.stderr)
+def test_help_for_every_command(capsys):
+    """`python -m cli --help` in a fresh process (the entry point), then every command's --help in this one."""
+    r = subprocess.run([sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and "usage: attnzoo" in r.stdout, r.stderr
+    from cli.main import build_parser, command_parsers
+
+    commands = command_parsers(build_parser())
+    assert {"list", "show", "audit", "export", "run", "parity", "bench", "generate", "heads", "patch"} <= set(commands)
+    for cmd in commands:
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0 and "usage: attnzoo" in capsys.readouterr().out, cmd
 
 
 # -- attnzoo run: sizes past the machine, -s on a self-attention model -------------------------
