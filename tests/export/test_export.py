@@ -239,3 +239,16 @@ def test_torchlib_built_once_gives_the_same_graph(tmp_path):
     again = export_onnx(block, tmp_path / "again.onnx", lowering="decomposed").path  # the kept registry
     assert first.read_bytes() == again.read_bytes()
     assert _registration.ONNXRegistry.__dict__["from_torchlib"] is original
+
+
+def test_layer_qk_norm_in_fp16_loads_and_matches(tmp_path):
+    """A LayerNorm QK-norm (StableLM, Cohere) exported in fp16: ONNX Runtime's LayerNormFusion once made
+    a node of mixed fp16/fp32 inputs from it and refused to load the file."""
+    spec = zoo.AttentionSpec(
+        d_model=16, heads=2, d_k=8, d_v=8, causal=True, qk_norm="head", qk_norm_kind="layer", qk_norm_bias=True
+    )
+    block = zoo.MultiHeadAttention(spec).eval()
+    path = export_onnx(block, tmp_path / "ln16.onnx", lowering="decomposed", dtype="float16").path
+    x = torch.randn(2, 5, 16)
+    y = torch.as_tensor(OnnxSession(path, provider="cpu", verbose=False).run(x.half())).float()
+    torch.testing.assert_close(y, block(x), rtol=2e-2, atol=2e-3)

@@ -29,9 +29,14 @@ def qk_normalize(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, kin
     xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     if kind == "layer":
         xf = xf - xf.mean(-1, keepdim=True)
+        # x * x, not pow(2) (the same number): ONNX Runtime's LayerNormFusion matches the Pow form and, in
+        # an fp16 graph, builds a LayerNormalization node of mixed fp16/fp32 inputs it then refuses to load.
+        square = xf * xf
+    else:
+        square = xf.pow(2)
     # Written as a division, not rsqrt: torch's ONNX optimizer fuses the rsqrt form into an opset-23
     # RMSNormalization node whose fp16 output type fails onnx's checker.
-    y = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = xf / torch.sqrt(square.mean(-1, keepdim=True) + eps)
     y = y * weight.to(y.dtype)
     if bias is not None:
         y = y + bias.to(y.dtype)
