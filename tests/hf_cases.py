@@ -724,12 +724,22 @@ def _cross_like(inner: nn.Module) -> nn.Module:
 
 
 # Classes refused as a whole: class -> a module of it
+def _qwen3_next_linear() -> nn.Module:
+    """Qwen3-Next's gated delta-rule layer (layer 0 of tests/hf_cases_gated.py's model)."""
+    from hf_cases_gated import QWEN3_NEXT
+
+    return model_of("Qwen3NextModel", "Qwen3NextConfig", lambda m: m.layers[0].linear_attn, **QWEN3_NEXT)()[1]
+
+
 REFUSED_CLASSES: dict[str, Callable[[], nn.Module]] = {
     "DiffLlamaAttention": lambda: model_of("DiffLlamaModel", "DiffLlamaConfig", _self_attn, **LLAMA)()[1],
+    "Qwen3NextGatedDeltaNet": _qwen3_next_linear,
 }
 # Every causal LLaMA-style row refuses bidirectional configs; these cases hold one module of each
 BIDIRECTIONAL_CASES = {
     "LlamaAttention": "llama",
+    "Llama4TextAttention": "llama4-chunked",  # tests/hf_cases_llama4.py
+    "Qwen3NextAttention": "qwen3-next",  # tests/hf_cases_gated.py
     "MistralAttention": "mistral",
     "Gemma2Attention": "gemma2-sliding",
     "Qwen3Attention": "qwen3",

@@ -26,11 +26,22 @@ def _inputs(block):
     return x, ctx, s
 
 
+# Modifiers no preset uses, each tested below on a spec of its own: "NAME+MODIFIER" is NAME with these fields.
+OWN_SPECS = {
+    "mha-causal+clip_qkv": dict(clip_qkv=0.5),  # no preset clips
+    "gqa+gate": dict(output_gate=True),  # Qwen3-Next's full-attention layers (tests/hf_cases_gated.py)
+    "mha-causal+temperature": dict(temperature_floor=4, temperature_scale=0.1),  # Llama 4's NoPE layers
+}
+OWN = {name.split("+")[1] for name in OWN_SPECS}
+
+
 def test_every_modifier_kind_is_in_the_registry():
-    """The identities below run on every registered name; each modifier must be active in one."""
+    """The identities below run on every registered name; each modifier must be active in one, or have a
+    spec of its own here (OWN_SPECS)."""
     for mod in MODIFIERS:
-        if mod.name == "clip_qkv":
-            continue  # tested below on a spec of its own (no preset clips)
+        if mod.name in OWN:
+            assert any(mod.active(_case(n).spec) for n in OWN_SPECS), mod.name
+            continue
         assert any(mod.active(zoo.spec(n)) for n in ALL_NAMES), f"no registered name uses the {mod.name} modifier"
 
 
@@ -55,8 +66,8 @@ def _representatives() -> list[str]:
 
 # Every registered name; the default run takes one name per kind (every modifier among them), the
 # rest run with -m slow.
-FAST = set(_representatives()) | {"mha-causal+clip_qkv"}
-CASES = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in [*ALL_NAMES, "mha-causal+clip_qkv"]]
+FAST = set(_representatives()) | set(OWN_SPECS)
+CASES = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in [*ALL_NAMES, *OWN_SPECS]]
 
 
 def _softmax(block: zoo.MultiHeadAttention, scores: torch.Tensor) -> torch.Tensor:
@@ -69,15 +80,15 @@ def _softmax(block: zoo.MultiHeadAttention, scores: torch.Tensor) -> torch.Tenso
 
 
 def _case(case: str) -> zoo.MultiHeadAttention:
-    if case.endswith("+clip_qkv"):
+    if case in OWN_SPECS:
         torch.manual_seed(0)
-        return create(case.removesuffix("+clip_qkv"), clip_qkv=0.5).double().eval()
+        return create(case.split("+")[0], **OWN_SPECS[case]).double().eval()
     return _block(case)
 
 
 def test_the_default_run_covers_every_modifier():
     covered = set().union(*(_kinds(zoo.spec(n)) for n in FAST if "+" not in n))
-    assert {mod.name for mod in MODIFIERS} - {"clip_qkv"} <= covered
+    assert {mod.name for mod in MODIFIERS} - OWN <= covered
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -162,6 +173,8 @@ def test_replacing_the_pattern_changes_only_what_follows(name):
     torch.testing.assert_close(after["pattern"], new)
     v = before["v"].repeat_interleave(block.spec.group_size, dim=1)
     z = torch.einsum("b h t s, b h s d -> b h t d", new, v)
+    for mod in block.mods.values():  # what acts on Z after the attention (the output gate)
+        z = mod.z_heads(z, x)
     torch.testing.assert_close(after["z"], z)
     torch.testing.assert_close(y, block.out_proj(rearrange(z, "b h t d -> b t (h d)")))
 
