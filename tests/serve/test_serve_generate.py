@@ -229,9 +229,21 @@ def test_continuous_batching_gives_each_request_its_own_tokens(sess):
     """Requests join the running batch at its next step (their prompts run alone, their keys copied into
     free rows at the write index): each answer is bit-equal to the request's run alone, and requests
     ran beside others that started before them."""
+    import time
+
     items = _requests(sess, seed=3) * 2
     wants = [_alone(sess, it) for it in items]
+
+    class Paced:  # each step takes at least 5 ms, so that requests sent 3 ms apart overlap on any machine
+        def __getattr__(self, name):
+            return getattr(sess, name)
+
+        def run_with_iobinding(self, binding):
+            time.sleep(0.005)
+            return sess.run_with_iobinding(binding)
+
     batcher = ContinuousBatcher(sess, max_rows=5, capacity=48, wait_s=0.0)
+    batcher.sess = Paced()
     answers = _concurrently(batcher, items, gap_s=0.003)
     for (tokens, timing), want in zip(answers, wants):
         assert not isinstance(tokens, Exception), tokens
