@@ -12,8 +12,9 @@ A job (JSON): {"stage": "build"|"time", "path": PATH, "checkpoint": DIR, "precis
 Timing (stage "time"), the same for every path: `generate(n)` runs the path's own greedy loop from
 the prompt (a fresh cache each call) and returns the n new tokens. W warm-up rounds of generate(1)
 and generate(N), then R rounds of generate(1) (prefill and the first token) and generate(N); the best of each.
-decode ms/token = (best N - best 1) / (N - 1). Peak memory is the worker's peak RSS (ru_maxrss),
-model and runtime included. The one result line on stdout starts with RESULT_MARK.
+decode ms/token = (best N - best 1) / (N - 1). Peak memory is the worker's peak RSS, model and
+runtime included: Linux's VmHWM of its own address space (ru_maxrss survives exec, so it would start at
+the RSS of the bench process that started the worker), ru_maxrss elsewhere. The one result line on stdout starts with RESULT_MARK.
 """
 
 from __future__ import annotations
@@ -206,8 +207,20 @@ def time_path(job: dict) -> dict:
         "prefill_s": best_one,
         "decode_ms_per_token": (best_all - best_one) / (n - 1) * 1e3 if n > 1 else None,
         "tokens_per_s": n / best_all,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,  # KiB on Linux
+        "peak_rss_mb": _peak_rss_mb(),
     }
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS in MB: /proc/self/status VmHWM (this address space only), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1e3  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KiB on Linux, bytes on macOS
 
 
 def main(argv: list[str]) -> int:
