@@ -196,7 +196,13 @@ _WRAPPERS: tuple[Row, ...] = (
     ),
 )
 
-MORE_COPIES: tuple[Row, ...] = _LLAMA_COPIES + _HYBRID_ROWS + _ENCODER_COPIES + _WRAPPERS
+# -- Granite with gpt-oss's attention sinks (zoo/modifiers/sinks.py) and a window on its sliding layers
+_SINKS: tuple[Row, ...] = (
+    _like(LLAMA, family="Granite-SWA", cls="GraniteSWAAttention", window=SLIDING, sinks="sinks"),
+    _like(LLAMA, family="Granite-MoE-SWA", cls="GraniteMoeSWAAttention", window=SLIDING, sinks="sinks"),
+)
+
+MORE_COPIES: tuple[Row, ...] = _LLAMA_COPIES + _HYBRID_ROWS + _ENCODER_COPIES + _WRAPPERS + _SINKS
 ROWS: tuple[Row, ...] = FAMILY_ROWS + MORE_COPIES
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
 

@@ -41,7 +41,7 @@ REASONS: dict[str, str] = {
     **dict.fromkeys(("zamba", "zamba2"), _ZAMBA),
     "nanochat": "QK-norm after the rotary (the zoo normalizes before it), weightless",
     **dict.fromkeys(
-        ("granite_swa", "granitemoe_swa", "flint", "mimo_v2_flash"),
+        ("flint", "mimo_v2_flash"),
         "attention sinks (a learned per-head logit in each softmax denominator)",
     ),
     "ministral3": "a query scale growing with log position (Llama 4's llama_4_scaling_beta)",

@@ -740,6 +740,8 @@ BIDIRECTIONAL_CASES = {
     "LlamaAttention": "llama",
     "Llama4TextAttention": "llama4-chunked",  # tests/hf_cases_llama4.py
     "Qwen3NextAttention": "qwen3-next",  # tests/hf_cases_gated.py
+    "GraniteSWAAttention": "granite-swa",  # tests/hf_cases_copies.py
+    "GraniteMoeSWAAttention": "granitemoe-swa",
     "MistralAttention": "mistral",
     "Gemma2Attention": "gemma2-sliding",
     "Qwen3Attention": "qwen3",

@@ -54,6 +54,14 @@ CASES: dict[str, dict] = {
     # Apertus' config defaults to llama3 rope scaling (factor 8 from 8192)
     "apertus": _case("ApertusModel", "ApertusConfig", {"qk_norm": "head", "rope_scaling": "llama3"}),
     "olmoe": _case("OlmoeModel", "OlmoeConfig", {"qk_norm": "full"}, num_experts=2, num_experts_per_tok=1),
+    "granite-swa": _case(
+        "GraniteSWAModel", "GraniteSWAConfig", {"window": WINDOW, "sinks": True, "scale": 0.1}, **SLIDE,
+        attention_multiplier=0.1,
+    ),
+    "granitemoe-swa": _case(
+        "GraniteMoeSWAModel", "GraniteMoeSWAConfig", {"window": WINDOW, "sinks": True, "scale": 0.1}, **SLIDE,
+        attention_multiplier=0.1, num_local_experts=2, num_experts_per_tok=1,
+    ),
     "olmo3-sliding": _case("Olmo3Model", "Olmo3Config", {"qk_norm": "full", "window": WINDOW}, **SLIDE),
     "vaultgemma-sliding": _case(
         "VaultGemmaModel", "VaultGemmaConfig", {"window": WINDOW, "softcap": 1.5}, head_dim=16,
