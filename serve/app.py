@@ -31,7 +31,7 @@ from .protocol import (
     failure_answer,
     rows_of,
 )
-from .replica import open_session, replica_grpc_on_loopback
+from .replica import answer_get, open_session, read_body, replica_grpc_on_loopback, request_path, timing_headers
 
 # -- the Ray Serve deployment ------------------------------------------------------------------
 
@@ -88,32 +88,17 @@ class OnnxServer:
         )(self._run_items)
 
     async def __call__(self, request):
-        from starlette.responses import JSONResponse, PlainTextResponse, Response
+        from starlette.responses import PlainTextResponse, Response
 
-        # Below a route prefix ("/decode"), Serve passes the prefix as the ASGI root_path.
-        path = request.url.path
-        root = (request.scope.get("root_path") or "").rstrip("/")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        path = path.rstrip("/") or "/"
+        path = request_path(request)
         if request.method == "GET":
-            if path.endswith("/healthz"):
-                return PlainTextResponse("ok")
-            if path == "/" or path.endswith("/metadata"):
-                return JSONResponse({**self.meta, "replica": self.replica})
-            return PlainTextResponse(f"no such path {path}; GET /healthz or /metadata, POST /predict", 404)
+            return answer_get(path, self.meta, self.replica, "/predict")
         if request.method != "POST":
             return PlainTextResponse(f"method {request.method} is not served; POST a request", 405)
         if not (path == "/" or path.endswith("/predict")):
             return PlainTextResponse(f"no such path {path}; POST to / or /predict", 404)
         try:
-            declared = request.headers.get("content-length") or "0"
-            size = int(declared) if declared.isdigit() else 0  # a bad header: the body's length decides
-            if size > self.max_body:
-                raise RequestError(f"the body is {size} bytes; this server takes at most {self.max_body}", 413)
-            body = await request.body()
-            if len(body) > self.max_body:
-                raise RequestError(f"the body is {len(body)} bytes; this server takes at most {self.max_body}", 413)
+            body = await read_body(request, self.max_body)
             item = decode_request(
                 body, request.headers.get("content-type", ""), self.info, request.headers.get("accept", "")
             )
@@ -127,9 +112,7 @@ class OnnxServer:
             body, kind = encode_response(item, outputs, self.info.outputs)
         except RequestError as e:
             return PlainTextResponse(str(e), e.status)
-        headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
-        headers["x-attnzoo-replica"] = self.replica
-        return Response(body, media_type=kind, headers=headers)
+        return Response(body, media_type=kind, headers=timing_headers(timing, self.replica))
 
     async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...] | Exception, dict[str, float]]]:
         started = time.perf_counter()

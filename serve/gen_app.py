@@ -18,7 +18,14 @@ from .gen_protocol import (
     encode_tokens,
 )
 from .protocol import failure_answer
-from .replica import open_session, replica_grpc_on_loopback
+from .replica import (
+    answer_get,
+    open_session,
+    read_body,
+    replica_grpc_on_loopback,
+    request_path,
+    timing_headers,
+)
 from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError
 
 
@@ -87,33 +94,15 @@ class GenerateServer:
     async def __call__(self, request):
         from starlette.responses import PlainTextResponse, Response
 
-        path = request.url.path
-        root = (request.scope.get("root_path") or "").rstrip("/")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        path = path.rstrip("/") or "/"
+        path = request_path(request)
         if request.method == "GET":
-            if path.endswith("/healthz"):
-                return PlainTextResponse("ok")
-            if path == "/" or path.endswith("/metadata"):
-                from starlette.responses import JSONResponse
-
-                return JSONResponse({**self.meta, "replica": self.replica})
-            return PlainTextResponse(f"no such path {path}; GET /healthz or /metadata, POST {GEN_ROUTE}", 404)
+            return answer_get(path, self.meta, self.replica, GEN_ROUTE)
         if request.method != "POST":
             return PlainTextResponse(f"method {request.method} is not served; POST to {GEN_ROUTE}", 405)
         if not path.endswith(GEN_ROUTE):
             return PlainTextResponse(f"no such path {path}; this server runs a whole model: POST to {GEN_ROUTE}", 404)
         try:
-            declared = request.headers.get("content-length") or "0"
-            size = int(declared) if declared.isdigit() else 0
-            if size > self.info.max_body:
-                raise RequestError(f"the body is {size} bytes; this server takes at most {self.info.max_body}", 413)
-            body = await request.body()
-            if len(body) > self.info.max_body:
-                raise RequestError(
-                    f"the body is {len(body)} bytes; this server takes at most {self.info.max_body}", 413
-                )
+            body = await read_body(request, self.info.max_body)
             item = decode_generate_request(body, request.headers.get("content-type", ""), self.info)
         except RequestError as e:
             return PlainTextResponse(str(e), e.status)
@@ -121,8 +110,7 @@ class GenerateServer:
         tokens, timing = await self._batcher.submit(item)
         if isinstance(tokens, Exception):
             return PlainTextResponse(*failure_answer(tokens))
-        headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
-        headers["x-attnzoo-replica"] = self.replica
+        headers = timing_headers(timing, self.replica)
         headers["x-attnzoo-new-tokens"] = str(item.rows * (tokens.shape[1] - item.t))
         return Response(encode_tokens(item, tokens), media_type=JSON, headers=headers)
 

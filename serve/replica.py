@@ -1,12 +1,15 @@
-"""What every Ray Serve replica of ours does first: open its session from the model's bytes, and keep
-its own gRPC server on loopback when Ray runs there. Imported by the replicas in app.py (blocks) and
-gen_app.py (whole models)."""
+"""What every Ray Serve replica of ours does: open its session from the model's bytes, keep its own gRPC
+server on loopback when Ray runs there, and read a request the same way (its path below the route
+prefix, GET /healthz and /metadata, a body within the size limit, timing headers). Imported by the
+replicas in app.py (blocks) and gen_app.py (whole models)."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 from pathlib import Path
+
+from .schema import RequestError
 
 
 def open_session(model_bytes: bytes, name: str, provider: str, threads: int | None):
@@ -43,3 +46,44 @@ def replica_grpc_on_loopback() -> None:
 
     add_port.attnzoo_loopback = True  # type: ignore[attr-defined]
     replica.add_port_to_grpc_server = add_port
+
+
+def request_path(request) -> str:
+    """The request's path below a route prefix (Serve passes the prefix, e.g. "/decode", as the ASGI
+    root_path), without a trailing slash; "/" for the root."""
+    path = request.url.path
+    root = (request.scope.get("root_path") or "").rstrip("/")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path.rstrip("/") or "/"
+
+
+def answer_get(path: str, meta: dict, replica: str, post: str):
+    """GET /healthz ("ok"), / or /metadata (the replica's metadata), else 404 naming what is served."""
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    if path.endswith("/healthz"):
+        return PlainTextResponse("ok")
+    if path == "/" or path.endswith("/metadata"):
+        return JSONResponse({**meta, "replica": replica})
+    return PlainTextResponse(f"no such path {path}; GET /healthz or /metadata, POST {post}", 404)
+
+
+async def read_body(request, max_body: int) -> bytes:
+    """The request's body, refused (413) past max_body bytes: first by its declared length, before
+    reading (a bad header: the body's own length decides), then by the length read."""
+    declared = request.headers.get("content-length") or "0"
+    size = int(declared) if declared.isdigit() else 0
+    if size > max_body:
+        raise RequestError(f"the body is {size} bytes; this server takes at most {max_body}", 413)
+    body = await request.body()
+    if len(body) > max_body:
+        raise RequestError(f"the body is {len(body)} bytes; this server takes at most {max_body}", 413)
+    return body
+
+
+def timing_headers(timing: dict, replica: str) -> dict[str, str]:
+    """A request's timings as response headers (floats to 3 places), with the replica that answered."""
+    headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
+    headers["x-attnzoo-replica"] = replica
+    return headers
