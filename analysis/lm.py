@@ -73,6 +73,26 @@ class LMConfig:
         return cls(**{**d, "heads": tuple(d["heads"])})
 
 
+def check_token_ids(tokens, vocab_size: int, context: int) -> Tensor:
+    """tokens as (b, t) int64 ids (a 1-D row gets b = 1): integers, b and t >= 1, t within `context`, every
+    id within the vocabulary; anything else is one AnalysisError naming it."""
+    if not isinstance(tokens, Tensor):
+        tokens = torch.as_tensor(tokens)
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise AnalysisError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if tokens.dim() == 1:
+        tokens = tokens[None]
+    if tokens.dim() != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
+        raise AnalysisError(f"tokens have shape {tuple(tokens.shape)}; expected (b, t) with b, t >= 1")
+    if tokens.shape[1] > context:
+        raise AnalysisError(f"{tokens.shape[1]} tokens is longer than this model's context={context}")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise AnalysisError(f"token {bad} is outside the vocabulary 0..{vocab_size - 1}")
+    return tokens.long()
+
+
 class TinyLM(HookedModel, nn.Module):
     """model(tokens (b t)) -> logits (b t vocab); each layer's attention is a zoo block.
 
@@ -180,21 +200,7 @@ class TinyLM(HookedModel, nn.Module):
     # -- internals ---------------------------------------------------------------------------
 
     def check_tokens(self, tokens: Tensor) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            tokens = torch.as_tensor(tokens)
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise AnalysisError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.dim() == 1:
-            tokens = tokens[None]
-        if tokens.dim() != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
-            raise AnalysisError(f"tokens have shape {tuple(tokens.shape)}; expected (b, t) with b, t >= 1")
-        if tokens.shape[1] > self.context:
-            raise AnalysisError(f"{tokens.shape[1]} tokens is longer than this model's context={self.context}")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise AnalysisError(f"token {bad} is outside the vocabulary 0..{self.vocab_size - 1}")
-        return tokens.long()
+        return check_token_ids(tokens, self.vocab_size, self.context)
 
     def position_bias(self, layer: int, t: int) -> Tensor | None:
         """P_l (1 h t t): the learned bias of offset t - s (future cells are masked anyway)."""

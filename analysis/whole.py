@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from zoo.lm import DecoderLM
 
 from .errors import AnalysisError
+from .lm import check_token_ids
 
 PUNCTUATION = " ,.:;()[]{}\n"  # the default set the punctuation score reads, where the vocabulary has it
 
@@ -71,17 +72,7 @@ class WholeModel(nn.Module):
         return [[False] * n for n in self.heads_per_layer]
 
     def check_tokens(self, tokens: Tensor) -> Tensor:
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() == 1:
-            tokens = tokens[None]
-        if tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise AnalysisError(f"tokens must be integer ids of shape (b, t), got {tuple(tokens.shape)} {tokens.dtype}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            bad = int(tokens.max()) if int(tokens.max()) >= self.vocab_size else int(tokens.min())
-            raise AnalysisError(f"token {bad} is outside the vocabulary 0..{self.vocab_size - 1}")
-        if tokens.shape[1] > self.context:
-            raise AnalysisError(f"{tokens.shape[1]} tokens; the model takes at most {self.context}")
-        return tokens.long()
+        return check_token_ids(tokens, self.vocab_size, self.context)
 
     @torch.no_grad()
     def attention_maps(self, tokens: Tensor) -> Tensor:

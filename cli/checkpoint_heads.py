@@ -4,12 +4,12 @@ read with the folder's tokenizer.json."""
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import torch
 
 from .common import CliError
+from .lm_inputs import lm_pair, token_ids
 
 
 def load_whole(folder: str):
@@ -46,14 +46,7 @@ def text_ids(model, tok, text: str, flag: str) -> torch.Tensor:
 def whole_tokens(model, tok, args: argparse.Namespace) -> tuple[torch.Tensor, list[str]]:
     """(1 t) tokens and their labels from --text (the tokenizer) or --tokens (ids)."""
     if args.tokens is not None:
-        parts = [p for p in re.split(r"[,\s]+", args.tokens.strip()) if p]
-        try:
-            ids = [int(p) for p in parts]
-        except ValueError:
-            raise CliError(f"--tokens {args.tokens!r}: ids must be integers, e.g. '5 9 2'") from None
-        if not ids:
-            raise CliError("--tokens is empty; give ids such as --tokens '5 9 2 5 9 2'")
-        tokens = model.check_tokens(torch.tensor([ids]))
+        tokens = token_ids(model, args.tokens)
     elif args.text is not None:
         tokens = text_ids(model, tok, args.text, "--text")
     else:
@@ -65,21 +58,7 @@ def whole_tokens(model, tok, args: argparse.Namespace) -> tuple[torch.Tensor, li
 
 def clean_corrupt(model, tok, args: argparse.Namespace):
     """(clean, corrupt, metric, what) for `attnzoo patch --checkpoint`: your two texts of one length in
-    tokens, or the induction experiment on random tokens."""
-    from analysis import patching
-
-    if args.clean is None:
-        if args.corrupt is not None:
-            raise CliError("--corrupt needs --clean")
-        return patching.induction_experiment(model, n=args.n, span=args.span, seed=args.seed)
-    if args.corrupt is None:
-        raise CliError("--clean needs --corrupt (text of the same length in tokens)")
-    clean, corrupt = text_ids(model, tok, args.clean, "--clean"), text_ids(model, tok, args.corrupt, "--corrupt")
-    if clean.shape != corrupt.shape:
-        raise CliError(f"--clean has {clean.shape[1]} tokens and --corrupt {corrupt.shape[1]}; give the same length")
-    differ = (clean != corrupt)[0].nonzero()
-    if not len(differ) or int(differ[0]) >= clean.shape[1] - 1:
-        raise CliError("--clean and --corrupt must differ before their last token")
-    start = int(differ[0])
-    what = f"your text; metric: mean log-probability of the clean next token from position {start} on"
-    return clean, corrupt, patching.next_token_metric(clean, start), what
+    tokens (read with the folder's tokenizer), or the induction experiment on random tokens."""
+    if args.clean is None and args.corrupt is not None:
+        raise CliError("--corrupt needs --clean")
+    return lm_pair(model, args, encode=lambda text, flag: text_ids(model, tok, text, flag), unit="token")

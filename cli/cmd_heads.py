@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -64,17 +63,10 @@ def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str]
     from analysis import AnalysisError
 
     if args.tokens is not None:
-        parts = [p for p in re.split(r"[,\s]+", args.tokens.strip()) if p]
-        if not parts:
-            raise AnalysisError("--tokens is empty; give ids such as --tokens '5 9 2 5 9 2'")
-        try:
-            ids = [int(p) for p in parts]
-        except ValueError:
-            raise AnalysisError(f"--tokens {args.tokens!r}: ids must be integers, e.g. '5 9 2'") from None
-        bad = [i for i in ids if not 0 <= i < model.vocab_size]
-        if bad:  # before torch.tensor, which overflows past 64 bits
-            raise AnalysisError(f"--tokens: token {bad[0]} is outside the vocabulary 0..{model.vocab_size - 1}")
-        return model.check_tokens(torch.tensor([ids])), [str(i) for i in ids]
+        from .lm_inputs import token_ids
+
+        tokens = token_ids(model, args.tokens)
+        return tokens, [str(i) for i in tokens[0].tolist()]
     if args.text is not None:
         if not args.text:
             raise AnalysisError("--text is empty; give some text, e.g. --text 'the cat sat. the cat sat.'")

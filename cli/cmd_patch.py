@@ -8,25 +8,7 @@ import torch
 
 from .cmd_heads import _check_out, _check_picture, _write_json
 from .common import CliError, number_in, seed
-
-
-def _lm_pair(model, args: argparse.Namespace):
-    from analysis import patching
-
-    if args.clean is None:
-        return patching.induction_experiment(model, n=args.n, span=args.span, seed=args.seed)
-    if args.corrupt is None:
-        raise CliError("--clean needs --corrupt for a language model (text of the same length)")
-    clean, corrupt = (model.check_tokens(torch.tensor([[ord(ch) for ch in s]])) for s in (args.clean, args.corrupt))
-    if clean.shape != corrupt.shape:
-        n, m = clean.shape[1], corrupt.shape[1]
-        raise CliError(f"--clean has {n} characters and --corrupt {m}; give the same length")
-    differ = (clean != corrupt)[0].nonzero()
-    if not len(differ) or int(differ[0]) >= clean.shape[1] - 1:
-        raise CliError("--clean and --corrupt must differ before their last character")
-    start = int(differ[0])
-    what = f"your text; metric: mean log-probability of the clean next character from position {start} on"
-    return clean, corrupt, patching.next_token_metric(clean, start), what
+from .lm_inputs import lm_pair
 
 
 def _dates_pair(model, args: argparse.Namespace):
@@ -54,7 +36,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     else:
         model = analysis.load(args.name)
         dates = isinstance(model, analysis.DatesModel)
-        clean, corrupt, metric, what = (_dates_pair if dates else _lm_pair)(model, args)
+        clean, corrupt, metric, what = (_dates_pair if dates else lm_pair)(model, args)
     restored = patching.patch_heads(model, clean, corrupt, metric, args.location)
     shut = model.shut_heads()
     prefix = patching.head_prefix(model)

@@ -102,6 +102,7 @@ def test_patch_cli_on_a_checkpoint(capsys):
         (["heads"], "one of NAME"),
         (["heads", "--checkpoint", str(FOLDER)], "give --text"),
         (["heads", "--checkpoint", str(FOLDER), "--tokens", "1 2 999"], "outside the vocabulary"),
+        (["heads", "--checkpoint", str(FOLDER), "--tokens", "1 99999999999999999999999"], "outside the vocabulary"),
         (["heads", "--checkpoint", str(REPO / "models")], "no config.json"),
         (["patch", "--checkpoint", str(FOLDER), "--clean", "abc", "--corrupt", "abcd"], "same length"),
         (["patch", "--checkpoint", str(FOLDER), "--corrupt", "abc"], "--corrupt needs --clean"),
