@@ -104,6 +104,7 @@ class _Graph:
         self._n = 0
         self._pos: tuple[str, str, str] | None = None  # every position (s,), q_pos (b|1 t), k_pos (b|1 s)
         self._positions: str | None = None
+        self._bt: str | None = None  # (b, t): the shape of this call's positions
         self._distance: str | None = None
 
     def _name(self, hint: str) -> str:
@@ -130,23 +131,27 @@ class _Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
         return out
 
-    def place(self, all_pos: str, q_pos: str, k_pos: str) -> None:
-        """The positions positions() and distance() read: int64 (s,), (b|1 t) and (b|1 s)."""
+    def place(self, all_pos: str, q_pos: str, k_pos: str, bt: str) -> None:
+        """The positions positions() and distance() read: int64 (s,), (b|1 t) and (b|1 s); bt: int64 (2,)."""
         self._pos = (all_pos, q_pos, k_pos)
+        self._bt = bt
 
     def _placed(self) -> tuple[str, str, str]:
         if self._pos is None:  # pragma: no cover - build() places them before any modifier's piece
             raise ExportError("the GroupQueryAttention graph has no positions yet; place() them first")
         return self._pos
 
+    def pair_positions(self) -> tuple[str, str]:
+        _, q_pos, k_pos = self._placed()
+        return self.op("Unsqueeze", q_pos, self.ints([2])), self.op("Unsqueeze", k_pos, self.ints([1]))
+
     def positions(self) -> str:
         if self._positions is None:
             self._positions = self.cast(self._placed()[0], "float32")
         return self._positions
 
-    def pair_positions(self) -> tuple[str, str]:
-        _, q_pos, k_pos = self._placed()
-        return self.op("Unsqueeze", q_pos, self.ints([2])), self.op("Unsqueeze", k_pos, self.ints([1]))
+    def call_positions(self) -> str:
+        return self.op("Expand", self.op("Max", self._placed()[1], self.ints(0)), self._bt)
 
     def distance(self) -> str:
         if self._distance is None:
@@ -156,6 +161,14 @@ class _Graph:
             )
             self._distance = self.cast(rel, "float32")
         return self._distance
+
+
+def _packed_bias(p) -> torch.Tensor | None:
+    """The bias of the packed Q | K | V projection (zeros for a projection without one), or None."""
+    pairs = ((p.w_q, p.b_q), (p.w_k, p.b_k), (p.w_v, p.b_v))
+    if all(b_ is None for _, b_ in pairs):
+        return None
+    return torch.cat([b_ if b_ is not None else torch.zeros(w.shape[0]) for w, b_ in pairs])
 
 
 def _linear(g: _Graph, x: str, w, b, hint: str, out: str | None = None) -> str:
@@ -207,9 +220,17 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
 
     g = _Graph(dtype)
     names = {io.name for io in ins}
-    q = _linear(g, "x", p.w_q, p.b_q, "q")
-    k = _linear(g, "x", p.w_k, p.b_k, "k")
-    v = _linear(g, "x", p.w_v, p.b_v, "v")
+    # One MatMul makes Q | K | V. The op takes it packed as its query (key and value left empty), unless
+    # a modifier writes nodes on Q, K or V themselves (rotary, QK-norm, clip, temperature): then a Split.
+    qkv = _linear(g, "x", torch.cat([p.w_q, p.w_k, p.w_v]), _packed_bias(p), "qkv")
+    packed = all(type(mod).gqa_qkv is zoo.modifiers.Modifier.gqa_qkv for mod in mods)
+    if packed:
+        q, k, v = qkv, "", ""
+    else:
+        widths = g.ints([p.w_q.shape[0], p.w_k.shape[0], p.w_v.shape[0]])
+        split = helper.make_node("Split", [qkv, widths], [g._name(n) for n in "qkv"], axis=-1)
+        g.nodes.append(split)
+        q, k, v = split.output
 
     # Lengths and positions. Full sequence: s = t keys at positions 0..t-1. Decode: the cache holds
     # p positions, this call adds t, so s = p + t; with a key_mask (left padding) a row's positions
@@ -249,7 +270,7 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     else:
         k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
         q_pos = last_t(k_pos) if decode else k_pos
-    g.place(all_pos, q_pos, k_pos)
+    g.place(all_pos, q_pos, k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
     for mod in mods:  # after the positions: a piece may read them (a query's temperature)
         q, k, v = mod.gqa_qkv(g, q, k, v)
 

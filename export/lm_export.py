@@ -13,8 +13,9 @@ each layer's buffer as past and present, so ONNX Runtime writes a step's keys in
 
 Every attention layer takes the chosen lowering through the mechanism a block export uses
 (tracing.configured: every zoo block inside the module is configured for the traced lowering, then
-the module is traced once). A lowering built by hand for one block (ort-gqa) is refused by its
-record's `in_model` reason.
+the module is traced once); a lowering whose record builds the graph by hand (ort-gqa) is spliced in
+per layer (export/splice.py). `auto` takes choice.LM_PREFERENCE's first that every layer allows. The
+norms are then fused (export/lm_fusions.py).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from torch import nn
 
 import zoo
 
-from .choice import decode_order, why_not
+from . import splice
+from .choice import LM_PREFERENCE, why_not
 from .errors import ExportError
 from .graphs import op_counts
+from .lm_fusions import fuse_norms
 from .io import LM_PAST, LM_PRESENT, lm_interface
 from .lowerings import record
 from .names import CACHE_CHOICES, LOWERINGS, PRECISIONS
@@ -136,11 +139,6 @@ def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: s
     request = {"decode": True, "cache": "static", "dtype": dtype, "provider": provider}
 
     def reason(lw: str) -> str | None:
-        rec = record(lw)
-        if rec.in_model:
-            return rec.in_model
-        if not rec.traced:
-            return "it is built by hand for a block alone"
         for i, spec in enumerate(specs):
             r = why_not(lw, spec, **request)
             if r:
@@ -148,7 +146,9 @@ def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: s
         return None
 
     if lowering == "auto":
-        found = [lw for lw in decode_order(provider, specs[0], cache="static") if reason(lw) is None]
+        if provider not in LM_PREFERENCE:
+            raise ExportError(f"provider={provider!r} is not one of {', '.join(LM_PREFERENCE)}")
+        found = [lw for lw in LM_PREFERENCE[provider] if reason(lw) is None]
         if not found:
             raise ExportError("no lowering can express every layer of this model with a static cache")
         return found
@@ -288,6 +288,8 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0):
     import onnx_ir as ir
 
     lm = configured(model, rec, dtype)
+    # A lowering built by hand: each layer traced as a placeholder, its built graph spliced in after.
+    blocks = None if rec.traced else splice.placeholders(lm)
     torch_dtype = DTYPES[dtype]
     b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_N
     vocab = outs[0].axes[-1]
@@ -311,7 +313,11 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0):
         "caches": [{0: dim_b, 2: dim_n} for _ in caches],
     }
     with torch.no_grad():
-        onnx_model = trace(_Step(lm, all_logits, argmax).eval(), example, dynamic, rec, outs)
+        translations = None if blocks is None else splice.translation_table()
+        onnx_model = trace(_Step(lm, all_logits, argmax).eval(), example, dynamic, rec, outs, translations)
+    if blocks is not None:
+        onnx_model = splice.splice(onnx_model, rec, blocks, dtype)
+    onnx_model, _ = fuse_norms(onnx_model)
     for value, io in zip(onnx_model.graph.inputs, ins):
         value.name = io.name
     for value, io in zip(list(onnx_model.graph.inputs) + list(onnx_model.graph.outputs), ins + outs):

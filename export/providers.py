@@ -100,14 +100,16 @@ def device_of(used: list[str]) -> str:
     return "cuda" if used[0] == CUDA else "cpu"
 
 
-def session_options(threads: int | None, *, profile: bool):
-    """ONNX Runtime's options for a session: quiet logs, idle threads that yield, `threads` intra-op
-    threads (None: ORT's default), and profiling to a temp file when asked."""
+def session_options(threads: int | None, *, profile: bool, spin: bool = False):
+    """ONNX Runtime's options for a session: quiet logs, `threads` intra-op threads (None: ORT's
+    default), idle threads that yield unless `spin`, and profiling to a temp file when asked."""
     opts = ort().SessionOptions()
     opts.log_severity_level = 3
     # Idle ORT threads spin by default, stealing the cores torch (or a second session) in the
-    # same process needs; measured no slower for ORT alone, faster when they alternate.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # same process needs; measured no slower for a block alone, faster when they alternate. A
+    # generation loop is ORT alone, step after step, each step ~150 small nodes: there spinning
+    # threads start each node's work at once (export/runtime.py decides).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if threads is not None:
         opts.intra_op_num_threads = threads
     if profile:

@@ -41,9 +41,12 @@ class RuntimeSession:
         verbose: bool = True,
         profile: bool = False,
         io_binding: bool | None = None,
+        spin: bool | None = None,
     ) -> None:
         """io_binding: bind torch tensors in place; None = on CUDA only (on the CPU a plain run
         over zero-copy numpy views measured as fast or a little faster at decode sizes).
+        spin: let idle intra-op threads spin between nodes; None = for a whole-model export only
+        (a generation loop runs ORT alone; a block shares the process with torch).
         verbose: say `note` (what "auto" chose, and why) on stdout; the CLI prints it its own way."""
         if not isinstance(provider, str) or provider not in PROVIDERS:
             raise zoo.ArgumentError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
@@ -63,7 +66,12 @@ class RuntimeSession:
         use_cuda, self.note = choose(provider)
         if self.note and verbose:
             announce(self.note)
-        opts = session_options(threads, profile=profile)
+        if spin is not None and not isinstance(spin, bool):
+            raise zoo.ArgumentError(f"spin={spin!r} must be True, False or None")
+        if spin is None:
+            spin = self.metadata.get("attnzoo.kind") == "lm"
+        self.spinning = spin
+        opts = session_options(threads, profile=profile, spin=spin)
         try:
             self._sess = ort().InferenceSession(str(self.path), opts, providers=providers_for(use_cuda))
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types

@@ -238,9 +238,12 @@ def _configure_block(block: zoo.MultiHeadAttention, rec: Lowering) -> zoo.MultiH
     return block
 
 
-def trace(wrapper: nn.Module, example: dict, dynamic_shapes: dict, rec: Lowering, outs: list[TensorIO]):
+def trace(
+    wrapper: nn.Module, example: dict, dynamic_shapes: dict, rec: Lowering, outs: list[TensorIO], translations=None
+):
     """torch's dynamo exporter on `wrapper` at the lowering's opset, then the lowering's own step
-    (`after_trace`: a rewrite, a check by node counts)."""
+    (`after_trace`: a rewrite, a check by node counts). `translations`: torch ops -> onnxscript
+    functions (export/splice.py's placeholder), for the exporter's custom_translation_table."""
     try:
         with quiet(), torchlib_once():
             program = torch.onnx.export(
@@ -254,6 +257,7 @@ def trace(wrapper: nn.Module, example: dict, dynamic_shapes: dict, rec: Lowering
                 optimize=True,
                 verbose=False,
                 report=False,
+                custom_translation_table=translations,
             )
     except Exception as e:  # torch's exporter raises many types; name the request in one
         raise export_failure(rec.name, e) from e

@@ -66,9 +66,6 @@ class Lowering:
     score_copies: int = 0
     # A decode model takes a chunk (t > 1) after a past for b > 1 rows in one call; False: one row at a time.
     batched_chunks: bool = True
-    # Why it cannot be the lowering of every layer of a whole model (export_onnx of a zoo.lm.DecoderLM,
-    # export/lm_export.py, which traces the model once with each block configured), with the fix; None: it can.
-    in_model: str | None = None
 
     @property
     def traced(self) -> bool:

@@ -44,7 +44,8 @@ def test_why_not_names_what_the_op_cannot_do():
     assert "causal only" in why_not("ort-gqa", zoo.spec("mha-separate-bias"))
     assert "cross-attention" in why_not("ort-gqa", zoo.spec("cross-attention"))
     assert "d_v == d_k" in why_not("ort-gqa", zoo.spec("mha-separate-bias-dv", causal=True))
-    assert "multiple of 8" in why_not("ort-gqa", zoo.spec("phi-2", rope_dim=8))
+    assert "longrope" in why_not("ort-gqa", zoo.spec("phi-3.5-mini"))
+    assert why_not("ort-gqa", zoo.spec("phi-2", rope_dim=8)) is None  # any rope_dim: RotaryEmbedding before the op
     assert why_not("ort-gqa", zoo.spec("phi-2")) is None  # 32 rotated dims: 16 pairs
     assert why_not("ort-gqa", zoo.spec("gemma-2-9b")) is None
     with pytest.raises(ValueError, match="cannot express"):
@@ -112,10 +113,10 @@ def test_the_records_limits_are_the_modifiers_own():
 
     limits = RECORDS["ort-gqa"].modifiers
     own = {mod.name: mod for mod in zoo.modifiers.MODIFIERS if mod.gqa_limit is not None}
-    assert set(limits) == set(own) == {"rope", "window", "rel_buckets", "latent", "qk_l2"}
+    assert set(limits) == set(own) == {"rope", "window", "rel_buckets", "latent"}
     for name, mod in own.items():
         assert limits[name].text == mod.gqa_limit.text and limits[name].never == mod.gqa_limit.always
-    spec = zoo.spec("phi-2", rope_dim=8)
+    spec = zoo.spec("phi-3.5-mini")
     assert why_not("ort-gqa", spec) == zoo.modifiers.Rotary.gqa_refusal(spec)
 
 

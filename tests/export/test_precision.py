@@ -295,7 +295,8 @@ def test_fp32_is_the_default_and_recorded(tmp_path):
     r = export_onnx("mha-causal", tmp_path / "m.onnx", lowering="ort-gqa", d_model=64, heads=4)
     assert r.precision == "fp32"
     assert OnnxSession(r.path, "cpu", verbose=False).precision == "fp32"
-    assert "MatMulNBits" not in str(r.op_counts) and r.op_counts["MatMul"] == 4
+    # ort-gqa: Q | K | V as one packed MatMul, then out_proj
+    assert "MatMulNBits" not in str(r.op_counts) and r.op_counts["MatMul"] == 2
 
 
 def test_decode_int8_is_weight_only_8_bit(tmp_path):

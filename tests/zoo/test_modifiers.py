@@ -452,6 +452,9 @@ class _Nodes:
     def positions(self):
         return "positions"
 
+    def call_positions(self):
+        return "call_positions"
+
     def distance(self):
         return "distance"
 
@@ -476,9 +479,9 @@ def test_modifiers_write_their_graph_pieces_through_the_builder():
     assert [op for op, *_ in g.ops] == ["Clip"] * 3 and (q, k, v) == ("clip_1", "clip_2", "clip_3")
     assert block.mods["window"].gqa_op(g).attributes == {"local_window_size": 3}
     assert block.mods["softcap"].gqa_op(g).attributes == {"softcap": 5.0}
-    rope = block.mods["rope"].gqa_op(g)
-    assert rope.attributes == {"do_rotary": 1, "rotary_interleaved": 0}
-    assert set(rope.inputs) == {"cos_cache", "sin_cache"}
+    before = len(g.ops)
+    assert block.mods["rope"].gqa_qkv(g, "q", "k", "v")[2] == "v"  # Q and K rotated before the op
+    assert [op for op, *_ in g.ops[before:]].count("RotaryEmbedding") == 2
     assert block.mods["window"].gqa_allowed(g).startswith("less")
     before = len(g.ops)
     assert block.mods["alibi"].gqa_bias(g).startswith("mul")

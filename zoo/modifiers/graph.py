@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops: op(..., domain=MS_DOMAIN)
+
+
 class GraphBuilder(Protocol):
     """The node list a modifier writes to. Tensors are names; element types are numpy's names
-    ("float32", "float16", "int64", "bool"); op types and attributes are ONNX's (default domain)."""
+    ("float32", "float16", "int64", "bool"); op types and attributes are ONNX's (default domain, or
+    `domain=MS_DOMAIN` for ONNX Runtime's contrib ops)."""
 
     @property
     def dtype(self) -> str:
@@ -40,16 +44,21 @@ class GraphBuilder(Protocol):
         """x cast to `dtype`."""
         ...
 
-    def positions(self) -> str:
-        """float32 (s,): the key positions 0..s-1, one row of a rotary cache each."""
-        ...
-
     def pair_positions(self) -> tuple[str, str]:
         """int64 (b|1, t, 1) and (b|1, 1, s): each query's and each key's token position."""
         ...
 
     def distance(self) -> str:
         """float32 (b|1, t, s): i - j, query i's position less key j's."""
+        ...
+
+    def positions(self) -> str:
+        """float32 (s,): the key positions 0..s-1, one row of a rotary cache each."""
+        ...
+
+    def call_positions(self) -> str:
+        """int64 (b, t): the position of each of this call's tokens (a left-padded row counts its real
+        tokens only, as the eager block does; a pad's is 0)."""
         ...
 
 

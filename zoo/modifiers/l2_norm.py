@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from ..errors import SpecError
 from ..spec_fields import SpecFields
 from .base import Modifier, is_number
-from .graph import GraphBuilder, GraphLimit, per_head
+from .graph import GraphBuilder, per_head
 
 
 def l2_normalize(x: Tensor, eps: float) -> Tensor:
@@ -42,19 +42,6 @@ class L2Norm(Modifier):
 
     def qk_heads(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return l2_normalize(q, self.spec.qk_l2), l2_normalize(k, self.spec.qk_l2)
-
-    # The hand-built graph rotates inside the op, after this norm: the same only where the rotation keeps
-    # each head's RMS, i.e. it turns all of d_k (or there is none).
-    gqa_limit = GraphLimit("rotary on all of d_k")
-
-    @classmethod
-    def gqa_refusal(cls, spec: SpecFields) -> str | None:
-        if spec.rope_theta is not None and spec.rope_dim is not None and spec.rope_dim != spec.d_k_:
-            return (
-                f"GroupQueryAttention rotates inside the op, after the graph's weightless QK-norm; with rope_dim="
-                f"{spec.rope_dim} < d_k={spec.d_k_} the norm after a partial rotation is not the norm before it"
-            )
-        return None
 
     def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
         s, eps = self.spec, self.spec.qk_l2

@@ -12,7 +12,7 @@ from ..errors import SpecError
 from ..spec_fields import SpecFields
 from . import rope_scaling
 from .base import Modifier, is_number, relative_positions_audit
-from .graph import GraphBuilder, GraphLimit, OpPart
+from .graph import MS_DOMAIN, GraphBuilder, GraphLimit
 
 
 class Rotary(Modifier):
@@ -126,25 +126,25 @@ class Rotary(Modifier):
         ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, k.dtype)
         return self.rotate(q, cq, sq), self.rotate(k, ck, sk)
 
-    # GroupQueryAttention rotates inside the op from cos/sin caches (s, rope_dim / 2), whose width its
-    # kernel wants a multiple of 8.
-    gqa_limit = GraphLimit("rope_dim / 2 a multiple of 8; not longrope")
+    # The hand-built graph rotates Q and K before GroupQueryAttention (com.microsoft RotaryEmbedding, any
+    # rope_dim), from one cos/sin table per call.
+    gqa_limit = GraphLimit("not longrope")
 
     @classmethod
     def gqa_refusal(cls, spec: SpecFields) -> str | None:
-        rd = cls.rotated(spec)
-        if (rd // 2) % 8:
-            return f"GroupQueryAttention's rotary needs rope_dim / 2 a multiple of 8; rope_dim={rd}"
         if spec.rope_scaling == "longrope":
             return (
                 "rope_scaling='longrope' picks its frequencies by the call's largest position (of each row's real "
-                "keys, under a key mask); the op's cos/sin caches are read per position, so the graph would need "
-                "that position, which the op computes inside; use the traced lowerings"
+                "keys, under a key mask); the hand-built graph builds one cos/sin table per call from one set of "
+                "frequencies; use the traced lowerings"
             )
         return None
 
-    def gqa_op(self, g: GraphBuilder) -> OpPart:
-        """do_rotary with caches for the positions 0..s-1, from the block's fp32 frequencies."""
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        """Q and K rotated before the op (com.microsoft RotaryEmbedding), each token at its own position: a
+        left-padded row counts its real tokens, as the eager block does, so the cache the op writes is the
+        eager one (the op's own rotary, do_rotary, takes one position for every row of a first prompt).
+        QK-norm before and the weightless norm and temperature after come in the eager order (MODIFIERS)."""
         angles = g.op(
             "Mul",
             g.op("Unsqueeze", g.positions(), g.const([1], "i", "int64")),
@@ -156,8 +156,12 @@ class Rotary(Modifier):
             cos, sin = g.op("Mul", cos, factor), g.op("Mul", sin, factor)
         if g.dtype != "float32":
             cos, sin = g.cast(cos, g.dtype), g.cast(sin, g.dtype)
-        attributes = {"do_rotary": 1, "rotary_interleaved": int(self.spec.rope_interleaved)}
-        return OpPart(attributes, {"cos_cache": cos, "sin_cache": sin})
+        pos = g.call_positions()
+        s = self.spec
+        attrs = {"interleaved": int(s.rope_interleaved), "rotary_embedding_dim": self.rotated(s), "domain": MS_DOMAIN}
+        q = g.op("RotaryEmbedding", q, pos, cos, sin, num_heads=s.heads, **attrs)
+        k = g.op("RotaryEmbedding", k, pos, cos, sin, num_heads=s.kv_heads_, **attrs)
+        return q, k, v
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import SpecError
 from ..spec_fields import SpecFields
-from .base import Modifier, take_blocks
+from .base import Modifier
 from .graph import GraphBuilder, OpPart
 
 
