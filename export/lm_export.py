@@ -35,8 +35,8 @@ from . import splice
 from .choice import LM_PREFERENCE, why_not
 from .errors import ExportError
 from .graphs import op_counts
-from .lm_fusions import fuse_norms
 from .io import LM_PAST, LM_PRESENT, lm_interface
+from .lm_fusions import fuse_norms
 from .lowerings import record
 from .names import CACHE_CHOICES, LOWERINGS, PRECISIONS
 from .precision import PrecisionError

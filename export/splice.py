@@ -25,8 +25,17 @@ from torch import Tensor, nn
 import zoo
 
 from .errors import ExportError
-from .io import CACHE_KEY, CACHE_KEY_MASK, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE, CACHE_VALUE, PAST_LEN, X, Y
-from .io import static_interface
+from .io import (
+    CACHE_KEY,
+    CACHE_KEY_MASK,
+    CACHE_PRESENT_KEY,
+    CACHE_PRESENT_VALUE,
+    CACHE_VALUE,
+    PAST_LEN,
+    X,
+    Y,
+    static_interface,
+)
 
 DOMAIN = "attnzoo.splice"
 OP_TYPE = "Attention"
@@ -109,6 +118,7 @@ def placeholders(lm: nn.Module) -> list[zoo.MultiHeadAttention]:
 
 
 def translation_table() -> dict:
+    """The exporter's custom_translation_table for the placeholder."""
     return _translation()
 
 
@@ -142,8 +152,8 @@ def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str):
 def _inline(graph, node, sub, prefix: str, shapes: dict) -> None:
     """Move `sub`'s nodes and initializers into `graph` in place of `node`, its inputs and outputs wired by
     name. `shapes` holds the inputs of the same shape in every layer, each with the first layer's Shape of
-    it (None until that layer is inlined): a later layer reads that one, so what the layers derive from sizes (positions,
-    masks, rotary tables) is one computation that common-subexpression elimination can merge."""
+    it (None until that layer is inlined): a later layer reads that one, so what the layers derive from
+    sizes (positions, masks, rotary tables) is one computation that subexpression elimination merges."""
     import onnx_ir as ir
 
     by_name = dict(zip(PLACEHOLDER_INPUTS, node.inputs))

@@ -25,11 +25,11 @@ from export import OnnxSession, export_onnx
 from export.errors import ExportError
 from export.generation import ROUND
 from export.graphs import op_counts
-from export.lowerings import record
-from export.splice import DOMAIN
 from export.io import LM_PAST, LM_PRESENT
+from export.lowerings import record
 from export.names import LOWERINGS
 from export.precision import rel_l2
+from export.splice import DOMAIN
 from peers.lm import lm_from_hf
 from peers.lm_rows import LM_FAMILIES
 

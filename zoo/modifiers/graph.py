@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops: op(..., domain=MS_DOMAIN)
 
 
