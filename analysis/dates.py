@@ -130,10 +130,17 @@ class DatesConfig:
     # reads one place only ("one head sees one thing at a time"), so the fields must be split
     # among heads instead of every head following the character being written.
     read_first: str = "none"
+    # Encoder self-attention over |s - s'| < encoder_window only (None: every source character).
+    # A narrow encoder keeps each field's characters where they are written, so a cross head
+    # that wants the day reads the day's own span instead of wherever the encoder moved it.
+    encoder_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.read_first not in READ_FIRST:
             raise AnalysisError(f"read_first={self.read_first!r} is not one of {READ_FIRST}")
+        w = self.encoder_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise AnalysisError(f"encoder_window={w!r} is not None or a positive number of characters")
         if isinstance(self.cross_heads, int):
             object.__setattr__(self, "cross_heads", (self.cross_heads,) * self.decoder_layers)
         object.__setattr__(self, "cross_heads", tuple(int(h) for h in self.cross_heads))
@@ -183,7 +190,9 @@ class DatesModel(HookedModel, nn.Module):
         def spec(**kw: Any) -> zoo.AttentionSpec:
             return zoo.AttentionSpec(d_model=c.d_model, d_k=c.d_head, **kw)
 
-        self.enc_attn = nn.ModuleList(zoo.MultiHeadAttention(spec(heads=c.heads)) for _ in range(c.encoder_layers))
+        self.enc_attn = nn.ModuleList(
+            zoo.MultiHeadAttention(spec(heads=c.heads, window=c.encoder_window)) for _ in range(c.encoder_layers)
+        )
         self.enc_ln = nn.ModuleList(nn.LayerNorm(c.d_model) for _ in range(c.encoder_layers))
         self.enc_mlp = nn.ModuleList(_mlp(c.d_model, c.d_ff) for _ in range(c.encoder_layers))
         self.enc_final = nn.LayerNorm(c.d_model)

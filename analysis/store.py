@@ -1,7 +1,8 @@
 """Shipped weights: `models/NAME.pt` (packaged as `zoo.presets`), torch's own format.
 
 Each file is {"name", "kind", "config" (plain data), "state_dict", "log"}, read back with
-torch.load(weights_only=True): no pickled code runs on load.
+torch.load(weights_only=True): no pickled code runs on load. The same training writes the same
+bytes: the archive inside has a fixed name, and the log leaves out the run's timings.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
 from .tasks import TASKS, get_task
 
+# What a training run's log says about that run only (how long it took), not about the weights.
+RUN_TIMINGS = ("wall_s", "cpu_s")
 _REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -58,9 +61,12 @@ def save(model: nn.Module, name: str, path: str | Path, log: dict[str, Any] | No
         "kind": model.kind,
         "config": model.config.to_dict(),
         "state_dict": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
-        "log": dict(log or {}),
+        "log": {k: v for k, v in (log or {}).items() if k not in RUN_TIMINGS},
     }
-    files.write_atomic(path, lambda tmp: torch.save(payload, tmp))
+    # Serialised in memory: torch.save to a path names the archive after the (random) temp file.
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    files.write_atomic(path, lambda tmp: tmp.write_bytes(buf.getvalue()))
     return path
 
 

@@ -282,15 +282,20 @@ TASKS: dict[str, Task] = {
     "tiny-dates": DatesTask(
         name="tiny-dates",
         description="encoder-decoder translating dates (3 source formats) to YYYY-MM-DD",
-        # One decoder layer whose cross-attention reads first, with queries from the previous
-        # character only (read_first="token"), so a head cannot follow the character being
-        # written and the fields are split among heads; L0 head gates from step 600 at 0.05 nats
-        # per open head shut the spares (README "Heads": the variants tried).
-        config=dates.DatesConfig(decoder_layers=1, cross_heads=(8,), read_first="token"),
-        steps=1200,
+        # One decoder layer whose cross-attention reads first, with one learned query per head
+        # (read_first="fixed"), so a head reads one place of the source whatever character is
+        # written; one encoder layer that sees its neighbours only (encoder_window=3, |s - s'| <= 2),
+        # so a field stays on its own characters and the head that wants the day reads the day's
+        # span. L0 head gates from step 900 at 0.3 nats per open head shut the spares. With queries
+        # from the previous character ("token", the recipe before) the day head copied whichever
+        # field was written (day 0.63, year 0.62; docs/heads.md: the variants tried).
+        config=dates.DatesConfig(
+            encoder_layers=1, encoder_window=3, decoder_layers=1, cross_heads=(8,), read_first="fixed"
+        ),
+        steps=1800,
         lr=2e-3,
         gate="l0",
-        gate_lambda=0.05,
+        gate_lambda=0.3,
         gate_from=0.5,
         gate_lr=0.02,
         metric_name="exact match",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
-from analysis import dates
+from analysis import dates, store
+from analysis.errors import AnalysisError
 from analysis.gates import HeadGates, fold
 from analysis.importance import eval_batches, evaluate
 from analysis.tasks import get_task
@@ -26,6 +28,26 @@ def test_training_is_deterministic_and_gates_fold_into_w_o():
     assert log["gates"] is not None and all(0.0 <= g <= 1.0 for row in log["gates"] for g in row)
     c, _ = train(task, steps=6, seed=1)
     assert not _same_weights(a, c)
+
+
+def test_the_same_training_writes_the_same_bytes(tmp_path):
+    """The weight file holds what the run determines: no run timings, no temp-file name inside."""
+    task = dataclasses.replace(get_task("tiny-dates"), batch=8)
+    a, log_a = train(task, steps=4)
+    b, log_b = train(task, steps=4)
+    store.save(a, "tiny-dates", tmp_path / "a.pt", {**log_a, "wall_s": 1.0, "cpu_s": 2.0})
+    store.save(b, "tiny-dates", tmp_path / "b.pt", {**log_b, "wall_s": 3.0, "cpu_s": 4.0})
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+    loaded = store.load("tiny-dates", tmp_path / "a.pt")
+    assert loaded.training_log["steps"] == 4 and "wall_s" not in loaded.training_log
+    assert _same_weights(loaded, a)
+
+
+def test_encoder_window_is_a_positive_width_or_none():
+    assert dates.DatesConfig(encoder_window=3).encoder_window == 3
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(AnalysisError, match="encoder_window"):
+            dates.DatesConfig(encoder_window=bad)
 
 
 def test_short_dates_budget_learns_the_task():
