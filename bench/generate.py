@@ -107,6 +107,7 @@ def benchmark_generate(
                     skipped[(path, precision)] = f"build failed: {result.get('error')}"
                 if progress:
                     print(f"built {path} {precision}: {result.get('ok')}", file=sys.stderr)
+        floor = memory_floor(folder, prompts, new)
         rows = []
         for prompt in prompts:
             ids = prompt_ids(folder, prompt)
@@ -143,6 +144,7 @@ def benchmark_generate(
         "warmup": warmup,
         "repeats": repeats,
         "rows": rows,
+        "memory_floor": floor,
         "skipped": [{"path": p, "precision": q, "why": why} for (p, q), why in skipped.items()],
         "builds": builds,
         "machine": {**machine_info(), **cpu_facts()},
@@ -247,20 +249,48 @@ def format_generate_table(report: dict[str, Any]) -> str:
         f"({'AVX-512' if m.get('avx512') else 'no AVX-512'}), load {', '.join(f'{x:.1f}' for x in m['load_avg'])}",
         "",
         "| prompt | precision | path | end to end s | tokens/s | prefill s | decode ms/token | peak RSS MB "
-        "| agree (leading / equal) |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| model MB | agree (leading / equal) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report["rows"]:
         head = f"| {r['prompt']} | {r['precision']} | {r['path']} |"
         if not r.get("ok"):
-            lines.append(f"{head} error: {r.get('error', '?')} | | | | | |")
+            lines.append(f"{head} error: {r.get('error', '?')} | | | | | | |")
             continue
         agree = f"{r['agree_leading']} / {r['agree_count']} of {report['new']}" if "agree_count" in r else ""
         decode = "" if r.get("decode_ms_per_token") is None else f"{r['decode_ms_per_token']:.2f}"
         lines.append(
             f"{head} {r['end_to_end_s']:.3f} | {r['tokens_per_s']:.0f} | {r['prefill_s']:.3f} | {decode} "
-            f"| {r['peak_rss_mb']:.0f} | {agree} |"
+            f"| {r['peak_rss_mb']:.0f} | {_model_mb(r)} | {agree} |"
         )
     for s in report["skipped"]:
-        lines.append(f"| | {s['precision']} | {s['path']} | skipped: {s['why']} | | | | | |")
+        lines.append(f"| | {s['precision']} | {s['path']} | skipped: {s['why']} | | | | | | |")
+    floor = report.get("memory_floor")
+    if floor:
+        caches = ", ".join(f"{mb:.1f} MB at prompt {p}" for p, mb in floor["cache_mb"].items())
+        lines += [
+            "",
+            f"model MB: the worker's peak RSS less its RSS after the path's imports (the runtime, before the model). "
+            f"The floor it is measured against: fp32 weights {floor['weights_mb']:.0f} MB, static cache {caches}.",
+        ]
     return "\n".join(lines)
+
+
+def _model_mb(row: dict[str, Any]) -> str:
+    runtime = row.get("runtime_rss_mb")
+    return "" if runtime is None else f"{row['peak_rss_mb'] - runtime:.0f}"
+
+
+def memory_floor(folder: str, prompts: list[int], new: int) -> dict[str, Any] | None:
+    """The fp32 weights (the checkpoint's safetensors bytes) and, per prompt, a static cache of
+    prompt + new positions (every layer's K and V, fp32), in MB; None for a config it cannot read."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        heads = config["num_attention_heads"]
+        kv = config.get("num_key_value_heads") or heads
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        per_position = config["num_hidden_layers"] * 2 * kv * head_dim * 4
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+    return {"weights_mb": weights / 1e6, "cache_mb": {p: per_position * (p + new) / 1e6 for p in prompts}}

@@ -14,7 +14,9 @@ the prompt (a fresh cache each call) and returns the n new tokens. W warm-up rou
 and generate(N), then R rounds of generate(1) (prefill and the first token) and generate(N); the best of each.
 decode ms/token = (best N - best 1) / (N - 1). Peak memory is the worker's peak RSS, model and
 runtime included: Linux's VmHWM of its own address space (ru_maxrss survives exec, so it would start at
-the RSS of the bench process that started the worker), ru_maxrss elsewhere. The one result line on stdout starts with RESULT_MARK.
+the RSS of the bench process that started the worker), ru_maxrss elsewhere; the runtime's share is the
+RSS after the path's imports (RUNTIMES), before it loads the model.
+The one result line on stdout starts with RESULT_MARK.
 """
 
 from __future__ import annotations
@@ -182,7 +184,23 @@ LOADERS = {
 }
 
 
+# What each path imports before it loads a model: the runtime's share of the worker's memory, measured
+# apart from the model's (peak RSS - RSS after these imports = what loading and running the model added).
+RUNTIMES = {
+    "attnzoo": ("numpy", "onnxruntime", "export.session"),
+    "transformers-dynamic": ("torch", "transformers"),
+    "transformers-static": ("torch", "transformers"),
+    "onnxruntime-genai": ("onnxruntime_genai",),
+    "llama.cpp": ("numpy", "llama_cpp"),
+}
+
+
 def time_path(job: dict) -> dict:
+    import importlib
+
+    for module in RUNTIMES[job["path"]]:
+        importlib.import_module(module)
+    runtime_mb = _rss_mb("VmRSS")
     started = time.perf_counter()
     generate = LOADERS[job["path"]](job)
     load_s = time.perf_counter() - started
@@ -207,16 +225,18 @@ def time_path(job: dict) -> dict:
         "prefill_s": best_one,
         "decode_ms_per_token": (best_all - best_one) / (n - 1) * 1e3 if n > 1 else None,
         "tokens_per_s": n / best_all,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": _rss_mb("VmHWM"),
+        "runtime_rss_mb": runtime_mb,
     }
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak RSS in MB: /proc/self/status VmHWM (this address space only), else ru_maxrss."""
+def _rss_mb(field: str) -> float:
+    """This process's RSS in MB from /proc/self/status: VmHWM (the peak, this address space only) or
+    VmRSS (now); elsewhere ru_maxrss, the peak."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1e3  # kB
     except OSError:
         pass

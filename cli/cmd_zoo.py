@@ -12,7 +12,7 @@ from export.names import DTYPES
 
 from .common import CliError, number_in, positive, seed, source_of, with_set, with_source
 
-parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
+parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/attention_spec.py)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

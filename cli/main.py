@@ -17,7 +17,7 @@ import zoo
 from . import interrupt
 from .common import CliError
 
-parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/spec.py)
+parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/attention_spec.py)
 
 
 def build_parser() -> argparse.ArgumentParser:

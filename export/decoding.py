@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .feeds import DecodeInputError, check_decode_inputs
 from .io import KEY_MASK, PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE, X, Y
+from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
     from .runtime import RuntimeSession
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def decode(sess: RuntimeSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) at positions p..p+t-1 -> y (b t c), present_key, present_value (b g p+t d).
     torch in -> torch out (on the CPU); numpy in -> numpy out."""
-    as_torch = isinstance(x, torch.Tensor)
+    as_torch = is_tensor(x)
     x, pk, pv, km, p = check_decode_inputs(sess, x, past_key, past_value, key_mask)
     b, t = x.shape[:2]
     if b > 1 and t > 1 and p > 0 and chunks_one_row_at_a_time(sess):
@@ -42,7 +42,7 @@ def decode(sess: RuntimeSession, x, past_key=None, past_value=None, key_mask=Non
         outs = [np.concatenate(parts) for parts in zip(*rows)]
     else:
         outs = _run(sess, x, pk, pv, km)
-    return tuple(torch.from_numpy(o) for o in outs) if as_torch else tuple(outs)
+    return tuple(from_numpy(o) for o in outs) if as_torch else tuple(outs)
 
 
 def chunks_one_row_at_a_time(sess: RuntimeSession) -> bool:
@@ -67,7 +67,7 @@ def generate_steps(sess: RuntimeSession, x_steps, past_key=None, past_value=None
     """
     import onnxruntime as ort
 
-    as_torch = isinstance(x_steps, torch.Tensor)
+    as_torch = is_tensor(x_steps)
     x, pk, pv, km, p = check_decode_inputs(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
     device = "cuda" if sess.provider == "cuda" else "cpu"
@@ -89,7 +89,7 @@ def generate_steps(sess: RuntimeSession, x_steps, past_key=None, past_value=None
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
     out = (ys, cache_k.numpy(), cache_v.numpy())
-    return tuple(torch.from_numpy(o) for o in out) if as_torch else out
+    return tuple(from_numpy(o) for o in out) if as_torch else out
 
 
 __all__ = ["DecodeInputError", "chunks_one_row_at_a_time", "decode", "generate_steps"]

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 import zoo
 
 from .io import CONTEXT, HEAD_MASK, KEY_MASK, MASK, PAST_KEY, PAST_VALUE, X
+from .tensors import is_tensor, is_torch_dtype, loaded_torch, torch_dtype
 
 NP_DTYPE = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
-TORCH_DTYPE = {np.float32: torch.float32, np.float16: torch.float16, np.bool_: torch.bool}
 
 
 class RunInputError(zoo.AttnzooError, ValueError):
@@ -63,7 +62,8 @@ class Model(Protocol):
 
 def np_of(dtype) -> np.dtype:
     """The numpy dtype of a numpy or torch dtype (np.void for a torch dtype no model takes)."""
-    if isinstance(dtype, torch.dtype):
+    if is_torch_dtype(dtype):
+        torch = loaded_torch()
         return np.dtype(
             {
                 torch.float32: np.float32,
@@ -151,18 +151,18 @@ def run_feeds(
             hint = {MASK.name: "--mask", HEAD_MASK.name: "--head-mask"}.get(name)
             fix = f"; re-export with {hint}" if hint else ""
             raise RunInputError(f"this model has no {name!r} input (inputs: {list(inputs)}){fix}")
-        if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
+        if value is not None and not (is_tensor(value) or isinstance(value, np.ndarray)):
             raise zoo.InputTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
     if x is None:
         raise RunInputError("x is required")
     if CONTEXT.name in inputs and context is None:
         raise RunInputError("this is a cross-attention model: pass context (b, s, d_context)")
-    lib = torch if isinstance(x, torch.Tensor) else np
+    lib = loaded_torch() if is_tensor(x) else np
     for name in (CONTEXT.name, MASK.name, HEAD_MASK.name):
         v = given[name]
-        if v is not None and isinstance(v, torch.Tensor) != (lib is torch):
+        if v is not None and is_tensor(v) != (lib is not np):
             raise zoo.InputTypeError(
-                f"x is a {'torch tensor' if lib is torch else 'numpy array'} but {name} is not; pass one kind"
+                f"x is a {'numpy array' if lib is np else 'torch tensor'} but {name} is not; pass one kind"
             )
     check_float(inputs, X.name, x, 3, dtype)
     b, t = x.shape[0], x.shape[1]
@@ -206,7 +206,7 @@ def full_mask(mask, b: int, t: int, s: int, lib):
     """The bool mask (b, t, s) a run feeds: all True when none is given; a (b|1, 1, t, s) mask
     drops its head axis (the exported mask is shared by all heads)."""
     if mask is None:
-        return lib.ones((b, t, s), dtype=lib.bool_ if lib is np else torch.bool)
+        return lib.ones((b, t, s), dtype=lib.bool_ if lib is np else lib.bool)
     if np_of(mask.dtype) != np.bool_:
         raise zoo.InputTypeError(f"mask has dtype {mask.dtype}; the ONNX mask is bool (True = may attend)")
     shape = tuple(mask.shape)
@@ -221,13 +221,13 @@ def full_mask(mask, b: int, t: int, s: int, lib):
 def full_head_mask(hm, h: int, b: int, lib, dtype: np.dtype):
     """The head mask (b, h) a run feeds: all ones when none is given; (h,) and (1, h) broadcast."""
     if hm is None:
-        return np.ones((b, h), dtype=dtype) if lib is np else torch.ones(b, h, dtype=TORCH_DTYPE[dtype.type])
+        return np.ones((b, h), dtype=dtype) if lib is np else lib.ones(b, h, dtype=torch_dtype(dtype.type))
     shape = tuple(hm.shape)
     if shape not in ((h,), (b, h), (1, h)):
         raise RunInputError(f"head_mask has shape {shape}; expected ({h},) or ({b}, {h})")
     if lib is np:
         return np.ascontiguousarray(np.broadcast_to(hm.astype(dtype), (b, h)))
-    return hm.to(TORCH_DTYPE[dtype.type]).expand(b, h).contiguous()
+    return hm.to(torch_dtype(dtype.type)).expand(b, h).contiguous()
 
 
 # -- a decode call (sess.decode, generate_steps, the static cache) ----------------------------------
@@ -236,7 +236,7 @@ def full_head_mask(hm, h: int, b: int, lib, dtype: np.dtype):
 def as_numpy(name: str, v: Any, dtype: np.dtype | None) -> np.ndarray:
     """A torch tensor (on any device but meta) or numpy array as a contiguous numpy array of `dtype`
     (None: any)."""
-    if isinstance(v, torch.Tensor):
+    if is_tensor(v):
         if v.device.type == "meta":
             raise zoo.InputTypeError(f"{name} is a meta tensor (no data); pass a tensor on the CPU or a numpy array")
         if v.device.type != "cpu":
@@ -314,7 +314,7 @@ def check_cache_key_mask(sess: Model, key_mask, batch: int, p: int) -> np.ndarra
     if key_mask is None:
         return None
     require_key_mask_input(sess)
-    key_mask = np.ascontiguousarray(key_mask.numpy() if isinstance(key_mask, torch.Tensor) else key_mask)
+    key_mask = np.ascontiguousarray(key_mask.numpy() if is_tensor(key_mask) else key_mask)
     if key_mask.dtype != np.bool_ or key_mask.ndim != 2 or key_mask.shape[0] != batch or key_mask.shape[1] < p:
         raise DecodeInputError(
             f"key_mask is {key_mask.dtype} {key_mask.shape}; expected bool (b={batch}, p + k >= {p})"

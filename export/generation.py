@@ -20,11 +20,11 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 import zoo
 
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
     from .runtime import RuntimeSession
@@ -33,7 +33,7 @@ ROUND = 32  # a call's capacity is prompt + new tokens rounded up to this (each 
 
 
 def _as_ids(sess: RuntimeSession, input_ids) -> np.ndarray:
-    if isinstance(input_ids, torch.Tensor):
+    if is_tensor(input_ids):
         input_ids = input_ids.detach().cpu().numpy()
     if isinstance(input_ids, (list, tuple)):
         input_ids = np.asarray(input_ids)
@@ -72,15 +72,23 @@ def _check_count(name: str, value, low: int) -> None:
         raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
 
 
-def generate(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None,
-             pad_token_id=None, *, timings: dict | None = None):
+def generate(
+    sess: RuntimeSession,
+    input_ids,
+    max_new_tokens: int,
+    attention_mask=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    *,
+    timings: dict | None = None,
+):
     """(b, t + N) int64: the prompt then greedy tokens (fewer than N when every row ended at eos).
 
     torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
     prefill_s, decode_s, steps and capacity."""
     import onnxruntime as ort
 
-    as_torch = isinstance(input_ids, torch.Tensor)
+    as_torch = is_tensor(input_ids)
     ids = _as_ids(sess, input_ids)
     _check_count("max_new_tokens", max_new_tokens, 1)
     for name, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
@@ -99,7 +107,7 @@ def generate(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mas
     key_mask = np.ones((b, n), np.bool_)
     if attention_mask is not None:
         am = attention_mask
-        am = am.detach().cpu().numpy() if isinstance(am, torch.Tensor) else np.asarray(am)
+        am = am.detach().cpu().numpy() if is_tensor(am) else np.asarray(am)
         if am.shape != (b, t):
             raise zoo.InputError(f"attention_mask has shape {am.shape}; it must be (batch, tokens) = {(b, t)}")
         if not am.astype(bool)[:, -1].all():
@@ -169,7 +177,7 @@ def generate(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mas
     if timings is not None:
         timings.update(prefill_s=prefill, decode_s=decode, steps=length - t - 1, capacity=n)
     out = out[:, :length]
-    return torch.from_numpy(out) if as_torch else out
+    return from_numpy(out) if as_torch else out
 
 
 __all__ = ["ROUND", "generate", "lm_max_len", "lm_vocab"]

@@ -29,6 +29,9 @@ def fuse_norms(model):
             ("skip_layer_normalization", fuse_skip_layer_normalization),
         ):
             counts[name] = fuse(model)
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    RemoveUnusedNodesPass()(model)  # and the constants only the fused nodes read (ORT warned of each)
     return model, counts
 
 

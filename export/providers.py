@@ -12,8 +12,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
-
 import zoo
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -36,6 +34,8 @@ def cuda_status() -> tuple[bool, str]:
     rt = ort()
     if CUDA not in rt.get_available_providers():
         return False, f"onnxruntime {rt.__version__} ({rt.get_device()} build) has no CUDA provider"
+    import torch  # only where the GPU build is installed: its CUDA wheels and the GPU's name
+
     if hasattr(rt, "preload_dlls") and torch.version.cuda is not None:
         try:
             rt.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels beside torch

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 import zoo
 
-from .feeds import NP_DTYPE, TORCH_DTYPE, RunInputError, np_of, run_feeds
+from .feeds import NP_DTYPE, RunInputError, np_of, run_feeds
 from .io import CONTEXT, PAST_KEY, PAST_LEN, X
 from .names import PROVIDERS
 from .providers import CUDA, SessionError, announce, choose, device_of, ort, providers_for, session_options
+from .tensors import is_tensor, torch_dtype
 
 if TYPE_CHECKING:
     from .lowerings import Lowering
@@ -197,7 +197,9 @@ class RuntimeSession:
                 f"or sess.generate_steps(x_steps)"
             )
         feeds = run_feeds(self._inputs, self.dtype, x, context, mask, head_mask, check_size=self.check_size)
-        if isinstance(x, torch.Tensor):
+        if is_tensor(x):
+            import torch  # loaded: x is a tensor
+
             if self.io_binding:
                 outs = self._run_bound(feeds)
             else:
@@ -238,8 +240,10 @@ class RuntimeSession:
                 raise zoo.ResourceError(f"ONNX Runtime ran out of memory running {self.path.name}: {first}") from e
             raise
 
-    def _run_bound(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """IO binding over torch storage: no host round trip for CUDA tensors."""
+    def _run_bound(self, feeds: dict[str, Any]) -> list[Any]:
+        """IO binding over torch storage (feeds are torch tensors): no host round trip for CUDA tensors."""
+        import torch
+
         device = "cuda" if self.provider == "cuda" else "cpu"
         binding = self._sess.io_binding()
         keep = []
@@ -259,7 +263,7 @@ class RuntimeSession:
         outs = []
         for name in self._outputs:
             shape = self._output_shape(name, b, tq, s_len)
-            out = torch.empty(shape, dtype=TORCH_DTYPE[self.dtype.type], device=device)
+            out = torch.empty(shape, dtype=torch_dtype(self.dtype.type), device=device)
             binding.bind_output(name, out.device.type, out.device.index or 0, self.dtype.type, shape, out.data_ptr())
             outs.append(out)
         if device == "cuda":

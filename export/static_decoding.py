@@ -16,14 +16,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 import zoo
-from zoo.cache import check_room, check_static_fits
+from zoo.limits import check_room
 
 from .decoding import chunks_one_row_at_a_time
 from .feeds import check_cache_key_mask, check_decode_inputs, check_x
 from .io import CACHE_KEY, CACHE_KEY_MASK, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE, CACHE_VALUE, PAST_LEN, X, Y
+from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
     from .runtime import RuntimeSession
@@ -56,6 +56,8 @@ def checked_capacity(sess: RuntimeSession, batch: int, max_len) -> int:
             f"max_len={n} is past this model's capacity of {exported} positions (attnzoo.max_len, fixed at "
             f"export): give max_len <= {exported}, or re-export with --max-len {n} (max_len={n})"
         )
+    from zoo.cache import check_static_fits  # a block's cache: its spec (and torch) are loaded
+
     check_static_fits(sess.spec, batch, n, sess.dtype.itemsize, key_mask=CACHE_KEY_MASK.name in sess.input_names)
     return n
 
@@ -115,12 +117,12 @@ class OrtStaticCache:
         x is checked as sess.decode checks it (a torch tensor or numpy array of the model's dtype,
         (b, t >= 1, d_model)) and must have this cache's batch; torch in -> torch out (on the CPU),
         numpy in -> numpy out."""
-        as_torch = isinstance(x, torch.Tensor)
+        as_torch = is_tensor(x)
         x = check_x(self.sess, x, batch=self.batch)
         if x.shape[1] > 1:  # a chunk's scores (b h t n); one token's are smaller than the buffers held
             self.sess.check_size(x.shape[0], x.shape[1], self.capacity)
         y = self._advance(x)
-        return torch.from_numpy(y) if as_torch else y
+        return from_numpy(y) if as_torch else y
 
     def _advance(self, x: np.ndarray) -> np.ndarray:
         """step() after its checks (decode and generate_steps have made them for the whole call)."""
@@ -197,19 +199,19 @@ def static_cache(sess: RuntimeSession, batch: int, past_key=None, past_value=Non
 
 def decode(sess: RuntimeSession, x, past_key=None, past_value=None, key_mask=None):
     """One call: x (b t c) after a past (b g p d) -> y (b t c), present_key, present_value (b g p+t d)."""
-    as_torch = isinstance(x, torch.Tensor)
+    as_torch = is_tensor(x)
     x, pk, pv, km, p = check_decode_inputs(sess, x, past_key, past_value, key_mask)
     cache = _call_cache(sess, pk, pv, km, x.shape[1])
     y = cache._advance(x)
     out = (y, *cache.presents())
-    return tuple(torch.from_numpy(o) for o in out) if as_torch else out
+    return tuple(from_numpy(o) for o in out) if as_torch else out
 
 
 def generate_steps(sess: RuntimeSession, x_steps, past_key=None, past_value=None, key_mask=None):
     """x_steps (b k c) one position at a time into buffers bound once -> y (b k c), presents (b g p+k d).
 
     key_mask, if the model takes one, is (b p+k) for the whole run."""
-    as_torch = isinstance(x_steps, torch.Tensor)
+    as_torch = is_tensor(x_steps)
     x, pk, pv, km, p = check_decode_inputs(sess, x_steps, past_key, past_value, key_mask, steps=None)
     k = x.shape[1]
     cache = _call_cache(sess, pk, pv, km, k)
@@ -217,7 +219,7 @@ def generate_steps(sess: RuntimeSession, x_steps, past_key=None, past_value=None
     for i in range(k):
         ys[:, i] = cache._advance(x[:, i : i + 1])[:, 0]
     out = (ys, *cache.presents())
-    return tuple(torch.from_numpy(o) for o in out) if as_torch else out
+    return tuple(from_numpy(o) for o in out) if as_torch else out
 
 
 def _call_cache(sess: RuntimeSession, pk, pv, km, new: int) -> OrtStaticCache:

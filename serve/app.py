@@ -4,7 +4,6 @@ cluster), and reading its replicas' states."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -31,7 +30,16 @@ from .protocol import (
     failure_answer,
     rows_of,
 )
-from .replica import answer_get, open_session, read_body, replica_grpc_on_loopback, request_path, timing_headers
+from .replica import (
+    answer_get,
+    files_digest,
+    model_files,
+    open_session,
+    read_body,
+    replica_grpc_on_loopback,
+    request_path,
+    timing_headers,
+)
 
 # -- the Ray Serve deployment ------------------------------------------------------------------
 
@@ -46,7 +54,7 @@ class OnnxServer:
 
     def __init__(
         self,
-        model_bytes: bytes,
+        files: dict[str, bytes],
         name: str,
         provider: str = "cpu",
         max_batch: int = 16,
@@ -58,7 +66,7 @@ class OnnxServer:
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
-        self.sess = open_session(model_bytes, name, provider, threads)
+        self.sess = open_session(files, provider, threads)
         self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
@@ -77,7 +85,7 @@ class OnnxServer:
             "max_batch": max_batch,
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
-            "sha256": hashlib.sha256(model_bytes).hexdigest(),
+            "sha256": files_digest(files),
         }
         from ray import serve
 
@@ -210,8 +218,6 @@ def start(
     path = Path(model)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such file; export one with `attnzoo export NAME --mask -o {path}`")
-    if Path(str(path) + ".data").exists():
-        raise ServeError(f"{path} keeps its weights in an external file; serving sends one file to each replica")
     # Check here, in one process, what every replica would otherwise fail on.
     probe = OnnxSession(path, provider="cpu", verbose=False)
     server: type = OnnxServer
@@ -267,7 +273,7 @@ def start(
             health_check_period_s=2,
         )
         handle = deployment.bind(
-            path.read_bytes(),
+            model_files(path),
             path.stem,
             provider=provider,
             max_batch=max_batch,

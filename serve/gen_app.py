@@ -4,7 +4,6 @@ gathered by a StaticBatcher and generated from as one left-padded batch (serve/g
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import time
 
@@ -20,6 +19,7 @@ from .gen_protocol import (
 from .protocol import failure_answer
 from .replica import (
     answer_get,
+    files_digest,
     open_session,
     read_body,
     replica_grpc_on_loopback,
@@ -42,7 +42,7 @@ class GenerateServer:
 
     def __init__(
         self,
-        model_bytes: bytes,
+        files: dict[str, bytes],
         name: str,
         provider: str = "cpu",
         max_batch: int = 16,
@@ -57,7 +57,7 @@ class GenerateServer:
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
-        self.sess = open_session(model_bytes, name, provider, threads)
+        self.sess = open_session(files, provider, threads)
         self.info = GenInfo.of(
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )
@@ -89,8 +89,9 @@ class GenerateServer:
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
             "max_new_tokens": max_new_tokens,
-            "sha256": hashlib.sha256(model_bytes).hexdigest(),
+            "sha256": files_digest(files),
         }
+
     async def __call__(self, request):
         from starlette.responses import PlainTextResponse, Response
 

@@ -83,11 +83,11 @@ def _served_session(meta: dict[str, Any], model: str | os.PathLike | None):
     """An OnnxSession over `model` when given, checked to be the file the server runs (its sha256)."""
     if model is None:
         return None
-    import hashlib
-
     from export.session import OnnxSession
 
-    digest = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    from .replica import files_digest, model_files
+
+    digest = files_digest(model_files(Path(model)))
     if meta.get("sha256") and digest != meta["sha256"]:
         raise LoadTestError(f"{model} is not the model this server runs (sha256 differs); give the served file")
     return OnnxSession(model, provider="cpu", verbose=False)

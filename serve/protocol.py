@@ -16,7 +16,7 @@ import numpy as np
 
 from export.feeds import Voice, broadcast_mask, check_key_mask, check_past, check_past_pair, past_length
 from zoo import AttnzooError, CacheFullError
-from zoo.cache import check_room
+from zoo.limits import check_room
 
 from .bodies import read_json, read_npy, read_npz
 from .schema import (

@@ -5,6 +5,7 @@ replicas in app.py (blocks) and gen_app.py (whole models)."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,16 +13,37 @@ from pathlib import Path
 from .schema import RequestError
 
 
-def open_session(model_bytes: bytes, name: str, provider: str, threads: int | None):
-    """An OnnxSession over `model_bytes`: replicas may run on other machines, so the model travels as
-    bytes, not as a path; its temporary file is gone once ONNX Runtime holds the model."""
+def model_files(path: Path) -> dict[str, bytes]:
+    """An export's files by name, as they travel to the replicas: the graph first, then the weights
+    file beside it when the export keeps its weights there (PATH.data: whole models, and blocks past
+    the external-data size)."""
+    files = {path.name: path.read_bytes()}
+    data = Path(str(path) + ".data")
+    if data.is_file():
+        files[data.name] = data.read_bytes()
+    return files
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """The sha256 a server reports (GET /metadata) and a load test checks: over the graph's bytes,
+    then the weights file's, in model_files' order."""
+    h = hashlib.sha256()
+    for blob in files.values():
+        h.update(blob)
+    return h.hexdigest()
+
+
+def open_session(files: dict[str, bytes], provider: str, threads: int | None):
+    """An OnnxSession over an export's files (model_files): replicas may run on other machines, so the
+    model travels as bytes, not as a path; its temporary files are gone once ONNX Runtime holds the
+    model (external weights it maps stay readable until the session closes)."""
     from export.session import OnnxSession
 
     folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
-    path = folder / f"{name}.onnx"
-    path.write_bytes(model_bytes)
+    for name, blob in files.items():
+        (folder / name).write_bytes(blob)
     try:
-        return OnnxSession(path, provider=provider, threads=threads, verbose=False)
+        return OnnxSession(folder / next(iter(files)), provider=provider, threads=threads, verbose=False)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -13,50 +13,65 @@ peers on first use: `import zoo` imports neither peers nor transformers nor safe
 import importlib
 from typing import Any
 
-from .accounting import (
-    FLOP_CONVENTION,
-    bytes_moved,
-    count_parameters,
-    flops,
-    parameter_breakdown,
-    score_entries,
-    stage_shapes,
-)
-from .attend import explicit_attention, fused_attention
-from .attention import MultiHeadAttention
-from .cache import StaticCache
 from .errors import (
     ArgumentError,
     AttnzooError,
     CacheFullError,
     CheckpointError,
+    DuplicateNameError,
     InputError,
     InputTypeError,
     MissingFileError,
     OutputExistsError,
     OutputPathError,
+    PresetFileError,
     ResourceError,
+    SpecError,
+    UnknownNameError,
 )
 from .errors import HFConversionError as HFConversionError
 from .errors import HFTypeError as HFTypeError
-from .lm import DecoderLM, LMSpec
-from .heads import get_projections, permute_heads, prune_heads, to_combined, to_separate
-from .registry import (
-    DuplicateNameError,
-    Entry,
-    PresetFileError,
-    UnknownNameError,
-    add_presets,
-    create,
-    entry,
-    load_presets,
-    names,
-    read_preset,
-    register,
-    spec,
-    unregister,
-)
-from .spec import AttentionSpec, SpecError, parse_overrides
+
+# name -> the zoo module that defines it, imported on first use: `import zoo` imports no torch, so a
+# process that only runs an export (export.OnnxSession: onnxruntime and numpy) never loads it.
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "FLOP_CONVENTION",
+            "bytes_moved",
+            "count_parameters",
+            "flops",
+            "parameter_breakdown",
+            "score_entries",
+            "stage_shapes",
+        ),
+        "zoo.accounting",
+    ),
+    "explicit_attention": "zoo.attend",
+    "fused_attention": "zoo.attend",
+    "MultiHeadAttention": "zoo.attention",
+    "StaticCache": "zoo.cache",
+    "DecoderLM": "zoo.lm",
+    "LMSpec": "zoo.lm",
+    **dict.fromkeys(("get_projections", "permute_heads", "prune_heads", "to_combined", "to_separate"), "zoo.heads"),
+    **dict.fromkeys(
+        (
+            "Entry",
+            "add_presets",
+            "create",
+            "entry",
+            "load_presets",
+            "names",
+            "read_preset",
+            "register",
+            "spec",
+            "unregister",
+        ),
+        "zoo.registry",
+    ),
+    "AttentionSpec": "zoo.attention_spec",
+    "parse_overrides": "zoo.attention_spec",
+}
 
 __version__ = "0.1.0"
 
@@ -130,10 +145,14 @@ _PEERS = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PEERS:
-        return getattr(importlib.import_module(_PEERS[name]), name)
-    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+    module = _LAZY.get(name) or _PEERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if name in _LAZY:
+        globals()[name] = value  # bound once imported: later lookups are plain attribute reads
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_PEERS})
+    return sorted({*globals(), *_LAZY, *_PEERS})

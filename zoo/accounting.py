@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from . import modifiers
+from .attention_spec import AttentionSpec
 from .errors import ArgumentError, InputTypeError
-from .spec import AttentionSpec
 
 FLOP_CONVENTION = (
     "matmul FLOPs only, 2 per multiply-accumulate (an (m,k)x(k,n) product = 2mkn); "

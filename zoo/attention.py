@@ -37,12 +37,12 @@ from .attend import (
     score_map,
     score_sink,
 )
+from .attention_spec import AttentionSpec
 from .cache import GrowingCache, KVCache, StaticBuffers, StaticCache
 from .errors import InputError, InputTypeError
 from .hooks import HookPoints, output
 from .inputs import check_decode, check_forward, check_positions
 from .limits import check_fits
-from .spec import AttentionSpec
 
 
 class MultiHeadAttention(HookPoints, nn.Module):

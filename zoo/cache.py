@@ -31,9 +31,9 @@ from einops import rearrange
 from torch import Tensor
 
 from .attend import key_positions
-from .errors import CacheFullError, InputError, InputTypeError
-from .limits import check_fits
-from .spec import AttentionSpec
+from .attention_spec import AttentionSpec
+from .errors import InputError, InputTypeError
+from .limits import check_fits, check_room
 
 
 def static_cache_bytes(spec: AttentionSpec, batch: int, max_len: int, itemsize: int, *, key_mask: bool = False) -> int:
@@ -45,17 +45,6 @@ def static_cache_bytes(spec: AttentionSpec, batch: int, max_len: int, itemsize: 
 
 def _buffer_bytes(batch: int, max_len: int, kv_heads: int, d_kv: int, itemsize: int, key_mask: bool) -> int:
     return batch * max_len * (kv_heads * d_kv * itemsize + int(key_mask))
-
-
-def check_room(capacity: int, length: int, new: int, *, fix: str) -> None:
-    """The one capacity rule of a static cache, eager, ONNX Runtime and served alike: `length`
-    written positions and `new` ones must fit in `capacity` (max_len); CacheFullError otherwise,
-    naming the numbers and `fix`, before anything is written."""
-    if length + new > capacity:
-        raise CacheFullError(
-            f"a static cache of max_len={capacity} positions cannot take {length} written + {new} new = "
-            f"{length + new}: {fix}"
-        )
 
 
 def check_static_fits(

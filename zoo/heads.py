@@ -15,9 +15,9 @@ from torch import Tensor
 
 from . import modifiers
 from .attention import MultiHeadAttention
+from .attention_spec import AttentionSpec
 from .errors import ArgumentError, InputTypeError
 from .modifiers import take_blocks
-from .spec import AttentionSpec
 
 
 @dataclass

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .attention_spec import AttentionSpec
 from .cache import StaticCache, check_room
 from .errors import InputError, InputTypeError
-from .spec import AttentionSpec
 
 
 def check_forward(

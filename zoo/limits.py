@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ResourceError
+from .errors import CacheFullError, ResourceError
 
 
 def machine_memory_bytes() -> int | None:
@@ -50,4 +50,15 @@ def check_fits(need: int, what: str, *, limit: int | None = None) -> None:
         )
 
 
-__all__ = ["check_fits", "machine_memory_bytes"]
+def check_room(capacity: int, length: int, new: int, *, fix: str) -> None:
+    """The one capacity rule of a static cache, eager, ONNX Runtime and served alike: `length`
+    written positions and `new` ones must fit in `capacity` (max_len); CacheFullError otherwise,
+    naming the numbers and `fix`, before anything is written."""
+    if length + new > capacity:
+        raise CacheFullError(
+            f"a static cache of max_len={capacity} positions cannot take {length} written + {new} new = "
+            f"{length + new}: {fix}"
+        )
+
+
+__all__ = ["check_fits", "check_room", "machine_memory_bytes"]

@@ -41,12 +41,12 @@ from torch import Tensor, nn
 
 from .attend import key_positions
 from .attention import MultiHeadAttention, static_step
+from .attention_spec import AttentionSpec
 from .cache import GrowingCache, check_room
 from .errors import InputError, InputTypeError, SpecError
 from .hooks import HookedModel, layer_blocks
 from .limits import check_fits
 from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, MoE, Norm
-from .spec import AttentionSpec
 
 # arrangement -> the norms a layer holds (before attention, after it, before the MLP, after it)
 RESIDUALS = {

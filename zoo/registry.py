@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .attention import MultiHeadAttention
+from .attention_spec import AttentionSpec, SpecError, field_names
 from .errors import ArgumentError, DuplicateNameError, InputTypeError, PresetFileError, UnknownNameError
-from .spec import AttentionSpec, SpecError, field_names
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -16,7 +16,7 @@ from .accounting import (
     stage_shapes,
 )
 from .attention import MultiHeadAttention
-from .spec import AttentionSpec
+from .attention_spec import AttentionSpec
 
 
 def human(n: float, unit: str = "") -> str:

@@ -1,6 +1,6 @@
 """The spec's fields and the values they resolve to, with no checks: what the modifiers read.
 
-`zoo.spec.AttentionSpec` is these fields with their checks (the modifiers' among them), and it is
+`zoo.attention_spec.AttentionSpec` is these fields with their checks (the modifiers' among them), and it is
 the only kind of spec ever made; the modifiers take it typed as this base, so that they sit below
 the spec that calls them.
 """

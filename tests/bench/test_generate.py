@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.checkpoints import BOS, EOS, PAD, byte_tokenizer, prompt_ids
-from bench.generate import PATHS, benchmark_generate, format_generate_table
+from bench.generate import PATHS, benchmark_generate, format_generate_table, memory_floor
 from cli.main import main
 from helpers import one_line_error
 
@@ -98,6 +98,14 @@ def test_bad_generate_flags_are_one_line(capsys, argv, needle):
     assert needle in one_line_error(capsys, argv)
 
 
+def test_the_memory_floor_is_the_checkpoints_weights_and_a_cache_of_the_call(tiny_checkpoint):
+    floor = memory_floor(str(tiny_checkpoint), [8, 16], new=4)
+    weights = sum(f.stat().st_size for f in tiny_checkpoint.glob("*.safetensors"))
+    assert floor["weights_mb"] == weights / 1e6
+    per_position = 1 * 2 * 2 * (32 // 4) * 4  # layers, K and V, kv heads, head dim, fp32
+    assert floor["cache_mb"] == {8: per_position * 12 / 1e6, 16: per_position * 20 / 1e6}
+
+
 def test_a_folder_without_config_is_refused(capsys, tmp_path):
     assert "config.json" in one_line_error(capsys, ["bench", "--generate", "--checkpoint", str(tmp_path)])
 
@@ -132,7 +140,7 @@ def test_bench_generate_runs_end_to_end(tiny_checkpoint, tmp_path, capsys):
     rows = {r["path"]: r for r in report["rows"]}
     for path in ("transformers-dynamic", "transformers-static"):
         assert rows[path]["ok"], rows[path]
-        assert len(rows[path]["tokens"]) == 3 and rows[path]["peak_rss_mb"] > 0
+        assert len(rows[path]["tokens"]) == 3 and 0 < rows[path]["runtime_rss_mb"] < rows[path]["peak_rss_mb"]
         assert rows[path]["agree_count"] == 3  # greedy: the static cache gives the dynamic cache's tokens
     assert set(rows) <= set(PATHS)
     assert code == (0 if all(r["ok"] for r in report["rows"]) else 1)

@@ -11,6 +11,7 @@ int8 and the capped export under -m slow (each export is ~30 CPU-seconds on this
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from export.lowerings import record
 from export.names import LOWERINGS
 from export.precision import rel_l2
 from export.splice import DOMAIN
+from helpers import REPO
 from peers.lm import lm_from_hf
 from peers.lm_rows import LM_FAMILIES
 
@@ -88,6 +90,42 @@ def _generates_eager_and_transformers_tokens(hf, lm, path):
     assert torch.equal(got, lm.generate(ids, NEW))
     want = hf.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None)
     assert torch.equal(got, want)
+
+
+def test_the_weights_are_written_beside_the_graph(lm_exports):
+    _, lm, path = lm_exports(DEFAULT)
+    data = Path(str(path) + ".data")
+    assert data.is_file() and data.stat().st_size >= 0.95 * zoo.count_parameters(lm) * 4  # small norms stay inline
+    graph = onnx.load(path, load_external_data=False).graph
+    inline = [
+        i.name for i in graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL and len(i.raw_data) > 1024
+    ]
+    assert inline == [], f"weights left inside the graph: {inline}"
+
+
+def test_a_whole_model_generates_in_a_process_that_cannot_import_torch(lm_exports):
+    """OnnxSession.generate runs on onnxruntime and numpy alone (a deployment needs no torch): the same
+    tokens as in this process, in an interpreter where importing torch raises."""
+    _, _, path = lm_exports(DEFAULT)
+    ids = lm_cases.prompt().numpy()
+    code = (
+        "import json, sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "import numpy as np\n"
+        "from export import OnnxSession\n"
+        f"ids = np.array({ids.tolist()}, dtype=np.int64)\n"
+        f"out = OnnxSession({str(path)!r}, provider='cpu', verbose=False).generate(ids, {NEW})\n"
+        "print(json.dumps([out.tolist(), sorted(m for m in sys.modules if m.split('.')[0] == 'torch')]))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    tokens, torch_modules = json.loads(p.stdout.splitlines()[-1])
+    assert torch_modules == []
+    assert tokens == OnnxSession(path, provider="cpu").generate(ids, NEW).tolist()
 
 
 def test_the_graph_has_the_named_interface_and_binds_one_buffer_per_layer(lm_exports):

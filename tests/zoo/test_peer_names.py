@@ -1,6 +1,7 @@
 """zoo hands on the names of `peers` (transformers, checkpoints, torch.nn.MultiheadAttention), importing
 peers on first use: `import zoo` imports neither peers nor transformers nor safetensors, and the
-interop's error classes live in zoo.errors, so catching them imports nothing."""
+interop's error classes live in zoo.errors, so catching them imports nothing. zoo's own names load on
+first use too: `import zoo` imports no torch (an export's session runs on onnxruntime and numpy)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ HANDED_ON = {
     "from_torch_mha": "peers.torch_mha",
     "to_torch_mha": "peers.torch_mha",
 }
-HEAVY = ("peers", "transformers", "safetensors")
+HEAVY = ("peers", "transformers", "safetensors", "torch")
 
 
 def _loaded_after(code: str) -> dict[str, list[str]]:
@@ -55,8 +56,30 @@ def test_import_zoo_imports_neither_peers_nor_transformers_nor_safetensors():
     )
     assert got["import"] == [], f"import zoo loaded {got['import']}"
     assert got["errors"] == [], f"catching the interop's errors loaded {got['errors']}"
-    # peers loads on first use; transformers and safetensors only inside the functions that read them
-    assert "peers" in got["names"] and not [m for m in got["names"] if not m.startswith("peers")], got["names"]
+    # peers loads on first use (with torch, which its modules build on); transformers and safetensors
+    # only inside the functions that read them
+    late = [m for m in got["names"] if m.split(".")[0] not in ("peers", "torch")]
+    assert "peers" in got["names"] and not late, got["names"]
+
+
+def test_import_zoo_imports_no_torch_until_a_name_needs_it():
+    got = _loaded_after("import zoo\nzoo.InputError, zoo.AttnzooError\nseen('errors')\nzoo.names()\nseen('registry')\n")
+    assert got["errors"] == [], f"import zoo and its errors loaded {got['errors']}"
+    assert "torch" in got["registry"]
+
+
+@pytest.mark.parametrize("name", sorted(zoo._LAZY))
+def test_every_name_zoo_loads_on_first_use_is_its_modules_own(name):
+    import importlib
+
+    assert getattr(zoo, name) is getattr(importlib.import_module(zoo._LAZY[name]), name)
+    assert name in dir(zoo) and name in zoo.__all__
+
+
+def test_zoo_spec_is_the_registry_function_whatever_was_imported_first():
+    import zoo.attention_spec  # noqa: F401 - the module that defines AttentionSpec, imported by name
+
+    assert zoo.spec("mha-combined-bias").d_model > 0
 
 
 @pytest.mark.parametrize("name", sorted(HANDED_ON))
