@@ -2,13 +2,15 @@
 its own process.
 
     attnzoo bench --checkpoint DIR --generate --prompt 128,1024 --new 64 --precision fp32,int4 \
-        [--genai-python PATH] [--llama-python PATH --gguf fp32=F32.gguf,int4=Q4_0.gguf] [--json PATH]
+        [--genai-python PATH] [--llama-python PATH [--gguf fp32=F32.gguf,int4=Q4_0.gguf]] [--json PATH]
 
 Paths (PATHS): attnzoo (export_onnx(model, decode=True, precision=P) and OnnxSession.generate),
 transformers' generate with its dynamic cache and with cache_implementation="static" (fp32 only),
 onnxruntime-genai (its builder, then og.Generator) from the python given by --genai-python, and
-llama.cpp through llama-cpp-python from --llama-python with a GGUF per precision (int4 = Q4_0).
-A path whose environment or model is not given, or that cannot run, is a row saying why.
+llama.cpp through llama-cpp-python from --llama-python: its GGUF per precision is written from the
+checkpoint in that environment (gguf-py, F32; int8 = Q8_0 and int4 = Q4_0 by llama_model_quantize),
+or brought with --gguf PREC=FILE. A path whose environment is not given, or that cannot run, is a
+row saying why.
 
 Every worker (bench/generate_peers.py) gets the same prompt ids, B = 1, the same threads; it times
 its own greedy loop: end-to-end seconds for N new tokens, the prefill (the call for 1 token),
@@ -79,16 +81,18 @@ def benchmark_generate(
         builds: dict[str, Any] = {}
         for path in paths:
             for precision in precisions:
-                why = _why_not(path, precision, pythons[path], gguf or {})
+                why = _why_not(path, precision, pythons[path])
                 if why:
                     skipped[(path, precision)] = why
                     continue
-                if path == "llama.cpp":
-                    models[(path, precision)] = (gguf or {})[precision]
+                if path == "llama.cpp" and precision in (gguf or {}):
+                    given = models[(path, precision)] = (gguf or {})[precision]  # the user's own file
+                    builds[f"{path} {precision}"] = {"ok": True, "note": f"given: --gguf {precision}={given}"}
                     continue
                 if path in ONLY_FP32:
                     continue
-                target = str(Path(tmp) / f"{path}-{precision}" / ("model.onnx" if path == "attnzoo" else ""))
+                name = {"attnzoo": "model.onnx", "llama.cpp": "model.gguf"}.get(path, "")
+                target = str(Path(tmp) / f"{path}-{precision}" / name)
                 job = {
                     "stage": "build",
                     "path": path,
@@ -152,7 +156,7 @@ def benchmark_generate(
     }
 
 
-def _why_not(path: str, precision: str, python: str, gguf: dict[str, str]) -> str | None:
+def _why_not(path: str, precision: str, python: str) -> str | None:
     if path in ONLY_FP32 and precision != "fp32":
         return None  # transformers rows are fp32 only; nothing to report per precision
     if path == "attnzoo":
@@ -165,11 +169,8 @@ def _why_not(path: str, precision: str, python: str, gguf: dict[str, str]) -> st
             return "no --genai-python given (onnxruntime-genai brings its own onnxruntime: give its environment)"
         if precision == "int8":
             return "onnxruntime-genai's builder has no int8 weight precision"
-    if path == "llama.cpp":
-        if not python:
-            return "no --llama-python given (llama-cpp-python's environment)"
-        if precision not in gguf:
-            return f"no GGUF for {precision} (--gguf {precision}=FILE; int4 is Q4_0)"
+    if path == "llama.cpp" and not python:
+        return "no --llama-python given (llama-cpp-python's environment, with numpy, gguf and safetensors)"
     if python and not Path(python).exists():
         return f"{python} does not exist"
     return None
@@ -273,6 +274,11 @@ def format_generate_table(report: dict[str, Any]) -> str:
             f"model MB: the worker's peak RSS less its RSS after the path's imports (the runtime, before the model). "
             f"The floor it is measured against: fp32 weights {floor['weights_mb']:.0f} MB, static cache {caches}.",
         ]
+    notes = [(key, b) for key, b in report.get("builds", {}).items() if b.get("ok") and b.get("note")]
+    lines += [""] if notes else []
+    for key, b in notes:  # how a model was made where the row alone does not say (llama.cpp's GGUFs)
+        types = ", ".join(f"{t} {n}" for t, n in b.get("tensor_types", {}).items())
+        lines.append(f"- {key}: {b['note']}" + (f" (tensors: {types})" if types else ""))
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
 This file imports nothing of attnzoo's at the top and only the standard library: it runs under
 another environment's python too (onnxruntime-genai brings its own onnxruntime, llama-cpp-python
 its own build), which is how the benchmark keeps each peer in the environment it needs. The
-attnzoo path imports zoo and export inside its functions (the parent sets PYTHONPATH for it).
+attnzoo path imports zoo and export inside its functions (the parent sets PYTHONPATH for it); the
+llama.cpp build imports numpy, gguf, safetensors and llama_cpp inside its own (it writes the GGUF).
 
 A job (JSON): {"stage": "build"|"time", "path": PATH, "checkpoint": DIR, "precision": "fp32"|"int4"|...,
 "model": the built model (ONNX file, genai folder, GGUF file), "prompt": [ids], "new": N,
@@ -139,7 +140,19 @@ def load_genai(job: dict):
     return generate
 
 
-# ---- llama.cpp through llama-cpp-python: eval the prompt, then argmax and eval one token ----
+# ---- llama.cpp through llama-cpp-python: a GGUF written here, then eval the prompt, argmax, eval one token ----
+def build_llama(job: dict) -> dict:
+    """The GGUF of job["precision"] (bench/gguf_llama.py, loaded from beside this file: this file runs
+    as a script under llama-cpp-python's python, where bench is no package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf_llama.py")
+    spec = importlib.util.spec_from_file_location("attnzoo_bench_gguf_llama", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_llama(job)
+
+
 def load_llama(job: dict):
     import ctypes
 
@@ -174,7 +187,7 @@ def load_llama(job: dict):
     return generate
 
 
-BUILDERS = {"attnzoo": build_attnzoo, "onnxruntime-genai": build_genai}
+BUILDERS = {"attnzoo": build_attnzoo, "onnxruntime-genai": build_genai, "llama.cpp": build_llama}
 LOADERS = {
     "attnzoo": load_attnzoo,
     "transformers-dynamic": load_transformers_dynamic,

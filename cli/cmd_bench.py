@@ -134,13 +134,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--new", type=int, default=64, metavar="N", help="new tokens per call (default %(default)s)")
     gen.add_argument("--genai-python", metavar="PATH", help="the python of an environment with onnxruntime-genai")
-    gen.add_argument("--llama-python", metavar="PATH", help="the python of an environment with llama-cpp-python")
+    gen.add_argument(
+        "--llama-python",
+        metavar="PATH",
+        help="the python of an environment with llama-cpp-python, numpy, gguf and safetensors: the bench writes "
+        "each precision's GGUF there (F32; int8 Q8_0, int4 Q4_0 by llama_model_quantize) unless --gguf gives it",
+    )
     gen.add_argument(
         "--gguf",
         type=_gguf_map,
         default={},
         metavar="PREC=FILE,...",
-        help="with --llama-python: the GGUF of each precision, e.g. fp32=model-f32.gguf,int4=model-q4_0.gguf",
+        help="with --llama-python: bring your own GGUF for a precision instead of the one the bench writes, "
+        "e.g. fp32=model-f32.gguf,int4=model-q4_0.gguf",
     )
 
 

@@ -145,3 +145,154 @@ def test_bench_generate_runs_end_to_end(tiny_checkpoint, tmp_path, capsys):
     assert set(rows) <= set(PATHS)
     assert code == (0 if all(r["ok"] for r in report["rows"]) else 1)
     assert "tokens/s" in capsys.readouterr().out
+
+
+# ---- llama.cpp: the GGUF the bench writes ----
+def _rotate_half(x, positions, theta=10000.0):
+    """HF LLaMA's rotary on rows (heads, d): row i with row i + d/2, frequency i."""
+    import numpy as np
+
+    d = x.shape[-1]
+    angle = positions[:, None] * theta ** (-np.arange(0, d, 2) / d)[None, :]  # (positions, d/2)
+    cos, sin = np.concatenate([np.cos(angle)] * 2, -1), np.concatenate([np.sin(angle)] * 2, -1)
+    rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def _rotate_pairs(x, positions, theta=10000.0):
+    """llama.cpp's LLAMA rope (type NORM) on rows (heads, d): rows 2j and 2j+1, frequency j."""
+    import numpy as np
+
+    d = x.shape[-1]
+    angle = positions[:, None, None] * theta ** (-np.arange(0, d, 2) / d)[None, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty(np.broadcast_shapes(x.shape, (len(positions), 1, d)))
+    out[..., 0::2] = even * np.cos(angle) - odd * np.sin(angle)
+    out[..., 1::2] = even * np.sin(angle) + odd * np.cos(angle)
+    return out
+
+
+@pytest.mark.parametrize("heads, head_dim", [(1, 2), (2, 8), (8, 64), (3, 128)])
+def test_the_gguf_row_order_turns_rotate_half_into_interleaved_pairs(heads, head_dim):
+    """Interleaved-pair rotary of the permuted rows = the permuted rows of HF's rotate-half rotary,
+    at every position; and q.k per head, what attention reads, is the same both ways."""
+    import numpy as np
+
+    from bench.gguf_llama import rope_interleave_order
+
+    rng = np.random.default_rng(heads * 1000 + head_dim)
+    order = rope_interleave_order(heads, head_dim)
+    assert sorted(order.tolist()) == list(range(heads * head_dim))  # a permutation, head by head
+    assert (order // head_dim == np.repeat(np.arange(heads), head_dim)).all()
+    hidden = 16
+    wq, wk = rng.standard_normal((2, heads * head_dim, hidden))
+    h = rng.standard_normal(hidden)
+    positions = np.array([0.0, 1.0, 7.0, 130.0, 4095.0])
+    q_hf = _rotate_half((wq @ h).reshape(heads, head_dim), positions)  # (positions, heads, d)
+    q_cpp = _rotate_pairs((wq[order] @ h).reshape(heads, head_dim), positions)
+    np.testing.assert_allclose(q_cpp.reshape(len(positions), -1), q_hf.reshape(len(positions), -1)[:, order])
+    k_hf = _rotate_half((wk @ h).reshape(heads, head_dim), positions)
+    k_cpp = _rotate_pairs((wk[order] @ h).reshape(heads, head_dim), positions)
+    np.testing.assert_allclose(
+        np.einsum("phd,qhd->pqh", q_cpp, k_cpp), np.einsum("phd,qhd->pqh", q_hf, k_hf), rtol=1e-9, atol=1e-9
+    )
+    if head_dim > 2:  # without the permutation the two rotaries differ: the test can fail
+        assert not np.allclose(_rotate_pairs((wq @ h).reshape(heads, head_dim), positions), q_hf)
+
+
+def test_an_odd_head_dim_has_no_rotary_pairs():
+    from bench.gguf_llama import rope_interleave_order
+
+    with pytest.raises(ValueError, match="odd"):
+        rope_interleave_order(2, 5)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"model_type": "mistral"}, "only 'llama'"),
+        ({"hidden_act": "gelu"}, "silu"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "llama3"),
+        ({"attention_bias": True}, "biases"),
+    ],
+)
+def test_the_gguf_builder_refuses_what_it_would_not_write_exactly(tmp_path, change, needle):
+    from bench.gguf_llama import build_llama
+
+    config = {"model_type": "llama", "hidden_act": "silu", **change}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = build_llama({"checkpoint": str(tmp_path), "model": str(tmp_path / "m.gguf"), "precision": "fp32"})
+    assert result["ok"] is False and needle in result["error"] and "\n" not in result["error"]
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_the_gguf_names_are_llama_cpps():
+    from bench.gguf_llama import _gguf_name
+
+    assert _gguf_name("model.embed_tokens.weight") == "token_embd.weight"
+    assert _gguf_name("lm_head.weight") == "output.weight"
+    assert _gguf_name("model.layers.3.self_attn.k_proj.weight") == "blk.3.attn_k.weight"
+    assert _gguf_name("model.layers.0.mlp.down_proj.weight") == "blk.0.ffn_down.weight"
+    assert _gguf_name("model.layers.0.post_attention_layernorm.weight") == "blk.0.ffn_norm.weight"
+    assert _gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq") is None
+    with pytest.raises(ValueError, match="no llama.cpp name"):
+        _gguf_name("model.layers.0.self_attn.q_norm.weight")
+
+
+def test_bf16_safetensors_widen_to_their_float32_values(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from safetensors.torch import save_file
+
+    from bench.gguf_llama import _bf16_tensor
+
+    weights = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.randn(7).to(torch.bfloat16)}
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    for key, value in weights.items():
+        assert (_bf16_tensor(str(tmp_path / "w.safetensors"), key) == value.float().numpy()).all()
+
+
+def test_the_gguf_is_written_with_llama_cpps_names_and_vocabulary(tiny_checkpoint, tmp_path):
+    gguf = pytest.importorskip("gguf", reason="gguf-py (pip install gguf) writes and reads the GGUF")
+    pytest.importorskip("safetensors")
+    from bench.gguf_llama import write_llama_gguf
+
+    out = tmp_path / "m.gguf"
+    info = write_llama_gguf(str(tiny_checkpoint), str(out))
+    reader = gguf.GGUFReader(str(out))
+    names = {t.name for t in reader.tensors}
+    assert info["tensors"] == len(names) == 3 + 9  # embeddings, final norm, output; 9 per block
+    assert {"token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.0.ffn_gate.weight"} <= names
+    fields = reader.fields
+    assert fields["general.architecture"].contents() == "llama"
+    assert fields["llama.vocab_size"].contents() == 300 and len(fields["tokenizer.ggml.tokens"].contents()) == 300
+    assert fields["llama.attention.head_count_kv"].contents() == 2
+    assert fields["tokenizer.ggml.bos_token_id"].contents() == BOS
+
+
+@pytest.mark.slow
+def test_llama_cpp_from_its_environment_generates_transformers_tokens(tiny_checkpoint):
+    """The bench writes the GGUFs in llama-cpp-python's environment (ATTNZOO_LLAMA_PYTHON names its
+    python); fp32 gives transformers' greedy tokens, int8 and int4 run from their quantized files."""
+    import os
+
+    python = os.environ.get("ATTNZOO_LLAMA_PYTHON")
+    if not python:
+        pytest.skip("set ATTNZOO_LLAMA_PYTHON to the python of an environment with llama-cpp-python, gguf, safetensors")
+    report = benchmark_generate(
+        str(tiny_checkpoint),
+        prompts=[12],
+        new=6,
+        precisions=["fp32", "int8", "int4"],
+        threads=1,
+        warmup=0,
+        repeats=1,
+        llama_python=python,
+        paths=["transformers-dynamic", "llama.cpp"],
+        progress=False,
+    )
+    rows = {(r["path"], r["precision"]): r for r in report["rows"]}
+    assert all(r["ok"] for r in rows.values()), rows
+    assert rows[("llama.cpp", "fp32")]["agree_count"] == 6
+    types = {p: report["builds"][f"llama.cpp {p}"]["tensor_types"] for p in ("fp32", "int8", "int4")}
+    assert types["fp32"] == {"F32": 12} and "Q8_0" in types["int8"] and "Q4_0" in types["int4"]
