@@ -35,40 +35,34 @@ from .errors import HFTypeError as HFTypeError
 # name -> the zoo module that defines it, imported on first use: `import zoo` imports no torch, so a
 # process that only runs an export (export.OnnxSession: onnxruntime and numpy) never loads it.
 _LAZY = {
-    **dict.fromkeys(
-        (
-            "FLOP_CONVENTION",
-            "bytes_moved",
-            "count_parameters",
-            "flops",
-            "parameter_breakdown",
-            "score_entries",
-            "stage_shapes",
-        ),
-        "zoo.accounting",
-    ),
+    "FLOP_CONVENTION": "zoo.accounting",
+    "bytes_moved": "zoo.accounting",
+    "count_parameters": "zoo.accounting",
+    "flops": "zoo.accounting",
+    "parameter_breakdown": "zoo.accounting",
+    "score_entries": "zoo.accounting",
+    "stage_shapes": "zoo.accounting",
     "explicit_attention": "zoo.attend",
     "fused_attention": "zoo.attend",
     "MultiHeadAttention": "zoo.attention",
     "StaticCache": "zoo.cache",
     "DecoderLM": "zoo.lm",
     "LMSpec": "zoo.lm",
-    **dict.fromkeys(("get_projections", "permute_heads", "prune_heads", "to_combined", "to_separate"), "zoo.heads"),
-    **dict.fromkeys(
-        (
-            "Entry",
-            "add_presets",
-            "create",
-            "entry",
-            "load_presets",
-            "names",
-            "read_preset",
-            "register",
-            "spec",
-            "unregister",
-        ),
-        "zoo.registry",
-    ),
+    "get_projections": "zoo.heads",
+    "permute_heads": "zoo.heads",
+    "prune_heads": "zoo.heads",
+    "to_combined": "zoo.heads",
+    "to_separate": "zoo.heads",
+    "Entry": "zoo.registry",
+    "add_presets": "zoo.registry",
+    "create": "zoo.registry",
+    "entry": "zoo.registry",
+    "load_presets": "zoo.registry",
+    "names": "zoo.registry",
+    "read_preset": "zoo.registry",
+    "register": "zoo.registry",
+    "spec": "zoo.registry",
+    "unregister": "zoo.registry",
     "AttentionSpec": "zoo.attention_spec",
     "parse_overrides": "zoo.attention_spec",
 }
@@ -145,13 +139,13 @@ _PEERS = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name) or _PEERS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'zoo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # bound once imported: later lookups are plain attribute reads
-    return value
+        return value
+    if name in _PEERS:
+        return getattr(importlib.import_module(_PEERS[name]), name)
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
