@@ -11,6 +11,7 @@ TINY = ["--set", "d_model=64", "--set", "heads=4", "--set", "kv_heads=2", "--set
 QUICK = ["--budget", "0.05", "--min-repeats", "1", "--warmup", "1", "--retries", "0", "--no-progress"]
 
 
+@pytest.mark.slow  # the static-paths test below runs the same workers by default
 def test_decode_bench_runs(tmp_path, capsys):
     """Eager and the fused lowering, two past lengths: each in its own worker, every row measured."""
     out = tmp_path / "d.json"

@@ -233,6 +233,7 @@ def _a_killed_replica_is_replaced_and_requests_still_succeed(server, model) -> N
     assert lv["bad_4xx"] == lv["bad"]
 
 
+@pytest.mark.slow  # its own Ray cluster, then a replica killed and replaced: ~65 s of the default run's CPU
 def test_load_then_a_killed_replica(server, model, tmp_path):
     """One test, so that pytest-xdist cannot split the Ray part over workers (each would start
     its own Ray): a short checked load with malformed requests, then a replica killed mid-run."""
