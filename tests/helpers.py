@@ -123,9 +123,9 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bo
     in the default run across all three: a name keeps its traced cell here only when its index is
     k modulo 3 (the lowering then turns with the index's third, so each lowering still meets a third
     of this matrix's names); ort-gqa, built by hand in milliseconds, stays with every name.
-    A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, whatever
-    rotate or share, and none with families=False (its kind of block is another preset's, and its
-    transformers family is proven under ONNX Runtime in tests/peers/test_hf.py).
+    A FAMILY_PRESETS name keeps only its rotating traced lowering in the default run, and only in the
+    matrix its share names (a third of them per matrix), none with families=False (its kind of block is
+    another preset's, and its transformers family is proven under ONNX Runtime in tests/peers/test_hf.py).
     """
     import pytest
 
@@ -139,7 +139,7 @@ def matrix(names: list[str], *, rotate: int | None, lowerings=None, families: bo
             turn = lw == TRACED_LOWERINGS[(turn_index + (rotate or 0)) % 3]
             quick = rotate is None or lw not in TRACED_LOWERINGS or (turn and mine)
             if name in FAMILY_PRESETS:
-                quick = lw == TRACED_LOWERINGS[(i + (rotate or 0)) % 3] and families
+                quick = lw == TRACED_LOWERINGS[(i + (rotate or 0)) % 3] and families and mine
             marks = () if quick else (pytest.mark.slow,)
             params.append(pytest.param(name, lw, marks=marks, id=f"{name}-{lw}"))
     return params

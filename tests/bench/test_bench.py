@@ -92,6 +92,7 @@ def test_cuda_request_fails_in_one_line_without_cuda(capsys):
     assert err.startswith("attnzoo bench: error: --provider cuda:") and "\n" not in err
 
 
+@pytest.mark.slow  # a second tree and its workers: ~16 s of the default run
 def test_bench_from_a_plain_copy_of_the_tree_runs_that_copy(tmp_path):
     """`python scripts/bench.py` from a checkout with nothing installed: the workers import
     exactly the tree the parent imported (not an installed copy, not a missing module)."""
