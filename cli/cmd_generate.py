@@ -15,7 +15,7 @@ from pathlib import Path
 
 import zoo
 from export.names import PRECISIONS, PROVIDERS
-from zoo.files import ensure_writable_parent, write_atomic
+from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
 from .common import CliError, positive
 
@@ -65,7 +65,7 @@ def exported(folder: str, precision: str, max_len: int | None) -> Path:
 
     path = _checkpoint_folder(folder)
     out = _cache_root() / "lm" / f"{path.resolve().name}-{_export_key(path, precision, max_len)}.onnx"
-    if out.is_file() and Path(f"{out}.data").is_file():  # a graph and its weights (an older export: made again)
+    if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
     model = load_lm(folder)
     print(f"exporting {folder} ({precision}) to {out} (once)")

@@ -147,6 +147,13 @@ def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow")
     return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
 
 
+def lm_order(provider: str) -> tuple[str, ...]:
+    """The lowerings "auto" tries for every layer of a whole model, in order (export/lm_export.py)."""
+    if provider not in TARGETS:
+        raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
+    return LM_PREFERENCE[provider]
+
+
 def decode_why_not(spec: zoo.AttentionSpec) -> str | None:
     """Why a block cannot decode token by token, or None."""
     if spec.is_cross:

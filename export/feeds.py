@@ -3,7 +3,7 @@ sessions (OnnxSession.run, decode, generate_steps, the static cache) and the ser
 
 A rule is written once and said to its audience (`Voice`): the Python API raises its own
 error naming what it expected; a request's answer (serve/protocol.py) says what to send, with
-shapes as the client sent them. The static cache's capacity rule is `zoo.cache.check_room`.
+shapes as the client sent them. The static cache's capacity rule is `zoo.limits.check_room`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from torch import nn
 import zoo
 
 from . import splice
-from .choice import LM_PREFERENCE, why_not
+from .choice import lm_order, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .io import LM_PAST, LM_PRESENT, lm_interface
@@ -148,9 +148,7 @@ def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: s
         return None
 
     if lowering == "auto":
-        if provider not in LM_PREFERENCE:
-            raise ExportError(f"provider={provider!r} is not one of {', '.join(LM_PREFERENCE)}")
-        found = [lw for lw in LM_PREFERENCE[provider] if reason(lw) is None]
+        found = [lw for lw in lm_order(provider) if reason(lw) is None]
         if not found:
             raise ExportError("no lowering can express every layer of this model with a static cache")
         return found

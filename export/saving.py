@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output
+from zoo.files import TEMP_PREFIX, ensure_writable_parent, is_special, publish, resolve_output, weights_file
 
 from .errors import ExportError
 from .graphs import op_counts
@@ -50,7 +50,7 @@ bytes go to a .data file beside it (external data)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     itemsize = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     big = zoo.count_parameters(module) * itemsize > limit
-    data_name = path.name + ".data" if big else None
+    data_path = weights_file(path) if big else None
     special = is_special(path)
     if special and big:
         raise ExportError(f"{path} is not a regular file, and this model keeps its weights in a .data file beside it")
@@ -61,13 +61,12 @@ bytes go to a .data file beside it (external data)."""
     try:
         tmp = tmpdir / path.name
         try:
-            ir.save(model, tmp, external_data=data_name)
+            ir.save(model, tmp, external_data=data_path.name if data_path else None)
         except OSError as e:
             raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
         _check_saved(tmp, model)
-        data_path = path.parent / data_name if data_name else None
         if data_path is not None:
-            publish(tmpdir / data_name, data_path, overwrite=overwrite)
+            publish(tmpdir / data_path.name, data_path, overwrite=overwrite)
         try:
             publish(tmp, path, overwrite=overwrite)
         except BaseException:
@@ -76,7 +75,7 @@ bytes go to a .data file beside it (external data)."""
             raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    return path.parent / data_name if data_name else None
+    return data_path
 
 
 def _check_saved(tmp: Path, model) -> None:

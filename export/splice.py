@@ -66,8 +66,9 @@ def _(x, key_mask, past_len, past_key, past_value, layer, width):
     )
 
 
-def _translation():
-    """The onnxscript function the dynamo exporter calls for the placeholder: one node of DOMAIN."""
+def translation_table() -> dict:
+    """The exporter's custom_translation_table for the placeholder: an onnxscript function writing one
+    node of DOMAIN."""
     import onnxscript
     from onnx.defs import OpSchema
 
@@ -115,11 +116,6 @@ def placeholders(lm: nn.Module) -> list[zoo.MultiHeadAttention]:
         blocks.append(layer.attn)
         layer.attn = _Placeholder(layer.attn, i)
     return blocks
-
-
-def translation_table() -> dict:
-    """The exporter's custom_translation_table for the placeholder."""
-    return _translation()
 
 
 def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str):

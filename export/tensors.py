@@ -32,9 +32,10 @@ def is_torch_dtype(x: Any) -> bool:
 def torch_dtype(np_type: type) -> Any:
     """The torch dtype of a numpy float32 / float16 / bool type (torch is loaded by then: a caller
     who asks holds torch tensors)."""
+    import numpy as np
     import torch
 
-    return {"float32": torch.float32, "float16": torch.float16, "bool": torch.bool}[np_type.__name__.rstrip("_")]
+    return {np.float32: torch.float32, np.float16: torch.float16, np.bool_: torch.bool}[np_type]
 
 
 def from_numpy(a: Any) -> Any:

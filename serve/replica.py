@@ -17,8 +17,10 @@ def model_files(path: Path) -> dict[str, bytes]:
     """An export's files by name, as they travel to the replicas: the graph first, then the weights
     file beside it when the export keeps its weights there (PATH.data: whole models, and blocks past
     the external-data size)."""
+    from zoo.files import weights_file
+
     files = {path.name: path.read_bytes()}
-    data = Path(str(path) + ".data")
+    data = weights_file(path)
     if data.is_file():
         files[data.name] = data.read_bytes()
     return files

@@ -69,6 +69,12 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def weights_file(path: str | os.PathLike) -> Path:
+    """The file beside an export that holds its weights (external data): PATH.data."""
+    path = Path(path)
+    return path.with_name(path.name + ".data")
+
+
 def is_special(path: Path) -> bool:
     """A character device or FIFO: written through, never replaced."""
     try:

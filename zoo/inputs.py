@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 
 from .attention_spec import AttentionSpec
-from .cache import StaticCache, check_room
+from .cache import StaticCache
 from .errors import InputError, InputTypeError
+from .limits import check_room
 
 
 def check_forward(

@@ -42,10 +42,10 @@ from torch import Tensor, nn
 from .attend import key_positions
 from .attention import MultiHeadAttention, static_step
 from .attention_spec import AttentionSpec
-from .cache import GrowingCache, check_room
+from .cache import GrowingCache
 from .errors import InputError, InputTypeError, SpecError
 from .hooks import HookedModel, layer_blocks
-from .limits import check_fits
+from .limits import check_fits, check_room
 from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, MoE, Norm
 
 # arrangement -> the norms a layer holds (before attention, after it, before the MLP, after it)
