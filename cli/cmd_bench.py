@@ -133,6 +133,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt", type=int_list, action="extend", metavar="LIST", help="prompt lengths (default 128,1024)"
     )
     gen.add_argument("--new", type=int, default=64, metavar="N", help="new tokens per call (default %(default)s)")
+    gen.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time every path N times over, path after path in each round (a fresh process each time), and keep "
+        "each row's best round: a machine whose speed drifts then slows every path alike (default %(default)s)",
+    )
     gen.add_argument("--genai-python", metavar="PATH", help="the python of an environment with onnxruntime-genai")
     gen.add_argument(
         "--llama-python",
@@ -158,6 +166,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         "--repeats": (args.repeats, 1, 10**7),
         "--min-repeats": (args.min_repeats, 1, 10**7),
         "--retries": (args.retries, 0, 100),
+        "--rounds": (args.rounds, 1, 1000),
         "--roofline-size": (args.roofline_size, 1, 65536),
     }
     for flag, (value, low, high) in ints.items():
@@ -194,6 +203,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             ("--genai-python", args.genai_python),
             ("--llama-python", args.llama_python),
             ("--gguf", args.gguf),
+            ("--rounds", args.rounds != 1),
         )
         if v
     ]
@@ -285,6 +295,7 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         threads=args.threads,
         warmup=1 if args.warmup == Budget.warmup else args.warmup,  # whole generate calls: 1 and best of 3
         repeats=3 if args.repeats == Budget.repeats else args.repeats,
+        rounds=args.rounds,
         genai_python=args.genai_python,
         llama_python=args.llama_python,
         gguf=args.gguf,
@@ -300,7 +311,7 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         command = (
             f"attnzoo bench --generate --checkpoint {args.checkpoint} --prompt {','.join(map(str, report['prompts']))}"
             f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
-            f" --repeats {report['repeats']}"
+            f" --repeats {report['repeats']}" + (f" --rounds {report['rounds']}" if report["rounds"] > 1 else "")
         )
         for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
             command += f" {flag} {value}" if value else ""

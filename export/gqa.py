@@ -11,6 +11,10 @@ the block's weights, with the axis vocabulary as dim names:
                                      attention_bias = the modifiers' terms (gqa_bias) + the user mask)
                                                                                      (b t (h dv))
               -> zero rows where no key is allowed (user mask, causal, the modifiers' terms: gqa_allowed)
+
+A layer of a whole model (in_model, export/splice.py) leaves the op to do the last piece on Q and K
+where its modifier says the op can (gqa_inside: rotary, at cache slots; then no Split when it was the
+only one), and leaves its pad rows unzeroed (nothing reads them).
               -> each modifier's nodes on Z (gqa_z) -> head_mask -> MatMul(+bias) -> y (b t c)
 
 The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
@@ -178,16 +182,19 @@ def _linear(g: _Graph, x: str, w, b, hint: str, out: str | None = None) -> str:
 
 
 def _op_parts(
-    mods: list[zoo.modifiers.Modifier], g: _Graph, block: dict[str, Any]
+    mods: list[zoo.modifiers.Modifier],
+    g: _Graph,
+    block: dict[str, Any],
+    inside: tuple[zoo.modifiers.Modifier, OpPart] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The block's attributes of the op and the modifiers' attributes and inputs, merged; a name set
-    twice, or an input the op does not have, is refused."""
+    """The block's attributes of the op and the modifiers' attributes and inputs (gqa_op, and the part
+    `inside` the op of one modifier), merged; a name set twice, or an input the op does not have, is refused."""
     attrs: dict[str, Any] = dict(block)
     inputs: dict[str, str] = {}
     owner = {("attribute", key): "the block" for key in block}
     owner.update({("input", key): "the block" for key in GQA_INPUTS if key not in MODIFIER_INPUTS})
-    for mod in mods:
-        part: OpPart = mod.gqa_op(g)
+    parts = [(mod, mod.gqa_op(g)) for mod in mods] + ([inside] if inside is not None else [])
+    for mod, part in parts:
         for kind, have, new in (("attribute", attrs, part.attributes), ("input", inputs, part.inputs)):
             for key, value in new.items():
                 if (kind, key) in owner:
@@ -205,8 +212,15 @@ def _op_parts(
     return attrs, inputs
 
 
-def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs: list[TensorIO]) -> onnx.ModelProto:
-    """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y)."""
+def build(
+    module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs: list[TensorIO], *, in_model: bool = False
+) -> onnx.ModelProto:
+    """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y).
+
+    in_model: a layer of a whole model (export/splice.py), whose static cache is the model's own and
+    whose query rows without a real key are its pad rows, which no real row reads. There the op rotates Q
+    and K itself, at cache slots (Modifier.gqa_inside), and such rows are not zeroed: the op gives them 0
+    (a row whose bias is all -inf), finite, and nothing reads them."""
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
     for mod in zoo.modifiers.active(spec):  # the record reads the same refusals; a direct call must not drop one
@@ -220,17 +234,8 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
 
     g = _Graph(dtype)
     names = {io.name for io in ins}
-    # One MatMul makes Q | K | V. The op takes it packed as its query (key and value left empty), unless
-    # a modifier writes nodes on Q, K or V themselves (rotary, QK-norm, clip, temperature): then a Split.
+    # One MatMul makes Q | K | V.
     qkv = _linear(g, "x", torch.cat([p.w_q, p.w_k, p.w_v]), _packed_bias(p), "qkv")
-    packed = all(type(mod).gqa_qkv is zoo.modifiers.Modifier.gqa_qkv for mod in mods)
-    if packed:
-        q, k, v = qkv, "", ""
-    else:
-        widths = g.ints([p.w_q.shape[0], p.w_k.shape[0], p.w_v.shape[0]])
-        split = helper.make_node("Split", [qkv, widths], [g._name(n) for n in "qkv"], axis=-1)
-        g.nodes.append(split)
-        q, k, v = split.output
 
     # Lengths and positions. Full sequence: s = t keys at positions 0..t-1. Decode: the cache holds
     # p positions, this call adds t, so s = p + t; with a key_mask (left padding) a row's positions
@@ -271,10 +276,29 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
         q_pos = last_t(k_pos) if decode else k_pos
     g.place(all_pos, q_pos, k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
-    for mod in mods:  # after the positions: a piece may read them (a query's temperature)
-        q, k, v = mod.gqa_qkv(g, q, k, v)
 
-    attrs, op_inputs = _op_parts(mods, g, {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)})
+    # The modifiers' nodes on Q, K, V (rotary, QK-norm, clip, temperature), after the positions: a piece
+    # may read them. In a whole model the last of them may be the op's own (gqa_inside), which it
+    # applies after the others. The op takes Q | K | V packed as its query (key and value left empty)
+    # unless some node is left to write on them: then a Split.
+    writers = [mod for mod in mods if type(mod).gqa_qkv is not zoo.modifiers.Modifier.gqa_qkv]
+    inside = None
+    if in_model and writers:
+        part = writers[-1].gqa_inside(g)
+        if part is not None:
+            inside = (writers.pop(), part)
+    if not writers:
+        q, k, v = qkv, "", ""
+    else:
+        widths = g.ints([p.w_q.shape[0], p.w_k.shape[0], p.w_v.shape[0]])
+        split = helper.make_node("Split", [qkv, widths], [g._name(n) for n in "qkv"], axis=-1)
+        g.nodes.append(split)
+        q, k, v = split.output
+        for mod in writers:
+            q, k, v = mod.gqa_qkv(g, q, k, v)
+
+    block_attrs = {"num_heads": h, "kv_num_heads": kv, "scale": float(spec.scale_)}
+    attrs, op_inputs = _op_parts(mods, g, block_attrs, inside)
 
     # attention_bias (b|1, h|1, t, s): the modifiers' terms, and the user mask as 0 / -inf.
     bias = None
@@ -289,9 +313,9 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
     if user_mask is not None:
         neg = g.op("Where", user_mask, g.const(0.0, "zero", "float32"), g.const(-np.inf, "neg_inf", "float32"))
         neg = g.op("Unsqueeze", neg, g.ints([1]))  # (b 1 t|1 s)
-        if "key_mask" in names:  # the op wants the bias's t axis whole: broadcast it over the distances'
-            rel = g.op("Unsqueeze", g.distance(), g.ints([1]))
-            neg = g.op("Add", neg, g.op("Mul", rel, g.const(0.0, "zero", "float32")))
+        if "key_mask" in names:  # the op wants the bias's t axis whole: (b 1 1 s) -> (b 1 t s)
+            one, s_ = g.ints([1]), g.op("Unsqueeze", total, g.ints([0]))
+            neg = g.op("Expand", neg, g.op("Concat", b, one, g.op("Unsqueeze", t, g.ints([0])), s_, axis=0))
         bias = neg if bias is None else g.op("Add", bias, neg)
     if bias is not None and dtype != "float32":
         bias = g.cast(bias, dtype)
@@ -313,7 +337,7 @@ def build(module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs:
         g.op("Identity", presents[0], name="present_key")
         g.op("Identity", presents[1], name="present_value")
 
-    if masked:
+    if masked and not in_model:
         # A query row with no allowed key (user mask & causal & the modifiers' terms) gets Z = 0, as in eager torch.
         allowed = g.op("And", user_mask, g.op("GreaterOrEqual", g.distance(), g.const(0.0, "zero", "float32")))
         for mod in mods:

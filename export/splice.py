@@ -134,7 +134,7 @@ def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str):
     for node in found:
         layer = node.attributes["layer"].as_int()
         ins, outs = static_interface(blocks[layer].spec, with_key_mask=True)
-        built = ir.from_proto(rec.build(blocks[layer], dtype, ins, outs))
+        built = ir.from_proto(rec.build(blocks[layer], dtype, ins, outs, in_model=True))
         opsets.update(built.opset_imports)
         _inline(graph, node, built.graph, f"L{layer}/", shapes)
     model.opset_imports.pop(DOMAIN, None)

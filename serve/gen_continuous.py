@@ -2,14 +2,16 @@
 
 The batch is `max_rows` rows of static buffers (b g n d) per layer, bound once, and one write index P
 shared by every row (the export's past_len). A request of prompt length t joins when rows are free,
-P >= t and its tokens fit before the capacity n: its prompt is run alone (b = its rows, a cache of t
-positions), its keys and values are copied into its rows at slots P-t..P-1, and those rows' mask marks
-just these slots (and the ones to come) real, so its positions are 0..t-1 as alone (the export counts a
-row's positions over its real keys, zoo.attend.key_positions). From there every step feeds each row its
-last token at slot P. A request leaves when it has its max_new_tokens (or every row of it made its
-eos_token_id); the rows above its own move down, so the running rows stay packed at 0..k-1 and a step
-runs over those k rows only (a binding per k, over views of the same buffers). When no request runs, P
-restarts.
+P >= t and its tokens fit before the capacity n: its prompt is run alone at the slots it will hold
+(P-t..P-1 of a cache of P slots, the ones before masked out), its keys and values are copied into its
+rows at those slots, and those rows' mask marks just these slots (and the ones to come) real. It then
+attends as alone: the traced exports count a row's positions over its real keys
+(zoo.attend.key_positions: 0..t-1), and a whole model's GroupQueryAttention rotates at slots, the same
+shift for all its keys and queries, where attention reads only their differences. From there every
+step feeds each row its last token at slot P. A request leaves when it has its max_new_tokens (or every
+row of it made its eos_token_id); the rows above its own move down, so the running rows stay packed at
+0..k-1 and a step runs over those k rows only (a binding per k, over views of the same buffers). When no
+request runs, P restarts.
 
 Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it). Plain
 numpy and a thread: no Ray.
@@ -171,22 +173,32 @@ class ContinuousBatcher:
         self.waiting = keep
 
     def _join(self, it: GenItem, done) -> None:
+        """Run the request's prompt alone at the slots its rows will hold (P-t..P-1: past_len P-t, the
+        slots before it masked out), then copy its keys and values into its rows. Its keys are then
+        where they were written: a whole model whose op rotates keys at their cache slots (ort-gqa)
+        reads them as one that counts a row's real keys does. A prompt after masked slots runs one row
+        at a time (GroupQueryAttention takes a chunk with a past for one row only)."""
         started = time.perf_counter()
-        alone = _Buffers(self.sess, it.rows, it.t, it.t)
-        alone.ids[:] = it.ids
-        if it.mask is not None:
-            alone.mask[:] = it.mask
-        self.sess.run_with_iobinding(alone.binding(it.rows))
-        rows = list(range(self.used, self.used + it.rows))
-        self.used += it.rows
         p, t = self.write, it.t
-        for name, buf in self.batch.cache.items():
-            buf[rows, :, p - t : p] = alone.cache[name]
+        rows = list(range(self.used, self.used + it.rows))
+        first = np.zeros(it.rows, np.int64)
+        for part in [list(range(it.rows))] if p == t else [[r] for r in range(it.rows)]:
+            alone = _Buffers(self.sess, len(part), p, t)
+            alone.ids[:] = it.ids[part]
+            alone.mask[:, : p - t] = False
+            if it.mask is not None:
+                alone.mask[:, p - t :] = it.mask[part]
+            alone.past_len[()] = p - t
+            self.sess.run_with_iobinding(alone.binding(len(part)))
+            for name, buf in self.batch.cache.items():
+                buf[[rows[r] for r in part], :, p - t : p] = alone.cache[name][:, :, p - t : p]
+            first[part] = alone.next_token
+        self.used += it.rows
         self.batch.mask[rows] = True
         self.batch.mask[rows, : p - t] = False
         if it.mask is not None:
             self.batch.mask[np.ix_(rows, range(p - t, p))] = it.mask
-        run = _Running(it, rows, done, started, [alone.next_token.copy()])
+        run = _Running(it, rows, done, started, [first])
         self.running.append(run)
         self._finish_if_done(run)
 

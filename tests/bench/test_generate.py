@@ -92,10 +92,53 @@ def test_a_peer_without_its_environment_is_skipped_with_the_reason(tiny_checkpoi
         (["bench", "--generate", "--checkpoint", "random", "--new", "0"], "--new 0"),
         (["bench", "--generate", "--checkpoint", "random", "--gguf", "f32"], "PREC=FILE"),
         (["bench", "--generate", "--checkpoint", "random", "--prompt", "0"], "positive"),
+        (["bench", "--generate", "--checkpoint", "random", "--rounds", "0"], "--rounds"),
+        (["bench", "--rounds", "2"], "--generate"),
     ],
 )
 def test_bad_generate_flags_are_one_line(capsys, argv, needle):
     assert needle in one_line_error(capsys, argv)
+
+
+def test_rounds_time_every_path_in_turn_and_keep_each_rows_best(tiny_checkpoint, monkeypatch):
+    """The workers are scripted here: the order of the calls and the merge of the rounds are the subject."""
+    import bench.generate as generate
+
+    calls, times = [], {"attnzoo": [0.3, None, 0.2], "transformers-dynamic": [None, 0.5, 0.4]}
+
+    def spawn(python, job, timeout):
+        if job["stage"] == "build":
+            return {"ok": True}
+        calls.append(job["path"])
+        took = times[job["path"]].pop(0)
+        if took is None:
+            return {"ok": False, "error": "a failed round"}
+        return {
+            "ok": True,
+            "end_to_end_s": took,
+            "tokens": [1, 2],
+            "tokens_per_s": 2 / took,
+            "prefill_s": took / 2,
+            "decode_ms_per_token": took / 2 * 1e3,
+            "peak_rss_mb": 100.0,
+        }
+
+    monkeypatch.setattr(generate, "_spawn", spawn)
+    report = benchmark_generate(
+        str(tiny_checkpoint),
+        prompts=[8],
+        new=2,
+        precisions=["fp32"],
+        paths=["attnzoo", "transformers-dynamic"],
+        rounds=3,
+        progress=False,
+    )
+    assert calls == ["attnzoo", "transformers-dynamic"] * 3  # path after path, round after round
+    rows = {r["path"]: r for r in report["rows"]}
+    assert rows["attnzoo"]["end_to_end_s"] == 0.2 and rows["attnzoo"]["rounds_end_to_end_s"] == [0.3, None, 0.2]
+    assert rows["transformers-dynamic"]["end_to_end_s"] == 0.4  # a failed first round loses to any that ran
+    assert rows["transformers-dynamic"]["rounds_end_to_end_s"] == [None, 0.5, 0.4]
+    assert report["rounds"] == 3 and "the best of 3 rounds" in format_generate_table(report)
 
 
 def test_the_memory_floor_is_the_checkpoints_weights_and_a_cache_of_the_call(tiny_checkpoint):

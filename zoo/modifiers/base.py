@@ -132,6 +132,14 @@ class Modifier(nn.Module):
         """Attributes and inputs of the GroupQueryAttention node."""
         return OpPart()
 
+    def gqa_inside(self, g: GraphBuilder) -> OpPart | None:
+        """The op's own way of doing what gqa_qkv does, at each token's cache slot instead of its
+        position, or None (keep gqa_qkv). A left-padded row's slots run ahead of its positions by its
+        pads, the same for its every key and query, so only a piece that depends on i - j alone (rotary)
+        may move inside. Asked only of a layer in a whole model (its cache is the model's own) and only
+        of the last modifier that writes on Q and K, since the op applies its piece after theirs."""
+        return None
+
     def gqa_bias(self, g: GraphBuilder) -> str | None:
         """A term of the op's attention_bias, float32 (b|1, h|1, t, s); None = nothing."""
         return None

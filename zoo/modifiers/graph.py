@@ -4,6 +4,8 @@ zoo imports no onnx: a modifier writes ONNX op types as strings through a `Graph
 graph's builder passes in, and names tensors by strings. Its pieces, in the order the graph applies them:
 
     gqa_qkv(g, q, k, v)     nodes on the projected Q (b t (h dk)), K (b t (g dk)), V (b t (g dv))
+    gqa_inside(g)           in a whole model, gqa_qkv's piece done by the op itself at cache slots (`OpPart`),
+                            or None
     gqa_op(g)               attributes and inputs of the GroupQueryAttention node (`OpPart`)
     gqa_bias(g)             a term of its attention_bias, float32 (b|1, h|1, t, s)
     gqa_allowed(g)          a term of the "allowed keys" rule after the op, bool (b|1, t, s): a query

@@ -12,7 +12,7 @@ from ..errors import SpecError
 from ..spec_fields import SpecFields
 from . import rope_scaling
 from .base import Modifier, is_number, relative_positions_audit
-from .graph import MS_DOMAIN, GraphBuilder, GraphLimit
+from .graph import MS_DOMAIN, GraphBuilder, GraphLimit, OpPart
 
 
 class Rotary(Modifier):
@@ -127,8 +127,11 @@ class Rotary(Modifier):
         return self.rotate(q, cq, sq), self.rotate(k, ck, sk)
 
     # The hand-built graph rotates Q and K before GroupQueryAttention (com.microsoft RotaryEmbedding, any
-    # rope_dim), from one cos/sin table per call.
+    # rope_dim), from one cos/sin table per call; in a whole model the op rotates them itself.
     gqa_limit = GraphLimit("not longrope")
+    # GroupQueryAttention's own rotary (do_rotary) takes cos/sin tables of (rope_dim / 2) columns, a
+    # multiple of 8, and heads a multiple of 16 (group_query_attention_helper.h, CheckInputs).
+    INSIDE_COLUMNS, INSIDE_HEAD = 8, 16
 
     @classmethod
     def gqa_refusal(cls, spec: SpecFields) -> str | None:
@@ -140,28 +143,45 @@ class Rotary(Modifier):
             )
         return None
 
-    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
-        """Q and K rotated before the op (com.microsoft RotaryEmbedding), each token at its own position: a
-        left-padded row counts its real tokens, as the eager block does, so the cache the op writes is the
-        eager one (the op's own rotary, do_rotary, takes one position for every row of a first prompt).
-        QK-norm before and the weightless norm and temperature after come in the eager order (MODIFIERS)."""
+    def _tables(self, g: GraphBuilder) -> tuple[str, str]:
+        """cos, sin (s, rope_dim / 2) for the key positions 0..s-1, times the attention factor, in the graph's type."""
         angles = g.op(
             "Mul",
             g.op("Unsqueeze", g.positions(), g.const([1], "i", "int64")),
             g.const(self.inv_freq, "inv_freq", "float32"),
         )
-        cos, sin = g.op("Cos", angles), g.op("Sin", angles)  # (s, rope_dim / 2): the kernel's caches
+        cos, sin = g.op("Cos", angles), g.op("Sin", angles)
         if self.attention != 1.0:  # yarn / longrope: cos and sin times the attention factor, in fp32
             factor = g.const(self.attention, "rope_attention", "float32")
             cos, sin = g.op("Mul", cos, factor), g.op("Mul", sin, factor)
         if g.dtype != "float32":
             cos, sin = g.cast(cos, g.dtype), g.cast(sin, g.dtype)
+        return cos, sin
+
+    def gqa_qkv(self, g: GraphBuilder, q: str, k: str, v: str) -> tuple[str, str, str]:
+        """Q and K rotated before the op (com.microsoft RotaryEmbedding), each token at its own position: a
+        left-padded row counts its real tokens, as the eager block does, so the cache the op writes is the
+        eager one (the op's own rotary, do_rotary, takes one position for every row of a first prompt).
+        QK-norm before and the weightless norm and temperature after come in the eager order (MODIFIERS)."""
+        cos, sin = self._tables(g)
         pos = g.call_positions()
         s = self.spec
         attrs = {"interleaved": int(s.rope_interleaved), "rotary_embedding_dim": self.rotated(s), "domain": MS_DOMAIN}
         q = g.op("RotaryEmbedding", q, pos, cos, sin, num_heads=s.heads, **attrs)
         k = g.op("RotaryEmbedding", k, pos, cos, sin, num_heads=s.kv_heads_, **attrs)
         return q, k, v
+
+    def gqa_inside(self, g: GraphBuilder) -> OpPart | None:
+        """In a whole model, the op rotates Q and K itself (do_rotary), each token at its cache slot: no
+        Split, no RotaryEmbedding nodes. Attention reads only i - j, so a left-padded row attends as it
+        does at its positions (its cache holds its keys rotated at their slots)."""
+        if (self.dim // 2) % self.INSIDE_COLUMNS or self.spec.d_k_ % self.INSIDE_HEAD:
+            return None
+        cos, sin = self._tables(g)
+        return OpPart(
+            attributes={"do_rotary": 1, "rotary_interleaved": int(self.spec.rope_interleaved)},
+            inputs={"cos_cache": cos, "sin_cache": sin},
+        )
 
     @classmethod
     def audit(cls, m: nn.Module, x: Tensor) -> tuple[str, bool, str]:
