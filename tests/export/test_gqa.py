@@ -181,3 +181,33 @@ def test_sinks_are_the_ops_head_sink_input(tmp_path):
     for cache in ("grow", "static"):
         row = check_decode(block, "ort-gqa", cache=cache, workdir=tmp_path)
         assert row.status == "PASS", f"{cache}: {row.reason} (max abs {row.max_abs:.2e})"
+
+
+@pytest.mark.parametrize(
+    "name, overrides, inside, split",
+    [
+        ("llama-3-8b", dict(d_model=64, heads=4, kv_heads=2), True, False),  # d_k 16: Q|K|V packed, no nodes
+        ("qwen3-8b", dict(d_model=64, heads=4, kv_heads=2), True, True),  # QK-norm's nodes first, rope inside
+        ("llama-3-8b", dict(d_model=32, heads=4, kv_heads=2), False, True),  # d_k 8: the op's rotary wants 16
+        ("phi-2", dict(d_model=128, heads=4, rope_dim=8), False, True),  # 4 pairs: its cos table wants 8 columns
+        ("llama-4-scout", dict(d_model=128, heads=4, kv_heads=2), False, True),  # qk_l2 after rope: rope stays out
+    ],
+)
+def test_in_a_whole_model_the_op_rotates_when_rope_is_the_last_piece_it_can_do(name, overrides, inside, split):
+    """gqa_inside: in a whole model's layer the op's own rotary (do_rotary, at cache slots) replaces the
+    RotaryEmbedding nodes where rope is the last modifier on Q and K and its tables fit the kernel; a
+    block export keeps them (its cache is the eager one)."""
+    from export import gqa
+    from export.io import static_interface
+
+    block = zoo.create(name, causal=True, **overrides).eval()
+    ins, outs = static_interface(block.spec, with_key_mask=True)
+    for in_model in (False, True):
+        graph = gqa.build(block, "float32", ins, outs, in_model=in_model).graph
+        ops = [n.op_type for n in graph.node]
+        (node,) = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+        rotary = {a.name: a.i for a in node.attribute}.get("do_rotary", 0)
+        assert rotary == int(in_model and inside), ops
+        assert ("RotaryEmbedding" in ops) == (not (in_model and inside)), ops
+        assert ("Split" in ops) == (split or not in_model), ops
+        assert ("ReduceMax" in ops) == (not in_model), ops  # pad rows zeroed in a block only
