@@ -11,11 +11,11 @@ the block's weights, with the axis vocabulary as dim names:
                                      attention_bias = the modifiers' terms (gqa_bias) + the user mask)
                                                                                      (b t (h dv))
               -> zero rows where no key is allowed (user mask, causal, the modifiers' terms: gqa_allowed)
+              -> each modifier's nodes on Z (gqa_z) -> head_mask -> MatMul(+bias) -> y (b t c)
 
 A layer of a whole model (in_model, export/splice.py) leaves the op to do the last piece on Q and K
 where its modifier says the op can (gqa_inside: rotary, at cache slots; then no Split when it was the
 only one), and leaves its pad rows unzeroed (nothing reads them).
-              -> each modifier's nodes on Z (gqa_z) -> head_mask -> MatMul(+bias) -> y (b t c)
 
 The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
 they cannot carry (`gqa_refusal`, which the ort-gqa record reads too); nothing here names one. The op
