@@ -89,8 +89,11 @@ def _assert_pass(row):
     assert row.shapes == 2 * (26 + 4)  # per batch: the prompt, 25 steps, 4 chunks
 
 
-# Every causal preset x (ort-gqa + one traced lowering, rotating) by default; the rest -m slow.
-@pytest.mark.parametrize("name, lowering", matrix(CAUSAL, rotate=0, families=False))
+# Every causal preset x ort-gqa by default, and half of them (the matrix's share 0) with one traced
+# lowering, rotating so that each traced lowering decodes two or three presets; the rest -m slow. The
+# traced lowerings also decode in the static-cache matrix (test_static_cache.py) and whole models
+# (test_lm_export.py).
+@pytest.mark.parametrize("name, lowering", matrix(CAUSAL, rotate=0, families=False, share=0))
 def test_decode_parity_fp32(name, lowering, tmp_path):
     _assert_pass(check_decode(name, lowering, dtype="float32", workdir=tmp_path, **small_overrides(name)))
 
