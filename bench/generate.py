@@ -69,6 +69,8 @@ def benchmark_generate(
         raise BenchError(f"unknown path or precision {bad}; paths: {', '.join(PATHS)}; precisions: fp32,int8,int4")
     if new < 1 or not prompts or min(prompts) < 1:
         raise BenchError(f"--new {new} and --prompt {prompts} must be positive")
+    if rounds < 1:
+        raise BenchError(f"--rounds {rounds} must be 1 or more")
     threads = threads or default_threads()
     pythons = {p: sys.executable for p in PATHS}
     pythons["onnxruntime-genai"] = genai_python or ""
@@ -115,18 +117,18 @@ def benchmark_generate(
                     print(f"built {path} {precision}: {result.get('ok')}", file=sys.stderr)
         floor = memory_floor(folder, prompts, new)
         best: dict[tuple[int, str, str], dict[str, Any]] = {}  # insertion order: the table's
+        ids_of = {prompt: prompt_ids(folder, prompt) for prompt in prompts}
         for round_ in range(rounds):
             for prompt, precision, path in ((q, r, p) for q in prompts for r in precisions for p in paths):
                 if (path, precision) in skipped or (path in ONLY_FP32 and precision != "fp32"):
                     continue
-                ids = prompt_ids(folder, prompt)
                 job = {
                     "stage": "time",
                     "path": path,
                     "checkpoint": folder,
                     "precision": precision,
                     "model": models.get((path, precision), ""),
-                    "prompt": ids,
+                    "prompt": ids_of[prompt],
                     "new": new,
                     "threads": threads,
                     "warmup": warmup,

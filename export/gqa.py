@@ -200,7 +200,7 @@ def _op_parts(
                 if (kind, key) in owner:
                     raise ExportError(
                         f"modifier {mod.name!r} sets GroupQueryAttention {kind} {key!r}, which {owner[kind, key]} "
-                        f"sets; each modifier's gqa_op must set its own"
+                        f"sets; each modifier's gqa_op (and gqa_inside) must set its own"
                     )
                 if kind == "input" and key not in GQA_INPUTS:
                     raise ExportError(

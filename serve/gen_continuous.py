@@ -13,8 +13,8 @@ row of it made its eos_token_id); the rows above its own move down, so the runni
 0..k-1 and a step runs over those k rows only (a binding per k, over views of the same buffers). When no
 request runs, P restarts.
 
-Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it). Plain
-numpy and a thread: no Ray.
+Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it; its
+logits may differ by rounding, docs/serving.md). Plain numpy and a thread: no Ray.
 """
 
 from __future__ import annotations
@@ -177,18 +177,19 @@ class ContinuousBatcher:
         slots before it masked out), then copy its keys and values into its rows. Its keys are then
         where they were written: a whole model whose op rotates keys at their cache slots (ort-gqa)
         reads them as one that counts a row's real keys does. A prompt after masked slots runs one row
-        at a time (GroupQueryAttention takes a chunk with a past for one row only)."""
+        at a time, through one scratch row of P slots (GroupQueryAttention takes a chunk with a past for
+        one row only; any lowering takes one row)."""
         started = time.perf_counter()
         p, t = self.write, it.t
         rows = list(range(self.used, self.used + it.rows))
         first = np.zeros(it.rows, np.int64)
-        for part in [list(range(it.rows))] if p == t else [[r] for r in range(it.rows)]:
-            alone = _Buffers(self.sess, len(part), p, t)
+        parts = [list(range(it.rows))] if p == t else [[r] for r in range(it.rows)]
+        alone = _Buffers(self.sess, len(parts[0]), p, t)
+        alone.mask[:, : p - t] = False
+        alone.past_len[()] = p - t
+        for part in parts:
             alone.ids[:] = it.ids[part]
-            alone.mask[:, : p - t] = False
-            if it.mask is not None:
-                alone.mask[:, p - t :] = it.mask[part]
-            alone.past_len[()] = p - t
+            alone.mask[:, p - t :] = True if it.mask is None else it.mask[part]
             self.sess.run_with_iobinding(alone.binding(len(part)))
             for name, buf in self.batch.cache.items():
                 buf[[rows[r] for r in part], :, p - t : p] = alone.cache[name][:, :, p - t : p]

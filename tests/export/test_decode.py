@@ -89,7 +89,7 @@ def _assert_pass(row):
     assert row.shapes == 2 * (26 + 4)  # per batch: the prompt, 25 steps, 4 chunks
 
 
-# Every causal preset x ort-gqa by default, and half of them (the matrix's share 0) with one traced
+# Every causal preset x ort-gqa by default, and a third of them (the matrix's share 0) with one traced
 # lowering, rotating so that each traced lowering decodes two or three presets; the rest -m slow. The
 # traced lowerings also decode in the static-cache matrix (test_static_cache.py) and whole models
 # (test_lm_export.py).

@@ -211,3 +211,55 @@ def test_in_a_whole_model_the_op_rotates_when_rope_is_the_last_piece_it_can_do(n
         assert ("RotaryEmbedding" in ops) == (not (in_model and inside)), ops
         assert ("Split" in ops) == (split or not in_model), ops
         assert ("ReduceMax" in ops) == (not in_model), ops  # pad rows zeroed in a block only
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("llama-3-8b", dict(d_model=128, heads=4, kv_heads=2)),  # halves, d_k 32
+        ("gpt-j-6b", dict(d_model=128, heads=4, rope_dim=16)),  # interleaved pairs, partial: 8 of 16 pairs
+        ("phi-2", dict(d_model=128, heads=4, rope_dim=16)),  # halves, partial
+        ("qwen3-8b", dict(d_model=128, heads=4, kv_heads=2)),  # QK-norm's nodes, then the op's rotary
+    ],
+)
+def test_the_ops_own_rotary_in_a_whole_models_layer_is_the_eager_block(name, overrides):
+    """A layer built with in_model=True, run as a whole model runs it (static buffers, key mask, past_len):
+    a prompt and a step equal the eager block, and a left-padded row equals its run alone (its slots lead
+    its positions by its pads), its pad rows finite (the op's 0 for a row whose bias is all -inf: the
+    layer does not zero them)."""
+    import onnxruntime as ort
+
+    from export import gqa
+    from export.io import static_interface
+
+    torch.manual_seed(0)
+    block = zoo.create(name, causal=True, **overrides).eval()
+    ins, outs = static_interface(block.spec, with_key_mask=True)
+    proto = gqa.build(block, "float32", ins, outs, in_model=True)
+    assert any(a.name == "do_rotary" and a.i == 1 for n in proto.graph.node for a in n.attribute)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    g, dk, n = block.spec.kv_heads_, block.spec.d_k_, 12
+
+    def run(x, key_mask, past_len, cache):
+        feeds = {"x": x.numpy(), "key_mask": key_mask, "past_len": np.array(past_len, np.int64)}
+        y, pk, pv = sess.run(None, {**feeds, "past_key": cache[0], "past_value": cache[1]})
+        return torch.from_numpy(y), (pk, pv)
+
+    x = torch.randn(2, 7, 128)
+    empty = (np.zeros((2, g, n, dk), np.float32), np.zeros((2, g, n, dk), np.float32))
+    mask = np.ones((2, n), np.bool_)
+    y, cache = run(x[:, :6], mask, 0, empty)
+    step, _ = run(x[:, 6:], mask, 6, cache)
+    with torch.no_grad():
+        full = block(x)
+    torch.testing.assert_close(y, full[:, :6], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(step, full[:, 6:], rtol=1e-4, atol=1e-5)
+    # row 1 left-padded by 2: its 4 real tokens at slots 2..5
+    padded = x[:, :6].clone()
+    padded[1, :2] = 0.0
+    mask[1, :2] = False
+    y, _ = run(padded, mask, 0, empty)
+    with torch.no_grad():
+        alone = block(x[1:, 2:6])
+    torch.testing.assert_close(y[1, 2:], alone[0], rtol=1e-4, atol=1e-5)
+    assert torch.isfinite(y).all()
