@@ -117,6 +117,7 @@ def benchmark_generate(
                     print(f"built {path} {precision}: {result.get('ok')}", file=sys.stderr)
         floor = memory_floor(folder, prompts, new)
         best: dict[tuple[int, str, str], dict[str, Any]] = {}  # insertion order: the table's
+        took: dict[tuple[int, str, str], list[float | None]] = {}  # every round's end-to-end time (None: failed)
         ids_of = {prompt: prompt_ids(folder, prompt) for prompt in prompts}
         for round_ in range(rounds):
             for prompt, precision, path in ((q, r, p) for q in prompts for r in precisions for p in paths):
@@ -137,17 +138,14 @@ def benchmark_generate(
                 }
                 result = _spawn(pythons[path], job, timeout)
                 key = (prompt, precision, path)
-                seen = best.get(key, {}).get("rounds_end_to_end_s", [])
+                took.setdefault(key, []).append(result.get("end_to_end_s") if result.get("ok") else None)
                 row = {"path": path, "precision": precision, "prompt": prompt, **result}
-                row["rounds_end_to_end_s"] = [*seen, result.get("end_to_end_s") if result.get("ok") else None]
                 if key not in best or _better(row, best[key]):
                     best[key] = row
-                else:
-                    best[key]["rounds_end_to_end_s"] = row["rounds_end_to_end_s"]
                 if progress:
                     where = f" (round {round_ + 1} of {rounds})" if rounds > 1 else ""
                     print(f"prompt {prompt} {path} {precision}{where}: {_brief(result)}", file=sys.stderr)
-    rows = list(best.values())
+    rows = [{**row, "rounds_end_to_end_s": took[key]} for key, row in best.items()]
     _agreement(rows)
     return {
         "kind": "generate",
