@@ -103,6 +103,8 @@ def benchmark_decode(
                 started = time.perf_counter()
                 target = Path(tmp) / f"{lowering}-{cache}-{precision}.onnx"
                 extra = {} if precision == "fp32" else {"precision": precision}
+                if cache == "static":  # room for the longest row's past and its timed steps
+                    extra["max_len"] = max(pasts) + STEPS
                 try:
                     export_onnx(
                         name, target, lowering=lowering, dtype=dtype, decode=True, cache=cache, **extra, **overrides
