@@ -101,8 +101,9 @@ class _Graph:
     """A small node list with fresh names, for building one graph by hand: what the modifiers write
     their pieces through (zoo.modifiers.GraphBuilder)."""
 
-    def __init__(self, dtype: str) -> None:
+    def __init__(self, dtype: str, max_positions: int | None = None) -> None:
         self.dtype = dtype
+        self.max_positions = max_positions  # GraphBuilder.max_positions
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
@@ -213,14 +214,21 @@ def _op_parts(
 
 
 def build(
-    module: zoo.MultiHeadAttention, dtype: str, ins: list[TensorIO], outs: list[TensorIO], *, in_model: bool = False
+    module: zoo.MultiHeadAttention,
+    dtype: str,
+    ins: list[TensorIO],
+    outs: list[TensorIO],
+    *,
+    in_model: bool = False,
+    max_positions: int | None = None,
 ) -> onnx.ModelProto:
     """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y).
 
     in_model: a layer of a whole model (export/splice.py), whose static cache is the model's own and
     whose query rows without a real key are its pad rows, which no real row reads. There the op rotates Q
     and K itself, at cache slots (Modifier.gqa_inside), and such rows are not zeroed: the op gives them 0
-    (a row whose bias is all -inf), finite, and nothing reads them."""
+    (a row whose bias is all -inf), finite, and nothing reads them. max_positions: in a whole model with a
+    max_len, the most positions a call holds (tables over positions become constants of that many rows)."""
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
     for mod in zoo.modifiers.active(spec):  # the record reads the same refusals; a direct call must not drop one
@@ -232,7 +240,7 @@ def build(
     h, kv = spec.heads, spec.kv_heads_
     p = zoo.get_projections(module)
 
-    g = _Graph(dtype)
+    g = _Graph(dtype, max_positions)
     names = {io.name for io in ins}
     # One MatMul makes Q | K | V.
     qkv = _linear(g, "x", torch.cat([p.w_q, p.w_k, p.w_v]), _packed_bias(p), "qkv")

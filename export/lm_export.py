@@ -231,7 +231,7 @@ def export_lm(
     notes, error = [], None
     for lw in order:
         try:
-            onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0])
+            onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
             quantized, applied = apply_precision(onnx_model, precision, decode=True)
             break
         except ExportError as e:
@@ -288,7 +288,7 @@ def export_lm(
     )
 
 
-def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0):
+def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
     """The configured copy of `model` traced once: (onnx_ir model) with io.lm_interface's names."""
     import onnx_ir as ir
 
@@ -321,7 +321,7 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0):
         translations = None if blocks is None else splice.translation_table()
         onnx_model = trace(_Step(lm, all_logits, argmax).eval(), example, dynamic, rec, outs, translations)
     if blocks is not None:
-        onnx_model = splice.splice(onnx_model, rec, blocks, dtype)
+        onnx_model = splice.splice(onnx_model, rec, blocks, dtype, max_len)
     onnx_model, _ = fuse_norms(onnx_model)
     for value, io in zip(onnx_model.graph.inputs, ins):
         value.name = io.name

@@ -118,8 +118,12 @@ def placeholders(lm: nn.Module) -> list[zoo.MultiHeadAttention]:
     return blocks
 
 
-def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str):
-    """Replace every placeholder node of `model` (onnx_ir) by `rec.build` of its layer's block; returns `model`."""
+def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str, max_len: int | None = None):
+    """Replace every placeholder node of `model` (onnx_ir) by `rec.build` of its layer's block; returns `model`.
+
+    max_len (the export's, if any) fixes the positions a call can hold: a layer's tables over them (rotary's
+    cos and sin, at most d_k / 2 wide) are then constants, where one fits the shared-constant limit, so that
+    every layer reads the same one."""
     import onnx_ir as ir
 
     graph = model.graph
@@ -134,7 +138,10 @@ def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str):
     for node in found:
         layer = node.attributes["layer"].as_int()
         ins, outs = static_interface(blocks[layer].spec, with_key_mask=True)
-        built = ir.from_proto(rec.build(blocks[layer], dtype, ins, outs, in_model=True))
+        spec = blocks[layer].spec
+        fits = max_len is not None and max_len * (spec.d_k_ // 2) <= SHARED_CONSTANT_ELEMENTS
+        rows = max_len if fits else None
+        built = ir.from_proto(rec.build(blocks[layer], dtype, ins, outs, in_model=True, max_positions=rows))
         opsets.update(built.opset_imports)
         _inline(graph, node, built.graph, f"L{layer}/", shapes)
     model.opset_imports.pop(DOMAIN, None)

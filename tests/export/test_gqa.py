@@ -211,6 +211,13 @@ def test_in_a_whole_model_the_op_rotates_when_rope_is_the_last_piece_it_can_do(n
         assert ("RotaryEmbedding" in ops) == (not (in_model and inside)), ops
         assert ("Split" in ops) == (split or not in_model), ops
         assert ("ReduceMax" in ops) == (not in_model), ops  # pad rows zeroed in a block only
+    # With a max_len the rotary tables, the op's or RotaryEmbedding's, are constants of that many rows:
+    # no Cos and no Sin each call.
+    graph = gqa.build(block, "float32", ins, outs, in_model=True, max_positions=40).graph
+    ops = [n.op_type for n in graph.node]
+    tables = [list(i.dims) for i in graph.initializer if i.name.startswith(("rope_cos", "rope_sin"))]
+    assert "Cos" not in ops and "Sin" not in ops, ops
+    assert tables == [[40, zoo.modifiers.Rotary.rotated(block.spec) // 2]] * 2, tables
 
 
 @pytest.mark.parametrize(
@@ -222,11 +229,12 @@ def test_in_a_whole_model_the_op_rotates_when_rope_is_the_last_piece_it_can_do(n
         ("qwen3-8b", dict(d_model=128, heads=4, kv_heads=2)),  # QK-norm's nodes, then the op's rotary
     ],
 )
-def test_the_ops_own_rotary_in_a_whole_models_layer_is_the_eager_block(name, overrides):
+@pytest.mark.parametrize("max_positions", [None, 12], ids=["tables-per-call", "constant-tables"])
+def test_the_ops_own_rotary_in_a_whole_models_layer_is_the_eager_block(name, overrides, max_positions):
     """A layer built with in_model=True, run as a whole model runs it (static buffers, key mask, past_len):
     a prompt and a step equal the eager block, and a left-padded row equals its run alone (its slots lead
     its positions by its pads), its pad rows finite (the op's 0 for a row whose bias is all -inf: the
-    layer does not zero them)."""
+    layer does not zero them). With max_positions (a whole model's max_len) the rotary tables are constants."""
     import onnxruntime as ort
 
     from export import gqa
@@ -235,7 +243,7 @@ def test_the_ops_own_rotary_in_a_whole_models_layer_is_the_eager_block(name, ove
     torch.manual_seed(0)
     block = zoo.create(name, causal=True, **overrides).eval()
     ins, outs = static_interface(block.spec, with_key_mask=True)
-    proto = gqa.build(block, "float32", ins, outs, in_model=True)
+    proto = gqa.build(block, "float32", ins, outs, in_model=True, max_positions=max_positions)
     assert any(a.name == "do_rotary" and a.i == 1 for n in proto.graph.node for a in n.attribute)
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     g, dk, n = block.spec.kv_heads_, block.spec.d_k_, 12

@@ -40,6 +40,7 @@ import lm_cases  # noqa: E402 - A's builders of small random transformers models
 
 DEFAULT = "llama"  # the family the default run exports; the rest under -m slow
 NEW = 12  # new tokens: past lm_cases.WINDOW, so the sliding windows slide
+MAX_LEN = 64  # the shared exports' capacity: every prompt here plus its new tokens fits
 FAMILIES = [pytest.param(k, marks=() if k == DEFAULT else pytest.mark.slow) for k in LM_FAMILIES if k in lm_cases.CASES]
 # int4 / int8 against fp32 on lm_cases' tiny random LLaMA (every weight N(0, 0.1): random weights quantize
 # badly, the trained checkpoint's table is in docs/generation.md): the relative L2 error of the prompt's
@@ -59,7 +60,8 @@ def lm_exports(tmp_path_factory):
             hf = lm_cases.hf_model(kind)
             lm = lm_from_hf(hf).eval()
             path = folder / f"{kind}-{precision}-{lowering}.onnx"
-            path = export_onnx(lm, path, precision=precision, lowering=lowering).path
+            # With a max_len, as the CLI and the bench export: the rotary tables are then constants.
+            path = export_onnx(lm, path, precision=precision, lowering=lowering, max_len=MAX_LEN).path
             made[kind, precision, lowering] = hf, lm, path
         return made[kind, precision, lowering]
 

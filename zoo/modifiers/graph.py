@@ -5,7 +5,7 @@ graph's builder passes in, and names tensors by strings. Its pieces, in the orde
 
     gqa_qkv(g, q, k, v)     nodes on the projected Q (b t (h dk)), K (b t (g dk)), V (b t (g dv))
     gqa_inside(g)           in a whole model, gqa_qkv's piece done by the op itself at cache slots (`OpPart`),
-                            or None
+                            or None; its tables may be constants of g.max_positions rows
     gqa_op(g)               attributes and inputs of the GroupQueryAttention node (`OpPart`)
     gqa_bias(g)             a term of its attention_bias, float32 (b|1, h|1, t, s)
     gqa_allowed(g)          a term of the "allowed keys" rule after the op, bool (b|1, t, s): a query
@@ -55,6 +55,13 @@ class GraphBuilder(Protocol):
 
     def positions(self) -> str:
         """float32 (s,): the key positions 0..s-1, one row of a rotary cache each."""
+        ...
+
+    @property
+    def max_positions(self) -> int | None:
+        """In a whole model exported with a max_len: the most positions a call can hold, so a table over
+        positions may be a constant of that many rows, computed once at export instead of each call (small
+        enough to be one initializer that every layer shares). None: computed per call from positions()."""
         ...
 
     def call_positions(self) -> str:
