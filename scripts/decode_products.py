@@ -1,0 +1,123 @@
+"""The two attention products of one decode step, alone, in each operand order ONNX can give MLAS.
+
+    python scripts/decode_products.py --past 16384 --batch 1,8 --threads 2 [--orders qk,kq,qkT,h1]
+
+A GQA block at decode (g kv heads, r query heads per kv head, d dims, one new token) reads its cache in
+two products. Which order of operands streams the cache fastest is a property of ONNX Runtime's CPU
+GEMM (MLAS) on the machine at hand, so it is measured, not assumed:
+
+    qk    scores = Q K^T (M = r query rows per kv head), out = A V: the folded graph's order (zoo.attend)
+    qkT   the same with K stored transposed (b g d n): B is copy-packed instead of transpose-packed
+    kq    scores^T = K Q^T (the cache as the streamed A operand, M = n), out^T = V^T A^T, V stored (b g d n)
+    h1    one query row per GEMM (M = 1, MLAS's GEMV path), r query heads broadcast against their kv head
+
+Each order runs in one session over several copies of the cache (more bytes than the last-level cache
+holds, read in turn), so the reads come from memory as in a model's step; the figure is the cache's bytes
+over the best time of 5 passes. The softmax between the products is included (small beside them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+G, R, D = 4, 4, 128  # the bench's GQA block: llama-3-8b at d_model 2048 (16 heads, 4 kv heads, d_k 128)
+ORDERS = ("qk", "qkT", "kq", "h1")
+
+
+def model(order: str, b: int, n: int) -> bytes:
+    from onnx import TensorProto, helper
+
+    def node(op, ins, out, **attrs):
+        return helper.make_node(op, ins, [out], **attrs)
+
+    def value(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    if order in ("qk", "qkT"):
+        k_shape = [b, G, D, n] if order == "qkT" else [b, G, n, D]
+        k = "k" if order == "qkT" else "kt"
+        nodes = [node("Transpose", ["k"], "kt", perm=[0, 1, 3, 2])] if order == "qk" else []
+        nodes += [node("MatMul", ["q", k], "s"), node("Softmax", ["s"], "a", axis=-1), node("MatMul", ["a", "v"], "y")]
+        ins = [value("q", [b, G, R, D]), value("k", k_shape), value("v", [b, G, n, D])]
+    elif order == "kq":
+        nodes = [
+            node("Transpose", ["q"], "qt", perm=[0, 1, 3, 2]),
+            node("MatMul", ["k", "qt"], "st"),
+            node("Softmax", ["st"], "at", axis=-2),
+            node("MatMul", ["v", "at"], "yt"),
+            node("Transpose", ["yt"], "y", perm=[0, 1, 3, 2]),
+        ]
+        ins = [value("q", [b, G, R, D]), value("k", [b, G, n, D]), value("v", [b, G, D, n])]
+    else:  # h1
+        nodes = [
+            node("Transpose", ["k"], "kt", perm=[0, 1, 2, 4, 3]),
+            node("MatMul", ["q", "kt"], "s"),
+            node("Softmax", ["s"], "a", axis=-1),
+            node("MatMul", ["a", "v"], "y"),
+        ]
+        ins = [value("q", [b, G, R, 1, D]), value("k", [b, G, 1, n, D]), value("v", [b, G, 1, n, D])]
+    graph = helper.make_graph(nodes, order, ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def feeds(order: str, q, k, v) -> dict:
+    b, n = k.shape[0], k.shape[2]
+    if order == "h1":
+        return {"q": q.reshape(b, G, R, 1, D), "k": k.reshape(b, G, 1, n, D), "v": v.reshape(b, G, 1, n, D)}
+    if order == "qkT":
+        return {"q": q, "k": np.ascontiguousarray(k.transpose(0, 1, 3, 2)), "v": v}
+    if order == "kq":
+        return {"q": q, "k": k, "v": np.ascontiguousarray(v.transpose(0, 1, 3, 2))}
+    return {"q": q, "k": k, "v": v}
+
+
+def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tuple[float, float]:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    cache_bytes = 2 * b * G * n * D * 4
+    copies = max(2, int(total_bytes // cache_bytes))
+    q = rng.standard_normal((b, G, R, D), np.float32)
+    runs = [
+        feeds(order, q, rng.standard_normal((b, G, n, D), np.float32), rng.standard_normal((b, G, n, D), np.float32))
+        for _ in range(copies)
+    ]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    sess = ort.InferenceSession(model(order, b, n), opts, providers=["CPUExecutionProvider"])
+    for f in runs:  # warm-up
+        sess.run(None, f)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for f in runs:
+            sess.run(None, f)
+        best = min(best, (time.perf_counter() - t0) / copies)
+    return best * 1e3, cache_bytes / best / 1e9
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--past", type=int, default=16384)
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--orders", default=",".join(ORDERS), help=f"a subset of {','.join(ORDERS)}")
+    p.add_argument("--bytes", type=float, default=400e6, help="bytes of cache copies read in turn (default 400 MB)")
+    args = p.parse_args()
+    orders = args.orders.split(",")
+    unknown = sorted(set(orders) - set(ORDERS))
+    if unknown:
+        p.error(f"unknown order(s) {unknown}; choose from {', '.join(ORDERS)}")
+    print("| B | past | order | ms | GB/s of cache |\n|---:|---:|---|---:|---:|")
+    for b in (int(x) for x in args.batch.split(",")):
+        for order in orders:
+            ms, gbs = measure(order, b, args.past, args.threads, args.bytes)
+            print(f"| {b} | {args.past} | {order} | {ms:.2f} | {gbs:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
