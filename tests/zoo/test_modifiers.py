@@ -435,8 +435,9 @@ class _Nodes:
 
     dtype = "float32"
 
-    def __init__(self):
+    def __init__(self, max_positions=None):
         self.ops, self.consts = [], []
+        self.max_positions = max_positions
 
     def op(self, op_type, *inputs, **attributes):
         self.ops.append((op_type, inputs, attributes))
@@ -482,6 +483,14 @@ def test_modifiers_write_their_graph_pieces_through_the_builder():
     before = len(g.ops)
     assert block.mods["rope"].gqa_qkv(g, "q", "k", "v")[2] == "v"  # Q and K rotated before the op
     assert [op for op, *_ in g.ops[before:]].count("RotaryEmbedding") == 2
+    assert {"Cos", "Sin"} <= {op for op, *_ in g.ops[before:]}  # the tables computed per call
+    fixed = _Nodes(max_positions=10)  # a whole model's max_len: the tables are constants, no Cos or Sin
+    block.mods["rope"].gqa_qkv(fixed, "q", "k", "v")
+    assert not {"Cos", "Sin"} & {op for op, *_ in fixed.ops}
+    tables = {hint: value for hint, value, _ in fixed.consts if hint.startswith("rope_")}
+    assert {k: tuple(v.shape) for k, v in tables.items()} == {"rope_cos": (10, 8), "rope_sin": (10, 8)}
+    angles = torch.arange(10.0)[:, None] * block.mods["rope"].inv_freq
+    torch.testing.assert_close(tables["rope_cos"], angles.cos())
     assert block.mods["window"].gqa_allowed(g).startswith("less")
     before = len(g.ops)
     assert block.mods["alibi"].gqa_bias(g).startswith("mul")
