@@ -167,6 +167,30 @@ def test_left_padding_gives_each_row_its_own_tokens(lm_exports):
         assert torch.equal(alone[0], got[r, pad:]), r
 
 
+def test_one_rows_long_prompt_runs_in_chunks_with_the_same_tokens(lm_exports, monkeypatch):
+    """A row's prompt longer than PREFILL_CHUNK runs in chunks, each after the ones before: the same tokens
+    as eager, left-padded or not; a batch runs its prompts in one call (the op takes chunks one row at a time)."""
+    from export import generation
+
+    _, lm, path = lm_exports(DEFAULT)
+    sess = OnnxSession(path, provider="cpu")
+    calls = []
+    run = sess.run_with_iobinding
+    monkeypatch.setattr(sess, "run_with_iobinding", lambda binding: calls.append(1) or run(binding))
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
+    ids = lm_cases.prompt(batch=2, t=7)
+    mask = torch.ones(1, 7, dtype=torch.long)
+    mask[0, :2] = 0
+    for row, attention_mask in ((ids[:1], None), (ids[1:], mask)):
+        calls.clear()
+        got = sess.generate(row, NEW, attention_mask=attention_mask)
+        assert torch.equal(got, lm.generate(row, NEW, attention_mask=attention_mask))
+        assert len(calls) == 3 + NEW - 1  # 7 prompt tokens in chunks of 3, 3 and 1, then a call per new token
+    calls.clear()
+    assert torch.equal(sess.generate(ids, NEW), lm.generate(ids, NEW))
+    assert len(calls) == 1 + NEW - 1
+
+
 def test_eos_pads_a_finished_row_and_stops_when_all_have_ended(lm_exports):
     hf, lm, path = lm_exports(DEFAULT)
     sess = OnnxSession(path, provider="cpu")
