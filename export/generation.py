@@ -73,6 +73,17 @@ def lm_max_len(sess: RuntimeSession) -> int | None:
     return int(raw) if raw and raw.isascii() and raw.isdigit() else None
 
 
+def one_call_prompt_len(sess: RuntimeSession) -> int | None:
+    """The longest prompt that may run in chunks, or None for any: a longrope layer picks its frequencies
+    by the call's largest position, so a prompt past its rope_original_max rotates every key with the long
+    set in one call (as eager and transformers do) but its first chunks with the short set."""
+    import json
+
+    specs = json.loads(sess.metadata.get("attnzoo.layer_specs", "[]"))
+    limits = [s["rope_original_max"] for s in specs if s.get("rope_scaling") == "longrope"]
+    return min(limits) if limits else None
+
+
 def _check_count(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
@@ -157,8 +168,10 @@ def generate(
     started = time.perf_counter()
     # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output. One row runs
     # in chunks (PREFILL_CHUNK), each after the ones before; GroupQueryAttention takes a chunk after a past
-    # for one row only, so a batch runs its prompts in one call.
-    chunk = PREFILL_CHUNK if b == 1 else t
+    # for one row only, so a batch runs its prompts in one call; so does a prompt whose longrope frequencies
+    # depend on its length (one_call_prompt_len).
+    longest = one_call_prompt_len(sess)
+    chunk = PREFILL_CHUNK if b == 1 and (longest is None or t <= longest) else t
     binding.bind_output(LOGITS.name, "cpu")
     for start in range(0, t, chunk):
         binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(ids[:, start : start + chunk])))
@@ -191,4 +204,4 @@ def generate(
     return from_numpy(out) if as_torch else out
 
 
-__all__ = ["ROUND", "generate", "lm_max_len", "lm_vocab"]
+__all__ = ["PREFILL_CHUNK", "ROUND", "generate", "lm_max_len", "lm_vocab", "one_call_prompt_len"]

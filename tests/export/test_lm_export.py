@@ -60,7 +60,7 @@ def lm_exports(tmp_path_factory):
             hf = lm_cases.hf_model(kind)
             lm = lm_from_hf(hf).eval()
             path = folder / f"{kind}-{precision}-{lowering}.onnx"
-            # With a max_len, as the CLI and the bench export: the rotary tables are then constants.
+            # With a max_len, as the bench exports (the CLI with --max-len): the rotary tables are then constants.
             path = export_onnx(lm, path, precision=precision, lowering=lowering, max_len=MAX_LEN).path
             made[kind, precision, lowering] = hf, lm, path
         return made[kind, precision, lowering]
@@ -189,6 +189,41 @@ def test_one_rows_long_prompt_runs_in_chunks_with_the_same_tokens(lm_exports, mo
     calls.clear()
     assert torch.equal(sess.generate(ids, NEW), lm.generate(ids, NEW))
     assert len(calls) == 1 + NEW - 1
+
+
+def test_a_longrope_prompt_past_its_original_length_runs_in_one_call(tmp_path, monkeypatch):
+    """longrope picks its frequencies by the call's largest position: a prompt past rope_original_max runs in
+    one call (every key with the long set, as eager and transformers), a shorter one in chunks."""
+    import transformers
+
+    from export import generation
+
+    pairs = 8
+    rope = dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        short_factor=[1.0 + 0.1 * i for i in range(pairs)],
+        long_factor=[1.5 + 0.75 * i for i in range(pairs)],
+    )
+    config = transformers.Phi3Config(
+        **{**lm_cases.BASE, "max_position_embeddings": 64},
+        num_key_value_heads=2,
+        original_max_position_embeddings=8,
+        rope_parameters=rope,
+    )
+    torch.manual_seed(0)
+    lm = lm_from_hf(transformers.Phi3ForCausalLM(config).eval()).eval()
+    sess = OnnxSession(export_onnx(lm, tmp_path / "longrope.onnx", max_len=32).path, provider="cpu")
+    assert generation.one_call_prompt_len(sess) == 8
+    calls = []
+    run = sess.run_with_iobinding
+    monkeypatch.setattr(sess, "run_with_iobinding", lambda binding: calls.append(1) or run(binding))
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
+    for t, prefill_calls in ((12, 1), (6, 2)):
+        calls.clear()
+        ids = lm_cases.prompt(batch=1, t=t)
+        assert torch.equal(sess.generate(ids, 4), lm.generate(ids, 4)), t
+        assert len(calls) == prefill_calls + 3, t
 
 
 def test_eos_pads_a_finished_row_and_stops_when_all_have_ended(lm_exports):
