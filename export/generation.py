@@ -16,6 +16,7 @@ others go on; the loop stops when every row has ended, as transformers' generate
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -77,8 +78,6 @@ def one_call_prompt_len(sess: RuntimeSession) -> int | None:
     """The longest prompt that may run in chunks, or None for any: a longrope layer picks its frequencies
     by the call's largest position, so a prompt past its rope_original_max rotates every key with the long
     set in one call (as eager and transformers do) but its first chunks with the short set."""
-    import json
-
     specs = json.loads(sess.metadata.get("attnzoo.layer_specs", "[]"))
     limits = [s["rope_original_max"] for s in specs if s.get("rope_scaling") == "longrope"]
     return min(limits) if limits else None

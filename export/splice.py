@@ -137,8 +137,8 @@ def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str, max_len
     }
     for node in found:
         layer = node.attributes["layer"].as_int()
-        ins, outs = static_interface(blocks[layer].spec, with_key_mask=True)
         spec = blocks[layer].spec
+        ins, outs = static_interface(spec, with_key_mask=True)
         fits = max_len is not None and max_len * (spec.d_k_ // 2) <= SHARED_CONSTANT_ELEMENTS
         rows = max_len if fits else None
         built = ir.from_proto(rec.build(blocks[layer], dtype, ins, outs, in_model=True, max_positions=rows))

@@ -167,6 +167,14 @@ def test_left_padding_gives_each_row_its_own_tokens(lm_exports):
         assert torch.equal(alone[0], got[r, pad:]), r
 
 
+def _counted_runs(sess, monkeypatch) -> list:
+    """A list that gets one entry per ONNX Runtime call `sess` makes (prefill chunks and steps)."""
+    calls = []
+    run = sess.run_with_iobinding
+    monkeypatch.setattr(sess, "run_with_iobinding", lambda binding: calls.append(1) or run(binding))
+    return calls
+
+
 def test_one_rows_long_prompt_runs_in_chunks_with_the_same_tokens(lm_exports, monkeypatch):
     """A row's prompt longer than PREFILL_CHUNK runs in chunks, each after the ones before: the same tokens
     as eager, left-padded or not; a batch runs its prompts in one call (the op takes chunks one row at a time)."""
@@ -174,9 +182,7 @@ def test_one_rows_long_prompt_runs_in_chunks_with_the_same_tokens(lm_exports, mo
 
     _, lm, path = lm_exports(DEFAULT)
     sess = OnnxSession(path, provider="cpu")
-    calls = []
-    run = sess.run_with_iobinding
-    monkeypatch.setattr(sess, "run_with_iobinding", lambda binding: calls.append(1) or run(binding))
+    calls = _counted_runs(sess, monkeypatch)
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
     ids = lm_cases.prompt(batch=2, t=7)
     mask = torch.ones(1, 7, dtype=torch.long)
@@ -215,9 +221,7 @@ def test_a_longrope_prompt_past_its_original_length_runs_in_one_call(tmp_path, m
     lm = lm_from_hf(transformers.Phi3ForCausalLM(config).eval()).eval()
     sess = OnnxSession(export_onnx(lm, tmp_path / "longrope.onnx", max_len=32).path, provider="cpu")
     assert generation.one_call_prompt_len(sess) == 8
-    calls = []
-    run = sess.run_with_iobinding
-    monkeypatch.setattr(sess, "run_with_iobinding", lambda binding: calls.append(1) or run(binding))
+    calls = _counted_runs(sess, monkeypatch)
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
     for t, prefill_calls in ((12, 1), (6, 2)):
         calls.clear()

@@ -145,16 +145,14 @@ class Rotary(Modifier):
 
     def _tables(self, g: GraphBuilder) -> tuple[str, str]:
         """cos, sin (s, rope_dim / 2) for the key positions 0..s-1, times the attention factor, in the graph's type:
-        constants of g.max_positions rows where the builder fixes them (the same fp32 math, done once at export:
-        a Cos and a Sin over every position cost a decode step more than the op's attention at a short past),
-        otherwise computed each call."""
+        constants of g.max_positions rows where the builder fixes them (the eager block's own cos_sin, done once
+        at export: a Cos and a Sin over every position cost a decode step more than the op's attention at a short
+        past), otherwise computed each call. (longrope, whose set depends on the call, never reaches here: the
+        hand-built graph refuses it.)"""
         rows = g.max_positions
         if rows is not None:
-            angles = torch.arange(rows, dtype=torch.float32)[:, None] * self.inv_freq.float()
-            cos, sin = angles.cos(), angles.sin()
-            if self.attention != 1.0:
-                cos, sin = cos * self.attention, sin * self.attention
-            return g.const(cos, "rope_cos"), g.const(sin, "rope_sin")
+            cos, sin = self.cos_sin(torch.arange(rows)[None], torch.float32)  # (1 1 rows n)
+            return g.const(cos[0, 0], "rope_cos"), g.const(sin[0, 0], "rope_sin")
         angles = g.op(
             "Mul",
             g.op("Unsqueeze", g.positions(), g.const([1], "i", "int64")),
