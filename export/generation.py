@@ -83,6 +83,16 @@ def one_call_prompt_len(sess: RuntimeSession) -> int | None:
     return min(limits) if limits else None
 
 
+def prefill_chunk(sess: RuntimeSession, rows: int, t: int) -> int:
+    """The positions of a prompt of `rows` x `t` tokens per prefill call: PREFILL_CHUNK for one row, each
+    chunk after the ones before (ORT's CPU GroupQueryAttention scores every query against every key up to
+    the call's last, so chunks skip most of the masked half); the whole prompt for a batch (the op takes a
+    chunk after a past for one row only) and for a prompt whose longrope frequencies depend on its length
+    (one_call_prompt_len)."""
+    longest = one_call_prompt_len(sess)
+    return PREFILL_CHUNK if rows == 1 and (longest is None or t <= longest) else t
+
+
 def _check_count(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
@@ -165,12 +175,9 @@ def generate(
     done = np.zeros(b, np.bool_)
     pad = pad_token_id if pad_token_id is not None else eos_token_id
     started = time.perf_counter()
-    # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output. One row runs
-    # in chunks (PREFILL_CHUNK), each after the ones before; GroupQueryAttention takes a chunk after a past
-    # for one row only, so a batch runs its prompts in one call; so does a prompt whose longrope frequencies
-    # depend on its length (one_call_prompt_len).
-    longest = one_call_prompt_len(sess)
-    chunk = PREFILL_CHUNK if b == 1 and (longest is None or t <= longest) else t
+    # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output, in chunks
+    # for one row (prefill_chunk)
+    chunk = prefill_chunk(sess, b, t)
     binding.bind_output(LOGITS.name, "cpu")
     for start in range(0, t, chunk):
         binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(ids[:, start : start + chunk])))
@@ -203,4 +210,4 @@ def generate(
     return from_numpy(out) if as_torch else out
 
 
-__all__ = ["PREFILL_CHUNK", "ROUND", "generate", "lm_max_len", "lm_vocab", "one_call_prompt_len"]
+__all__ = ["PREFILL_CHUNK", "ROUND", "generate", "lm_max_len", "lm_vocab", "one_call_prompt_len", "prefill_chunk"]

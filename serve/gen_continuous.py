@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from export.generation import prefill_chunk
 from export.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 
 from .gen_batching import end_at_eos
@@ -178,19 +179,26 @@ class ContinuousBatcher:
         where they were written: a whole model whose op rotates keys at their cache slots (ort-gqa)
         reads them as one that counts a row's real keys does. A prompt after masked slots runs one row
         at a time, through one scratch row of P slots (GroupQueryAttention takes a chunk with a past for
-        one row only; any lowering takes one row)."""
+        one row only; any lowering takes one row); one row's prompt runs in chunks, each after the ones
+        before, as OnnxSession.generate runs it (export.generation.prefill_chunk)."""
+        import onnxruntime as ort
+
         started = time.perf_counter()
         p, t = self.write, it.t
         rows = list(range(self.used, self.used + it.rows))
         first = np.zeros(it.rows, np.int64)
         parts = [list(range(it.rows))] if p == t else [[r] for r in range(it.rows)]
-        alone = _Buffers(self.sess, len(parts[0]), p, t)
+        chunk = prefill_chunk(self.sess, len(parts[0]), t)
+        alone = _Buffers(self.sess, len(parts[0]), p, chunk)
         alone.mask[:, : p - t] = False
-        alone.past_len[()] = p - t
         for part in parts:
-            alone.ids[:] = it.ids[part]
             alone.mask[:, p - t :] = True if it.mask is None else it.mask[part]
-            self.sess.run_with_iobinding(alone.binding(len(part)))
+            binding = alone.binding(len(part))
+            for start in range(0, t, chunk):
+                ids = np.ascontiguousarray(it.ids[part, start : start + chunk])  # the last chunk may be short
+                binding.bind_ortvalue_input(INPUT_IDS.name, ort.OrtValue.ortvalue_from_numpy(ids, "cpu", 0))
+                alone.past_len[()] = p - t + start
+                self.sess.run_with_iobinding(binding)
             for name, buf in self.batch.cache.items():
                 buf[[rows[r] for r in part], :, p - t : p] = alone.cache[name][:, :, p - t : p]
             first[part] = alone.next_token

@@ -180,7 +180,7 @@ def test_one_padded_batch_gives_each_request_its_own_tokens(sess):
     timings: dict = {}
     got = run_generate_batch(sess, items, timings)
     assert timings == {"rows": 8, "prompt": 12, "new": 14}
-    for it, g, w in zip(items, got, wants):
+    for g, w in zip(got, wants):
         assert g.dtype == np.int64 and g.shape == w.shape, (g.shape, w.shape)
         np.testing.assert_array_equal(g, w)  # bit-equal: token ids
 
@@ -245,11 +245,47 @@ def test_continuous_batching_gives_each_request_its_own_tokens(sess):
     batcher = ContinuousBatcher(sess, max_rows=5, capacity=48, wait_s=0.0)
     batcher.sess = Paced()
     answers = _concurrently(batcher, items, gap_s=0.003)
-    for (tokens, timing), want in zip(answers, wants):
+    for (tokens, _), want in zip(answers, wants):
         assert not isinstance(tokens, Exception), tokens
         np.testing.assert_array_equal(tokens, want)
     assert max(timing["x-attnzoo-batch"] for _, timing in answers) > 2
     assert batcher.used == 0 and not batcher.running  # every row given back
+
+
+def test_a_joining_row_runs_its_prompt_in_chunks(sess, monkeypatch):
+    """A one-row request's prompt joins in chunks of PREFILL_CHUNK, each after the ones before (and after
+    the masked slots before P), as OnnxSession.generate runs it alone: the same tokens, and
+    ceil(t / chunk) prefill calls per request."""
+    import time
+
+    from export import generation
+
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
+    rng = np.random.default_rng(5)
+    items = [_item(rng.integers(3, VOCAB, t).tolist(), new) for t, new in ((3, 12), (7, 9), (12, 6), (1, 8), (10, 5))]
+    padded = rng.integers(3, VOCAB, 8).tolist()
+    padded[:3] = [0, 0, 0]
+    items.append(_item(padded, 7, mask=[0, 0, 0] + [1] * 5))  # one row with its own left padding
+    wants = [_alone(sess, it) for it in items]
+    batcher = ContinuousBatcher(sess, max_rows=4, capacity=48)
+    prefills: list[object] = []
+
+    class Paced:  # steps of at least 5 ms, so that later requests join a running batch (at P > t)
+        def __getattr__(self, name):
+            return getattr(sess, name)
+
+        def run_with_iobinding(self, binding):
+            if binding not in batcher.batch._bindings.values():
+                prefills.append(binding)
+            time.sleep(0.005)
+            return sess.run_with_iobinding(binding)
+
+    batcher.sess = Paced()
+    answers = _concurrently(batcher, items, gap_s=0.003)
+    for (tokens, _), want in zip(answers, wants):
+        assert not isinstance(tokens, Exception), tokens
+        np.testing.assert_array_equal(tokens, want)
+    assert len(prefills) == sum(-(-it.t // 3) for it in items)
 
 
 def test_a_failing_continuous_step_fails_its_requests_and_the_next_ones_run(sess):
