@@ -1,6 +1,6 @@
 """The two attention products of one decode step, alone, in each operand order ONNX can give MLAS.
 
-    python scripts/decode_products.py --past 16384 --batch 1,8 --threads 2 [--orders qk,kq,qkT,h1]
+    python scripts/decode_products.py --past 16384 --batch 1,8 --threads 2 [--orders qk,kq,qkT,h1,h1c,attention,torch]
 
 A GQA block at decode (g kv heads, r query heads per kv head, d dims, one new token) reads its cache in
 two products. Which order of operands streams the cache fastest is a property of ONNX Runtime's CPU
@@ -10,6 +10,10 @@ GEMM (MLAS) on the machine at hand, so it is measured, not assumed:
     qkT   the same with K stored transposed (b g d n): B is copy-packed instead of transpose-packed
     kq    scores^T = K Q^T (the cache as the streamed A operand, M = n), out^T = V^T A^T, V stored (b g d n)
     h1    one query row per GEMM (M = 1, MLAS's GEMV path), r query heads broadcast against their kv head
+    h1c   h1 over chunks of CHUNK past positions, so the r rows of a group read a chunk while it is in cache
+    attention  ONNX's own Attention operator (opset 23: kv heads, no scale), as ONNX Runtime runs it
+    torch      not ONNX: torch's scaled_dot_product_attention on the folded layout, as transformers runs one
+               query token with its static cache (the peer's kernel), same cache, same threads
 
 Each order runs in one session over several copies of the cache (more bytes than the last-level cache
 holds, read in turn), so the reads come from memory as in a model's step; the figure is the cache's bytes
@@ -24,7 +28,13 @@ import time
 import numpy as np
 
 G, R, D = 4, 4, 128  # the bench's GQA block: llama-3-8b at d_model 2048 (16 heads, 4 kv heads, d_k 128)
-ORDERS = ("qk", "qkT", "kq", "h1")
+CHUNK = 512  # h1c's chunk of past positions
+ORDERS = ("qk", "qkT", "kq", "h1", "h1c", "attention", "torch")
+
+
+def _chunk(n: int) -> int:
+    """h1c's chunk: CHUNK positions, or the whole past when CHUNK does not divide it."""
+    return CHUNK if n % CHUNK == 0 else n
 
 
 def model(order: str, b: int, n: int) -> bytes:
@@ -35,6 +45,8 @@ def model(order: str, b: int, n: int) -> bytes:
 
     def value(name, shape):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    inits, opset = [], 17
 
     if order in ("qk", "qkT"):
         k_shape = [b, G, D, n] if order == "qkT" else [b, G, n, D]
@@ -51,6 +63,30 @@ def model(order: str, b: int, n: int) -> bytes:
             node("Transpose", ["yt"], "y", perm=[0, 1, 3, 2]),
         ]
         ins = [value("q", [b, G, R, D]), value("k", [b, G, n, D]), value("v", [b, G, D, n])]
+    elif order == "h1c":  # (b g c 1 chunk d): the scores (b g c r 1 chunk), softmax over (c, chunk), sum over c
+        c = n // _chunk(n)
+        nodes = [
+            node("Transpose", ["k"], "kt", perm=[0, 1, 2, 3, 5, 4]),
+            node("MatMul", ["q", "kt"], "s"),
+            node("ReduceMax", ["s", "axes"], "m", keepdims=1),
+            node("Sub", ["s", "m"], "z"),
+            node("Exp", ["z"], "e"),
+            node("ReduceSum", ["e", "axes"], "den", keepdims=1),
+            node("Div", ["e", "den"], "a"),
+            node("MatMul", ["a", "v"], "yc"),
+            node("ReduceSum", ["yc", "chunks"], "y", keepdims=0),
+        ]
+        shape = [b, G, c, 1, n // c, D]
+        ins = [value("q", [b, G, 1, R, 1, D]), value("k", shape), value("v", shape)]
+        inits = [
+            helper.make_tensor("axes", TensorProto.INT64, [2], [2, 5]),
+            helper.make_tensor("chunks", TensorProto.INT64, [1], [2]),
+        ]
+        opset = 18  # ReduceMax's axes as an input
+    elif order == "attention":
+        nodes = [node("Attention", ["q", "k", "v"], "y", scale=1.0)]
+        ins = [value("q", [b, G * R, 1, D]), value("k", [b, G, n, D]), value("v", [b, G, n, D])]
+        opset = 23
     else:  # h1
         nodes = [
             node("Transpose", ["k"], "kt", perm=[0, 1, 2, 4, 3]),
@@ -59,14 +95,26 @@ def model(order: str, b: int, n: int) -> bytes:
             node("MatMul", ["a", "v"], "y"),
         ]
         ins = [value("q", [b, G, R, 1, D]), value("k", [b, G, 1, n, D]), value("v", [b, G, 1, n, D])]
-    graph = helper.make_graph(nodes, order, ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    graph = helper.make_graph(
+        nodes, order, ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10).SerializeToString()
 
 
 def feeds(order: str, q, k, v) -> dict:
     b, n = k.shape[0], k.shape[2]
     if order == "h1":
         return {"q": q.reshape(b, G, R, 1, D), "k": k.reshape(b, G, 1, n, D), "v": v.reshape(b, G, 1, n, D)}
+    if order == "h1c":
+        c = n // _chunk(n)
+        k, v = (x.reshape(b, G, c, 1, n // c, D) for x in (k, v))
+        return {"q": q.reshape(b, G, 1, R, 1, D), "k": k, "v": v}
+    if order == "attention":
+        return {"q": q.reshape(b, G * R, 1, D), "k": k, "v": v}
+    if order == "torch":
+        import torch
+
+        return {"q": torch.from_numpy(q), "k": torch.from_numpy(k), "v": torch.from_numpy(v)}
     if order == "qkT":
         return {"q": q, "k": np.ascontiguousarray(k.transpose(0, 1, 3, 2)), "v": v}
     if order == "kq":
@@ -74,9 +122,30 @@ def feeds(order: str, q, k, v) -> dict:
     return {"q": q, "k": k, "v": v}
 
 
-def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tuple[float, float]:
+def runner(order: str, b: int, n: int, threads: int):
+    """One call of `order` on a feed from `feeds`: returns the output as numpy."""
+    if order == "torch":
+        import torch
+        import torch.nn.functional as F
+
+        torch.set_num_threads(threads)
+        allowed = torch.ones(b, 1, 1, n, dtype=torch.bool)  # transformers passes its static cache's mask
+
+        def call(f):
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(f["q"], f["k"], f["v"], attn_mask=allowed, scale=1.0).numpy()
+
+        return call
     import onnxruntime as ort
 
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    sess = ort.InferenceSession(model(order, b, n), opts, providers=["CPUExecutionProvider"])
+    return lambda f: sess.run(None, f)[0]
+
+
+def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tuple[float, float]:
     rng = np.random.default_rng(0)
     cache_bytes = 2 * b * G * n * D * 4
     copies = max(2, int(total_bytes // cache_bytes))
@@ -85,17 +154,14 @@ def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tup
         feeds(order, q, rng.standard_normal((b, G, n, D), np.float32), rng.standard_normal((b, G, n, D), np.float32))
         for _ in range(copies)
     ]
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    sess = ort.InferenceSession(model(order, b, n), opts, providers=["CPUExecutionProvider"])
+    call = runner(order, b, n, threads)
     for f in runs:  # warm-up
-        sess.run(None, f)
+        call(f)
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
         for f in runs:
-            sess.run(None, f)
+            call(f)
         best = min(best, (time.perf_counter() - t0) / copies)
     return best * 1e3, cache_bytes / best / 1e9
 

@@ -67,8 +67,8 @@ def main() -> None:
             torch.testing.assert_close(old(x), new(x))
             before, after = [], []
             for _ in range(args.rounds):
-                before.append(median_ms(lambda: old(x), args.runs))
-                after.append(median_ms(lambda: new(x), args.runs))
+                before.append(median_ms(lambda old=old, x=x: old(x), args.runs))
+                after.append(median_ms(lambda new=new, x=x: new(x), args.runs))
         mb, ma = statistics.median(before), statistics.median(after)
         print(f"| {name} | {b} | {t} | {mb:.4f} | {ma:.4f} | {ma / mb:.3f} |")
 

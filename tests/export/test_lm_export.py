@@ -212,7 +212,7 @@ def test_a_longrope_prompt_past_its_original_length_runs_in_one_call(tmp_path, m
         long_factor=[1.5 + 0.75 * i for i in range(pairs)],
     )
     config = transformers.Phi3Config(
-        **{**lm_cases.BASE, "max_position_embeddings": 64},
+        **{**lm_cases.BASE, "max_position_embeddings": 64, "num_hidden_layers": 1},
         num_key_value_heads=2,
         original_max_position_embeddings=8,
         rope_parameters=rope,
