@@ -2,7 +2,10 @@
 Runtime; and `attnzoo export --checkpoint DIR --whole`, the export it runs (export/lm_export.py).
 
 A folder is exported once per (weights, precision, max_len, attnzoo version) into a cache folder
-(ATTNZOO_CACHE, default ~/.cache/attnzoo), so the second run starts at once."""
+(ATTNZOO_CACHE, default ~/.cache/attnzoo), so the second run starts at once. Without --max-len both
+export with the checkpoint's maximum positions as max_len when the rotary tables of that many rows fit
+one constant (export.lm_export.stored_tables_max_len): the export stores cos and sin instead of computing
+them at every step; each call's buffers stay what it needs."""
 
 from __future__ import annotations
 
@@ -55,8 +58,29 @@ def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
     for f in sorted(folder.glob("*.safetensors")):
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    h.update(f"{precision}:{max_len}:{zoo.__version__}".encode())
+    cap = max_len if max_len is not None else "stored-tables"  # the default rule (default_max_len)
+    h.update(f"{precision}:{cap}:{zoo.__version__}".encode())
     return h.hexdigest()[:20]
+
+
+def _max_positions(folder: Path) -> int | None:
+    """The checkpoint's maximum positions (config.json's max_position_embeddings, or GPT-2's n_positions)."""
+    data = json.loads((folder / "config.json").read_text())
+    if isinstance(data.get("text_config"), dict) and "max_position_embeddings" not in data:
+        data = data["text_config"]
+    for key in ("max_position_embeddings", "n_positions"):
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def default_max_len(folder: Path, model) -> int | None:
+    """--max-len when none is given: the checkpoint's maximum positions when its rotary tables fit one
+    stored constant, else None (export.lm_export.stored_tables_max_len)."""
+    from export.lm_export import stored_tables_max_len
+
+    return stored_tables_max_len(model, _max_positions(folder))
 
 
 def exported(folder: str, precision: str, max_len: int | None) -> Path:
@@ -68,6 +92,8 @@ def exported(folder: str, precision: str, max_len: int | None) -> Path:
     if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
     model = load_lm(folder)
+    if max_len is None:
+        max_len = default_max_len(path, model)
     print(f"exporting {folder} ({precision}) to {out} (once)")
     export_lm(model, out, precision=precision, max_len=max_len, overwrite=True, label=str(folder))
     return out
@@ -172,8 +198,9 @@ def export_whole(args: argparse.Namespace) -> int:
             raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
     ensure_writable_parent(args.output)
     model = load_lm(args.checkpoint)
+    max_len = args.max_len if args.max_len is not None else default_max_len(Path(args.checkpoint), model)
     result = export_lm(
-        model, args.output, cache=args.cache, max_len=args.max_len, precision=args.precision,
+        model, args.output, cache=args.cache, max_len=max_len, precision=args.precision,
         lowering=args.lowering, provider=args.target, dtype=args.dtype, overwrite=args.force, label=args.checkpoint,
     )
     print(result.summary())
@@ -194,7 +221,12 @@ def add_commands(sub) -> None:
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
     sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
     sp.add_argument(
-        "--max-len", type=positive, default=None, help="a folder's export: the most cache positions a call allocates"
+        "--max-len",
+        type=positive,
+        default=None,
+        help="a folder's export: the most cache positions a call allocates (default: the checkpoint's maximum "
+        "positions when its rotary cos/sin tables of that many rows fit one stored constant, else no cap; "
+        "each call's buffers are what it needs)",
     )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime's intra-op threads")
     sp.add_argument(

@@ -309,7 +309,9 @@ def add_commands(sub) -> None:
         "--max-len",
         type=positive,
         default=None,
-        help=f"with --cache static: the cache's capacity, recorded in the model (default {DEFAULT_MAX_LEN})",
+        help=f"with --cache static: the cache's capacity, recorded in the model (default {DEFAULT_MAX_LEN}); "
+        "with --whole: the most positions a call allocates (default: the checkpoint's maximum positions when its "
+        "rotary cos/sin tables of that many rows fit one stored constant, else no cap)",
     )
     sp.add_argument(
         "--precision",

@@ -160,6 +160,20 @@ def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: s
     return [lowering]
 
 
+def stored_tables_max_len(model: nn.Module, positions: int | None) -> int | None:
+    """The max_len to export `model` with when the caller gives none (the CLI): `positions` (its checkpoint's
+    maximum positions) when it has rotary layers and each one's cos/sin table of that many rows fits one
+    shared constant (export/splice.py), so the export stores the tables instead of computing cos and sin of
+    every position at every call; otherwise None (no cap, the tables computed per call). Either way a call's
+    buffers are what it needs; max_len only caps them."""
+    specs = layer_specs(model)
+    rotary = [s for s in specs if s.rope_theta is not None]
+    if positions is None or not rotary:
+        return None
+    fits = all(positions * (s.d_k_ // 2) <= splice.SHARED_CONSTANT_ELEMENTS for s in rotary)
+    return positions if fits else None
+
+
 def _check_args(decode, cache, max_len, precision, dtype, provider, overwrite, all_logits, argmax, path) -> None:
     if not isinstance(path, (str, os.PathLike)) or (isinstance(path, str) and not path.strip()):
         raise zoo.InputTypeError(f"path={path!r} must be a file path (str or os.PathLike), e.g. 'model.onnx'")
@@ -331,4 +345,4 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
     return onnx_model
 
 
-__all__ = ["LM_PAST", "LM_PRESENT", "LMExportResult", "export_lm", "is_lm", "layer_specs"]
+__all__ = ["LM_PAST", "LM_PRESENT", "LMExportResult", "export_lm", "is_lm", "layer_specs", "stored_tables_max_len"]

@@ -305,6 +305,24 @@ def test_max_len_caps_what_a_call_allocates(lm_exports, tmp_path):
         sess.generate(ids, 7)
 
 
+def test_without_a_max_len_the_cli_stores_the_rotary_tables_of_the_checkpoints_positions(lm_exports, tmp_path):
+    """The CLI's default max_len: the checkpoint's maximum positions when every rotary layer's table of that
+    many rows fits one stored constant; None past that, without rotary layers, or without positions."""
+    from cli.cmd_generate import default_max_len
+    from export.lm_export import stored_tables_max_len
+    from export.splice import SHARED_CONSTANT_ELEMENTS
+
+    _, lm, _ = lm_exports(DEFAULT)
+    d_half = lm.layers[0].attn.spec.d_k_ // 2
+    assert stored_tables_max_len(lm, 128) == 128
+    assert stored_tables_max_len(lm, SHARED_CONSTANT_ELEMENTS // d_half) == SHARED_CONSTANT_ELEMENTS // d_half
+    assert stored_tables_max_len(lm, SHARED_CONSTANT_ELEMENTS // d_half + 1) is None  # too big to store
+    assert stored_tables_max_len(lm, None) is None
+    assert stored_tables_max_len(lm_from_hf(lm_cases.hf_model("gpt2")), 128) is None  # learned positions: no cap
+    folder = lm_cases.saved(DEFAULT, tmp_path)
+    assert default_max_len(folder, lm) == lm_cases.BASE["max_position_embeddings"]
+
+
 def _cli(argv, capsys):
     try:
         rc = main(argv)
@@ -365,6 +383,10 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
     monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
     rc, out, err = _cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(tmp_path / "w.onnx")], capsys)
     assert rc == 0 and "present.i.key" in out, err
+    graph = onnx.load(tmp_path / "w.onnx", load_external_data=False)  # the default max_len: tables stored
+    meta = {p.key: p.value for p in graph.metadata_props}
+    assert meta["attnzoo.max_len"] == str(lm_cases.BASE["max_position_embeddings"])
+    assert not {"Cos", "Sin"} & {n.op_type for n in graph.graph.node}
     ids = lm_cases.prompt(batch=1)[0].tolist()
     argv = ["generate", str(folder), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "4"]
     rc, out, err = _cli(argv, capsys)
