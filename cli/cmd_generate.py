@@ -64,23 +64,25 @@ def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
 
 
 def _max_positions(folder: Path) -> int | None:
-    """The checkpoint's maximum positions (config.json's max_position_embeddings, or GPT-2's n_positions)."""
+    """The checkpoint's maximum positions as the model reads its config.json (peers.config: a nested
+    text_config, the config class's default where the key is missing); GPT-2's and GPT-J's n_positions."""
+    from peers.config import model_type, normalized
+
     data = json.loads((folder / "config.json").read_text())
-    if isinstance(data.get("text_config"), dict) and "max_position_embeddings" not in data:
-        data = data["text_config"]
-    for key in ("max_position_embeddings", "n_positions"):
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    value = data.get("max_position_embeddings")
+    if value is None and data.get("n_positions") is not None:
+        value = data["n_positions"]
+    else:
+        value = normalized(model_type(data), data)["max_position_embeddings"]
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def default_max_len(folder: Path, model) -> int | None:
-    """--max-len when none is given: the checkpoint's maximum positions when its rotary tables fit one
-    stored constant, else None (export.lm_export.stored_tables_max_len)."""
+def default_max_len(folder: Path, model, lowering: str = "auto", provider: str = "cpu", dtype: str = "float32"):
+    """--max-len when none is given: the checkpoint's maximum positions where the export stores its rotary
+    tables, else None (export.lm_export.stored_tables_max_len)."""
     from export.lm_export import stored_tables_max_len
 
-    return stored_tables_max_len(model, _max_positions(folder))
+    return stored_tables_max_len(model, _max_positions(folder), lowering=lowering, provider=provider, dtype=dtype)
 
 
 def exported(folder: str, precision: str, max_len: int | None) -> Path:
@@ -198,7 +200,9 @@ def export_whole(args: argparse.Namespace) -> int:
             raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
     ensure_writable_parent(args.output)
     model = load_lm(args.checkpoint)
-    max_len = args.max_len if args.max_len is not None else default_max_len(Path(args.checkpoint), model)
+    max_len = args.max_len
+    if max_len is None:
+        max_len = default_max_len(Path(args.checkpoint), model, args.lowering, args.target, args.dtype)
     result = export_lm(
         model, args.output, cache=args.cache, max_len=max_len, precision=args.precision,
         lowering=args.lowering, provider=args.target, dtype=args.dtype, overwrite=args.force, label=args.checkpoint,

@@ -247,8 +247,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         raise CliError("--heads is empty; give LAYER.HEAD,... (e.g. --heads 1.2), or leave it out for the top head")
     import analysis
     from analysis.ablate import format_locations, format_table, location_table, parse_heads, run_ablation
-    from analysis.patching import check_location
     from analysis.importance import eval_batches, head_importance, ranked_heads
+    from analysis.patching import check_location
     from analysis.tasks import get_task
 
     if args.location != "all":

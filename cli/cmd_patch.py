@@ -14,7 +14,9 @@ from .lm_inputs import lm_pair
 def _dates_pair(model, args: argparse.Namespace):
     from analysis import patching
 
-    split = (lambda s: None if s is None else [p.strip() for p in s.split(";") if p.strip()])
+    def split(s):
+        return None if s is None else [p.strip() for p in s.split(";") if p.strip()]
+
     return patching.dates_experiment(model, split(args.clean), split(args.corrupt), n=args.n, seed=args.seed)
 
 

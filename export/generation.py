@@ -126,7 +126,8 @@ def generate(
     if cap is not None and need > cap:
         raise zoo.ArgumentError(
             f"prompt {t} + max_new_tokens {max_new_tokens} needs {need} cache positions, past this export's "
-            f"max_len {cap}: re-export with a larger max_len (--max-len)"
+            f"max_len {cap}: re-export with a larger max_len (--max-len; without one the command line takes the "
+            "checkpoint's maximum positions)"
         )
     n = -(-need // ROUND) * ROUND
     n = min(n, cap) if cap is not None else n

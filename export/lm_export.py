@@ -160,15 +160,24 @@ def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: s
     return [lowering]
 
 
-def stored_tables_max_len(model: nn.Module, positions: int | None) -> int | None:
+def stored_tables_max_len(
+    model: nn.Module,
+    positions: int | None,
+    *,
+    lowering: str = "auto",
+    provider: str = "cpu",
+    dtype: str = "float32",
+) -> int | None:
     """The max_len to export `model` with when the caller gives none (the CLI): `positions` (its checkpoint's
-    maximum positions) when it has rotary layers and each one's cos/sin table of that many rows fits one
-    shared constant (export/splice.py), so the export stores the tables instead of computing cos and sin of
-    every position at every call; otherwise None (no cap, the tables computed per call). Either way a call's
-    buffers are what it needs; max_len only caps them."""
+    maximum positions) when the lowering the export tries first builds its layers by hand (export/splice.py:
+    a traced lowering computes its tables at every call whatever max_len is) and each rotary layer's cos/sin
+    table of that many rows fits one shared constant, so the export stores the tables instead of computing
+    cos and sin of every position at every call; otherwise None (no cap). Either way a call's buffers are what
+    it needs; max_len only caps them. (Should auto's first lowering fail at export and a traced one follow,
+    the cap stays without the tables.)"""
     specs = layer_specs(model)
     rotary = [s for s in specs if s.rope_theta is not None]
-    if positions is None or not rotary:
+    if positions is None or not rotary or record(candidates(specs, lowering, provider, dtype)[0]).traced:
         return None
     fits = all(positions * (s.d_k_ // 2) <= splice.SHARED_CONSTANT_ELEMENTS for s in rotary)
     return positions if fits else None

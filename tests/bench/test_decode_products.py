@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "decode_products.py"
@@ -32,9 +33,13 @@ def test_every_operand_order_is_the_same_attention():
     scores = np.einsum("bgrd,bgnd->bgrn", q.astype(np.float64), k)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     want = np.einsum("bgrn,bgnd->bgrd", weights / weights.sum(-1, keepdims=True), v)
-    for order in dp.ORDERS:
-        y = dp.runner(order, b, n, threads=1)(dp.feeds(order, q, k, v))
-        np.testing.assert_allclose(y.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=order)
+    threads = torch.get_num_threads()  # the torch order sets it: given back for the tests after this one
+    try:
+        for order in dp.ORDERS:
+            y = dp.runner(order, b, n, threads=1)(dp.feeds(order, q, k, v))
+            np.testing.assert_allclose(y.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=order)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_script_prints_a_row_per_order_and_refuses_an_unknown_one():

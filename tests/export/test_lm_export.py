@@ -306,8 +306,9 @@ def test_max_len_caps_what_a_call_allocates(lm_exports, tmp_path):
 
 
 def test_without_a_max_len_the_cli_stores_the_rotary_tables_of_the_checkpoints_positions(lm_exports, tmp_path):
-    """The CLI's default max_len: the checkpoint's maximum positions when every rotary layer's table of that
-    many rows fits one stored constant; None past that, without rotary layers, or without positions."""
+    """The CLI's default max_len: the checkpoint's maximum positions when the export builds its layers by hand
+    and every rotary layer's table of that many rows fits one stored constant; None past that, for a traced
+    lowering (its tables are computed whatever max_len is), without rotary layers, or without positions."""
     from cli.cmd_generate import default_max_len
     from export.lm_export import stored_tables_max_len
     from export.splice import SHARED_CONSTANT_ELEMENTS
@@ -318,9 +319,28 @@ def test_without_a_max_len_the_cli_stores_the_rotary_tables_of_the_checkpoints_p
     assert stored_tables_max_len(lm, SHARED_CONSTANT_ELEMENTS // d_half) == SHARED_CONSTANT_ELEMENTS // d_half
     assert stored_tables_max_len(lm, SHARED_CONSTANT_ELEMENTS // d_half + 1) is None  # too big to store
     assert stored_tables_max_len(lm, None) is None
+    assert stored_tables_max_len(lm, 128, lowering="decomposed") is None  # traced: computed tables, no cap
     assert stored_tables_max_len(lm_from_hf(lm_cases.hf_model("gpt2")), 128) is None  # learned positions: no cap
     folder = lm_cases.saved(DEFAULT, tmp_path)
     assert default_max_len(folder, lm) == lm_cases.BASE["max_position_embeddings"]
+    assert default_max_len(folder, lm, "decomposed") is None
+
+
+@pytest.mark.parametrize(
+    "config, positions",
+    [
+        ({"model_type": "llama", "max_position_embeddings": 4096}, 4096),
+        ({"model_type": "llama"}, 2048),  # missing: the config class's default, as the model reads it
+        ({"model_type": "qwen2"}, 32768),
+        ({"model_type": "gptj", "n_positions": 1024}, 1024),  # GPT-2's and GPT-J's name for it
+        ({"model_type": "gemma3_text", "text_config": {"max_position_embeddings": 512}}, 512),
+    ],
+)
+def test_the_cli_reads_a_checkpoints_positions_as_the_model_does(config, positions, tmp_path):
+    from cli.cmd_generate import _max_positions
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _max_positions(tmp_path) == positions
 
 
 def _cli(argv, capsys):
@@ -394,6 +414,9 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
     assert rc == 0 and out.splitlines()[1] == "tokens " + " ".join(map(str, want[0].tolist())), (out, err)
     rc, out, err = _cli(argv, capsys)  # the second run finds the cached export
     assert rc == 0 and "exporting" not in out
+    (cached,) = (tmp_path / "cache" / "lm").glob("*.onnx")  # generate's export takes the same default
+    meta = {p.key: p.value for p in onnx.load(cached, load_external_data=False).metadata_props}
+    assert meta["attnzoo.max_len"] == str(lm_cases.BASE["max_position_embeddings"])
     for data in (tmp_path / "cache" / "lm").glob("*.onnx.data"):
         data.unlink()  # a graph without its weights (or an export from before they went beside it)
     rc, out, err = _cli(argv, capsys)

@@ -253,24 +253,28 @@ def test_continuous_batching_gives_each_request_its_own_tokens(sess):
 
 
 def test_a_joining_row_runs_its_prompt_in_chunks(sess, monkeypatch):
-    """A one-row request's prompt joins in chunks of PREFILL_CHUNK, each after the ones before (and after
-    the masked slots before P), as OnnxSession.generate runs it alone: the same tokens, and
-    ceil(t / chunk) prefill calls per request."""
+    """A joining request's prompt runs one row at a time in chunks of PREFILL_CHUNK, each after the ones
+    before and after the masked slots before P, as OnnxSession.generate runs it alone: the same tokens, and
+    ceil(t / chunk) prefill calls per row (one call for a batch of rows joining at P = t). The first request
+    has the longest prompt, so the others join at P > t, one of them with two rows."""
     import time
 
     from export import generation
 
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
     rng = np.random.default_rng(5)
-    items = [_item(rng.integers(3, VOCAB, t).tolist(), new) for t, new in ((3, 12), (7, 9), (12, 6), (1, 8), (10, 5))]
+    items = [_item(rng.integers(3, VOCAB, t).tolist(), new) for t, new in ((12, 14), (7, 9), (10, 5), (1, 8))]
     padded = rng.integers(3, VOCAB, 8).tolist()
     padded[:3] = [0, 0, 0]
     items.append(_item(padded, 7, mask=[0, 0, 0] + [1] * 5))  # one row with its own left padding
+    two = rng.integers(3, VOCAB, (2, 7)).tolist()
+    two[0][:2] = [0, 0]
+    items.append(_item(two, 6, mask=[[0, 0] + [1] * 5, [1] * 7]))  # two rows, the first padded
     wants = [_alone(sess, it) for it in items]
     batcher = ContinuousBatcher(sess, max_rows=4, capacity=48)
-    prefills: list[object] = []
+    prefills, joins = [], []
 
-    class Paced:  # steps of at least 5 ms, so that later requests join a running batch (at P > t)
+    class Paced:  # steps of at least 5 ms, so that the later requests join a running batch
         def __getattr__(self, name):
             return getattr(sess, name)
 
@@ -280,12 +284,21 @@ def test_a_joining_row_runs_its_prompt_in_chunks(sess, monkeypatch):
             time.sleep(0.005)
             return sess.run_with_iobinding(binding)
 
-    batcher.sess = Paced()
+    join = batcher._join
+
+    def recorded(it, done):
+        joins.append((batcher.write, it.t, it.rows))
+        return join(it, done)
+
+    batcher.sess, batcher._join = Paced(), recorded
     answers = _concurrently(batcher, items, gap_s=0.003)
     for (tokens, _), want in zip(answers, wants):
         assert not isinstance(tokens, Exception), tokens
         np.testing.assert_array_equal(tokens, want)
-    assert len(prefills) == sum(-(-it.t // 3) for it in items)
+    assert any(p > t > 3 and rows == 1 for p, t, rows in joins), joins  # chunks after masked slots
+    assert any(p > t and rows == 2 for p, t, rows in joins), joins  # row by row, each in chunks
+    calls = [rows * -(-t // 3) if p > t or rows == 1 else 1 for p, t, rows in joins]
+    assert len(joins) == len(items) and len(prefills) == sum(calls), (joins, len(prefills))
 
 
 def test_a_failing_continuous_step_fails_its_requests_and_the_next_ones_run(sess):
