@@ -270,7 +270,7 @@ def test_config_size_fields_give_one_line_in_every_command(sizes, command, fuzz_
             "show": ["show", "--config", str(folder)],
             "preset": ["preset", "--config", str(folder), "--name", "x"],
             "export-config": ["export", "--config", str(folder), "-o", out, "--force"],
-            "export-checkpoint": ["export", "--checkpoint", str(folder), "-o", out, "--force"],
+            "export-checkpoint": ["export", "--checkpoint", str(folder), "--layer", "1", "-o", out, "--force"],
         }[command]
         rc, err = _run_cli(argv)
     finally:
