@@ -16,7 +16,7 @@ from zoo import MissingFileError
 
 from .batching import run_batch
 from .gen_app import GenerateServer
-from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY
+from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, why_not_continuous
 from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
 from .protocol import (
     DEFAULT_MAX_BODY,
@@ -224,8 +224,9 @@ def start(
     extra: dict[str, Any] = {}
     if is_lm(probe):
         GenInfo.of(probe)
-        if batching == "continuous" and "next_token" not in probe.output_names:
-            raise ServeError(f"{path} has no next_token output (an all-logits export); serve it with --batching static")
+        why = why_not_continuous(probe) if batching == "continuous" else None
+        if why:
+            raise ServeError(f"{path} {why}; serve it with --batching static")
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)

@@ -8,7 +8,7 @@ import os
 import time
 
 from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher
+from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher, shares_runs
 from .gen_protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     GEN_ROUTE,
@@ -68,7 +68,10 @@ class GenerateServer:
         else:
             # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
             self._batcher = StaticBatcher(
-                lambda items: run_generate_batch(self.sess, items), max_rows=max_batch, wait_s=batch_wait_ms / 1000
+                lambda items: run_generate_batch(self.sess, items),
+                max_rows=max_batch,
+                wait_s=batch_wait_ms / 1000,
+                max_requests=None if shares_runs(self.sess) else 1,  # longrope: one request a run
             )
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         md = self.sess.metadata

@@ -89,10 +89,13 @@ class StaticBatcher:
     One run at a time (in a thread: ONNX Runtime releases the GIL, so requests keep arriving). A batch is
     what is waiting when the last run ends, up to `max_rows` rows, in arrival order; when fewer rows wait,
     it waits until `wait_s` after the first of them arrived for more. `run(items)` returns one result
-    per item (run_generate_batch, bound to a session)."""
+    per item (run_generate_batch, bound to a session). `max_requests`: at most that many requests a run
+    (1 for an export whose requests cannot share one: gen_continuous.shares_runs); None, no limit."""
 
-    def __init__(self, run: Callable[[list[GenItem]], list], max_rows: int, wait_s: float) -> None:
-        self.run, self.max_rows, self.wait_s = run, max_rows, wait_s
+    def __init__(
+        self, run: Callable[[list[GenItem]], list], max_rows: int, wait_s: float, max_requests: int | None = None
+    ) -> None:
+        self.run, self.max_rows, self.wait_s, self.max_requests = run, max_rows, wait_s, max_requests
         self._waiting: deque[tuple[GenItem, asyncio.Future]] = deque()
         self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -110,10 +113,15 @@ class StaticBatcher:
     def _rows_waiting(self) -> int:
         return sum(it.rows for it, _ in self._waiting)
 
+    def _full(self) -> bool:
+        """A run's worth is waiting: max_rows rows, or max_requests requests."""
+        many = self.max_requests is not None and len(self._waiting) >= self.max_requests
+        return many or self._rows_waiting() >= self.max_rows
+
     async def _serve(self) -> None:
         while self._waiting:
             deadline = self._waiting[0][0].enqueued + self.wait_s
-            while self._rows_waiting() < self.max_rows and (left := deadline - time.perf_counter()) > 0:
+            while not self._full() and (left := deadline - time.perf_counter()) > 0:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), left)
@@ -121,6 +129,8 @@ class StaticBatcher:
                     break
             batch, rows = [], 0
             while self._waiting and (not batch or rows + self._waiting[0][0].rows <= self.max_rows):
+                if self.max_requests is not None and len(batch) == self.max_requests:
+                    break
                 batch.append(self._waiting.popleft())
                 rows += batch[-1][0].rows
             started = time.perf_counter()

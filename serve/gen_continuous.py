@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from export.generation import prefill_chunk
+from export.generation import one_call_prompt_len, prefill_chunk
 from export.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 
 from .gen_batching import end_at_eos
@@ -36,6 +36,25 @@ from .schema import ServeError
 
 BATCHINGS = ("static", "continuous")
 DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
+
+
+def shares_runs(sess) -> bool:
+    """Whether requests may share a run and keep their own tokens: not with longrope layers, which pick their
+    frequency set by the largest position of the whole run (as transformers does for a batch), so a request
+    beside one past the layer's rope_original_max would take the long set where alone it takes the short."""
+    return one_call_prompt_len(sess) is None
+
+
+def why_not_continuous(sess) -> str | None:
+    """Why continuous batching cannot serve this whole-model export, or None."""
+    if NEXT_TOKEN.name not in sess.output_names:
+        return "has no next_token output (an all-logits export)"
+    if not shares_runs(sess):
+        return (
+            "has longrope layers, whose frequency set follows the largest position of a whole run: requests "
+            "sharing one would not keep their own tokens"
+        )
+    return None
 
 
 @dataclass(eq=False)  # one per request: compared by identity
@@ -97,6 +116,9 @@ class ContinuousBatcher:
     prompt + max_new_tokens - 1 <= n to ever fit (GenInfo.max_len says so to clients)."""
 
     def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
+        why = why_not_continuous(sess)
+        if why:
+            raise ServeError(f"{sess.path} {why}; serve it with --batching static")
         self.sess, self.max_rows, self.n, self.wait_s = sess, max_rows, capacity, wait_s
         self.batch = _Buffers(sess, max_rows, capacity, 1)
         self.inbox: queue.Queue = queue.Queue()
@@ -254,4 +276,4 @@ class ContinuousBatcher:
         run.done(tokens, timing)
 
 
-__all__ = ["BATCHINGS", "DEFAULT_CAPACITY", "ContinuousBatcher"]
+__all__ = ["BATCHINGS", "DEFAULT_CAPACITY", "ContinuousBatcher", "shares_runs", "why_not_continuous"]

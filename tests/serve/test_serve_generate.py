@@ -131,6 +131,54 @@ def test_start_refuses_bad_batching_options_before_starting_ray(lm_path):
         start(lm_path, max_new_tokens=0)
 
 
+def _longrope_copy(lm_path: Path) -> Path:
+    """lm_path's export whose recorded layer specs say longrope, as a Phi-3 long-context
+    export's do: what the serving guards read."""
+    import onnx
+
+    model = onnx.load(lm_path)
+    props = {p.key: p for p in model.metadata_props}
+    specs = json.loads(props["attnzoo.layer_specs"].value)
+    for spec in specs:
+        spec.update(rope_scaling="longrope", rope_original_max=8)
+    props["attnzoo.layer_specs"].value = json.dumps(specs)
+    out = lm_path.parent / "longrope.onnx"
+    if not out.is_file():  # the weights beside it, as an export writes them (PATH.data)
+        onnx.save(model, out, save_as_external_data=True, location=out.name + ".data")
+    return out
+
+
+def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
+    """longrope picks its frequency set by a whole run's largest position, so requests of a longrope export
+    never share a run: continuous batching is refused (before Ray starts) and static batches hold one
+    request; other exports share runs."""
+    from serve.gen_continuous import shares_runs
+
+    longrope = OnnxSession(_longrope_copy(lm_path), provider="cpu", verbose=False)
+    assert shares_runs(sess) and not shares_runs(longrope)
+    for refuse in (lambda: start(longrope.path, batching="continuous"), lambda: ContinuousBatcher(longrope, 4, 48)):
+        with pytest.raises(ServeError, match="longrope layers.*--batching static"):
+            refuse()
+    items = _requests(sess)[:4]
+    for max_requests, most in ((1, 1), (None, len(items))):
+        runs: list[int] = []
+
+        def run(batch, runs=runs):
+            runs.append(len(batch))
+            return [it.ids for it in batch]
+
+        answers = _concurrently(StaticBatcher(run, max_rows=8, wait_s=0.05, max_requests=max_requests), items, 0.0)
+        assert max(runs) == most and sum(runs) == len(items), runs
+        for (tokens, _), it in zip(answers, items):
+            np.testing.assert_array_equal(tokens, it.ids)
+    from serve.gen_app import GenerateServer
+    from serve.replica import model_files
+
+    for path, limit in ((lm_path, None), (longrope.path, 1)):  # the server's static batcher follows the export
+        server = GenerateServer(model_files(path), path.stem, max_batch=8)
+        assert server._batcher.max_requests == limit
+
+
 # -- static batches ------------------------------------------------------------------------------
 
 
