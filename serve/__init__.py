@@ -12,7 +12,8 @@ without a mask input cannot hide padding, so its batches group requests of equal
 
 A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate instead: JSON
 `{"input_ids": [...], "max_new_tokens": N}` in, the prompt and its greedy tokens out, equal to
-`OnnxSession.generate` of the request alone; the requests of a window are one left-padded batch.
+`OnnxSession.generate` of the request alone; the requests of a window are one left-padded batch (one
+request a run for an export with longrope layers, whose runs requests cannot share).
 
 Everything except `start`/`OnnxServer`/`GenerateServer` works without Ray (the decoding and batching are plain
 numpy, and `Client` uses the standard library only).

@@ -26,7 +26,9 @@ def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray
             same.setdefault((it.t, it.p), []).append(i)
         groups, run = list(same.values()), _run_decode
     else:
-        groups, run = length_groups(items, has_mask=info.has_mask), _run_padded
+        groups, run = [], _run_padded
+        for side in _rope_sides(items, info.switch_at):  # padding must not move a request across the switch
+            groups += [[side[k] for k in g] for g in length_groups([items[i] for i in side], has_mask=info.has_mask)]
     for idx in groups:
         try:
             results: list = run(sess, [items[i] for i in idx], info)
@@ -35,6 +37,16 @@ def run_batch(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray
         for i, res in zip(idx, results):
             out[i] = res
     return out  # type: ignore[return-value]
+
+
+def _rope_sides(items: list[Item], switch_at: int | None) -> list[list[int]]:
+    """Indices of `items` split by the side of a longrope block's switch their own lengths fall on (a
+    padded run takes the set of its longest sequence, so only requests on one side may share one)."""
+    if switch_at is None:
+        return [list(range(len(items)))]
+    short = [i for i, it in enumerate(items) if it.t <= switch_at]
+    long = [i for i, it in enumerate(items) if it.t > switch_at]
+    return [side for side in (short, long) if side]
 
 
 def _run_decode(sess, items: list[Item], info: ModelInfo) -> list[tuple[np.ndarray, ...]]:

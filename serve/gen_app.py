@@ -89,6 +89,8 @@ class GenerateServer:
             # None: each batch's cache is sized to what it needs; continuous: the one batch's capacity
             "max_len": self.info.max_len,
             "max_batch": max_batch,
+            # 1: requests never share a run (longrope: gen_continuous.shares_runs); None: any that fit
+            "requests_per_run": None if shares_runs(self.sess) else 1,
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
             "max_new_tokens": max_new_tokens,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .gen_protocol import GenItem
+from .schema import ServeError
 
 PAD_ID = 0  # the id under a padded (masked) position: never attended to, its logits never read
 
@@ -95,6 +96,9 @@ class StaticBatcher:
     def __init__(
         self, run: Callable[[list[GenItem]], list], max_rows: int, wait_s: float, max_requests: int | None = None
     ) -> None:
+        bad = isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1
+        if max_requests is not None and bad:
+            raise ServeError(f"max_requests={max_requests!r} must be a positive integer or None")
         self.run, self.max_rows, self.wait_s, self.max_requests = run, max_rows, wait_s, max_requests
         self._waiting: deque[tuple[GenItem, asyncio.Future]] = deque()
         self._arrived: asyncio.Event | None = None

@@ -53,6 +53,9 @@ class ModelInfo:
     d_v: int = 0
     has_key_mask: bool = False
     max_len: int | None = None  # a static cache's capacity (attnzoo.max_len): p + t past it is refused
+    # longrope: the frequency set follows a run's longest query sequence (long past rope_original_max), so
+    # requests on either side of it never share a padded run (serve/batching.run_batch)
+    switch_at: int | None = None
 
     @classmethod
     def of(
@@ -90,6 +93,7 @@ class ModelInfo:
             d_v=spec.cache_widths_[2],
             has_key_mask="key_mask" in sess.input_names,
             max_len=max_len,
+            switch_at=spec.rope_original_max if spec.rope_scaling == "longrope" else None,
         )
 
 

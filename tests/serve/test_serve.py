@@ -283,6 +283,23 @@ def test_quantized_padded_mixed_scale_batch_equals_each_request_alone(precision,
         assert np.array_equal(res[0], _alone(sess, it)[0]), (precision, it.b, it.t)  # bit-equal
 
 
+def test_longrope_requests_share_a_padded_run_only_on_one_side_of_the_switch(tmp_path):
+    """A longrope block takes its long frequency set when a run's sequence passes rope_original_max, so a
+    request of 6 padded beside one of 10 (original max 8) would change: they run apart, and each gets
+    exactly its answer alone; requests on one side still share a run."""
+    overrides = dict(d_model=64, heads=4, rope_original_max=8, rope_short_factor=(1.0,) * 8)
+    overrides["rope_long_factor"] = tuple(2.0 + i for i in range(8))
+    export_onnx("phi-3.5-mini", tmp_path / "lr.onnx", with_mask=True, **overrides)
+    sess = OnnxSession(tmp_path / "lr.onnx", provider="cpu", verbose=False)
+    info = _info(sess)
+    assert info.switch_at == 8
+    rng = np.random.default_rng(4)
+    items = [check_arrays({"x": rng.standard_normal((1, t, 64)).astype(np.float32)}, info) for t in (6, 10, 7, 11)]
+    assert len(length_groups(items, has_mask=True)) == 1  # lengths alone would share one run
+    for it, res in zip(items, run_batch(sess, items, info)):
+        np.testing.assert_allclose(res[0], _alone(sess, it)[0], rtol=1e-5, atol=1e-6, err_msg=str(it.t))
+
+
 def test_lengths_share_a_run_only_within_twice_each_other(sessions):
     info = _info(sessions["masked"])
     items = [check_arrays({"x": np.zeros((1, t, 64), np.float32)}, info) for t in (16, 20, 31, 33, 64, 65, 128, 3)]

@@ -159,15 +159,19 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
     for refuse in (lambda: start(longrope.path, batching="continuous"), lambda: ContinuousBatcher(longrope, 4, 48)):
         with pytest.raises(ServeError, match="longrope layers.*--batching static"):
             refuse()
+    import time
+
     items = _requests(sess)[:4]
-    for max_requests, most in ((1, 1), (None, len(items))):
+    for max_requests, wait_s, most in ((1, 30.0, 1), (None, 0.05, len(items))):
         runs: list[int] = []
 
         def run(batch, runs=runs):
             runs.append(len(batch))
             return [it.ids for it in batch]
 
-        answers = _concurrently(StaticBatcher(run, max_rows=8, wait_s=0.05, max_requests=max_requests), items, 0.0)
+        started = time.perf_counter()
+        answers = _concurrently(StaticBatcher(run, max_rows=8, wait_s=wait_s, max_requests=max_requests), items, 0.0)
+        assert time.perf_counter() - started < 10  # one request is a run's worth: no wait for more
         assert max(runs) == most and sum(runs) == len(items), runs
         for (tokens, _), it in zip(answers, items):
             np.testing.assert_array_equal(tokens, it.ids)
@@ -176,7 +180,9 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
 
     for path, limit in ((lm_path, None), (longrope.path, 1)):  # the server's static batcher follows the export
         server = GenerateServer(model_files(path), path.stem, max_batch=8)
-        assert server._batcher.max_requests == limit
+        assert server._batcher.max_requests == limit and server.meta["requests_per_run"] == limit
+    with pytest.raises(ServeError, match="max_requests=0 must be a positive integer"):
+        StaticBatcher(lambda items: items, max_rows=8, wait_s=0.0, max_requests=0)
 
 
 # -- static batches ------------------------------------------------------------------------------
