@@ -16,7 +16,7 @@ from zoo import MissingFileError
 
 from .batching import run_batch
 from .gen_app import GenerateServer
-from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, why_not_continuous
+from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
 from .protocol import (
     DEFAULT_MAX_BODY,
@@ -224,9 +224,8 @@ def start(
     extra: dict[str, Any] = {}
     if is_lm(probe):
         GenInfo.of(probe)
-        why = why_not_continuous(probe) if batching == "continuous" else None
-        if why:
-            raise ServeError(f"{path} {why}; serve it with --batching static")
+        if batching == "continuous":
+            check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)

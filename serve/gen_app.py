@@ -61,6 +61,7 @@ class GenerateServer:
         self.info = GenInfo.of(
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )
+        per_run = None if shares_runs(self.sess) else 1  # longrope: one request a run
         if batching == "continuous":  # one set of buffers of `capacity` slots: a request must fit in it
             capacity = min(capacity, self.info.max_len or capacity)
             self.info = dataclasses.replace(self.info, max_len=capacity)
@@ -71,7 +72,7 @@ class GenerateServer:
                 lambda items: run_generate_batch(self.sess, items),
                 max_rows=max_batch,
                 wait_s=batch_wait_ms / 1000,
-                max_requests=None if shares_runs(self.sess) else 1,  # longrope: one request a run
+                max_requests=per_run,
             )
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         md = self.sess.metadata
@@ -90,7 +91,7 @@ class GenerateServer:
             "max_len": self.info.max_len,
             "max_batch": max_batch,
             # 1: requests never share a run (longrope: gen_continuous.shares_runs); None: any that fit
-            "requests_per_run": None if shares_runs(self.sess) else 1,
+            "requests_per_run": per_run,
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
             "max_new_tokens": max_new_tokens,

@@ -45,16 +45,19 @@ def shares_runs(sess) -> bool:
     return one_call_prompt_len(sess) is None
 
 
-def why_not_continuous(sess) -> str | None:
-    """Why continuous batching cannot serve this whole-model export, or None."""
+def check_continuous(sess, path=None) -> None:
+    """ServeError, in one line, when continuous batching cannot serve this whole-model export (`path`:
+    how to name it, default the session's)."""
+    why = None
     if NEXT_TOKEN.name not in sess.output_names:
-        return "has no next_token output (an all-logits export)"
-    if not shares_runs(sess):
-        return (
+        why = f"has no {NEXT_TOKEN.name} output (an all-logits export)"
+    elif not shares_runs(sess):
+        why = (
             "has longrope layers, whose frequency set follows the largest position of a whole run: requests "
             "sharing one would not keep their own tokens"
         )
-    return None
+    if why:
+        raise ServeError(f"{path or sess.path} {why}; serve it with --batching static")
 
 
 @dataclass(eq=False)  # one per request: compared by identity
@@ -72,9 +75,7 @@ class _Buffers:
     past and present), the mask, past_len, input_ids and next_token; `binding(k)` binds the first k rows
     (views: nothing is copied; a step over k rows reads k rows' caches)."""
 
-    def __init__(self, sess, b: int, n: int, t: int) -> None:
-        if NEXT_TOKEN.name not in sess.output_names:
-            raise ServeError(f"{sess.path} has no {NEXT_TOKEN.name} output; re-export it for continuous batching")
+    def __init__(self, sess, b: int, n: int, t: int) -> None:  # sess passed check_continuous (the batcher's)
         self.sess = sess
         prefix = LM_PAST.split("{", 1)[0]
         ins = [x for x in sess._sess.get_inputs() if x.name.startswith(prefix)]
@@ -116,9 +117,7 @@ class ContinuousBatcher:
     prompt + max_new_tokens - 1 <= n to ever fit (GenInfo.max_len says so to clients)."""
 
     def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
-        why = why_not_continuous(sess)
-        if why:
-            raise ServeError(f"{sess.path} {why}; serve it with --batching static")
+        check_continuous(sess)
         self.sess, self.max_rows, self.n, self.wait_s = sess, max_rows, capacity, wait_s
         self.batch = _Buffers(sess, max_rows, capacity, 1)
         self.inbox: queue.Queue = queue.Queue()
@@ -276,4 +275,4 @@ class ContinuousBatcher:
         run.done(tokens, timing)
 
 
-__all__ = ["BATCHINGS", "DEFAULT_CAPACITY", "ContinuousBatcher", "shares_runs", "why_not_continuous"]
+__all__ = ["BATCHINGS", "DEFAULT_CAPACITY", "ContinuousBatcher", "check_continuous", "shares_runs"]
