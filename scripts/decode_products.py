@@ -12,12 +12,17 @@ GEMM (MLAS) on the machine at hand, so it is measured, not assumed:
     h1    one query row per GEMM (M = 1, MLAS's GEMV path), r query heads broadcast against their kv head
     h1c   h1 over chunks of CHUNK past positions, so the r rows of a group read a chunk while it is in cache
     attention  ONNX's own Attention operator (opset 23: kv heads, no scale), as ONNX Runtime runs it
+    kv8   an int8 cache (a precision of its own): K stored (b g d n) and V (b g n d) as int8, symmetric, with a
+          scale per position and kv head; Q and the probabilities (times V's scales) quantized per call to
+          uint8 (DynamicQuantizeLinear); both products MatMulInteger, each int32 result scaled back
     torch      not ONNX: torch's scaled_dot_product_attention on the folded layout, as transformers runs one
                query token with its static cache (the peer's kernel), same cache, same threads
 
 Each order runs in one session over several copies of the cache (more bytes than the last-level cache
 holds, read in turn), so the reads come from memory as in a model's step; the figure is the cache's bytes
-over the best time of 5 passes. The softmax between the products is included (small beside them).
+over the best time of 5 passes (for kv8 the fp32 cache's bytes, so the rates compare). The softmax between the
+products is included (small beside them). Each row also gives its largest error against float64 numpy on the
+first copy, relative to the output's largest value: rounding for the fp32 orders, the quantization for kv8.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 
 G, R, D = 4, 4, 128  # the bench's GQA block: llama-3-8b at d_model 2048 (16 heads, 4 kv heads, d_k 128)
 CHUNK = 512  # h1c's chunk of past positions
-ORDERS = ("qk", "qkT", "kq", "h1", "h1c", "attention", "torch")
+ORDERS = ("qk", "qkT", "kq", "h1", "h1c", "attention", "kv8", "torch")
 
 
 def _chunk(n: int) -> int:
@@ -43,8 +48,8 @@ def model(order: str, b: int, n: int) -> bytes:
     def node(op, ins, out, **attrs):
         return helper.make_node(op, ins, [out], **attrs)
 
-    def value(name, shape):
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    def value(name, shape, dtype=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, dtype, shape)
 
     inits, opset = [], 17
 
@@ -83,6 +88,27 @@ def model(order: str, b: int, n: int) -> bytes:
             helper.make_tensor("chunks", TensorProto.INT64, [1], [2]),
         ]
         opset = 18  # ReduceMax's axes as an input
+    elif order == "kv8":  # scores = (Q's scale x K's scale per position) Q8 K8^T; out = (A x V's scales)8 V8
+        nodes = [
+            helper.make_node("DynamicQuantizeLinear", ["q"], ["q8", "q_scale", "q_zero"]),
+            node("MatMulInteger", ["q8", "k", "q_zero"], "s32"),
+            node("Cast", ["s32"], "s_int", to=TensorProto.FLOAT),
+            node("Mul", ["s_int", "q_scale"], "s_q"),
+            node("Mul", ["s_q", "k_scale"], "s"),
+            node("Softmax", ["s"], "a", axis=-1),
+            node("Mul", ["a", "v_scale"], "av"),
+            helper.make_node("DynamicQuantizeLinear", ["av"], ["a8", "a_scale", "a_zero"]),
+            node("MatMulInteger", ["a8", "v", "a_zero"], "y32"),
+            node("Cast", ["y32"], "y_int", to=TensorProto.FLOAT),
+            node("Mul", ["y_int", "a_scale"], "y"),
+        ]
+        ins = [
+            value("q", [b, G, R, D]),
+            value("k", [b, G, D, n], TensorProto.INT8),
+            value("k_scale", [b, G, 1, n]),
+            value("v", [b, G, n, D], TensorProto.INT8),
+            value("v_scale", [b, G, 1, n]),
+        ]
     elif order == "attention":
         nodes = [node("Attention", ["q", "k", "v"], "y", scale=1.0)]
         ins = [value("q", [b, G * R, 1, D]), value("k", [b, G, n, D]), value("v", [b, G, n, D])]
@@ -101,8 +127,18 @@ def model(order: str, b: int, n: int) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10).SerializeToString()
 
 
+def int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (b g n d) as int8 per (b, g, position) over d, symmetric: (the int8 values, the scales (b g 1 n))."""
+    scale = np.maximum(np.abs(x).max(-1, keepdims=True), np.finfo(np.float32).tiny) / 127
+    return np.round(x / scale).astype(np.int8), np.ascontiguousarray(scale.transpose(0, 1, 3, 2), np.float32)
+
+
 def feeds(order: str, q, k, v) -> dict:
     b, n = k.shape[0], k.shape[2]
+    if order == "kv8":
+        (k8, k_scale), (v8, v_scale) = int8_rows(k), int8_rows(v)
+        k8 = np.ascontiguousarray(k8.transpose(0, 1, 3, 2))
+        return {"q": q, "k": k8, "k_scale": k_scale, "v": v8, "v_scale": v_scale}
     if order == "h1":
         return {"q": q.reshape(b, G, R, 1, D), "k": k.reshape(b, G, 1, n, D), "v": v.reshape(b, G, 1, n, D)}
     if order == "h1c":
@@ -145,16 +181,28 @@ def runner(order: str, b: int, n: int, threads: int):
     return lambda f: sess.run(None, f)[0]
 
 
-def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tuple[float, float]:
+def reference(q, k, v) -> np.ndarray:
+    """softmax(Q K^T) V per query head against its kv head, in float64 numpy (b g r d)."""
+    scores = np.einsum("bgrd,bgnd->bgrn", q.astype(np.float64), k)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bgrn,bgnd->bgrd", weights / weights.sum(-1, keepdims=True), v)
+
+
+def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tuple[float, float, float]:
+    """(ms per call, GB/s of the fp32 cache, largest error relative to the output's largest value)."""
     rng = np.random.default_rng(0)
     cache_bytes = 2 * b * G * n * D * 4
     copies = max(2, int(total_bytes // cache_bytes))
-    q = rng.standard_normal((b, G, R, D), np.float32)
-    runs = [
+    q = rng.standard_normal((b, G, R, D), np.float32) * D**-0.5  # the block's scale, folded into Q
+    first = rng.standard_normal((b, G, n, D), np.float32), rng.standard_normal((b, G, n, D), np.float32)
+    runs = [feeds(order, q, *first)]
+    runs += [
         feeds(order, q, rng.standard_normal((b, G, n, D), np.float32), rng.standard_normal((b, G, n, D), np.float32))
-        for _ in range(copies)
+        for _ in range(copies - 1)
     ]
     call = runner(order, b, n, threads)
+    want = reference(q, *first)
+    error = float(np.abs(call(runs[0]).reshape(want.shape) - want).max() / np.abs(want).max())
     for f in runs:  # warm-up
         call(f)
     best = float("inf")
@@ -163,7 +211,7 @@ def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tup
         for f in runs:
             call(f)
         best = min(best, (time.perf_counter() - t0) / copies)
-    return best * 1e3, cache_bytes / best / 1e9
+    return best * 1e3, cache_bytes / best / 1e9, error
 
 
 def main() -> None:
@@ -178,11 +226,11 @@ def main() -> None:
     unknown = sorted(set(orders) - set(ORDERS))
     if unknown:
         p.error(f"unknown order(s) {unknown}; choose from {', '.join(ORDERS)}")
-    print("| B | past | order | ms | GB/s of cache |\n|---:|---:|---|---:|---:|")
+    print("| B | past | order | ms | GB/s of cache | largest error |\n|---:|---:|---|---:|---:|---:|")
     for b in (int(x) for x in args.batch.split(",")):
         for order in orders:
-            ms, gbs = measure(order, b, args.past, args.threads, args.bytes)
-            print(f"| {b} | {args.past} | {order} | {ms:.2f} | {gbs:.1f} |", flush=True)
+            ms, gbs, error = measure(order, b, args.past, args.threads, args.bytes)
+            print(f"| {b} | {args.past} | {order} | {ms:.2f} | {gbs:.1f} | {error:.1e} |", flush=True)
 
 
 if __name__ == "__main__":
