@@ -84,11 +84,14 @@ def patch_heads(model, clean, corrupt, metric: Metric, location: str = "z") -> T
     m_clean, m_corrupt = float(metric(clean_logits)), float(metric(model(*corrupt)))
     gap = m_clean - m_corrupt
     if not abs(gap) > 1e-6:
-        raise AnalysisError(f"the metric is {m_clean:.4g} on the clean run and {m_corrupt:.4g} on the corrupt one: "
-                            "no gap to restore; choose inputs the model tells apart")
+        raise AnalysisError(
+            f"the metric is {m_clean:.4g} on the clean run and {m_corrupt:.4g} on the corrupt one: "
+            "no gap to restore; choose inputs the model tells apart"
+        )
     out = _grid(model)
     for layer, n in enumerate(model.heads_per_layer):
         for head in range(n):
+
             def patch(t: Tensor, name: str, layer=layer, head=head) -> Tensor:
                 idx = head_slice(model, layer, head, location, t.dim())
                 t = t.clone()
@@ -153,6 +156,7 @@ def ablation_hooks(model, heads: Sequence[tuple[int, int]], location: str = "z",
         by_layer.setdefault(layer, []).append(head)
     hooks = {}
     for layer, hs in by_layer.items():
+
         def ablate(t: Tensor, name: str, layer=layer, hs=tuple(hs)) -> Tensor:
             t = t.clone()
             for head in hs:
@@ -183,10 +187,15 @@ def induction_experiment(model, *, n: int = 16, span: int = 16, seed: int = 1234
     clean = repeated_block(gen, n, model.vocab_size, span)
     corrupt = clean.clone()
     corrupt[:, span:] = torch.randint(model.vocab_size, (n, span), generator=gen)
-    return clean, corrupt, next_token_metric(clean, span), (
-        f"{n} blocks of {span} random tokens repeated (clean) against the same first half and {span} fresh "
-        f"tokens (corrupt), seed {seed}; metric: mean log-probability of the clean next token, positions "
-        f"{span}..{2 * span - 2}"
+    return (
+        clean,
+        corrupt,
+        next_token_metric(clean, span),
+        (
+            f"{n} blocks of {span} random tokens repeated (clean) against the same first half and {span} fresh "
+            f"tokens (corrupt), seed {seed}; metric: mean log-probability of the clean next token, positions "
+            f"{span}..{2 * span - 2}"
+        ),
     )
 
 
@@ -224,8 +233,9 @@ def _month(text: str) -> int:
     return int(text) if text.isdigit() else MONTHS.index(text) + 1
 
 
-def dates_experiment(model, sources: Sequence[str] | None = None, corrupt: Sequence[str] | None = None,
-                     *, n: int = 32, seed: int = 12345):
+def dates_experiment(
+    model, sources: Sequence[str] | None = None, corrupt: Sequence[str] | None = None, *, n: int = 32, seed: int = 12345
+):
     """(clean, corrupt, metric, what) for tiny-dates: held-out dates against the same dates with the
     day swapped (`day_swap`), teacher-forced on the clean translation; metric: at the row that
     writes the day's first digit, the logit of the clean digit minus that of the corrupt one."""
@@ -247,11 +257,12 @@ def dates_experiment(model, sources: Sequence[str] | None = None, corrupt: Seque
         raise AnalysisError(f"{len(sources)} clean dates and {len(corrupt)} corrupt ones; give one each")
     src, bad = model.encode_sources(sources), model.encode_sources(corrupt)
     if src.shape != bad.shape:
-        raise AnalysisError("clean and corrupt dates must have the same lengths, e.g. '29 August 1958' and "
-                            "'19 August 1958'")
+        raise AnalysisError(
+            "clean and corrupt dates must have the same lengths, e.g. '29 August 1958' and '19 August 1958'"
+        )
     good_t = model.encode_targets(model.translate(sources))
     bad_t = model.encode_targets(model.translate(corrupt))
-    differ = (good_t != bad_t)
+    differ = good_t != bad_t
     if not differ.any(1).all():
         raise AnalysisError("a clean date translates as its corrupt one; give dates that differ")
     row = differ.float().argmax(1)  # the first target row where the two translations differ

@@ -172,7 +172,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print("tokens", " ".join(map(str, row)))
     text = None
     if tok is not None:
-        text = tok.decode(row[len(ids):])
+        text = tok.decode(row[len(ids) :])
         print("text  ", repr(tok.decode(ids)), "->", repr(text))
     step = timings["decode_s"] / max(timings["steps"], 1)
     print(
@@ -181,8 +181,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"on {sess.provider}"
     )
     if args.json:
-        doc = {"tokens": tokens.tolist(), "text": [text] if text is not None else None, "timings": timings,
-               "model": str(model_path), "precision": sess.precision, "provider": sess.provider}
+        doc = {
+            "tokens": tokens.tolist(),
+            "text": [text] if text is not None else None,
+            "timings": timings,
+            "model": str(model_path),
+            "precision": sess.precision,
+            "provider": sess.provider,
+        }
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")
     return 0
@@ -194,8 +200,13 @@ def export_whole(args: argparse.Namespace) -> int:
 
     if args.checkpoint is None or args.name is not None or args.config is not None:
         raise CliError("--whole exports a checkpoint's whole model: give --checkpoint DIR (not NAME or --config)")
-    for flag, given in (("--layer", args.layer is not None), ("--weights", args.weights), ("--mask", args.mask),
-                        ("--head-mask", args.head_mask), ("--set", bool(args.set))):
+    for flag, given in (
+        ("--layer", args.layer is not None),
+        ("--weights", args.weights),
+        ("--mask", args.mask),
+        ("--head-mask", args.head_mask),
+        ("--set", bool(args.set)),
+    ):
         if given:
             raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
     ensure_writable_parent(args.output)
@@ -204,8 +215,16 @@ def export_whole(args: argparse.Namespace) -> int:
     if max_len is None:
         max_len = default_max_len(Path(args.checkpoint), model, args.lowering, args.target, args.dtype)
     result = export_lm(
-        model, args.output, cache=args.cache, max_len=max_len, precision=args.precision,
-        lowering=args.lowering, provider=args.target, dtype=args.dtype, overwrite=args.force, label=args.checkpoint,
+        model,
+        args.output,
+        cache=args.cache,
+        max_len=max_len,
+        precision=args.precision,
+        lowering=args.lowering,
+        provider=args.target,
+        dtype=args.dtype,
+        overwrite=args.force,
+        label=args.checkpoint,
     )
     print(result.summary())
     return 0

@@ -42,9 +42,9 @@ def save_atomic(
 ) -> Path | None:
     """Write into a temp folder beside `path` (same filesystem), check it, then publish it.
 
-    The no-overwrite rule is enforced by the publishing step itself (see `publish`), not only
-    by a check before the work: two exports racing for one name cannot both win. Weights past `limit`
-bytes go to a .data file beside it (external data)."""
+        The no-overwrite rule is enforced by the publishing step itself (see `publish`), not only
+        by a check before the work: two exports racing for one name cannot both win. Weights past `limit`
+    bytes go to a .data file beside it (external data)."""
     import onnx_ir as ir
 
     path.parent.mkdir(parents=True, exist_ok=True)

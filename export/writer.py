@@ -120,9 +120,18 @@ def export_onnx(
 
     if is_lm(model_or_name):  # a whole decoder model: one graph of its step (export/lm_export.py)
         return export_lm(
-            model_or_name, path, decode=True if decode is None else decode, cache=cache, max_len=max_len,
-            precision=precision, lowering=lowering, provider=provider, dtype=dtype, overwrite=overwrite,
-            label=label, **overrides,
+            model_or_name,
+            path,
+            decode=True if decode is None else decode,
+            cache=cache,
+            max_len=max_len,
+            precision=precision,
+            lowering=lowering,
+            provider=provider,
+            dtype=dtype,
+            overwrite=overwrite,
+            label=label,
+            **overrides,
         )
     decode = False if decode is None else decode
     started = time.perf_counter()
@@ -255,7 +264,8 @@ def _check_outputs(outputs, decode: bool) -> tuple[str, ...]:
     for name in rest:
         if name not in LOCATION_OUTPUTS or rest.count(name) > 1:
             raise ExportError(
-                f"outputs: {name!r} is " + ("named twice" if name in LOCATION_OUTPUTS else "not a location")
+                f"outputs: {name!r} is "
+                + ("named twice" if name in LOCATION_OUTPUTS else "not a location")
                 + f"; after 'y' give some of {', '.join(LOCATION_OUTPUTS)}"
             )
     if rest and decode:

@@ -153,6 +153,7 @@ _ENCODER_COPIES: tuple[Row, ...] = (
     _like(BART, family="MusicGen-Melody", cls="MusicgenMelodyAttention"),
 )
 
+
 # -- OpenAI GPT: a class named plain `Attention` (FSMT has one too: refused by the check) -----------------------
 def _openai_only(m: nn.Module) -> str | None:
     if type(m).__module__ != "transformers.models.openai.modeling_openai":

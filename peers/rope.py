@@ -50,7 +50,7 @@ def rope_fields(name: str, params: dict, config: Any) -> dict:
     out: dict = {"rope_scaling": rope_type, "rope_original_max": int(om)}
     factor = params.get("factor")
     if factor is None and rope_type in ("yarn", "longrope"):  # transformers: the ratio of the two lengths
-        factor = getattr(config, "max_position_embeddings") / om
+        factor = config.max_position_embeddings / om
     if factor is not None:
         out["rope_factor"] = float(factor)
     if rope_type == "llama3":

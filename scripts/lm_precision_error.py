@@ -79,12 +79,22 @@ def main() -> None:
             b = ref.generate(ids, args.new)[0, ids.shape[1] :]
             same = np.cumprod(a == b)
             agree.append(int(same.sum()))
-        rows.append((precision, sessions[precision].precision, float(np.mean(errs)), float(np.max(errs)),
-                     float(np.mean(agree)), min(agree)))
+        rows.append(
+            (
+                precision,
+                sessions[precision].precision,
+                float(np.mean(errs)),
+                float(np.max(errs)),
+                float(np.mean(agree)),
+                min(agree),
+            )
+        )
     src = f"{args.folder}" if folder else "random LLaMA (issue 27's shape), random prompts"
     print(f"model: {src}; {len(cases)} prompts of {args.prompt_len} tokens, {args.new} new tokens")
-    print("| precision | method | next-token logits rel. error (mean / max) | greedy tokens equal to fp32 before the "
-          "first divergence (mean / min) |")
+    print(
+        "| precision | method | next-token logits rel. error (mean / max) | greedy tokens equal to fp32 before the "
+        "first divergence (mean / min) |"
+    )
     print("|---|---|---:|---:|")
     for prec, method, mean_e, max_e, mean_a, min_a in rows:
         errs = f"{100 * mean_e:.2f}% / {100 * max_e:.2f}%"

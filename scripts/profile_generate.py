@@ -23,8 +23,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-CONFIG = dict(vocab_size=8000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-              num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False)
+CONFIG = dict(
+    vocab_size=8000,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
 
 
 def hf_model():
@@ -66,8 +74,13 @@ def attnzoo_path(args) -> dict:
     ids = np.random.default_rng(0).integers(3, CONFIG["vocab_size"], (1, args.prompt))
     timings: dict = {}
     total = best_of(lambda: generate(sess, ids, args.new, timings=timings), args.repeats)
-    out = {"path": f"attnzoo-onnx-{args.precision}", "seconds": total, "tokens_per_s": args.new / total,
-           "prefill_s": timings["prefill_s"], "step_ms": 1e3 * timings["decode_s"] / max(timings["steps"], 1)}
+    out = {
+        "path": f"attnzoo-onnx-{args.precision}",
+        "seconds": total,
+        "tokens_per_s": args.new / total,
+        "prefill_s": timings["prefill_s"],
+        "step_ms": 1e3 * timings["decode_s"] / max(timings["steps"], 1),
+    }
     out["split_ms_per_step"] = profile_steps(path, ids, args)
     return out
 
@@ -139,8 +152,18 @@ def main() -> None:
         out.update(prompt=args.prompt, new=args.new, threads=args.threads, load=os.getloadavg()[0])
         print(json.dumps(out), flush=True)
         return
-    base = [sys.executable, __file__, "--prompt", str(args.prompt), "--new", str(args.new), "--folder", args.folder,
-            "--repeats", str(args.repeats)] + (["--threads", str(args.threads)] if args.threads else [])
+    base = [
+        sys.executable,
+        __file__,
+        "--prompt",
+        str(args.prompt),
+        "--new",
+        str(args.new),
+        "--folder",
+        args.folder,
+        "--repeats",
+        str(args.repeats),
+    ] + (["--threads", str(args.threads)] if args.threads else [])
     for path in args.paths.split(","):
         precisions = args.precision.split(",") if path == "attnzoo" else ["fp32"]
         for precision in precisions:

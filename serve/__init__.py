@@ -39,12 +39,12 @@ Depends on `zoo` and `export`.
 """
 
 from .app import Deployment, OnnxServer, init_local_ray, replica_states, start
+from .batching import length_groups, pad_batch, run_batch
+from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
 from .gen_app import GenerateServer
 from .gen_batching import StaticBatcher, run_generate_batch
 from .gen_continuous import ContinuousBatcher
 from .gen_protocol import GenInfo, GenItem, decode_generate_request
-from .batching import length_groups, pad_batch, run_batch
-from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
 from .protocol import (
     JSON,
     NPY,

@@ -146,8 +146,11 @@ class StaticBatcher:
             model_ms = (time.perf_counter() - started) * 1e3
             for (it, future), res in zip(batch, results):
                 if not future.done():  # a request whose client went away is cancelled
-                    timing = {"x-attnzoo-model-ms": model_ms, "x-attnzoo-queue-ms": (started - it.enqueued) * 1e3,
-                              "x-attnzoo-batch": rows}
+                    timing = {
+                        "x-attnzoo-model-ms": model_ms,
+                        "x-attnzoo-queue-ms": (started - it.enqueued) * 1e3,
+                        "x-attnzoo-batch": rows,
+                    }
                     future.set_result((res, timing))
 
 

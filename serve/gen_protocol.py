@@ -96,12 +96,12 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
     except RecursionError:
         raise RequestError("the JSON body nests too deeply; input_ids is at most 2 levels deep") from None
     if not isinstance(doc, dict):
-        raise RequestError(f"the JSON body is a {type(doc).__name__}; send an object such as " '{"input_ids": [1, 2]}')
+        raise RequestError(f'the JSON body is a {type(doc).__name__}; send an object such as {{"input_ids": [1, 2]}}')
     extra = sorted(set(doc) - set(GEN_FIELDS))
     if extra:
         raise RequestError(f"unknown field(s) {extra}; a {GEN_ROUTE} request has {', '.join(GEN_FIELDS)}")
     if doc.get("input_ids") is None:
-        raise RequestError('input_ids is required: a list of token ids, or a list of rows of them')
+        raise RequestError("input_ids is required: a list of token ids, or a list of rows of them")
     ids = _ids(doc["input_ids"], "input_ids")
     squeeze = ids.ndim == 1
     ids = ids[None] if squeeze else ids
@@ -142,8 +142,9 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
     mask = None
     if doc.get("attention_mask") is not None:
         mask = _mask(doc["attention_mask"], squeeze, (rows, t))
-    return GenItem(ids=np.ascontiguousarray(ids, np.int64), max_new_tokens=new, mask=mask, eos_token_id=eos,
-                   squeeze=squeeze)
+    return GenItem(
+        ids=np.ascontiguousarray(ids, np.int64), max_new_tokens=new, mask=mask, eos_token_id=eos, squeeze=squeeze
+    )
 
 
 def _ids(value, name: str) -> np.ndarray:

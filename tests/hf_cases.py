@@ -677,6 +677,7 @@ SAME_KIND += ("mt5-layer1", "deit", "dinov2", "siglip")
 for _name in SAME_KIND:
     CASES[_name]["variant"] = True
 
+
 def _set(path: str, value: object) -> Callable[[nn.Module], None]:
     """Mutation for a copied module: set the dotted attribute `path` to `value`."""
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
-
 from hf_cases import SMALL, VOCAB, randomize
+from torch import nn
 
 transformers = __import__("pytest").importorskip("transformers")
 

@@ -25,13 +25,24 @@ CASES: dict[str, dict] = {
     "cohere-qk-norm": _case("CohereModel", "CohereConfig", PER_HEAD, use_qk_norm=True),
     "stablelm-qk-layernorm": _case("StableLmModel", "StableLmConfig", PER_HEAD, qk_layernorm=True, use_qkv_bias=True),
     "persimmon-qk-layernorm": _case(
-        "PersimmonModel", "PersimmonConfig", SHARED, qk_layernorm=True, num_key_value_heads=None,
+        "PersimmonModel",
+        "PersimmonConfig",
+        SHARED,
+        qk_layernorm=True,
+        num_key_value_heads=None,
         partial_rotary_factor=1.0,
     ),  # fmt: skip
     # GLM-4-MoE's use_qk_norm is RMSNorm (one weight over head_dim), read since its row reads the flag
     "glm4-moe-qk-norm": _case(
-        "Glm4MoeModel", "Glm4MoeConfig", {"qk_norm": "head", "qk_norm_kind": "rms", "rope_dim": 16}, head_dim=32,
-        n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32, first_k_dense_replace=2, use_qk_norm=True,
+        "Glm4MoeModel",
+        "Glm4MoeConfig",
+        {"qk_norm": "head", "qk_norm_kind": "rms", "rope_dim": 16},
+        head_dim=32,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+        first_k_dense_replace=2,
+        use_qk_norm=True,
     ),  # fmt: skip
     "phi-qk-layernorm": _case("PhiModel", "PhiConfig", SHARED, qk_layernorm=True, partial_rotary_factor=1.0),
 }

@@ -21,48 +21,111 @@ transformers = __import__("pytest").importorskip("transformers")
 VOCAB = 100
 WINDOW = 6  # shorter than prompt + new tokens, so the windows slide
 IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-BASE = dict(IDS, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=128)
+BASE = dict(
+    IDS, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128
+)
 GPT = dict(IDS, n_embd=64, n_layer=2, n_head=4)
 
 # model_type -> (config class, model class, config fields)
 CASES: dict[str, tuple[str, str, dict]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(BASE, num_key_value_heads=2, tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(BASE, num_key_value_heads=2, sliding_window=WINDOW)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(BASE, num_key_value_heads=2, use_sliding_window=True,
-                                                    sliding_window=WINDOW, max_window_layers=1)),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(BASE, num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    ),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(BASE, num_key_value_heads=2, head_dim=16)),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(BASE, num_key_value_heads=1, head_dim=16)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(BASE, num_key_value_heads=2, head_dim=16,
-                                                       sliding_window=WINDOW, query_pre_attn_scalar=16,
-                                                       final_logit_softcapping=3.0, attn_logit_softcapping=5.0)),
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(BASE, num_key_value_heads=2, head_dim=16,
-                                                                 sliding_window=WINDOW, query_pre_attn_scalar=16,
-                                                                 sliding_window_pattern=2)),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            BASE,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=WINDOW,
+            query_pre_attn_scalar=16,
+            final_logit_softcapping=3.0,
+            attn_logit_softcapping=5.0,
+        ),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            BASE,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=WINDOW,
+            query_pre_attn_scalar=16,
+            sliding_window_pattern=2,
+        ),
+    ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(BASE, num_key_value_heads=2)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(BASE, partial_rotary_factor=0.5)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(GPT, n_positions=128)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(BASE, rotary_pct=0.5)),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, n_positions=128, rotary_dim=8)),
-    "opt": ("OPTConfig", "OPTForCausalLM", dict(IDS, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
-                                                num_attention_heads=4, word_embed_proj_dim=64,
-                                                max_position_embeddings=128)),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(
+            IDS,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            word_embed_proj_dim=64,
+            max_position_embeddings=128,
+        ),
+    ),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(IDS, hidden_size=64, n_layer=2, n_head=4)),
-    "falcon": ("FalconConfig", "FalconForCausalLM", dict(IDS, hidden_size=64, num_hidden_layers=2,
-                                                       num_attention_heads=4, alibi=False)),
+    "falcon": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(IDS, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=False),
+    ),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(BASE, num_key_value_heads=2)),
-    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(BASE, num_key_value_heads=2,
-                                                                     sliding_window=WINDOW)),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(BASE, num_key_value_heads=2, num_local_experts=4,
-                                                          num_experts_per_tok=2, sliding_window=None)),
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(BASE, num_key_value_heads=2, num_experts=4,
-                                                               num_experts_per_tok=2, moe_intermediate_size=32,
-                                                               shared_expert_intermediate_size=48)),
-    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(BASE, num_key_value_heads=2, embedding_multiplier=3.0,
-                                                          residual_multiplier=0.5, logits_scaling=4.0,
-                                                          attention_multiplier=0.2)),
-    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(BASE, num_key_value_heads=2,
-                                                              partial_rotary_factor=0.25)),
+    "starcoder2": (
+        "Starcoder2Config",
+        "Starcoder2ForCausalLM",
+        dict(BASE, num_key_value_heads=2, sliding_window=WINDOW),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(BASE, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            BASE,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+        ),
+    ),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            BASE,
+            num_key_value_heads=2,
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            logits_scaling=4.0,
+            attention_multiplier=0.2,
+        ),
+    ),
+    "stablelm": (
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        dict(BASE, num_key_value_heads=2, partial_rotary_factor=0.25),
+    ),
 }
 
 

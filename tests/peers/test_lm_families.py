@@ -12,14 +12,13 @@ import functools
 import json
 import warnings
 
+import lm_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.py)
 import pytest
 import torch
 
 import zoo
 from peers.lm import lm_from_checkpoint, lm_from_hf
 from peers.lm_rows import LM_FAMILIES
-
-import lm_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.py)
 
 NEW, TIE_GAP = 12, 1e-3
 # the families the default run checks: rotary gated pre-norm, learned positions and Conv1D, sandwich + softcaps

@@ -73,10 +73,24 @@ def test_a_generation_level_counts_tokens_per_second_and_its_table_shows_them():
     lv = Level(concurrency=4, requests=4, seconds=2.0, samples=samples).summary()
     assert lv["new_tokens"] == 96 and lv["tokens_per_s"] == 48.0
     assert Level(1, 1, 1.0, [Sample(0, "good", 200, 0.1)]).summary()["tokens_per_s"] is None  # a block's level
-    model = {"name": "lm", "lowering": "decomposed", "dtype": "float32", "provider": "cpu", "max_batch": 8,
-             "batch_wait_ms": 5}
-    report = {"url": "http://127.0.0.1:1/", "model": model, "mode": "generate", "format": "json", "seqs": [16],
-              "new_tokens": 32, "retries": 1, "levels": [lv]}
+    model = {
+        "name": "lm",
+        "lowering": "decomposed",
+        "dtype": "float32",
+        "provider": "cpu",
+        "max_batch": 8,
+        "batch_wait_ms": 5,
+    }
+    report = {
+        "url": "http://127.0.0.1:1/",
+        "model": model,
+        "mode": "generate",
+        "format": "json",
+        "seqs": [16],
+        "new_tokens": 32,
+        "retries": 1,
+        "levels": [lv],
+    }
     table = format_report(report)
     assert "32 new tokens" in table and "tok/s" in table and "   48.0 " in table
 

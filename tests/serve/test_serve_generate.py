@@ -399,8 +399,15 @@ def test_through_ray_serve(server, sess, lm_path):
     _serves_each_request_its_own_tokens(server.url, sess, lm_path, "static")
     port = int(server.url.rsplit(":", 1)[1].split("/")[0])
     beside = start(
-        lm_path, port=port, max_batch=8, max_new_tokens=40, app="test-generate-cb", route_prefix="/cb",
-        batching="continuous", capacity=64, threads=1,
+        lm_path,
+        port=port,
+        max_batch=8,
+        max_new_tokens=40,
+        app="test-generate-cb",
+        route_prefix="/cb",
+        batching="continuous",
+        capacity=64,
+        threads=1,
     )
     _serves_each_request_its_own_tokens(beside.url, sess, lm_path, "continuous")
 
@@ -451,8 +458,14 @@ def _serves_each_request_its_own_tokens(url: str, sess, lm_path, batching: str) 
     assert client.health()  # the replica lives on
 
     report = loadtest(
-        url, concurrency=[1, 4], requests=12, seqs=[3, 8], new_tokens=6, bad_fraction=0.25,
-        model=lm_path, warmup=2,
+        url,
+        concurrency=[1, 4],
+        requests=12,
+        seqs=[3, 8],
+        new_tokens=6,
+        bad_fraction=0.25,
+        model=lm_path,
+        warmup=2,
     )
     assert report["mode"] == "generate" and report["new_tokens"] == 6
     for lv in report["levels"]:

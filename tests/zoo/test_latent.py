@@ -7,15 +7,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import fuzz_settings, latent_specs
 
 import zoo
+from strategies import fuzz_settings, latent_specs
 from zoo.audit import run_audit
 from zoo.cache import static_cache_bytes
 
-LATENT = dict(
-    d_model=64, heads=4, d_k=24, d_v=12, causal=True, bias=False, rope_theta=1e4, rope_dim=8, kv_lora_rank=32
-)
+LATENT = dict(d_model=64, heads=4, d_k=24, d_v=12, causal=True, bias=False, rope_theta=1e4, rope_dim=8, kv_lora_rank=32)
 
 
 def _block(**changes) -> zoo.MultiHeadAttention:

@@ -29,12 +29,26 @@ def spec(**kw) -> LMSpec:
 VARIANTS = {
     "llama": spec(),
     "gpt2-like": spec(
-        norm="layer", norm_bias=True, mlp="plain", act="gelu_tanh", mlp_bias=True, max_positions=40,
-        position_offset=2, attention=(attn(rope_theta=None, bias=True),) * 2,
+        norm="layer",
+        norm_bias=True,
+        mlp="plain",
+        act="gelu_tanh",
+        mlp_bias=True,
+        max_positions=40,
+        position_offset=2,
+        attention=(attn(rope_theta=None, bias=True),) * 2,
     ),
     **{
-        f"residual-{r}": spec(residual=r, norm="rms_plus1", embed_scale=C**0.5, embed_scale_in_dtype=True,
-                              logit_softcap=5.0, tied=False, head_bias=True, residual_multiplier=1.0)
+        f"residual-{r}": spec(
+            residual=r,
+            norm="rms_plus1",
+            embed_scale=C**0.5,
+            embed_scale_in_dtype=True,
+            logit_softcap=5.0,
+            tied=False,
+            head_bias=True,
+            residual_multiplier=1.0,
+        )
         for r in RESIDUALS
     },
     "mixture": spec(experts=3, experts_per_token=2),

@@ -59,15 +59,15 @@ from .base import (
 from .chunk import Chunk, same_chunk
 from .clip import ClipQKV
 from .gate import OutputGate
-from .l2_norm import L2Norm, l2_normalize
 from .graph import GraphBuilder, GraphLimit, OpPart, per_head
+from .l2_norm import L2Norm, l2_normalize
 from .latent import Latent
 from .qk_norm import QK_NORM_KINDS, QK_NORMS, QKNorm, qk_normalize, rms_norm
 from .relative import RelativeBuckets, relative_bucket
 from .rotary import Rotary
 from .scores import Softcap, Window
-from .temperature import Temperature, temperature
 from .sinks import Sinks
+from .temperature import Temperature, temperature
 
 __all__ = [
     "MODIFIERS",
