@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import zoo
+from zoo.spec_fields import rope_switch_at
 
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 from .tensors import from_numpy, is_tensor
@@ -79,8 +80,8 @@ def one_call_prompt_len(sess: RuntimeSession) -> int | None:
     by the call's largest position, so a prompt past its rope_original_max rotates every key with the long
     set in one call (as eager and transformers do) but its first chunks with the short set."""
     specs = json.loads(sess.metadata.get("attnzoo.layer_specs", "[]"))
-    limits = [s["rope_original_max"] for s in specs if s.get("rope_scaling") == "longrope"]
-    return min(limits) if limits else None
+    limits = [rope_switch_at(s.get("rope_scaling"), s.get("rope_original_max")) for s in specs]
+    return min((n for n in limits if n is not None), default=None)
 
 
 def prefill_chunk(sess: RuntimeSession, rows: int, t: int) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoo import AttnzooError
+from zoo.spec_fields import rope_switch_at
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
@@ -93,7 +94,7 @@ class ModelInfo:
             d_v=spec.cache_widths_[2],
             has_key_mask="key_mask" in sess.input_names,
             max_len=max_len,
-            switch_at=spec.rope_original_max if spec.rope_scaling == "longrope" else None,
+            switch_at=rope_switch_at(spec.rope_scaling, spec.rope_original_max),
         )
 
 

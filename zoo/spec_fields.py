@@ -11,6 +11,14 @@ import math
 from dataclasses import dataclass
 
 
+def rope_switch_at(kind: str | None, original_max: int | None) -> int | None:
+    """The call length (largest position + 1) past which a rotary layer of this `rope_scaling` kind takes other
+    frequencies: original_max for longrope (its long set: zoo/modifiers/rope_scaling.py), None for every other
+    kind (theirs do not depend on the call). What a caller that runs a call in pieces, or shares one between
+    requests, must keep on one side of; here, without torch, for those that run exports without it."""
+    return original_max if kind == "longrope" else None
+
+
 @dataclass(frozen=True)
 class SpecFields:
     """One multi-head attention block. Every default says why it is what it is."""

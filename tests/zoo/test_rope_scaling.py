@@ -9,6 +9,7 @@ import torch
 
 import zoo
 from zoo.modifiers import rope_scaling
+from zoo.spec_fields import rope_switch_at
 
 D = dict(d_model=64, heads=4, causal=True, rope_theta=10000.0)
 LLAMA3 = dict(rope_scaling="llama3", rope_factor=8.0, rope_original_max=64)
@@ -85,6 +86,9 @@ def test_longrope_switches_by_the_calls_largest_position():
     torch.testing.assert_close(m(x[:, :16]), short.double()(x[:, :16]))  # positions 0..15: short
     torch.testing.assert_close(m(x), long.double()(x))  # 0..19 passes 16: long for every position
     assert (m(x)[:, :16] - m(x[:, :16])).abs().max() > 1e-3  # so the first 16 rows change
+    # where callers that run a call in pieces or share it must not cross (export.generation, serve): the same 16
+    assert rope_switch_at(m.spec.rope_scaling, m.spec.rope_original_max) == 16
+    assert [rope_switch_at(kind, 16) for kind in (None, "llama3", "yarn")] == [None] * 3
 
 
 def test_longrope_decode_keeps_each_keys_rotation_across_the_switch():
