@@ -15,11 +15,11 @@ from zoo.attention import static_step
 from zoo.hooks import HookRun, hooked
 
 from .errors import ExportError
+from .fast_export import fast_export
 from .graphs import quiet
 from .io import HEAD_MASK, KEY_MASK, PAST_KEY, PAST_LEN, PAST_VALUE, TensorIO, X, interface
 from .lowerings import Lowering, record
 from .names import DTYPES as DTYPE_NAMES
-from .torchlib import torchlib_once
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16)))
 # Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
@@ -245,7 +245,7 @@ def trace(
     (`after_trace`: a rewrite, a check by node counts). `translations`: torch ops -> onnxscript
     functions (export/splice.py's placeholder), for the exporter's custom_translation_table."""
     try:
-        with quiet(), torchlib_once():
+        with quiet(), fast_export():
             program = torch.onnx.export(
                 wrapper,
                 (),

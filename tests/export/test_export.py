@@ -224,21 +224,58 @@ def test_export_flags_take_bools_only(flag, tmp_path):
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_torchlib_built_once_gives_the_same_graph(tmp_path):
-    """The registry that export.torchlib keeps for the process changes nothing in the file, and torch's
-    own method is back in place after the export (a user's custom translations never meet it)."""
+def test_the_fast_exporter_gives_the_same_graph(tmp_path, monkeypatch):
+    """export.fast_export's two settings (the torchlib registry kept for the process, torch's fake-tensor cache
+    off) change nothing in the file, hold only during the export, and leave torch's own method and setting
+    in place after it (a user's own exports and tracing never meet them)."""
+    import contextlib
+
+    from torch._dynamo import config
     from torch.onnx._internal.exporter import _registration
 
-    import export.torchlib as torchlib
+    import export.fast_export as fast
 
     original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    cache_setting = config.fake_tensor_cache_enabled
+    seen = []
+    trace = torch.onnx.export
+
+    def recording(*args, **kwargs):  # what torch's exporter runs under
+        seen.append((config.fake_tensor_cache_enabled, _registration.ONNXRegistry.__dict__["from_torchlib"]))
+        return trace(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", recording)
     block = zoo.create("mha-separate-nobias", d_model=32, heads=2).eval()
-    torchlib._BUILT.clear()  # the first export builds its own registry, as torch does on every call
+    fast._BUILT.clear()  # the first export builds its own registry, as torch does on every call
     first = export_onnx(block, tmp_path / "first.onnx", lowering="decomposed").path
-    assert torchlib._BUILT, "the export went through torchlib_once"
+    assert fast._BUILT, "the export went through torchlib_once"
     again = export_onnx(block, tmp_path / "again.onnx", lowering="decomposed").path  # the kept registry
-    assert first.read_bytes() == again.read_bytes()
+    monkeypatch.setattr(fast, "fake_tensor_cache_off", contextlib.nullcontext)  # torch's default: the cache on
+    cached = export_onnx(block, tmp_path / "cached.onnx", lowering="decomposed").path
+    assert first.read_bytes() == again.read_bytes() == cached.read_bytes()
+    assert [off for off, _ in seen] == [False, False, cache_setting]
+    assert all(method is not original for _, method in seen)
     assert _registration.ONNXRegistry.__dict__["from_torchlib"] is original
+    assert config.fake_tensor_cache_enabled == cache_setting
+
+
+def test_an_exports_own_translations_stay_with_it():
+    """torch's exporter registers a custom_translation_table (a whole model's spliced layers pass one,
+    export/splice.py) into the registry from_torchlib gives it: each export gets its own copy of the kept one."""
+    from torch.onnx._internal.exporter import _registration
+
+    import export.fast_export as fast
+    from export.splice import translation_table
+
+    with fast.fast_export():
+        first = _registration.ONNXRegistry.from_torchlib()
+        for op, function in translation_table().items():
+            first.register_op(op, function)
+        second = _registration.ONNXRegistry.from_torchlib()
+    assert "attnzoo::spliced_attention" in first.functions
+    assert "attnzoo::spliced_attention" not in second.functions
+    assert not any("attnzoo::spliced_attention" in kept.functions for kept in fast._BUILT.values())
+    assert second.functions.keys() == next(iter(fast._BUILT.values())).functions.keys()
 
 
 def test_layer_qk_norm_in_fp16_loads_and_matches(tmp_path):
