@@ -20,6 +20,10 @@ from .tracing import DTYPES
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
 ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clear of it
+# torch's exporter records on every node the Python stack that traced it: the exporting machine's file
+# paths. Dropped on save, so that a file says nothing of where it was made and one export is the same
+# bytes on every machine. (The node's module path and FX node, which name no file, stay.)
+MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
 def output_target(path: Path, overwrite: bool) -> Path:
@@ -60,6 +64,7 @@ def save_atomic(
         raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         tmp = tmpdir / path.name
+        _drop_machine_metadata(model)
         try:
             ir.save(model, tmp, external_data=data_path.name if data_path else None)
         except OSError as e:
@@ -76,6 +81,13 @@ def save_atomic(
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return data_path
+
+
+def _drop_machine_metadata(model) -> None:
+    for graph in (model.graph, *model.functions.values()):
+        for node in graph.all_nodes():
+            for key in MACHINE_METADATA:
+                node.metadata_props.pop(key, None)
 
 
 def _check_saved(tmp: Path, model) -> None:

@@ -73,6 +73,15 @@ def test_metadata_round_trip(exported):
         assert OnnxSession(r.path, provider="cpu", verbose=False).spec == zoo.spec("cross-attention")
 
 
+def test_an_export_names_no_file_of_the_exporting_machine(exported):
+    """torch's exporter records each node's Python stack (this checkout's paths); a file keeps none of it."""
+    here = str(REPO).encode()
+    for lw, r in exported.items():
+        assert here not in r.path.read_bytes(), lw
+        keys = {p.key for n in onnx.load(str(r.path)).graph.node for p in n.metadata_props}
+        assert "pkg.torch.onnx.fx_node" in keys and "pkg.torch.onnx.stack_trace" not in keys, lw
+
+
 def test_self_attention_key_axis_is_t(tmp_path):
     r = export_onnx("mha-causal", tmp_path / "m.onnx", lowering="decomposed", with_mask=True, need_weights=True)
     assert r.inputs[1] == ("mask", "bool", ("b", "t", "t"))
