@@ -85,8 +85,9 @@ def default_max_len(folder: Path, model, lowering: str = "auto", provider: str =
     return stored_tables_max_len(model, _max_positions(folder), lowering=lowering, provider=provider, dtype=dtype)
 
 
-def exported(folder: str, precision: str, max_len: int | None) -> Path:
-    """The whole-model export of `folder` at `precision`: made once, then found in the cache folder."""
+def exported(folder: str, precision: str, max_len: int | None, check=None) -> Path:
+    """The whole-model export of `folder` at `precision`: made once, then found in the cache folder.
+    `check(model)`, when given, may refuse the loaded model before its export."""
     from export.lm_export import export_lm
 
     path = _checkpoint_folder(folder)
@@ -94,6 +95,8 @@ def exported(folder: str, precision: str, max_len: int | None) -> Path:
     if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
     model = load_lm(folder)
+    if check is not None:
+        check(model)
     if max_len is None:
         max_len = default_max_len(path, model)
     print(f"exporting {folder} ({precision}) to {out} (once)")

@@ -23,16 +23,25 @@ def _need(module: str, what: str) -> None:
         raise CliError(f"{what} needs the serve extra ({module} is not installed): pip install 'attnzoo[serve]'")
 
 
-def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder: Path, decode: bool) -> Path:
-    """An .onnx path as given, a checkpoint folder exported whole (fp32, once: cmd_generate.exported),
-    or a zoo name exported with the mask input (so batches can pad; for a decode model, the key_mask)."""
+def _model_path(
+    target: str, overrides: dict, lowering: str, dtype: str, folder: Path, decode: bool, batching: str
+) -> Path:
+    """An .onnx path as given, a checkpoint folder exported whole (fp32, once: cmd_generate.exported; a
+    model continuous batching cannot serve is refused before its export), or a zoo name exported with the
+    mask input (so batches can pad; for a decode model, the key_mask)."""
     path = Path(target)
     if path.is_dir():
         if overrides or decode:
             raise CliError("--set and --decode apply to a zoo name, not to a checkpoint folder")
+        from serve.gen_continuous import check_continuous_layers
+
         from .cmd_generate import exported
 
-        return exported(target, "fp32", None)
+        def check(model) -> None:
+            if batching == "continuous":
+                check_continuous_layers(model.spec.attention, target)
+
+        return exported(target, "fp32", None, check)
     if path.suffix == ".onnx" or path.exists():
         if overrides or decode:
             raise CliError("--set and --decode apply to a zoo name, not to an .onnx file")
@@ -51,28 +60,26 @@ def _model_path(target: str, overrides: dict, lowering: str, dtype: str, folder:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
-    from serve.app import start
+    from serve.app import check_options, start
 
+    options = {
+        "replicas": args.replicas,
+        "provider": args.provider,
+        "max_batch": args.max_batch,
+        "batch_wait_ms": args.batch_wait_ms,
+        "port": args.port,
+        "max_tokens": args.max_tokens,
+        "cpus_per_replica": args.cpus_per_replica,
+        "route_prefix": args.route_prefix,
+        "max_new_tokens": args.max_new_tokens,
+        "batching": args.batching,
+        "capacity": args.capacity,
+    }
+    check_options(**options)  # before an export, which may take a while
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
-        path = _model_path(args.model, zoo.parse_overrides(args.set), args.lowering, args.dtype, Path(tmp), args.decode)
-        dep = start(
-            path,
-            replicas=args.replicas,
-            provider=args.provider,
-            max_batch=args.max_batch,
-            batch_wait_ms=args.batch_wait_ms,
-            port=args.port,
-            host=args.host,
-            address=args.address,
-            max_tokens=args.max_tokens,
-            threads=args.threads,
-            cpus_per_replica=args.cpus_per_replica,
-            app=args.app,
-            route_prefix=args.route_prefix,
-            max_new_tokens=args.max_new_tokens,
-            batching=args.batching,
-            capacity=args.capacity,
-        )
+        overrides = zoo.parse_overrides(args.set)
+        path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)
+        dep = start(path, host=args.host, address=args.address, threads=args.threads, app=args.app, **options)
         try:
             print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
             print(f"  curl -s {dep.url}healthz; curl -s {dep.url}metadata")

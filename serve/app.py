@@ -169,6 +169,42 @@ class Deployment:
             ray.shutdown()
 
 
+def check_options(
+    *,
+    provider: str,
+    replicas: int,
+    max_batch: int,
+    max_tokens: int,
+    port: int,
+    max_new_tokens: int,
+    capacity: int,
+    batching: str,
+    batch_wait_ms: float,
+    cpus_per_replica: float,
+    route_prefix: str,
+) -> None:
+    """ServeError for the first of `start`'s settings that cannot serve (a caller that makes the model first,
+    such as the CLI exporting a checkpoint folder, checks them before that work)."""
+    from export.names import PROVIDERS
+
+    if provider not in PROVIDERS:
+        raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
+    counts = (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port))
+    for name, v in (*counts, ("max_new_tokens", max_new_tokens), ("capacity", capacity)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ServeError(f"{name}={v!r} must be a positive integer")
+    if port > 65535:
+        raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
+    if batching not in BATCHINGS:
+        raise ServeError(f"batching={batching!r} is not one of {', '.join(BATCHINGS)}")
+    if not 0 <= batch_wait_ms <= 10_000:
+        raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
+    if cpus_per_replica < 0:
+        raise ServeError(f"cpus_per_replica={cpus_per_replica!r} must be >= 0")
+    if not route_prefix.startswith("/"):
+        raise ServeError(f"route_prefix={route_prefix!r} must start with '/'")
+
+
 def start(
     model: str | os.PathLike,
     *,
@@ -198,23 +234,21 @@ def start(
     (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
     "continuous" with buffers of `capacity` slots); a block on POST /predict.
     """
-    from export.names import PROVIDERS
     from export.session import OnnxSession, cuda_status
 
-    if provider not in PROVIDERS:
-        raise ServeError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
-    counts = (("replicas", replicas), ("max_batch", max_batch), ("max_tokens", max_tokens), ("port", port))
-    for name, v in (*counts, ("max_new_tokens", max_new_tokens), ("capacity", capacity)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ServeError(f"{name}={v!r} must be a positive integer")
-    if port > 65535:
-        raise ServeError(f"port={port} is not a TCP port; give one in 1..65535")
-    if batching not in BATCHINGS:
-        raise ServeError(f"batching={batching!r} is not one of {', '.join(BATCHINGS)}")
-    if not 0 <= batch_wait_ms <= 10_000:
-        raise ServeError(f"batch_wait_ms={batch_wait_ms!r} must be between 0 and 10000")
-    if cpus_per_replica < 0:
-        raise ServeError(f"cpus_per_replica={cpus_per_replica!r} must be >= 0")
+    check_options(
+        provider=provider,
+        replicas=replicas,
+        max_batch=max_batch,
+        max_tokens=max_tokens,
+        port=port,
+        max_new_tokens=max_new_tokens,
+        capacity=capacity,
+        batching=batching,
+        batch_wait_ms=batch_wait_ms,
+        cpus_per_replica=cpus_per_replica,
+        route_prefix=route_prefix,
+    )
     path = Path(model)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such file; export one with `attnzoo export NAME --mask -o {path}`")
@@ -230,8 +264,6 @@ def start(
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
-    if not route_prefix.startswith("/"):
-        raise ServeError(f"route_prefix={route_prefix!r} must start with '/'")
     import ray
     from ray import serve
 

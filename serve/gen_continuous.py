@@ -29,12 +29,17 @@ import numpy as np
 
 from export.generation import one_call_prompt_len, prefill_chunk
 from export.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from zoo.spec_fields import rope_switch_at
 
 from .gen_batching import end_at_eos
 from .gen_protocol import GenItem
 from .schema import ServeError
 
 BATCHINGS = ("static", "continuous")
+_LONGROPE = (
+    "has longrope layers, whose frequency set follows the largest position of a whole run: requests sharing "
+    "one would not keep their own tokens"
+)
 DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
 
 
@@ -52,12 +57,16 @@ def check_continuous(sess, path=None) -> None:
     if NEXT_TOKEN.name not in sess.output_names:
         why = f"has no {NEXT_TOKEN.name} output (an all-logits export)"
     elif not shares_runs(sess):
-        why = (
-            "has longrope layers, whose frequency set follows the largest position of a whole run: requests "
-            "sharing one would not keep their own tokens"
-        )
+        why = _LONGROPE
     if why:
         raise ServeError(f"{path or sess.path} {why}; serve it with --batching static")
+
+
+def check_continuous_layers(specs, name) -> None:
+    """check_continuous's longrope rule on a model's layer specs (zoo.AttentionSpec), before its export:
+    ServeError naming `name`."""
+    if any(rope_switch_at(s.rope_scaling, s.rope_original_max) is not None for s in specs):
+        raise ServeError(f"{name} {_LONGROPE}; serve it with --batching static")
 
 
 @dataclass(eq=False)  # one per request: compared by identity
@@ -275,4 +284,11 @@ class ContinuousBatcher:
         run.done(tokens, timing)
 
 
-__all__ = ["BATCHINGS", "DEFAULT_CAPACITY", "ContinuousBatcher", "check_continuous", "shares_runs"]
+__all__ = [
+    "BATCHINGS",
+    "DEFAULT_CAPACITY",
+    "ContinuousBatcher",
+    "check_continuous",
+    "check_continuous_layers",
+    "shares_runs",
+]

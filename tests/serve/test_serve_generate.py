@@ -185,6 +185,38 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
         StaticBatcher(lambda items: items, max_rows=8, wait_s=0.0, max_requests=0)
 
 
+def _longrope_folder(folder: Path) -> Path:
+    """lm_cases' Phi-3 checkpoint, its config turned long-context (longrope past 32 positions)."""
+    path = lm_cases.saved("phi3", folder)
+    config = json.loads((path / "config.json").read_text())
+    half = config["hidden_size"] // config["num_attention_heads"] // 2
+    config["rope_scaling"] = {"type": "longrope", "short_factor": [1.0] * half, "long_factor": [2.0] * half}
+    config["original_max_position_embeddings"] = 32
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, flags, words",
+    [
+        ("longrope", ["--batching", "continuous"], "longrope layers"),
+        ("llama", ["--route-prefix", "api"], "route_prefix='api' must start with '/'"),
+        ("llama", ["--batch-wait-ms", "20000"], "batch_wait_ms=20000.0 must be between 0 and 10000"),
+    ],
+)
+def test_cli_serve_refuses_a_folder_before_exporting_it(kind, flags, words, tmp_path, capsys, monkeypatch):
+    """What serving would refuse is refused before a checkpoint folder's export (minutes for a big model)."""
+    from cli.main import main
+
+    folder = _longrope_folder(tmp_path) if kind == "longrope" else lm_cases.saved(kind, tmp_path)
+    monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
+    capsys.readouterr()  # transformers' progress bars while saving the folder
+    assert main(["serve", str(folder), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.glob("cache/**/*.onnx")), "exported before the refusal"
+
+
 # -- static batches ------------------------------------------------------------------------------
 
 
