@@ -67,9 +67,9 @@ class LMSpec:
     d_model: int
     attention: tuple[AttentionSpec, ...]  # one per layer: windows, rotary bases and softcaps may differ
     d_ff: int  # the MLP's inner width
-    norm: str = "rms"  # NORMS: every norm of the model is of this kind
+    norm: str = "rms"  # NORMS: every norm of the model is of this kind (OLMo's "layer_plain": no weight, no bias)
     norm_eps: float = 1e-6
-    norm_bias: bool = False  # LayerNorm with a bias (GPT-2, NeoX, ...); Cohere's and OLMo's have none
+    norm_bias: bool = False  # LayerNorm with a bias (GPT-2, NeoX, ...); Cohere's has none
     mlp: str = "gated"  # MLPS
     act: str = "silu"  # lm_parts.ACTIVATIONS
     mlp_bias: bool = False
@@ -135,6 +135,8 @@ class LMSpec:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise SpecError(f"{name}={v!r} must be a positive finite number")
+        if self.norm_bias and self.norm != "layer":
+            raise SpecError(f"norm_bias=True needs norm='layer' (a {self.norm!r} norm has no bias), or norm_bias=False")
         if self.position_offset and self.max_positions is None:
             raise SpecError(f"position_offset={self.position_offset} without max_positions: there is no position table")
 

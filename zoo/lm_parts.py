@@ -3,6 +3,7 @@
   Norm        "rms"         x / rms(x) * w                    (LLaMA, Mistral, Qwen, Phi-3, OLMo-2, Granite)
               "rms_plus1"   x / rms(x) * (1 + w), in fp32      (Gemma, Gemma-2, Gemma-3)
               "layer"       LayerNorm, with or without bias    (GPT-2, NeoX, GPT-J, OPT, BLOOM, Falcon, Phi, ...)
+              "layer_plain" LayerNorm, no weight or bias, fp32 (OLMo)
   MLP         "gated"       down(act(gate(x)) * up(x))         (a fused gate_up is split when read)
               "plain"       down(act(up(x)))                   (Conv1D layouts are transposed when read)
   Embedding   tokens, learned absolute positions (with an offset: OPT's 2), a LayerNorm on the
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-NORMS = ("rms", "rms_plus1", "layer")
+NORMS = ("rms", "rms_plus1", "layer", "layer_plain")
 MLPS = ("gated", "plain")
 # the activations transformers' ACT2FN names, by what they compute
 ACTIVATIONS = {
@@ -42,13 +43,16 @@ class Norm(nn.Module):
 
     def __init__(self, kind: str, dim: int, eps: float, bias: bool) -> None:
         super().__init__()
-        self.kind, self.eps = kind, eps
-        self.weight = nn.Parameter(torch.zeros(dim) if kind == "rms_plus1" else torch.ones(dim))
+        self.kind, self.dim, self.eps = kind, dim, eps
+        weight = None if kind == "layer_plain" else torch.zeros(dim) if kind == "rms_plus1" else torch.ones(dim)
+        self.weight = nn.Parameter(weight) if weight is not None else None
         self.bias = nn.Parameter(torch.zeros(dim)) if kind == "layer" and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "layer":
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        if self.kind == "layer_plain":  # OLMo: in fp32, cast back after
+            return F.layer_norm(x.float(), x.shape[-1:], None, None, self.eps).to(x.dtype)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.kind == "rms_plus1":  # Gemma: the scale in fp32, cast back after
@@ -56,7 +60,7 @@ class Norm(nn.Module):
         return self.weight * h.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, {self.weight.shape[0]}, eps={self.eps:g}"
+        return f"{self.kind}, {self.dim}, eps={self.eps:g}"
 
 
 class MLP(nn.Module):
@@ -118,8 +122,9 @@ class Embedding(nn.Module):
 
 
 class MoE(nn.Module):
-    """A sparse mixture of gated experts (Mixtral, Qwen2-MoE): router (c -> E), softmax in fp32, the top k
-    probabilities (renormalized to sum 1 with `renorm`), out = sum_e w_e * expert_e(x) (+ a gated shared expert).
+    """A sparse mixture of gated experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): router (c -> E), softmax in fp32,
+    the top k probabilities (renormalized to sum 1 with `renorm`), out = sum_e w_e * expert_e(x) (+ a gated shared
+    expert).
 
     Every expert runs on every token and an unchosen one weighs exactly 0, in expert order as transformers
     adds them: the same sum, no data-dependent shapes (the step traces as it runs)."""

@@ -54,6 +54,7 @@ VARIANTS = {
     "mixture": spec(experts=3, experts_per_token=2),
     "mixture-shared": spec(experts=3, experts_per_token=1, expert_renorm=False, shared_expert_d_ff=24),
     "granite-like": spec(residual_multiplier=0.5, embed_scale=3.0, logit_scale=0.25, embed_norm=True),
+    "olmo-like": spec(norm="layer_plain", norm_eps=1e-5),
 }
 
 
@@ -156,6 +157,7 @@ def test_generate_refuses_bad_input():
         (dict(experts=4, experts_per_token=5), "experts_per_token in 1..4"),
         (dict(experts=4, experts_per_token=2, mlp="plain"), "mlp='gated'"),
         (dict(shared_expert_d_ff=8), "without experts"),
+        (dict(norm="layer_plain", norm_bias=True), "norm_bias=True needs norm='layer'"),
     ],
 )
 def test_lmspec_refuses(change, match):
