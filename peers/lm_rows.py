@@ -119,6 +119,12 @@ def _bloom_refuse(cfg: ConfigView) -> str | None:
     return None
 
 
+def _cross_refuse(cfg: ConfigView) -> str | None:
+    if cfg.get("add_cross_attention", False):
+        return "add_cross_attention=true (cross-attention layers) is not modelled"
+    return None
+
+
 def _falcon_norms(cfg: ConfigView) -> tuple[tuple[str, str], ...]:
     if cfg.get("new_decoder_architecture", False):
         if cfg.get("num_ln_in_parallel_attn") == 2 or cfg.get("num_ln_in_parallel_attn") is None:
@@ -148,7 +154,16 @@ def _neox_residual(cfg: ConfigView) -> str:
     return "parallel_two_norms" if cfg.get("use_parallel_residual", True) else "sequential"
 
 
-def _qwen2_moe_refuse(cfg: ConfigView) -> str | None:
+def _num_experts(cfg: ConfigView) -> int:
+    """num_experts, or num_local_experts as transformers 5 saves Qwen3-MoE's (its attribute_map)."""
+    n = cfg.get("num_experts")
+    return int(cfg.num_local_experts if n is None else n)
+
+
+def _sparse_refuse(cfg: ConfigView) -> str | None:
+    """Qwen2-MoE, Qwen3-MoE: every layer must hold the mixture."""
+    if not _num_experts(cfg):
+        return "num_experts=0 (every layer a dense MLP) is not modelled"
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         return "dense layers among the sparse ones (mlp_only_layers, decoder_sparse_step != 1) are not modelled"
     return None
@@ -168,6 +183,8 @@ LM_FAMILIES: dict[str, LMRow] = {
     "mistral": LMRow(_llama, "as LLaMA (sliding windows in the attention)"),
     "qwen2": LMRow(_llama, "as LLaMA (windows from max_window_layers)"),
     "qwen3": LMRow(_llama, "as LLaMA (QK-norm in the attention)"),
+    "smollm3": LMRow(_llama, "as LLaMA (layers without rotary from no_rope_layers in the attention)"),
+    "helium": LMRow(_llama, "as LLaMA (interleaved rotary in the attention)"),
     "gemma": LMRow(
         lambda cfg: _gemma(cfg, act_key="hidden_act", residual="sequential"),
         "RMSNorm (1 + w), gated MLP (GELU tanh), embeddings * sqrt(d), pre-norm, tied",
@@ -217,6 +234,43 @@ LM_FAMILIES: dict[str, LMRow] = {
         mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
         conv1d=True,
         final_norm="ln_f",
+    ),
+    "gpt_neo": LMRow(
+        lambda cfg: _layer_norm(
+            cfg,
+            "layer_norm_epsilon",
+            d_ff=cfg.get("intermediate_size") or 4 * cfg.hidden_size,
+            act=act(cfg.get("activation_function", "gelu_new")),
+            mlp_bias=True,
+            max_positions=cfg.max_position_embeddings,
+            tied=_tied(cfg, True),
+        ),
+        "learned positions, LayerNorm, MLP (GELU), pre-norm, tied (global and local layers in the attention)",
+        embed="wte",
+        positions="wpe",
+        layer="h.{layer}",
+        norms=(("attn_norm", "ln_1"), ("mlp_norm", "ln_2")),
+        mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+        final_norm="ln_f",
+    ),
+    "gpt_bigcode": LMRow(
+        lambda cfg: _layer_norm(
+            cfg,
+            "layer_norm_epsilon",
+            d_ff=cfg.get("n_inner") or 4 * cfg.hidden_size,
+            act=act(cfg.get("activation_function", "gelu_pytorch_tanh")),
+            mlp_bias=True,
+            max_positions=cfg.n_positions,
+            tied=_tied(cfg, True),
+        ),
+        "learned positions, LayerNorm, MLP (GELU tanh), pre-norm, tied (multi-query attention)",
+        embed="wte",
+        positions="wpe",
+        layer="h.{layer}",
+        norms=(("attn_norm", "ln_1"), ("mlp_norm", "ln_2")),
+        mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+        final_norm="ln_f",
+        refuse=_cross_refuse,
     ),
     "gpt_neox": LMRow(
         lambda cfg: _layer_norm(
@@ -302,6 +356,10 @@ LM_FAMILIES: dict[str, LMRow] = {
         mlp=(("up", "mlp.dense_h_to_4h"), ("down", "mlp.dense_4h_to_h")),
         final_norm="ln_f",
     ),
+    "olmo": LMRow(
+        lambda cfg: _llama(cfg, norm="layer_plain", norm_eps=1e-5),
+        "LayerNorm without weight or bias (eps 1e-5), gated MLP (SiLU), pre-norm (clip_qkv in the attention)",
+    ),
     "olmo2": LMRow(
         lambda cfg: _llama(cfg, residual="post_norms"),
         "RMSNorm after attention and MLP (no pre-norms), gated MLP (SiLU)",
@@ -336,9 +394,46 @@ LM_FAMILIES: dict[str, LMRow] = {
         ),
         "as Qwen2, a mixture of gated experts (top k) plus a sigmoid-gated shared expert",
         mlp=(("experts", "mlp"),),
-        refuse=_qwen2_moe_refuse,
+        refuse=_sparse_refuse,
+    ),
+    "qwen3_moe": LMRow(
+        lambda cfg: _llama(
+            cfg,
+            d_ff=int(cfg.moe_intermediate_size),
+            experts=_num_experts(cfg),
+            experts_per_token=int(cfg.num_experts_per_tok),
+            expert_renorm=bool(cfg.get("norm_topk_prob", False)),
+        ),
+        "as Qwen3 (every layer windowed with use_sliding_window), a mixture of gated experts (top k, renormalized "
+        "with norm_topk_prob) in place of the MLP",
+        mlp=(("experts", "mlp"),),
+        refuse=_sparse_refuse,
+    ),
+    "olmoe": LMRow(
+        lambda cfg: _llama(
+            cfg,
+            experts=_num_experts(cfg),
+            experts_per_token=int(cfg.num_experts_per_tok),
+            expert_renorm=bool(cfg.get("norm_topk_prob", False)),
+        ),
+        "as LLaMA (QK-norm over all heads in the attention), a mixture of gated experts (top k, renormalized "
+        "with norm_topk_prob) in place of the MLP",
+        mlp=(("experts", "mlp"),),
     ),
     "granite": LMRow(_granite, "as LLaMA, embedding, residual and logit multipliers"),
+    "cohere": LMRow(
+        lambda cfg: _llama(
+            cfg,
+            tied=True,
+            norm="layer",
+            norm_eps=float(cfg.get("layer_norm_eps", 1e-5)),
+            residual="parallel",
+            logit_scale=float(cfg.get("logit_scale", 0.0625)),
+        ),
+        "LayerNorm without bias, parallel attention + gated MLP (SiLU) on one norm, logit scale, tied (QK-norm "
+        "with use_qk_norm in the attention)",
+        norms=PRE[:1],
+    ),
     "stablelm": LMRow(
         lambda cfg: dict(
             _llama(cfg),

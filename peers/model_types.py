@@ -73,6 +73,12 @@ def _from_max_window_layers(cfg: ConfigView, i: int) -> str:
     return "sliding_attention" if on and i >= cfg.get("max_window_layers", 0) else "full_attention"
 
 
+def _all_if_windowed(cfg: ConfigView, i: int) -> str:
+    """Qwen3-MoE: with use_sliding_window, every layer slides (its module keeps config.sliding_window)."""
+    on = cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", False)
+    return "sliding_attention" if on else "full_attention"
+
+
 def llama_like(
     *,
     scaling: Callable[[ConfigView, int], float] | None = None,
@@ -277,10 +283,12 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2Attention", SLIDING, bias=True),
     "qwen2_moe": Family("Qwen2MoeAttention", SLIDING, bias="qkv_bias"),
     "qwen3": Family("Qwen3Attention", SLIDING),
+    "qwen3_moe": Family("Qwen3MoeAttention", llama_like(kinds=_all_if_windowed)),
     "llama4_text": Family("Llama4TextAttention", llama_like(extra=_llama4), theta=500000.0),
     "qwen3_next": Family("Qwen3NextAttention", llama_like(extra=_qwen3_next), partial=0.25),
     "olmo": Family("OlmoAttention", LLAMA),
     "olmo2": Family("Olmo2Attention", LLAMA),
+    "olmoe": Family("OlmoeAttention", LLAMA),
     "phi": Family("PhiAttention", llama_like(extra=_rotary_ndims), bias=True, partial=0.5),
     "phi3": Family("Phi3Attention", LLAMA, bias=False, partial=1.0),
     "cohere": Family("CohereAttention", LLAMA, theta=5e5),
@@ -342,8 +350,8 @@ FAMILIES: dict[str, Family] = {
 MAX_POSITIONS = {
     **dict.fromkeys(("mistral", "mixtral", "gemma3_text", "glm", "llama4_text", "gpt_oss"), 131072),
     **dict.fromkeys(("gemma", "gemma2", "cohere", "cohere2"), 8192),
-    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "qwen3_next", "smollm3"), 32768),
-    **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron"), 4096),
+    **dict.fromkeys(("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "smollm3"), 32768),
+    **dict.fromkeys(("phi3", "stablelm", "starcoder2", "helium", "nemotron", "olmoe"), 4096),
     "persimmon": 16384,
 }
 # the keys whose transformers default is True when a config.json leaves them out

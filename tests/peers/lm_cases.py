@@ -36,6 +36,23 @@ CASES: dict[str, tuple[str, str, dict]] = {
         dict(BASE, num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
     ),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(BASE, num_key_value_heads=2, head_dim=16)),
+    "smollm3": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(
+            BASE,
+            num_key_value_heads=2,
+            no_rope_layers=[1, 0],
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
+    "helium": (
+        "HeliumConfig",
+        "HeliumForCausalLM",
+        dict(BASE, num_key_value_heads=2, head_dim=16, attention_bias=True, mlp_bias=True),
+    ),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(BASE, num_key_value_heads=1, head_dim=16)),
     "gemma2": (
         "Gemma2Config",
@@ -65,6 +82,21 @@ CASES: dict[str, tuple[str, str, dict]] = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(BASE, num_key_value_heads=2)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(BASE, partial_rotary_factor=0.5)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(GPT, n_positions=128)),
+    "gpt_neo": (
+        "GPTNeoConfig",
+        "GPTNeoForCausalLM",
+        dict(
+            IDS,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            intermediate_size=128,
+            attention_types=[[["global", "local"], 1]],
+            window_size=WINDOW,
+            max_position_embeddings=128,
+        ),
+    ),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(GPT, n_positions=128, n_inner=128)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(BASE, rotary_pct=0.5)),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, n_positions=128, rotary_dim=8)),
     "opt": (
@@ -86,6 +118,7 @@ CASES: dict[str, tuple[str, str, dict]] = {
         "FalconForCausalLM",
         dict(IDS, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=False),
     ),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(BASE, num_key_value_heads=2, clip_qkv=0.5)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(BASE, num_key_value_heads=2)),
     "starcoder2": (
         "Starcoder2Config",
@@ -109,6 +142,26 @@ CASES: dict[str, tuple[str, str, dict]] = {
             shared_expert_intermediate_size=48,
         ),
     ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            BASE,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+        ),
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(BASE, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
+    ),
     "granite": (
         "GraniteConfig",
         "GraniteForCausalLM",
@@ -120,6 +173,11 @@ CASES: dict[str, tuple[str, str, dict]] = {
             logits_scaling=4.0,
             attention_multiplier=0.2,
         ),
+    ),
+    "cohere": (
+        "CohereConfig",
+        "CohereForCausalLM",
+        dict(BASE, num_key_value_heads=2, use_qk_norm=True, logit_scale=0.25),
     ),
     "stablelm": (
         "StableLmConfig",
