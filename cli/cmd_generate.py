@@ -26,7 +26,7 @@ from .common import CliError, positive
 def _checkpoint_folder(folder: str) -> Path:
     path = Path(folder)
     if not path.is_dir():
-        raise CliError(f"{folder}: not a folder; give a checkpoint folder (config.json + *.safetensors) or .onnx file")
+        raise CliError(f"{folder}: not a folder; give a checkpoint folder (config.json + *.safetensors)")
     if not (path / "config.json").is_file():
         raise CliError(f"{folder} has no config.json; give a transformers checkpoint folder")
     try:
@@ -116,8 +116,10 @@ def _tokenizer(source: Path):
         raise CliError(f"{folder / 'tokenizer.json'} cannot be read: {str(e).splitlines()[0][:200]}") from None
 
 
-def _prompt_ids(args, tok) -> list[int]:
-    if (args.prompt is None) == (args.prompt_ids is None):
+def _prompt_ids(args, tok, source: Path) -> list[int]:
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise CliError("give --prompt TEXT or --prompt-ids 1,2,3, not both")
+    if args.prompt is None and args.prompt_ids is None:
         raise CliError("give the prompt: --prompt TEXT (needs the folder's tokenizer.json) or --prompt-ids 1,2,3")
     if args.prompt_ids is not None:
         try:
@@ -128,7 +130,9 @@ def _prompt_ids(args, tok) -> list[int]:
             raise CliError(f"--prompt-ids {args.prompt_ids!r}: give non-negative token ids, e.g. 1,2,3")
         return ids
     if tok is None:
-        raise CliError("--prompt TEXT needs a tokenizer.json beside the model; give --prompt-ids 1,2,3 instead")
+        where = source if source.is_dir() else source.parent
+        fix = "" if source.is_dir() else " (copy the checkpoint's tokenizer.json there)"
+        raise CliError(f"--prompt TEXT needs a tokenizer.json in {where}{fix}; or give --prompt-ids 1,2,3")
     ids = tok.encode(args.prompt).ids
     if not ids:
         raise CliError(f"--prompt {args.prompt!r} encodes to no tokens; give some text")
@@ -151,14 +155,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
     source = Path(args.source)
     if source.is_dir():
+        _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
         tok = _tokenizer(source)
-        ids = _prompt_ids(args, tok)  # before the export: a mistake costs nothing
+        ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
+        needed = len(ids) + args.max_new_tokens - 1
+        if args.max_len is not None and needed > args.max_len:
+            raise CliError(
+                f"--max-len {args.max_len}: a prompt of {len(ids)} tokens and {args.max_new_tokens} new ones need "
+                f"{needed} cache positions; pass --max-len {needed} or more"
+            )
         model_path = exported(args.source, args.precision, args.max_len)
     elif source.is_file():
         if args.precision != "fp32" or args.max_len is not None:
             raise CliError("--precision and --max-len are the export's: with a .onnx file, re-export it instead")
         tok = _tokenizer(source)
-        ids = _prompt_ids(args, tok)
+        ids = _prompt_ids(args, tok, source)
         model_path = source
     else:
         raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
@@ -167,7 +178,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     timings: dict = {}
     started = time.perf_counter()
-    tokens = generate(sess, np.array([ids], np.int64), args.max_new_tokens, timings=timings)
+    tokens = generate(
+        sess, np.array([ids], np.int64), args.max_new_tokens, eos_token_id=args.eos_token_id, timings=timings
+    )
     total = time.perf_counter() - started
     new = tokens.shape[1] - len(ids)
     timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
@@ -188,8 +201,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "tokens": tokens.tolist(),
             "text": [text] if text is not None else None,
             "timings": timings,
+            "source": args.source,
             "model": str(model_path),
-            "precision": sess.precision,
+            "precision": sess.metadata.get("attnzoo.precision", "fp32"),
+            "precision_method": sess.precision,
             "provider": sess.provider,
         }
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
@@ -261,5 +276,17 @@ def add_commands(sub) -> None:
         choices=PROVIDERS,
         help="where ONNX Runtime runs (default cpu; cuda fails in one line where it does not work; auto says which)",
     )
-    sp.add_argument("--json", metavar="PATH", help="also write the tokens and timings as JSON")
+    sp.add_argument(
+        "--eos-token-id",
+        type=int,
+        default=None,
+        metavar="ID",
+        help="stop when this token is made (default: generate all --max-new-tokens)",
+    )
+    sp.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write JSON: tokens (the prompt followed by the new tokens), text (the new tokens decoded, "
+        "with a tokenizer.json), timings, source, model (the .onnx run), precision, precision_method, provider",
+    )
     sp.set_defaults(func=cmd_generate)

@@ -78,6 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = sess.spec
+    if sess.metadata.get("attnzoo.kind") == "lm":
+        raise CliError(f"{args.path} is a whole model; run it with `attnzoo generate {args.path} --prompt-ids 1,2,3`")
     if spec is None:
         raise CliError(
             f"{args.path} carries no attnzoo metadata; `attnzoo run` needs a model written by `attnzoo export`"
@@ -204,9 +206,9 @@ def cmd_parity(args: argparse.Namespace) -> int:
     if args.json:
         ensure_writable_parent(Path(args.json))
     total = len(names) * len(lowerings) * len(providers) * len(dtypes) * len(precisions) * len(cases)
-    from tqdm import tqdm
+    from zoo.progress import bar as progress_bar
 
-    bar = tqdm(total=total, desc="parity", unit="check", file=sys.stderr, disable=args.quiet)
+    bar = progress_bar(total, "parity", unit="check", disable=args.quiet)
 
     def progress(row):
         bar.set_postfix_str(f"{row.name} {row.lowering} {row.dtype} {row.precision} {row.case}: {row.status}")
@@ -331,14 +333,26 @@ def add_commands(sub) -> None:
     with_set(sp)
     sp.set_defaults(func=cmd_export)
 
-    sp = sub.add_parser("run", help="run an exported model on random input under ONNX Runtime")
-    sp.add_argument("path")
-    sp.add_argument("--provider", default="auto", choices=PROVIDERS)
-    sp.add_argument("--batch", "-b", type=positive, default=2)
-    sp.add_argument("--seq", "-t", type=positive, default=16)
+    sp = sub.add_parser(
+        "run",
+        help="run an exported block on random input under ONNX Runtime",
+        description="Run a block written by `attnzoo export` on random input under ONNX Runtime: its inputs and "
+        "outputs, the provider that ran it and the median latency (a whole model: `attnzoo generate`).",
+    )
+    sp.add_argument("path", help="the .onnx file `attnzoo export` wrote")
+    sp.add_argument(
+        "--provider", default="auto", choices=PROVIDERS, help="where it runs (default auto: cuda where it works)"
+    )
+    sp.add_argument("--batch", "-b", type=positive, default=2, help="B, the batch (default 2)")
+    sp.add_argument("--seq", "-t", type=positive, default=16, help="T, the sequence length (default 16)")
     sp.add_argument("--ctx-seq", "-s", type=positive, default=None, help="S for cross-attention (default T)")
-    sp.add_argument("--repeats", type=positive, default=20)
-    sp.add_argument("--threads", type=positive, default=None)
+    sp.add_argument("--repeats", type=positive, default=20, help="timed runs; the median is printed (default 20)")
+    sp.add_argument(
+        "--threads",
+        type=positive,
+        default=None,
+        help="ONNX Runtime's intra-op threads (default: its own, a thread per core)",
+    )
     sp.add_argument("--placement", action="store_true", help="profile once and print the provider of each op")
     sp.add_argument("--steps", type=positive, default=32, help="decode models: single-token steps after the prompt")
     sp.set_defaults(func=cmd_run)

@@ -373,6 +373,14 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
     want = lm.generate(torch.tensor([ids]), 5)
     assert doc["tokens"] == want.tolist() and doc["timings"]["new_tokens"] == 5
     assert "tokens/s" in out and out.splitlines()[0] == "tokens " + " ".join(map(str, want[0].tolist()))
+    assert doc["precision"] == "fp32" and doc["source"] == doc["model"] == str(path)
+    new = want[0, len(ids) :].tolist()
+    eos = new[2]  # it stops at the first time it makes this token
+    argv = ["generate", str(path), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "5"]
+    rc, out, err = _cli([*argv, "--eos-token-id", str(eos)], capsys)
+    assert rc == 0 and out.splitlines()[0].split()[1:] == [str(t) for t in [*ids, *new[: new.index(eos) + 1]]], err
+    folder = lm_cases.saved(DEFAULT, tmp_path)
+    capsys.readouterr()  # transformers' progress bars while saving it
     no_config = tmp_path / "empty"
     no_config.mkdir()
     unknown = tmp_path / "unknown"
@@ -384,12 +392,17 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
         (["generate", str(path), "--prompt-ids", "1", "--max-new-tokens", "0"], "max-new-tokens"),
         (["generate", str(no_config), "--prompt-ids", "1"], "config.json"),
         (["generate", str(unknown), "--prompt-ids", "1"], "no-such-family"),
-        (["generate", str(path), "--prompt", "hello"], "tokenizer"),
+        (["generate", str(path), "--prompt", "hello"], "copy the checkpoint's tokenizer.json"),
+        (["generate", str(no_config), "--prompt", "hello"], "config.json"),  # the folder before its tokenizer
+        (["generate", str(folder), "--prompt", "hi", "--prompt-ids", "1"], "not both"),
+        (["generate", str(folder), "--prompt-ids", "1,2", "--max-len", "2"], "pass --max-len 33 or more"),
+        (["run", str(path)], "is a whole model; run it with `attnzoo generate"),
         (["export", "--checkpoint", str(unknown), "--whole", "-o", str(tmp_path / "w.onnx")], "no-such-family"),
         (["export", "llama-3-8b", "--whole", "-o", str(tmp_path / "w.onnx")], "--checkpoint"),
     ):
         rc, _, err = _cli(argv, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and words in err, (argv, err)
+    assert not list(tmp_path.glob("cache/**/*.onnx")), "a refusal came after an export"
     from export.providers import cuda_status
 
     if not cuda_status()[0]:  # asked for by name, CUDA that does not work is one line (before any export)
