@@ -16,10 +16,12 @@ parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the s
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    names = zoo.names(args.pattern)
+    pattern = args.pattern
+    if not any(c in pattern for c in "*?[") and pattern not in zoo.names():
+        pattern = f"*{pattern}*"  # a plain word: the names that hold it
+    names = zoo.names(pattern)
     if not names:
-        print(f"no attention block matches {args.pattern!r}; try `attnzoo list`", file=sys.stderr)
-        return 1
+        raise CliError(f"no attention block matches {args.pattern!r}; `attnzoo list` shows them all")
     width = max(len(n) for n in names)
     for n in names:
         e = zoo.entry(n)
@@ -127,7 +129,12 @@ def add_commands(sub) -> None:
     add_families(sub)
     add_preset(sub)
     sp = sub.add_parser("list", help="list registered attention blocks")
-    sp.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'mha-*'")
+    sp.add_argument(
+        "pattern",
+        nargs="?",
+        default="*",
+        help="a word the names hold (llama) or an fnmatch pattern ('mha-*'); default all",
+    )
     sp.set_defaults(func=cmd_list)
 
     sp = sub.add_parser(

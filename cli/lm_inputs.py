@@ -48,7 +48,10 @@ def lm_pair(model, args: argparse.Namespace, encode=None, unit: str = "character
         raise CliError(f"--clean has {n} {unit}s and --corrupt {m}; give the same length")
     differ = (clean != corrupt)[0].nonzero()
     if not len(differ) or int(differ[0]) >= clean.shape[1] - 1:
-        raise CliError(f"--clean and --corrupt must differ before their last {unit}")
+        raise CliError(
+            f"--clean and --corrupt must differ before their last {unit} (the {unit}s after the first difference are "
+            f"what is scored): make them differ earlier"
+        )
     start = int(differ[0])
     what = f"your text; metric: mean log-probability of the clean next {unit} from position {start} on"
     return clean, corrupt, patching.next_token_metric(clean, start), what

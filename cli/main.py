@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run under ONNX Runtime, check parity, benchmark.",
     )
     p.add_argument("--version", action="version", version=f"attnzoo {zoo.__version__}")
-    p.add_argument("--verbose", action="store_true", help="on an error, also print its full text")
+    p.add_argument(
+        "--verbose", action="store_true", help="on an error, also print its full text (before or after the command)"
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     p.commands = sub.choices  # name -> that command's parser, filled in below
@@ -125,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise KeyboardInterrupt
         args, extra = parser.parse_known_args(argv)
         prog = f"attnzoo {args.command}"
+        while "--verbose" in extra:  # after the command as well as before it
+            extra.remove("--verbose")
+            args.verbose = True
         if extra:  # argparse would name the top-level parser: the command's own says `attnzoo families: error:`
             given = list(sys.argv[1:] if argv is None else argv)
             before = args.command in given and extra[0] in given[: given.index(args.command)]

@@ -10,6 +10,7 @@ Axis vocabulary, used in every einops pattern, docstring and ONNX dynamic-axis n
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,10 @@ class AttentionSpec(SpecFields):
         """A new spec with `changes` applied (validated again)."""
         unknown = sorted(set(changes) - set(field_names()))
         if unknown:
-            raise SpecError(f"unknown spec field(s) {unknown}; valid fields: {field_names()}")
+            close = {u: difflib.get_close_matches(u, field_names(), n=1) for u in unknown}
+            hints = [f"{c[0]!r} for {u!r}" for u, c in close.items() if c]
+            hint = f"did you mean {', '.join(hints)}? " if hints else ""
+            raise SpecError(f"unknown spec field(s) {unknown}; {hint}valid fields: {field_names()}")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

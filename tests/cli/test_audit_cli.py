@@ -64,7 +64,10 @@ def test_cli_errors_are_one_line(capsys):
     assert "gpt2-small" in err and "Traceback" not in err
     assert main(["show", "bert-base", "--set", "heads"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
-    assert main(["list", "zzz*"]) == 1
+    assert main(["list", "zzz*"]) == 2
+    assert "no attention block matches 'zzz*'" in capsys.readouterr().err
+    assert main(["list", "llama"]) == 0  # a plain word: the names that hold it
+    assert {"llama-3-8b", "llama-3.1-8b"} <= set(capsys.readouterr().out.split())
     with pytest.raises(SystemExit):
         main(["show", "bert-base", "--seq", "0"])
 
