@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise AnalysisError("pictures need matplotlib: pip install 'attnzoo[plot]'") from None
+        raise AnalysisError("pictures need matplotlib: pip install 'attnzoo[plot]' (or drop --plot)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -160,6 +161,8 @@ def picture_format(path: str | os.PathLike) -> str:
     if not target.parent.is_dir():
         raise AnalysisError(f"the folder {path.parent} does not exist; create it first")
     files.ensure_writable_parent(path)
+    if importlib.util.find_spec("matplotlib") is None:  # before the work, not after it
+        raise AnalysisError("pictures need matplotlib: pip install 'attnzoo[plot]' (or drop --plot)")
     return fmt
 
 

@@ -59,9 +59,8 @@ def benchmark_decode(
 ) -> dict[str, Any]:
     """Export each (decode lowering, cache, precision) once, then measure every (path, precision, b, p)
     in its own worker. int8/int4 apply to the ONNX paths, fp16/bf16 to the eager ones."""
-    from tqdm import tqdm
-
     from export.choice import why_not
+    from zoo.progress import bar as progress_bar
 
     spec = zoo.spec(name, **overrides)
     precisions = list(precisions or ["fp32"])
@@ -118,7 +117,7 @@ def benchmark_decode(
                 if progress:
                     print(f"exported {label} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         jobs = [(path, prec, b, p) for b in batches for p in pasts for path, prec in variants]
-        bar = tqdm(total=len(jobs), desc="decode bench", unit="run", file=sys.stderr, disable=not progress)
+        bar = progress_bar(len(jobs), "decode bench", unit="run", disable=not progress)
         for path, precision, b, p in jobs:
             label = _label(path, precision)
             bar.set_postfix_str(f"{label} b={b} p={p}")

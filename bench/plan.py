@@ -155,7 +155,7 @@ def benchmark(
 ) -> dict[str, Any]:
     """Measure every path on every (b, t), each ONNX Runtime path at each weight precision
     (export/precision.py; eager paths stay fp32); the report as a JSON-ready dict (see write_json)."""
-    from tqdm import tqdm
+    from zoo.progress import bar as progress_bar
 
     overrides = dict(overrides or {})
     threads = threads or default_threads()
@@ -175,13 +175,8 @@ def benchmark(
     with _terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}bench-") as tmp:
         folder = Path(tmp)
         lowerings = [LOWERING_OF[p] for p in paths if p in LOWERING_OF]
-        with tqdm(
-            total=len(lowerings) * len(precisions),
-            desc="export",
-            unit="model",
-            file=sys.stderr,
-            disable=not progress,
-            leave=False,
+        with progress_bar(
+            len(lowerings) * len(precisions), "export", unit="model", disable=not progress, leave=False
         ) as bar:
             exports = {}
             for lw in lowerings:
@@ -210,7 +205,7 @@ def benchmark(
             ]
         jobs = _jobs(name, overrides, provider, dtype, threads, budget, paths, exports, shapes, precisions)
         results: list[tuple[Job, dict[str, Any]]] = []
-        with tqdm(total=len(calib) + len(jobs), desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
+        with progress_bar(len(calib) + len(jobs), "bench", unit="run", disable=not progress) as bar:
             for job in calib + jobs:
                 bar.set_postfix_str(
                     f"B={job.batch} T={job.seq} {job.path} {job.precision}"

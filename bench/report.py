@@ -9,6 +9,7 @@ from typing import Any
 
 import zoo
 
+from .jobs import CONTENDED
 from .timing import contended
 
 PLOT_FORMATS = ("png", "svg", "pdf")
@@ -56,6 +57,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {_fmt(r.get('speedup_vs_sdpa'), '.2f', 'x')} | {_fmt(r.get('mem_vs_sdpa'), '.2f', 'x')} |{extra}"
         )
     lines.append("")
+    if any(r["status"] == "ok" and contended(r) for r in report["rows"]):
+        lines.append(f"* other processes used over {CONTENDED} CPUs during this measurement: the figure may be high")
     for rt, r in sorted(report["roofline"].items()):
         label = "torch.matmul" if rt == "torch" else "ONNX Runtime MatMul"
         if r.get("ok"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -93,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="n of the n^3 matmul roofline (default 2048 on cpu, 8192 on cuda)",
+        help="n of the n^3 matmul roofline (default: the largest power of two, up to 2048 on cpu and 8192 on "
+        "cuda, whose product takes at most about 50 ms here)",
     )
     parser.add_argument(
         "--retries",
@@ -183,6 +185,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if args.plot and Path(args.plot).suffix.lower().lstrip(".") not in PLOT_FORMATS:
         raise BenchError(f"--plot {args.plot}: name a .png, .svg or .pdf file (the suffix is the format)")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before minutes of measuring
+        raise BenchError("--plot needs matplotlib: pip install 'attnzoo[plot]' (or drop --plot)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -52,9 +51,9 @@ def _check_picture(path: str | None) -> None:
 
 
 def _bar(total: int, desc: str, quiet: bool):
-    from tqdm import tqdm
+    from zoo.progress import bar
 
-    return tqdm(total=total, desc=desc, file=sys.stderr, disable=quiet, leave=False)
+    return bar(total, desc, disable=quiet, leave=False)
 
 
 def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str] | None]:

@@ -70,3 +70,28 @@ def test_max_len_without_a_static_cache_says_what_works(capsys, tmp_path):
     assert "add decode=True (CLI: --decode)" in err, err  # not --cache static, which then wants --decode
     err = _error(capsys, main(["export", "gpt2-small", "--decode", "--cache", "grow", "--max-len", "16", "-o", out]))
     assert "pass cache='static' (CLI: --cache static)" in err, err
+
+
+def test_verbose_works_after_the_command_too(capsys):
+    assert _exit(["show", "no-such-block", "--verbose"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("attnzoo show: error: no attention block named 'no-such-block'") and len(err) == 2, err
+
+
+def test_a_mistyped_spec_field_gets_the_closest_name(capsys):
+    err = _error(capsys, _exit(["show", "bert-base", "--set", "dmodel=12"]))
+    assert "did you mean 'd_model' for 'dmodel'?" in err, err
+
+
+def test_a_picture_without_matplotlib_is_refused_before_any_work(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a)
+    )
+    for argv in (["heads", "tiny-induction"], ["importance", "tiny-induction"], ["bench", "--seq", "16"]):
+        assert _exit([*argv, "--plot", str(tmp_path / "p.png")]) == 2
+        out, err = capsys.readouterr()
+        assert not out and "pip install 'attnzoo[plot]'" in err and err.count("\n") == 1, (argv, out, err)
+    assert not list(tmp_path.iterdir())
