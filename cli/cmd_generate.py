@@ -256,7 +256,11 @@ def add_commands(sub) -> None:
         "is exported whole once (cached in ATTNZOO_CACHE, default ~/.cache/attnzoo); a .onnx is a whole-model "
         "export (attnzoo export --checkpoint DIR --whole). With a tokenizer.json beside it, --prompt takes text.",
     )
-    sp.add_argument("source", metavar="FOLDER|MODEL.onnx")
+    sp.add_argument(
+        "source",
+        metavar="FOLDER|MODEL.onnx",
+        help="a transformers checkpoint folder (config.json + *.safetensors) or a whole-model export",
+    )
     sp.add_argument("--prompt", help="the prompt as text (needs tokenizer.json)")
     sp.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids")
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")

@@ -275,9 +275,10 @@ def add_commands(sub) -> None:
     )
     sp = sub.add_parser(
         "export",
-        help="export a zoo entry to ONNX (dynamic b, t, s axes)",
+        help="export a zoo entry, a checkpoint's layer or its whole model to ONNX",
         description="Export a registered block (NAME), one layer of a transformers checkpoint with its weights "
-        "(--checkpoint DIR --layer N) or of a config with random weights (--config config.json --layer N).",
+        "(--checkpoint DIR --layer N) or of a config with random weights (--config config.json --layer N), "
+        "or a checkpoint's whole model as one graph with a static cache (--checkpoint DIR --whole).",
     )
     sp.add_argument("name", nargs="?", help="a registered name (or give --config / --checkpoint)")
     with_source(sp)

@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="attnzoo",
         description="A zoo of multi-head attention variants: inspect, audit, export to ONNX, "
-        "run under ONNX Runtime, check parity, benchmark.",
+        "run under ONNX Runtime, check parity, benchmark; whole decoder models from transformers checkpoints, "
+        "exported and generated from (attnzoo generate FOLDER --prompt TEXT).",
     )
     p.add_argument("--version", action="version", version=f"attnzoo {zoo.__version__}")
     p.add_argument(
