@@ -125,10 +125,11 @@ def logit_attribution(model, inputs, target: int | Tensor, positions: Tensor | N
     ln = model.final_norm
     kind = getattr(ln, "kind", "layer")  # a zoo Norm says its kind; a torch LayerNorm is "layer"
     x = cache[last].float()
-    centre = kind == "layer"
+    centre = kind in ("layer", "layer_plain")  # LayerNorms centre; RMSNorms do not
     spread = x.var(-1, unbiased=False, keepdim=True) if centre else x.pow(2).mean(-1, keepdim=True)
     sigma = (spread + ln.eps).sqrt()  # (b t 1), frozen at the actual stream
-    gamma = 1.0 + ln.weight.float() if kind == "rms_plus1" else ln.weight.float()
+    weight = torch.ones(x.shape[-1]) if ln.weight is None else ln.weight.float()  # OLMo's norm has none
+    gamma = 1.0 + weight if kind == "rms_plus1" else weight
     w_u = model.unembed.weight[target].float() * gamma * getattr(model, "logit_scale", 1.0)  # (b t c)
     out = _grid(model)
     for layer in range(model.layers):

@@ -40,15 +40,16 @@ def lm_row(data: dict, error: type[HFConversionError] = HFConversionError) -> tu
 
 
 def _fields(kind: str, row: LMRow, cfg: ConfigView, error: type[HFConversionError]) -> dict:
-    why = row.refuse(cfg)
-    if why:
-        raise error(f"{kind} config: {why}; this model is refused whole (its attention blocks still read)")
-    try:
-        return row.fields(cfg)
+    try:  # a refusal reads the config as the fields do: a key missing there is the same one line
+        why = row.refuse(cfg)
+        fields = None if why else row.fields(cfg)
     except AttnzooError as e:
         raise error(f"{kind} config: {e}") from None
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise error(f"{kind} config: cannot read the whole model ({e}); is it a {kind} config?") from None
+    if why:
+        raise error(f"{kind} config: {why}; this model is refused whole (its attention blocks still read)")
+    return fields
 
 
 class _StateDict:

@@ -66,11 +66,12 @@ def _tied(cfg: ConfigView, default: bool) -> bool:
     return bool(cfg.get("tie_word_embeddings", default))
 
 
-def _llama(cfg: ConfigView, *, tied: bool = False, **extra) -> dict:
+def _llama(cfg: ConfigView, *, tied: bool = False, eps: float = 1e-6, **extra) -> dict:
+    """LLaMA's parts; `tied` and `eps`: the config class's defaults where config.json leaves them out."""
     out = dict(
         d_ff=cfg.intermediate_size,
         norm="rms",
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        norm_eps=float(cfg.get("rms_norm_eps", eps)),
         mlp="gated",
         act=act(cfg.get("hidden_act", "silu")),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
@@ -156,8 +157,10 @@ def _neox_residual(cfg: ConfigView) -> str:
 
 def _num_experts(cfg: ConfigView) -> int:
     """num_experts, or num_local_experts as transformers 5 saves Qwen3-MoE's (its attribute_map)."""
-    n = cfg.get("num_experts")
-    return int(cfg.num_local_experts if n is None else n)
+    n = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise HFConversionError(f"num_experts={n!r}: give the number of experts (an int)")
+    return n
 
 
 def _sparse_refuse(cfg: ConfigView) -> str | None:
@@ -183,8 +186,10 @@ LM_FAMILIES: dict[str, LMRow] = {
     "mistral": LMRow(_llama, "as LLaMA (sliding windows in the attention)"),
     "qwen2": LMRow(_llama, "as LLaMA (windows from max_window_layers)"),
     "qwen3": LMRow(_llama, "as LLaMA (QK-norm in the attention)"),
-    "smollm3": LMRow(_llama, "as LLaMA (layers without rotary from no_rope_layers in the attention)"),
-    "helium": LMRow(_llama, "as LLaMA (interleaved rotary in the attention)"),
+    "smollm3": LMRow(
+        lambda cfg: _llama(cfg, tied=True), "as LLaMA (layers without rotary from no_rope_layers in the attention)"
+    ),
+    "helium": LMRow(lambda cfg: _llama(cfg, eps=1e-8), "as LLaMA (interleaved rotary in the attention)"),
     "gemma": LMRow(
         lambda cfg: _gemma(cfg, act_key="hidden_act", residual="sequential"),
         "RMSNorm (1 + w), gated MLP (GELU tanh), embeddings * sqrt(d), pre-norm, tied",
@@ -199,7 +204,11 @@ LM_FAMILIES: dict[str, LMRow] = {
         "as Gemma, sandwich norms",
         norms=SANDWICH,
     ),
-    "phi3": LMRow(_llama, "as LLaMA, fused gate_up", mlp=(("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj"))),
+    "phi3": LMRow(
+        lambda cfg: _llama(cfg, eps=1e-5),
+        "as LLaMA, fused gate_up",
+        mlp=(("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj")),
+    ),
     "phi": LMRow(
         lambda cfg: _layer_norm(
             cfg,
@@ -361,7 +370,7 @@ LM_FAMILIES: dict[str, LMRow] = {
         "LayerNorm without weight or bias (eps 1e-5), gated MLP (SiLU), pre-norm (clip_qkv in the attention)",
     ),
     "olmo2": LMRow(
-        lambda cfg: _llama(cfg, residual="post_norms"),
+        lambda cfg: _llama(cfg, eps=1e-5, residual="post_norms"),
         "RMSNorm after attention and MLP (no pre-norms), gated MLP (SiLU)",
         norms=(("attn_post", "post_attention_layernorm"), ("mlp_post", "post_feedforward_layernorm")),
     ),
@@ -378,7 +387,9 @@ LM_FAMILIES: dict[str, LMRow] = {
         mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
     ),
     "mixtral": LMRow(
-        lambda cfg: _llama(cfg, experts=int(cfg.num_local_experts), experts_per_token=int(cfg.num_experts_per_tok)),
+        lambda cfg: _llama(
+            cfg, eps=1e-5, experts=int(cfg.num_local_experts), experts_per_token=int(cfg.num_experts_per_tok)
+        ),
         "as LLaMA, a sparse mixture of gated experts (top k, renormalized) in place of the MLP",
         mlp=(("experts", "block_sparse_moe"),),
         expert_names=("w1", "w3", "w2"),
@@ -412,6 +423,7 @@ LM_FAMILIES: dict[str, LMRow] = {
     "olmoe": LMRow(
         lambda cfg: _llama(
             cfg,
+            eps=1e-5,
             experts=_num_experts(cfg),
             experts_per_token=int(cfg.num_experts_per_tok),
             expert_renorm=bool(cfg.get("norm_topk_prob", False)),

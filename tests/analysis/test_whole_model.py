@@ -121,3 +121,27 @@ def test_text_needs_the_tokenizer(tmp_path, capsys):
         shutil.copy(FOLDER / name, folder / name)
     assert "tokenizer.json" in one_line_error(capsys, ["heads", "--checkpoint", str(folder), "--text", "abc"])
     assert main(["heads", "--checkpoint", str(folder), "--tokens", "100 101 100 101"]) == 0
+
+
+def test_direct_logit_attribution_adds_up_through_a_weightless_layernorm():
+    """OLMo's final norm is a LayerNorm without weight or bias ("layer_plain"): the attribution centres each
+    head's result, as the stream is centred, and reads no weight."""
+    import lm_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.py)
+
+    from peers.lm import lm_from_hf
+
+    model = analysis.WholeModel(lm_from_hf(lm_cases.hf_model("olmo")).eval())
+    assert model.final_norm.kind == "layer_plain" and model.final_norm.weight is None
+    ids = lm_cases.prompt(batch=1, t=8)
+    last, pos = f"L{model.layers - 1}.resid_post", 5
+    where = torch.zeros_like(ids, dtype=torch.bool)
+    where[0, pos] = True
+    target = int(ids[0, pos + 1])
+    per_head = patching.logit_attribution(model, ids, target, where)
+    logits, cache = model.run_with_cache(ids, names=[f"L{i}.result" for i in range(model.layers)] + [last])
+    x = cache[last][0, pos]
+    heads = sum(cache[f"L{i}.result"][0, pos].sum(0) for i in range(model.layers))
+    sigma = (x.var(unbiased=False) + model.final_norm.eps).sqrt()
+    rest = x - heads
+    rest = ((rest - rest.mean()) / sigma * model.unembed.weight[target]).sum()
+    torch.testing.assert_close(per_head.sum() + rest, logits[0, pos, target], atol=1e-4, rtol=1e-4)

@@ -191,3 +191,26 @@ def test_named_patterns_equal_transformers_output_attentions(kind):
         zeroed = lm.run_with_hooks(ids, hooks={"L0.resid_post": lambda h, name: torch.zeros_like(h)})
         alone = lm.run_with_hooks(ids, hooks={"L0.z": lambda z, name: z})  # a hook that returns it unchanged
     assert not torch.allclose(zeroed, logits) and torch.equal(alone, lm(ids))
+
+
+DEFAULTABLE = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "tie_word_embeddings")
+
+
+@pytest.mark.parametrize("kind", sorted(LM_FAMILIES))
+def test_a_key_left_out_of_config_json_reads_as_the_config_class_default(kind):
+    """A config.json without a norm's eps or tie_word_embeddings builds what transformers builds from it:
+    the config class's own default (Helium's eps is 1e-8, SmolLM3 ties its head), not LLaMA's."""
+    from peers.config import normalized
+    from peers.model_types import FAMILIES, ConfigView
+
+    config = lm_cases.hf_config(kind)
+    data = config.to_dict()
+    default = type(config)()
+    for key in DEFAULTABLE:
+        if key not in data:
+            continue
+        left_out = {k: v for k, v in data.items() if k != key}
+        filled = {**data, key: getattr(default, key)}
+        row = LM_FAMILIES[kind]
+        read = [row.fields(ConfigView(normalized(kind, d), FAMILIES[kind].aliases)) for d in (left_out, filled)]
+        assert read[0] == read[1], key
