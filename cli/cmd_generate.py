@@ -20,7 +20,7 @@ import zoo
 from export.names import PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
-from .common import CliError, positive
+from .common import CliError, number_in, positive
 
 
 def _checkpoint_folder(folder: str) -> Path:
@@ -139,10 +139,19 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     return ids
 
 
+def _check_vocab(args, ids: list[int], vocab: int) -> None:
+    """The prompt's ids and --eos-token-id inside the model's vocabulary (a folder: before its export)."""
+    past = [i for i in ids if i >= vocab]
+    if past:
+        raise CliError(f"token id {past[0]} is past the vocabulary ({vocab} tokens: ids 0..{vocab - 1})")
+    if args.eos_token_id is not None and args.eos_token_id >= vocab:
+        raise CliError(f"--eos-token-id {args.eos_token_id} is past the vocabulary ({vocab} tokens): no token can end")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from export.generation import generate
+    from export.generation import generate, lm_vocab
     from export.session import OnnxSession
 
     if args.json:
@@ -158,13 +167,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
         tok = _tokenizer(source)
         ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
-        needed = len(ids) + args.max_new_tokens - 1
+        needed = len(ids) + args.max_new_tokens - 1  # export.generation.generate's: the last token is not fed
         if args.max_len is not None and needed > args.max_len:
             raise CliError(
                 f"--max-len {args.max_len}: a prompt of {len(ids)} tokens and {args.max_new_tokens} new ones need "
                 f"{needed} cache positions; pass --max-len {needed} or more"
             )
-        model_path = exported(args.source, args.precision, args.max_len)
+        model_path = exported(
+            args.source, args.precision, args.max_len, lambda model: _check_vocab(args, ids, model.spec.vocab)
+        )
     elif source.is_file():
         if args.precision != "fp32" or args.max_len is not None:
             raise CliError("--precision and --max-len are the export's: with a .onnx file, re-export it instead")
@@ -174,8 +185,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
     sess = OnnxSession(model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu")
-    if sess.metadata.get("attnzoo.kind") != "lm":
+    if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
+    _check_vocab(args, ids, lm_vocab(sess))
     timings: dict = {}
     started = time.perf_counter()
     tokens = generate(
@@ -204,7 +216,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "source": args.source,
             "model": str(model_path),
             "precision": sess.metadata.get("attnzoo.precision", "fp32"),
-            "precision_method": sess.precision,
+            "precision_method": sess.precision if "attnzoo.precision.method" in sess.metadata else None,
             "provider": sess.provider,
         }
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
@@ -282,7 +294,7 @@ def add_commands(sub) -> None:
     )
     sp.add_argument(
         "--eos-token-id",
-        type=int,
+        type=number_in(int, 0),
         default=None,
         metavar="ID",
         help="stop when this token is made (default: generate all --max-new-tokens)",

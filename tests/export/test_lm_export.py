@@ -397,6 +397,9 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
         (["generate", str(folder), "--prompt", "hi", "--prompt-ids", "1"], "not both"),
         (["generate", str(folder), "--prompt-ids", "1,2", "--max-len", "2"], "pass --max-len 33 or more"),
         (["run", str(path)], "is a whole model; run it with `attnzoo generate"),
+        (["generate", str(folder), "--prompt-ids", f"1,{lm_cases.VOCAB}"], "past the vocabulary"),
+        (["generate", str(folder), "--prompt-ids", "1", "--eos-token-id", str(lm_cases.VOCAB)], "no token can end"),
+        (["generate", str(path), "--prompt-ids", "1", "--eos-token-id", "-1"], "--eos-token-id"),
         (["export", "--checkpoint", str(unknown), "--whole", "-o", str(tmp_path / "w.onnx")], "no-such-family"),
         (["export", "llama-3-8b", "--whole", "-o", str(tmp_path / "w.onnx")], "--checkpoint"),
     ):
