@@ -15,7 +15,9 @@ class _Terminal(io.StringIO):
 def _lines(stream, monkeypatch) -> list[str]:
     monkeypatch.setattr("sys.stderr", stream)
     with progress.bar(500, "work") as bar:
-        for _ in range(500):
+        for i in range(500):
+            bar.set_postfix_str(f"item {i}")  # as the commands do, every step
+            bar.set_description("work")
             bar.update()
     return [frame for frame in stream.getvalue().replace("\r", "\n").splitlines() if frame.strip()]
 
