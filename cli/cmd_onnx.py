@@ -78,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = sess.spec
-    if sess.metadata.get("attnzoo.kind") == "lm":
+    if sess.is_lm:
         raise CliError(f"{args.path} is a whole model; run it with `attnzoo generate {args.path} --prompt-ids 1,2,3`")
     if spec is None:
         raise CliError(

@@ -114,7 +114,7 @@ def _width(path: Path) -> int | str | None:
     from export.session import OnnxSession
 
     sess = OnnxSession(path, provider="cpu", verbose=False)
-    if sess.metadata.get("attnzoo.kind") == "lm":
+    if sess.is_lm:
         return None
     return sess.spec.d_model if sess.spec else "C"
 

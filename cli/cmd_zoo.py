@@ -15,11 +15,16 @@ from .common import CliError, number_in, positive, seed, source_of, with_set, wi
 parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/attention_spec.py)
 
 
+def _is_pattern(text: str) -> bool:
+    """An fnmatch pattern (zoo.names' wildcards) rather than a name or a word."""
+    return any(c in text for c in "*?[")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    pattern = args.pattern
-    if not any(c in pattern for c in "*?[") and pattern not in zoo.names():
-        pattern = f"*{pattern}*"  # a plain word: the names that hold it
-    names = zoo.names(pattern)
+    if _is_pattern(args.pattern):
+        names = zoo.names(args.pattern)
+    else:  # a plain word: the names that hold it, in any case
+        names = [n for n in zoo.names() if args.pattern.lower() in n.lower()]
     if not names:
         raise CliError(f"no attention block matches {args.pattern!r}; `attnzoo list` shows them all")
     width = max(len(n) for n in names)
@@ -89,7 +94,7 @@ def _description(name: str, spec: zoo.AttentionSpec) -> str:
 def cmd_audit(args: argparse.Namespace) -> int:
     from zoo.audit import format_audit, run_audit
 
-    names = zoo.names(args.name) if any(c in args.name for c in "*?[") else [args.name]
+    names = zoo.names(args.name) if _is_pattern(args.name) else [args.name]
     if not names:
         raise CliError(f"no attention block matches {args.name!r}")
     failed = 0
@@ -133,7 +138,7 @@ def add_commands(sub) -> None:
         "pattern",
         nargs="?",
         default="*",
-        help="a word the names hold (llama) or an fnmatch pattern ('mha-*'); default all",
+        help="a word the names hold, in any case (llama), or an fnmatch pattern ('mha-*'); default all",
     )
     sp.set_defaults(func=cmd_list)
 

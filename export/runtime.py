@@ -69,7 +69,7 @@ class RuntimeSession:
         if spin is not None and not isinstance(spin, bool):
             raise zoo.ArgumentError(f"spin={spin!r} must be True, False or None")
         if spin is None:
-            spin = self.metadata.get("attnzoo.kind") == "lm"
+            spin = self.is_lm
         self.spinning = spin
         opts = session_options(threads, profile=profile, spin=spin)
         try:
@@ -147,6 +147,11 @@ class RuntimeSession:
         from .lowerings import RECORDS  # on first use: the records load onnx, which a plain run never needs
 
         return RECORDS.get(self.metadata.get("attnzoo.lowering", ""))
+
+    @property
+    def is_lm(self) -> bool:
+        """True for a whole decoder model (export_onnx of a zoo.DecoderLM): generated from, not run as a block."""
+        return self.metadata.get("attnzoo.kind") == "lm"
 
     @property
     def is_decode(self) -> bool:

@@ -20,9 +20,10 @@ from .tracing import DTYPES
 # Ops ONNX Runtime registers in the default ONNX domain though ONNX itself has no such op.
 ORT_DEFAULT_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay clear of it
-# torch's exporter records on every node the Python stack that traced it: the exporting machine's file
-# paths. Dropped on save, so that a file says nothing of where it was made and one export is the same
-# bytes on every machine. (The node's module path and FX node, which name no file, stay.)
+# torch's exporter records on every node the Python stack that traced it: the exporting checkout's file
+# paths. Dropped on save, so that a file names no file of the code that wrote it and one export of a zoo
+# name is the same bytes from any checkout. (The node's module path and FX node, which name no file,
+# stay; a checkpoint's export keeps the folder it was given as its name.)
 MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 

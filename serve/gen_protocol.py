@@ -78,7 +78,7 @@ class GenItem:
 
 def is_lm(sess) -> bool:
     """Whether `sess` runs a whole-model export (served on /generate) rather than a block."""
-    return sess.metadata.get("attnzoo.kind") == "lm"
+    return sess.is_lm
 
 
 def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> GenItem:

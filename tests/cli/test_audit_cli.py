@@ -66,8 +66,10 @@ def test_cli_errors_are_one_line(capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["list", "zzz*"]) == 2
     assert "no attention block matches 'zzz*'" in capsys.readouterr().err
-    assert main(["list", "llama"]) == 0  # a plain word: the names that hold it
+    assert main(["list", "LLaMA"]) == 0  # a plain word: the names that hold it, in any case
     assert {"llama-3-8b", "llama-3.1-8b"} <= set(capsys.readouterr().out.split())
+    assert main(["list", "gqa"]) == 0  # a registered name is a word too
+    assert {"gqa", "gqa-combined"} <= set(capsys.readouterr().out.split())
     with pytest.raises(SystemExit):
         main(["show", "bert-base", "--seq", "0"])
 
