@@ -181,6 +181,35 @@ def _granite(cfg: ConfigView) -> dict:
     )
 
 
+def _gpt2(cfg: ConfigView, *, d_ff: int | None, positions: int, act_default: str) -> dict:
+    """GPT-2's parts (GPT-Neo's and GPT-BigCode's too): LayerNorm, a plain MLP of d_ff (default 4 x hidden),
+    learned positions, a tied head."""
+    return _layer_norm(
+        cfg,
+        "layer_norm_epsilon",
+        d_ff=d_ff or 4 * cfg.hidden_size,
+        act=act(cfg.get("activation_function", act_default)),
+        mlp_bias=True,
+        max_positions=positions,
+        tied=_tied(cfg, True),
+    )
+
+
+def _gpt2_layout(fields: Callable[[ConfigView], dict], covers: str, **row) -> LMRow:
+    """A row with GPT-2's tensor names: wte, wpe, h.N.ln_1 / ln_2, mlp.c_fc / c_proj, ln_f."""
+    return LMRow(
+        fields,
+        covers,
+        embed="wte",
+        positions="wpe",
+        layer="h.{layer}",
+        norms=(("attn_norm", "ln_1"), ("mlp_norm", "ln_2")),
+        mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+        final_norm="ln_f",
+        **row,
+    )
+
+
 LM_FAMILIES: dict[str, LMRow] = {
     "llama": LMRow(_llama, "RMSNorm, gated MLP (SiLU), pre-norm; tied or untied head"),
     "mistral": LMRow(_llama, "as LLaMA (sliding windows in the attention)"),
@@ -225,60 +254,20 @@ LM_FAMILIES: dict[str, LMRow] = {
         mlp=(("up", "mlp.fc1"), ("down", "mlp.fc2")),
         final_norm="final_layernorm",
     ),
-    "gpt2": LMRow(
-        lambda cfg: _layer_norm(
-            cfg,
-            "layer_norm_epsilon",
-            d_ff=cfg.get("n_inner") or 4 * cfg.hidden_size,
-            act=act(cfg.get("activation_function", "gelu_new")),
-            mlp_bias=True,
-            max_positions=cfg.n_positions,
-            tied=_tied(cfg, True),
-        ),
+    "gpt2": _gpt2_layout(
+        lambda cfg: _gpt2(cfg, d_ff=cfg.get("n_inner"), positions=cfg.n_positions, act_default="gelu_new"),
         "learned positions, LayerNorm, MLP (GELU) of Conv1D weights, pre-norm, tied",
-        embed="wte",
-        positions="wpe",
-        layer="h.{layer}",
-        norms=(("attn_norm", "ln_1"), ("mlp_norm", "ln_2")),
-        mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
         conv1d=True,
-        final_norm="ln_f",
     ),
-    "gpt_neo": LMRow(
-        lambda cfg: _layer_norm(
-            cfg,
-            "layer_norm_epsilon",
-            d_ff=cfg.get("intermediate_size") or 4 * cfg.hidden_size,
-            act=act(cfg.get("activation_function", "gelu_new")),
-            mlp_bias=True,
-            max_positions=cfg.max_position_embeddings,
-            tied=_tied(cfg, True),
+    "gpt_neo": _gpt2_layout(
+        lambda cfg: _gpt2(
+            cfg, d_ff=cfg.get("intermediate_size"), positions=cfg.max_position_embeddings, act_default="gelu_new"
         ),
         "learned positions, LayerNorm, MLP (GELU), pre-norm, tied (global and local layers in the attention)",
-        embed="wte",
-        positions="wpe",
-        layer="h.{layer}",
-        norms=(("attn_norm", "ln_1"), ("mlp_norm", "ln_2")),
-        mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
-        final_norm="ln_f",
     ),
-    "gpt_bigcode": LMRow(
-        lambda cfg: _layer_norm(
-            cfg,
-            "layer_norm_epsilon",
-            d_ff=cfg.get("n_inner") or 4 * cfg.hidden_size,
-            act=act(cfg.get("activation_function", "gelu_pytorch_tanh")),
-            mlp_bias=True,
-            max_positions=cfg.n_positions,
-            tied=_tied(cfg, True),
-        ),
+    "gpt_bigcode": _gpt2_layout(
+        lambda cfg: _gpt2(cfg, d_ff=cfg.get("n_inner"), positions=cfg.n_positions, act_default="gelu_pytorch_tanh"),
         "learned positions, LayerNorm, MLP (GELU tanh), pre-norm, tied (multi-query attention)",
-        embed="wte",
-        positions="wpe",
-        layer="h.{layer}",
-        norms=(("attn_norm", "ln_1"), ("mlp_norm", "ln_2")),
-        mlp=(("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
-        final_norm="ln_f",
         refuse=_cross_refuse,
     ),
     "gpt_neox": LMRow(
