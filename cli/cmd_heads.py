@@ -340,7 +340,13 @@ def add_commands(sub) -> None:
         sp.add_argument("--seed", type=seed, default=EVAL_SEED, help="seed of the held-out data, 0..2**63-1")
         sp.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
-    sp = sub.add_parser("heads", help="head scores (previous-token, induction, ...) and a picture of the maps")
+    sp = sub.add_parser(
+        "heads",
+        help="head scores (previous-token, induction, ...) and a picture of the maps",
+        description="Score every head of a shipped tiny model or a checkpoint's whole model (--checkpoint DIR) on "
+        "text or tokens: previous-token, duplicate-token, induction and first-token scores (tiny-dates: field "
+        "scores and roles); --plot draws the maps.",
+    )
     common(sp, 16, checkpoint=True)
     src = sp.add_mutually_exclusive_group()
     src.add_argument(
@@ -353,7 +359,12 @@ def add_commands(sub) -> None:
     sp.add_argument("--n", type=examples, default=300, help="tiny-dates: held-out dates the roles are measured on")
     sp.set_defaults(func=cmd_heads)
 
-    sp = sub.add_parser("importance", help="head importance |dL/d head_mask| and a pruning sweep by importance")
+    sp = sub.add_parser(
+        "importance",
+        help="head importance |dL/d head_mask| and a pruning sweep by importance",
+        description="Each head's importance as |dL/d head_mask| on held-out data (Michel et al.), then the loss as "
+        "heads are zeroed in that order; --plot draws the sweep.",
+    )
     common(sp, 64)
     sp.add_argument("--batches", type=batches, default=4, help=f"held-out batches, 1..{MAX_BATCHES} (default 4)")
     sp.add_argument("--plot", metavar="PNG", help="draw the pruning curve")

@@ -133,7 +133,12 @@ def add_commands(sub) -> None:
     """Register list, show, audit and families on the `attnzoo` subparsers."""
     add_families(sub)
     add_preset(sub)
-    sp = sub.add_parser("list", help="list registered attention blocks")
+    sp = sub.add_parser(
+        "list",
+        help="list registered attention blocks",
+        description="The registered blocks (presets in models/ and your own, ATTNZOO_PRESETS), each with its exact "
+        "parameter count and a one-line spec.",
+    )
     sp.add_argument(
         "pattern",
         nargs="?",
@@ -156,7 +161,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--dtype", choices=DTYPES, default="float32", help="for the byte counts")
     sp.set_defaults(func=cmd_show)
 
-    sp = sub.add_parser("audit", help="the seeds' audit order as checks on a random input (exit 1 on FAIL)")
+    sp = sub.add_parser(
+        "audit",
+        help="the seeds' audit order as checks on a random input (exit 1 on FAIL)",
+        description="Run the seeds' audit order on a block: dimensions and bias convention, projection widths, "
+        "the head split and merge, scores, mask and softmax per head, separate vs combined, head removal and "
+        "permutation, the fused path against the explicit one; each a PASS/FAIL line.",
+    )
     sp.add_argument("name", help="a name, or a pattern such as '*' to audit several")
     with_set(sp)
     sp.add_argument("--batch", "-b", type=positive, default=2)
@@ -248,7 +259,12 @@ def add_preset(sub) -> None:
 
 
 def add_families(sub) -> None:
-    sp = sub.add_parser("families", help="the transformers attention classes from_hf takes, exact or refused")
+    sp = sub.add_parser(
+        "families",
+        help="the transformers attention classes from_hf takes, exact or refused",
+        description="The transformers attention classes the zoo reads (from_hf, from_checkpoint): each exact, "
+        "with its measured error, or refused with the reason; then the model types read as whole models.",
+    )
     sp.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     sp.add_argument(
         "--coverage",

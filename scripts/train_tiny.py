@@ -12,11 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tqdm import tqdm  # noqa: E402
 
 from analysis import store  # noqa: E402
 from analysis.tasks import TASKS, get_task  # noqa: E402
 from analysis.training import TRAIN_SEED, train  # noqa: E402
+from zoo.progress import bar as progress_bar  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     task = get_task(args.name)
     steps = task.steps if args.steps is None else args.steps
-    bar = tqdm(total=steps, desc=f"train {args.name}", unit="step", file=sys.stderr)
+    bar = progress_bar(steps, f"train {args.name}", unit="step")
 
     def progress(step: int, loss: float) -> None:
         bar.update()
