@@ -76,6 +76,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "capacity": args.capacity,
     }
     check_options(**options)  # before an export, which may take a while
+    if args.provider == "cuda" and args.address is None:  # served here: CUDA must work here (as start checks)
+        from export.session import cuda_status
+
+        ok, why = cuda_status()
+        if not ok:
+            raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
         path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)

@@ -202,12 +202,16 @@ def _longrope_folder(folder: Path) -> Path:
         ("longrope", ["--batching", "continuous"], "longrope layers"),
         ("llama", ["--route-prefix", "api"], "route_prefix='api' must start with '/'"),
         ("llama", ["--batch-wait-ms", "20000"], "batch_wait_ms=20000.0 must be between 0 and 10000"),
+        ("llama", ["--provider", "cuda"], "--provider cuda: "),
     ],
 )
 def test_cli_serve_refuses_a_folder_before_exporting_it(kind, flags, words, tmp_path, capsys, monkeypatch):
     """What serving would refuse is refused before a checkpoint folder's export (minutes for a big model)."""
     from cli.main import main
+    from export.session import cuda_status
 
+    if "cuda" in flags and cuda_status()[0]:
+        pytest.skip("CUDA works here: --provider cuda is served, not refused")
     folder = _longrope_folder(tmp_path) if kind == "longrope" else lm_cases.saved(kind, tmp_path)
     monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
     capsys.readouterr()  # transformers' progress bars while saving the folder
