@@ -14,6 +14,7 @@ from zoo import files
 
 from .errors import AnalysisError
 
+NEEDS_MATPLOTLIB = "pictures need matplotlib: pip install 'attnzoo[plot]' (or drop --plot)"
 MAX_LABELS = 64  # beyond this many tokens, label every k-th one so the text stays readable
 
 
@@ -21,7 +22,7 @@ def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise AnalysisError("pictures need matplotlib: pip install 'attnzoo[plot]' (or drop --plot)") from None
+        raise AnalysisError(NEEDS_MATPLOTLIB) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -162,7 +163,7 @@ def picture_format(path: str | os.PathLike) -> str:
         raise AnalysisError(f"the folder {path.parent} does not exist; create it first")
     files.ensure_writable_parent(path)
     if importlib.util.find_spec("matplotlib") is None:  # before the work, not after it
-        raise AnalysisError("pictures need matplotlib: pip install 'attnzoo[plot]' (or drop --plot)")
+        raise AnalysisError(NEEDS_MATPLOTLIB)
     return fmt
 
 

@@ -20,7 +20,7 @@ import zoo
 from export.names import PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
-from .common import CliError, number_in, positive
+from .common import CliError, number_in, positive, refuse_broken_cuda
 
 
 def _checkpoint_folder(folder: str) -> Path:
@@ -151,23 +151,18 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from export.generation import generate, lm_vocab
+    from export.generation import generate, lm_vocab, positions_needed
     from export.session import OnnxSession
 
     if args.json:
         ensure_writable_parent(Path(args.json))
-    if args.provider == "cuda":  # before an export: a machine without CUDA learns it at once
-        from export.providers import cuda_status
-
-        ok, why = cuda_status()
-        if not ok:
-            raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
+    refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
         tok = _tokenizer(source)
         ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
-        needed = len(ids) + args.max_new_tokens - 1  # export.generation.generate's: the last token is not fed
+        needed = positions_needed(len(ids), args.max_new_tokens)
         if args.max_len is not None and needed > args.max_len:
             raise CliError(
                 f"--max-len {args.max_len}: a prompt of {len(ids)} tokens and {args.max_new_tokens} new ones need "

@@ -15,7 +15,7 @@ import zoo
 from export.names import DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, int_list, number_in, positive, with_set
+from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set
 
 
 def _need(module: str, what: str) -> None:
@@ -76,12 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "capacity": args.capacity,
     }
     check_options(**options)  # before an export, which may take a while
-    if args.provider == "cuda" and args.address is None:  # served here: CUDA must work here (as start checks)
-        from export.session import cuda_status
-
-        ok, why = cuda_status()
-        if not ok:
-            raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
+    if args.address is None:  # served here: CUDA must work here (as start checks)
+        refuse_broken_cuda(args.provider)
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
         path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)

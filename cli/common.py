@@ -17,6 +17,16 @@ class CliError(zoo.AttnzooError, ValueError):
     """A user mistake on the command line: printed as one line, exit status 2."""
 
 
+def refuse_broken_cuda(provider: str) -> None:
+    """--provider cuda where CUDA does not work here: one line, before any export or start."""
+    if provider == "cuda":
+        from export.providers import cuda_status
+
+        ok, why = cuda_status()
+        if not ok:
+            raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
+
+
 def number_in(kind: type, low: float, *, low_open: bool = False, below: float | None = None):
     """An argparse type: a finite `kind` (int or float) v with low <= v (low < v with low_open)
     and v < below; each refusal is one line naming the value and the range."""

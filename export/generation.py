@@ -70,6 +70,12 @@ def lm_vocab(sess: RuntimeSession) -> int:
     return int(raw)
 
 
+def positions_needed(prompt: int, max_new_tokens: int) -> int:
+    """Cache positions a generation of `max_new_tokens` after a prompt of `prompt` tokens writes: the last
+    new token is not fed back."""
+    return prompt + max_new_tokens - 1
+
+
 def lm_max_len(sess: RuntimeSession) -> int | None:
     raw = sess.metadata.get("attnzoo.max_len")
     return int(raw) if raw and raw.isascii() and raw.isdigit() else None
@@ -80,7 +86,13 @@ def one_call_prompt_len(sess: RuntimeSession) -> int | None:
     by the call's largest position, so a prompt past its rope_original_max rotates every key with the long
     set in one call (as eager and transformers do) but its first chunks with the short set."""
     specs = json.loads(sess.metadata.get("attnzoo.layer_specs", "[]"))
-    limits = [rope_switch_at(s.get("rope_scaling"), s.get("rope_original_max")) for s in specs]
+    return longrope_switch((s.get("rope_scaling"), s.get("rope_original_max")) for s in specs)
+
+
+def longrope_switch(layers) -> int | None:
+    """The first prompt length at which a layer's longrope switches frequency sets, over (rope_scaling,
+    rope_original_max) pairs, one per layer; None when no layer switches."""
+    limits = [rope_switch_at(kind, original_max) for kind, original_max in layers]
     return min((n for n in limits if n is not None), default=None)
 
 
@@ -122,7 +134,7 @@ def generate(
         if v is not None:
             _check_count(name, v, 0)
     b, t = ids.shape
-    need = t + max_new_tokens - 1  # the last new token is not fed back
+    need = positions_needed(t, max_new_tokens)
     cap = lm_max_len(sess)
     if cap is not None and need > cap:
         raise zoo.ArgumentError(
@@ -212,4 +224,14 @@ def generate(
     return from_numpy(out) if as_torch else out
 
 
-__all__ = ["PREFILL_CHUNK", "ROUND", "generate", "lm_max_len", "lm_vocab", "one_call_prompt_len", "prefill_chunk"]
+__all__ = [
+    "PREFILL_CHUNK",
+    "ROUND",
+    "generate",
+    "lm_max_len",
+    "lm_vocab",
+    "longrope_switch",
+    "one_call_prompt_len",
+    "positions_needed",
+    "prefill_chunk",
+]

@@ -163,6 +163,15 @@ def _num_experts(cfg: ConfigView) -> int:
     return n
 
 
+def _top_k_experts(cfg: ConfigView) -> dict:
+    """The mixture's LMSpec fields of Qwen2-MoE, Qwen3-MoE and OLMoE: experts, top k, renormalized or not."""
+    return dict(
+        experts=_num_experts(cfg),
+        experts_per_token=int(cfg.num_experts_per_tok),
+        expert_renorm=bool(cfg.get("norm_topk_prob", False)),
+    )
+
+
 def _sparse_refuse(cfg: ConfigView) -> str | None:
     """Qwen2-MoE, Qwen3-MoE: every layer must hold the mixture."""
     if not _num_experts(cfg):
@@ -387,36 +396,22 @@ LM_FAMILIES: dict[str, LMRow] = {
         lambda cfg: _llama(
             cfg,
             d_ff=int(cfg.moe_intermediate_size),
-            experts=int(cfg.num_experts),
-            experts_per_token=int(cfg.num_experts_per_tok),
-            expert_renorm=bool(cfg.get("norm_topk_prob", False)),
             shared_expert_d_ff=int(cfg.get("shared_expert_intermediate_size") or 0),
+            **_top_k_experts(cfg),
         ),
         "as Qwen2, a mixture of gated experts (top k) plus a sigmoid-gated shared expert",
         mlp=(("experts", "mlp"),),
         refuse=_sparse_refuse,
     ),
     "qwen3_moe": LMRow(
-        lambda cfg: _llama(
-            cfg,
-            d_ff=int(cfg.moe_intermediate_size),
-            experts=_num_experts(cfg),
-            experts_per_token=int(cfg.num_experts_per_tok),
-            expert_renorm=bool(cfg.get("norm_topk_prob", False)),
-        ),
+        lambda cfg: _llama(cfg, d_ff=int(cfg.moe_intermediate_size), **_top_k_experts(cfg)),
         "as Qwen3 (every layer windowed with use_sliding_window), a mixture of gated experts (top k, renormalized "
         "with norm_topk_prob) in place of the MLP",
         mlp=(("experts", "mlp"),),
         refuse=_sparse_refuse,
     ),
     "olmoe": LMRow(
-        lambda cfg: _llama(
-            cfg,
-            eps=1e-5,
-            experts=_num_experts(cfg),
-            experts_per_token=int(cfg.num_experts_per_tok),
-            expert_renorm=bool(cfg.get("norm_topk_prob", False)),
-        ),
+        lambda cfg: _llama(cfg, eps=1e-5, **_top_k_experts(cfg)),
         "as LLaMA (QK-norm over all heads in the attention), a mixture of gated experts (top k, renormalized "
         "with norm_topk_prob) in place of the MLP",
         mlp=(("experts", "mlp"),),

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from export.generation import one_call_prompt_len, prefill_chunk
+from export.generation import longrope_switch, one_call_prompt_len, prefill_chunk
 from export.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
-from zoo.spec_fields import rope_switch_at
 
 from .gen_batching import end_at_eos
 from .gen_protocol import GenItem
@@ -65,7 +64,7 @@ def check_continuous(sess, path=None) -> None:
 def check_continuous_layers(specs, name) -> None:
     """check_continuous's longrope rule on a model's layer specs (zoo.AttentionSpec), before its export:
     ServeError naming `name`."""
-    if any(rope_switch_at(s.rope_scaling, s.rope_original_max) is not None for s in specs):
+    if longrope_switch((s.rope_scaling, s.rope_original_max) for s in specs) is not None:
         raise ServeError(f"{name} {_LONGROPE}; serve it with --batching static")
 
 
