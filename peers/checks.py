@@ -6,6 +6,8 @@ configuration is refused (one line naming the field), or None.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from einops import rearrange
 from torch import Tensor, nn
@@ -86,12 +88,13 @@ def fixed_rope(m: nn.Module, head_dim: int) -> dict:
     return {"rope_theta": 10000.0, "rope_dim": None if rd is None or rd == head_dim else int(rd)}
 
 
-def flag(name: str, what: str, where: str = "config") -> Check:
-    """Refuse when the config (or module) value `name` is set (truthy)."""
+def flag(name: str, what: str, where: str = "config", is_set: Callable[[object], bool] = bool) -> Check:
+    """Refuse when the config (or module) value `name` is set: truthy, or as `is_set` says (e.g. "not None"
+    where the model acts on 0.0 too)."""
 
     def fn(m: nn.Module) -> str | None:
         got = getattr(m.config if where == "config" else m, name, None)
-        return f"{name}={got!r}: {what}" if got else None
+        return f"{name}={got!r}: {what}" if is_set(got) else None
 
     return Check(f"{name} set", fn)
 

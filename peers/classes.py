@@ -484,7 +484,14 @@ COPIES: tuple[Row, ...] = (
         family="OLMoE",
         cls="OlmoeAttention",
         qk_norm="full",
-        checks=(BIDIRECTIONAL, flag("clip_qkv", "OLMoE clamps Q, K, V after its QK-norm; the zoo clamps before")),
+        checks=(
+            BIDIRECTIONAL,
+            flag(
+                "clip_qkv",
+                "OLMoE clamps Q, K, V after its QK-norm; the zoo clamps before",
+                is_set=lambda v: v is not None,  # 0.0 clamps everything to 0
+            ),
+        ),
     ),
     _like(LLAMA, family="OLMo-3", cls="Olmo3Attention", qk_norm="full", window=SLIDING),
     _like(LLAMA, family="VaultGemma", cls="VaultGemmaAttention", softcap="attn_logit_softcapping", window=SLIDING),

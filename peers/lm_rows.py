@@ -267,6 +267,7 @@ LM_FAMILIES: dict[str, LMRow] = {
         lambda cfg: _gpt2(cfg, d_ff=cfg.get("n_inner"), positions=cfg.n_positions, act_default="gelu_new"),
         "learned positions, LayerNorm, MLP (GELU) of Conv1D weights, pre-norm, tied",
         conv1d=True,
+        refuse=_cross_refuse,
     ),
     "gpt_neo": _gpt2_layout(
         lambda cfg: _gpt2(

@@ -119,9 +119,17 @@ def _softcap(cfg: ConfigView, i: int, attrs: dict) -> dict:
     return dict(attrs, attn_logit_softcapping=cfg.get("attn_logit_softcapping"))
 
 
+def _use_rope(cfg: ConfigView, i: int) -> bool:
+    """Layer i's rotary from no_rope_layers (1 = rotary), or, where the config leaves it out, its config
+    class's default: a NoPE layer every no_rope_layer_interval layers (4), the last of each run of 4."""
+    every = cfg.get("no_rope_layer_interval", 4)
+    n = cfg.num_hidden_layers
+    return bool((cfg.get("no_rope_layers") or [int((j + 1) % every != 0) for j in range(n)])[i])
+
+
 def _smollm3(cfg: ConfigView, i: int, attrs: dict) -> dict:
     window = attrs["sliding_window"] if cfg.get("use_sliding_window", False) else None
-    return dict(attrs, use_rope=bool(cfg.no_rope_layers[i]), sliding_window=window)
+    return dict(attrs, use_rope=_use_rope(cfg, i), sliding_window=window)
 
 
 def _exaone4(cfg: ConfigView, i: int, attrs: dict) -> dict:
@@ -146,9 +154,7 @@ def _qwen3_next(cfg: ConfigView, i: int, attrs: dict) -> dict:
 def _llama4(cfg: ConfigView, i: int, attrs: dict) -> dict:
     """use_rope from no_rope_layers (1 = rotary; its config class's default: every 4th layer NoPE), and the
     weightless QK-norm (its eps) on rotary layers with use_qk_norm."""
-    every = cfg.get("no_rope_layer_interval", 4)
-    n = cfg.num_hidden_layers
-    use_rope = bool((cfg.get("no_rope_layers") or [int((j + 1) % every != 0) for j in range(n)])[i])
+    use_rope = _use_rope(cfg, i)
     norm = SimpleNamespace(eps=cfg.get("rms_norm_eps", 1e-5)) if use_rope and cfg.get("use_qk_norm", True) else None
     return dict(attrs, use_rope=use_rope, **({"qk_norm": norm} if norm is not None else {}))
 

@@ -121,13 +121,36 @@ def test_a_model_type_without_a_row_is_refused_in_one_line(tmp_path):
     assert "model_type='mpt'" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_configuration_a_row_refuses_is_one_line(tmp_path):
-    config = lm_cases.hf_config("opt").to_dict()
-    config["do_layer_norm_before"] = False
+@pytest.mark.parametrize(
+    ("kind", "key", "value", "said"),
+    [
+        ("opt", "do_layer_norm_before", False, "do_layer_norm_before=false"),
+        ("gpt2", "add_cross_attention", True, "add_cross_attention=true"),
+        ("gpt_bigcode", "add_cross_attention", True, "add_cross_attention=true"),
+        ("olmoe", "clip_qkv", 0.0, "clip_qkv=0.0"),  # transformers clamps at 0.0 too: set, not unset
+    ],
+)
+def test_a_configuration_a_row_refuses_is_one_line(lm_folder, tmp_path, kind, key, value, said):
+    """Refused in one line, whether the row refuses it from config.json or the attention's row once the
+    layers are built (OLMoE's clip_qkv): so each case has its checkpoint's weights."""
+    src = lm_cases.saved(kind, lm_folder)
+    config = json.loads((src / "config.json").read_text())
+    config[key] = value
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(zoo.HFConversionError, match="do_layer_norm_before=false") as e:
+    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    with pytest.raises(zoo.HFConversionError, match=said) as e:
         lm_from_checkpoint(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_smollm3_without_no_rope_layers_reads_its_config_class_default():
+    """SmolLM3Config fills a left-out no_rope_layers with a NoPE layer every no_rope_layer_interval (4)."""
+    import transformers
+
+    config = dict(model_type="smollm3", num_hidden_layers=8, hidden_size=64, num_attention_heads=4)
+    want = transformers.SmolLM3Config(num_hidden_layers=8).no_rope_layers
+    assert [zoo.spec_from_config(config, i).rope_theta is not None for i in range(8)] == [bool(x) for x in want]
+    assert not all(want)  # the default has NoPE layers to find
 
 
 def test_a_tensor_the_model_does_not_read_is_refused(lm_folder, tmp_path):
