@@ -252,7 +252,30 @@ def export_whole(args: argparse.Namespace) -> int:
         label=args.checkpoint,
     )
     print(result.summary())
+    said = _tokenizer_beside(Path(args.checkpoint), result.path, replace=args.force)
+    if said:
+        print(said)
     return 0
+
+
+def _tokenizer_beside(checkpoint: Path, onnx_path: Path, *, replace: bool) -> str | None:
+    """Copy the checkpoint's tokenizer.json beside a whole-model export, so that `attnzoo generate
+    MODEL.onnx --prompt TEXT` reads it there. A different tokenizer.json already there stays (another
+    model's, perhaps) unless `replace` (--force). Returns what was done, or None (no tokenizer.json)."""
+    import filecmp
+    import shutil
+
+    from zoo.files import is_special
+
+    src, dst = checkpoint / "tokenizer.json", onnx_path.parent / "tokenizer.json"
+    if not src.is_file() or is_special(onnx_path):
+        return None
+    if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+        return f"tokenizer: {dst} (already the checkpoint's)"
+    if dst.exists() and not replace:
+        return f"tokenizer: left {dst} as it was (not the checkpoint's; --force replaces it with {src})"
+    write_atomic(dst, lambda tmp: shutil.copyfile(src, tmp))
+    return f"tokenizer: {src} copied to {dst} (generate --prompt TEXT reads it there)"
 
 
 def add_commands(sub) -> None:

@@ -413,12 +413,35 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "--provider cuda" in err, err
 
 
+def test_a_whole_export_gets_the_checkpoints_tokenizer_beside_it(tmp_path):
+    from cli.cmd_generate import _tokenizer_beside
+
+    checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
+    checkpoint.mkdir(), out.mkdir()
+    onnx_path = out / "m.onnx"
+    assert _tokenizer_beside(checkpoint, onnx_path, replace=False) is None  # none to copy: nothing said
+    (checkpoint / "tokenizer.json").write_text('{"mine": 1}')
+    assert "copied" in _tokenizer_beside(checkpoint, onnx_path, replace=False)
+    assert (out / "tokenizer.json").read_text() == '{"mine": 1}'
+    assert "already" in _tokenizer_beside(checkpoint, onnx_path, replace=False)
+    (out / "tokenizer.json").write_text('{"another model": 2}')
+    assert "left" in _tokenizer_beside(checkpoint, onnx_path, replace=False)
+    assert (out / "tokenizer.json").read_text() == '{"another model": 2}'  # not ours to replace
+    assert "copied" in _tokenizer_beside(checkpoint, onnx_path, replace=True)  # --force
+    assert (out / "tokenizer.json").read_text() == '{"mine": 1}'
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json"]  # no temp file left
+
+
 @pytest.mark.slow
 def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypatch):
     folder = lm_cases.saved(DEFAULT, tmp_path)
     monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
+    (folder / "tokenizer.json").write_bytes(
+        (Path(__file__).resolve().parents[2] / "models" / "tiny-stdlib-llama" / "tokenizer.json").read_bytes()
+    )
     rc, out, err = _cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(tmp_path / "w.onnx")], capsys)
     assert rc == 0 and "present.i.key" in out, err
+    assert (tmp_path / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
     graph = onnx.load(tmp_path / "w.onnx", load_external_data=False)  # the default max_len: tables stored
     meta = {p.key: p.value for p in graph.metadata_props}
     assert meta["attnzoo.max_len"] == str(lm_cases.BASE["max_position_embeddings"])
