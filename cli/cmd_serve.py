@@ -60,7 +60,7 @@ def _model_path(
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
-    from serve.app import check_options, start
+    from serve.app import check_options, check_port_free, start
 
     options = {
         "replicas": args.replicas,
@@ -76,8 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "capacity": args.capacity,
     }
     check_options(**options)  # before an export, which may take a while
-    if args.address is None:  # served here: CUDA must work here (as start checks)
+    if args.address is None:  # served here: CUDA must work and the port be free here (as start checks)
         refuse_broken_cuda(args.provider)
+        check_port_free(args.host, args.port)
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
         path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)

@@ -38,7 +38,7 @@ The package, split by job:
 Depends on `zoo` and `export`.
 """
 
-from .app import Deployment, OnnxServer, check_options, init_local_ray, replica_states, start
+from .app import Deployment, OnnxServer, check_options, check_port_free, init_local_ray, replica_states, start
 from .batching import length_groups, pad_batch, run_batch
 from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
 from .gen_app import GenerateServer
@@ -79,6 +79,7 @@ __all__ = [
     "StaticBatcher",
     "check_arrays",
     "check_options",
+    "check_port_free",
     "decode_generate_request",
     "decode_reply",
     "decode_request",

@@ -272,7 +272,7 @@ def start(
         if provider == "cuda" and not cuda_status()[0]:
             raise ServeError(f"provider='cuda' asked for, but {cuda_status()[1]}; use --provider cpu")
         if not ray.is_initialized():  # else Serve may already listen there, for another application
-            _check_port_free(host, port)
+            check_port_free(host, port)
     if provider == "auto":
         provider = "cuda" if cuda_status()[0] else "cpu"
 
@@ -380,7 +380,8 @@ def ray_on_loopback() -> bool:
         return False
 
 
-def _check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int) -> None:
+    """Refuse (ServeError) a host:port this machine cannot listen on (taken, or not an address of ours)."""
     import socket
 
     with socket.socket() as sock:

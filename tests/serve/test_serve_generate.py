@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -203,6 +204,7 @@ def _longrope_folder(folder: Path) -> Path:
         ("llama", ["--route-prefix", "api"], "route_prefix='api' must start with '/'"),
         ("llama", ["--batch-wait-ms", "20000"], "batch_wait_ms=20000.0 must be between 0 and 10000"),
         ("llama", ["--provider", "cuda"], "--provider cuda: "),
+        ("llama", ["--port", "BUSY"], "pick another --port"),
     ],
 )
 def test_cli_serve_refuses_a_folder_before_exporting_it(kind, flags, words, tmp_path, capsys, monkeypatch):
@@ -215,7 +217,11 @@ def test_cli_serve_refuses_a_folder_before_exporting_it(kind, flags, words, tmp_
     folder = _longrope_folder(tmp_path) if kind == "longrope" else lm_cases.saved(kind, tmp_path)
     monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
     capsys.readouterr()  # transformers' progress bars while saving the folder
-    assert main(["serve", str(folder), *flags]) == 2
+    with socket.socket() as taken:  # a port something else listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        flags = [str(taken.getsockname()[1]) if f == "BUSY" else f for f in flags]
+        assert main(["serve", str(folder), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1, err
     assert not list(tmp_path.glob("cache/**/*.onnx")), "exported before the refusal"
