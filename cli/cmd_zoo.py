@@ -78,7 +78,7 @@ def cmd_preset(args: argparse.Namespace) -> int:
     try:
         write_atomic(args.output, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=args.force)
     except FileExistsError as e:
-        raise CliError(str(e).replace("overwrite=True (CLI: --force)", "--force")) from None
+        raise CliError(str(e)) from None
     print(f"wrote {args.output}: load it with zoo.add_presets(folder) or ATTNZOO_PRESETS=folder")
     return 0
 

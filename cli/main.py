@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -115,12 +116,37 @@ def _sigterm_as_interrupt():
     return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+_PY_THEN_CLI = re.compile(r"\b\w+=(?:'[^']*'|[^\s']+) \(CLI: ([^)]+)\)")  # overwrite=True (CLI: --force)
+_NAME_THEN_FLAG = re.compile(r"\b(\w+) \((--[\w-]+)\)")  # max_len (--max-len)
+_ADVICE = re.compile(r"\b(use|pass|add|give) (\w+)=(?:'([^']*)'|(\w+))")  # use lowering='decomposed'
+
+
+def cli_spelling(message: str, flags: frozenset[str] = frozenset()) -> str:
+    """The library's advice as the command line spells it: "pass overwrite=True (CLI: --force)" reads
+    "pass --force", "drop max_len (--max-len)" reads "drop --max-len", and "use lowering='decomposed'"
+    reads "use --lowering decomposed" where the command has that flag (`flags`)."""
+
+    def advice(m: re.Match) -> str:
+        flag = "--" + m.group(2).replace("_", "-")
+        value = m.group(3) if m.group(3) is not None else m.group(4)
+        if flag not in flags:
+            return m.group(0)
+        return f"{m.group(1)} {flag}" if value == "True" else f"{m.group(1)} {flag} {value}"
+
+    message = _PY_THEN_CLI.sub(r"\1", message)
+    message = _NAME_THEN_FLAG.sub(
+        lambda m: m.group(2) if m.group(1).replace("_", "-") == m.group(2)[2:] else m.group(0), message
+    )
+    return _ADVICE.sub(advice, message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done, 1 a check failed, 2 a mistake (one line on stderr;
     the library's AttnzooError or an OSError), 130 interrupted, 141 the reader closed the pipe.
     Anything else is a bug in attnzoo and keeps its traceback."""
     prog = "attnzoo"
     verbose = False
+    flags: frozenset[str] = frozenset()
     old_term = _sigterm_as_interrupt()
     try:
         parser = build_parser()  # imports the command modules (onnx, onnxruntime, ...)
@@ -128,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise KeyboardInterrupt
         args, extra = parser.parse_known_args(argv)
         prog = f"attnzoo {args.command}"
+        flags = frozenset(o for a in parser.commands[args.command]._actions for o in a.option_strings)
         while "--verbose" in extra:  # after the command as well as before it
             extra.remove("--verbose")
             args.verbose = True
@@ -145,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except (zoo.AttnzooError, OSError) as e:
-        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{prog}: error: {cli_spelling(_one_line(e), flags)}", file=sys.stderr)
         if verbose:
             detail = getattr(e, "detail", "")
             print(str(e) + (f"\n{detail}" if detail else ""), file=sys.stderr)

@@ -3,6 +3,8 @@ and the command that refuses names itself (`attnzoo families: error:`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cli.main import build_parser, command_parsers, main
@@ -52,7 +54,7 @@ def test_decode_max_len_advice_works_for_the_lowering(capsys, tmp_path, lowering
     argv = ["export", "llama-3-8b", *SMALL, "--decode", "--max-len", "16", "-o", str(out)]
     err = _error(capsys, main([*argv, "--lowering", lowering]))
     assert f"lowering='{lowering}' cannot keep one" in err and "--cache static" not in err, err
-    assert "drop max_len (--max-len)" in err and "decomposed, ort-gqa or auto" in err, err
+    assert "drop --max-len" in err and "use --lowering decomposed" in err and "decomposed, ort-gqa or auto" in err, err
     assert main([*argv, "--lowering", "ort-gqa"]) == 0  # a lowering that keeps one
     assert "past_len" in capsys.readouterr().out  # the static cache's input
 
@@ -67,9 +69,32 @@ def test_decode_max_len_advice_drop_it_works(capsys, tmp_path, lowering):
 def test_max_len_without_a_static_cache_says_what_works(capsys, tmp_path):
     out = str(tmp_path / "m.onnx")
     err = _error(capsys, main(["export", "gpt2-small", "--max-len", "16", "-o", out]))
-    assert "add decode=True (CLI: --decode)" in err, err  # not --cache static, which then wants --decode
+    assert "add --decode or drop --max-len" in err, err  # not --cache static, which then wants --decode
     err = _error(capsys, main(["export", "gpt2-small", "--decode", "--cache", "grow", "--max-len", "16", "-o", out]))
-    assert "pass cache='static' (CLI: --cache static)" in err, err
+    assert "pass --cache static, or drop --max-len" in err, err
+
+
+def test_the_cli_spells_the_librarys_advice_its_own_way():
+    from cli.main import cli_spelling
+
+    assert cli_spelling("m.onnx exists; pass overwrite=True (CLI: --force) to replace it") == (
+        "m.onnx exists; pass --force to replace it"
+    )
+    assert cli_spelling("pass cache='static' (CLI: --cache static), or drop max_len (--max-len)") == (
+        "pass --cache static, or drop --max-len"
+    )
+    assert cli_spelling("the window (--max-len) stays") == "the window (--max-len) stays"  # not its own name
+    said = "cannot keep one (use lowering='decomposed')"
+    assert cli_spelling(said, frozenset({"--lowering"})) == "cannot keep one (use --lowering decomposed)"
+    assert cli_spelling(said) == said  # a command without --lowering keeps the library's words
+
+
+def test_an_existing_output_says_force_as_the_cli_spells_it(capsys, tmp_path):
+    out = tmp_path / "p.toml"
+    out.write_text("")
+    config = Path(__file__).resolve().parents[2] / "models" / "tiny-stdlib-llama" / "config.json"
+    err = _error(capsys, main(["preset", "--config", str(config), "--name", "p", "-o", str(out)]))
+    assert err.endswith("exists; pass --force to replace it\n"), err
 
 
 def test_verbose_works_after_the_command_too(capsys):
