@@ -1,6 +1,6 @@
 """The two attention products of one decode step, alone, in each operand order ONNX can give MLAS.
 
-    python scripts/decode_products.py --past 16384 --batch 1,8 --threads 2 [--orders qk,kq,qkT,h1,h1c,attention,torch]
+    python scripts/decode_products.py --past 16384 --batch 1,8 --threads 2 [--orders qk,kq,qkT,h1,h1c,h1cT,...]
 
 A GQA block at decode (g kv heads, r query heads per kv head, d dims, one new token) reads its cache in
 two products. Which order of operands streams the cache fastest is a property of ONNX Runtime's CPU
@@ -11,10 +11,15 @@ GEMM (MLAS) on the machine at hand, so it is measured, not assumed:
     kq    scores^T = K Q^T (the cache as the streamed A operand, M = n), out^T = V^T A^T, V stored (b g d n)
     h1    one query row per GEMM (M = 1, MLAS's GEMV path), r query heads broadcast against their kv head
     h1c   h1 over chunks of CHUNK past positions, so the r rows of a group read a chunk while it is in cache
+    h1cT  h1c with K stored transposed per chunk (b g c d chunk): both products are then plain GEMVs (no
+          transposed operand, nothing packed)
+    qk16  qk in float16 (Q, K, V and the softmax): half the bytes, if the CPU provider has the kernels
     attention  ONNX's own Attention operator (opset 23: kv heads, no scale), as ONNX Runtime runs it
     kv8   an int8 cache (a precision of its own): K stored (b g d n) and V (b g n d) as int8, symmetric, with a
           scale per position and kv head; Q and the probabilities (times V's scales) quantized per call to
           uint8 (DynamicQuantizeLinear); both products MatMulInteger, each int32 result scaled back
+    k8    K alone as int8 (stored (b g d n), a scale per position and kv head), Q quantized per call to uint8,
+          Q K^T as MatMulInteger; the probabilities and V stay fp32 (five eighths of the bytes, a smaller error)
     torch      not ONNX: torch's scaled_dot_product_attention on the folded layout, as transformers runs one
                query token with its static cache (the peer's kernel), same cache, same threads
 
@@ -34,7 +39,7 @@ import numpy as np
 
 G, R, D = 4, 4, 128  # the bench's GQA block: llama-3-8b at d_model 2048 (16 heads, 4 kv heads, d_k 128)
 CHUNK = 512  # h1c's chunk of past positions
-ORDERS = ("qk", "qkT", "kq", "h1", "h1c", "attention", "kv8", "torch")
+ORDERS = ("qk", "qkT", "kq", "h1", "h1c", "h1cT", "qk16", "attention", "k8", "kv8", "torch")
 
 
 def _chunk(n: int) -> int:
@@ -53,12 +58,13 @@ def model(order: str, b: int, n: int) -> bytes:
 
     inits, opset = [], 17
 
-    if order in ("qk", "qkT"):
+    if order in ("qk", "qkT", "qk16"):
         k_shape = [b, G, D, n] if order == "qkT" else [b, G, n, D]
         k = "k" if order == "qkT" else "kt"
-        nodes = [node("Transpose", ["k"], "kt", perm=[0, 1, 3, 2])] if order == "qk" else []
+        nodes = [node("Transpose", ["k"], "kt", perm=[0, 1, 3, 2])] if order != "qkT" else []
         nodes += [node("MatMul", ["q", k], "s"), node("Softmax", ["s"], "a", axis=-1), node("MatMul", ["a", "v"], "y")]
-        ins = [value("q", [b, G, R, D]), value("k", k_shape), value("v", [b, G, n, D])]
+        dtype = TensorProto.FLOAT16 if order == "qk16" else TensorProto.FLOAT
+        ins = [value("q", [b, G, R, D], dtype), value("k", k_shape, dtype), value("v", [b, G, n, D], dtype)]
     elif order == "kq":
         nodes = [
             node("Transpose", ["q"], "qt", perm=[0, 1, 3, 2]),
@@ -68,11 +74,12 @@ def model(order: str, b: int, n: int) -> bytes:
             node("Transpose", ["yt"], "y", perm=[0, 1, 3, 2]),
         ]
         ins = [value("q", [b, G, R, D]), value("k", [b, G, n, D]), value("v", [b, G, D, n])]
-    elif order == "h1c":  # (b g c 1 chunk d): the scores (b g c r 1 chunk), softmax over (c, chunk), sum over c
+    elif order in ("h1c", "h1cT"):  # (b g c 1 chunk d): scores (b g c r 1 chunk), softmax over (c, chunk), sum over c
         c = n // _chunk(n)
-        nodes = [
-            node("Transpose", ["k"], "kt", perm=[0, 1, 2, 3, 5, 4]),
-            node("MatMul", ["q", "kt"], "s"),
+        stored_t = order == "h1cT"  # K given as (b g c 1 d chunk)
+        nodes = [] if stored_t else [node("Transpose", ["k"], "kt", perm=[0, 1, 2, 3, 5, 4])]
+        nodes += [
+            node("MatMul", ["q", "k" if stored_t else "kt"], "s"),
             node("ReduceMax", ["s", "axes"], "m", keepdims=1),
             node("Sub", ["s", "m"], "z"),
             node("Exp", ["z"], "e"),
@@ -82,12 +89,29 @@ def model(order: str, b: int, n: int) -> bytes:
             node("ReduceSum", ["yc", "chunks"], "y", keepdims=0),
         ]
         shape = [b, G, c, 1, n // c, D]
-        ins = [value("q", [b, G, 1, R, 1, D]), value("k", shape), value("v", shape)]
+        k_shape = [b, G, c, 1, D, n // c] if stored_t else shape
+        ins = [value("q", [b, G, 1, R, 1, D]), value("k", k_shape), value("v", shape)]
         inits = [
             helper.make_tensor("axes", TensorProto.INT64, [2], [2, 5]),
             helper.make_tensor("chunks", TensorProto.INT64, [1], [2]),
         ]
         opset = 18  # ReduceMax's axes as an input
+    elif order == "k8":  # scores = (Q's scale x K's scale per position) Q8 K8^T; out = A V in fp32
+        nodes = [
+            helper.make_node("DynamicQuantizeLinear", ["q"], ["q8", "q_scale", "q_zero"]),
+            node("MatMulInteger", ["q8", "k", "q_zero"], "s32"),
+            node("Cast", ["s32"], "s_int", to=TensorProto.FLOAT),
+            node("Mul", ["s_int", "q_scale"], "s_q"),
+            node("Mul", ["s_q", "k_scale"], "s"),
+            node("Softmax", ["s"], "a", axis=-1),
+            node("MatMul", ["a", "v"], "y"),
+        ]
+        ins = [
+            value("q", [b, G, R, D]),
+            value("k", [b, G, D, n], TensorProto.INT8),
+            value("k_scale", [b, G, 1, n]),
+            value("v", [b, G, n, D]),
+        ]
     elif order == "kv8":  # scores = (Q's scale x K's scale per position) Q8 K8^T; out = (A x V's scales)8 V8
         nodes = [
             helper.make_node("DynamicQuantizeLinear", ["q"], ["q8", "q_scale", "q_zero"]),
@@ -122,7 +146,11 @@ def model(order: str, b: int, n: int) -> bytes:
         ]
         ins = [value("q", [b, G, R, 1, D]), value("k", [b, G, 1, n, D]), value("v", [b, G, 1, n, D])]
     graph = helper.make_graph(
-        nodes, order, ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits
+        nodes,
+        order,
+        ins,
+        [helper.make_tensor_value_info("y", ins[0].type.tensor_type.elem_type, None)],
+        initializer=inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10).SerializeToString()
 
@@ -135,15 +163,22 @@ def int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def feeds(order: str, q, k, v) -> dict:
     b, n = k.shape[0], k.shape[2]
-    if order == "kv8":
-        (k8, k_scale), (v8, v_scale) = int8_rows(k), int8_rows(v)
+    if order in ("k8", "kv8"):
+        k8, k_scale = int8_rows(k)
         k8 = np.ascontiguousarray(k8.transpose(0, 1, 3, 2))
+        if order == "k8":
+            return {"q": q, "k": k8, "k_scale": k_scale, "v": v}
+        v8, v_scale = int8_rows(v)
         return {"q": q, "k": k8, "k_scale": k_scale, "v": v8, "v_scale": v_scale}
+    if order == "qk16":
+        return {"q": q.astype(np.float16), "k": k.astype(np.float16), "v": v.astype(np.float16)}
     if order == "h1":
         return {"q": q.reshape(b, G, R, 1, D), "k": k.reshape(b, G, 1, n, D), "v": v.reshape(b, G, 1, n, D)}
-    if order == "h1c":
+    if order in ("h1c", "h1cT"):
         c = n // _chunk(n)
         k, v = (x.reshape(b, G, c, 1, n // c, D) for x in (k, v))
+        if order == "h1cT":
+            k = np.ascontiguousarray(k.transpose(0, 1, 2, 3, 5, 4))
         return {"q": q.reshape(b, G, 1, R, 1, D), "k": k, "v": v}
     if order == "attention":
         return {"q": q.reshape(b, G * R, 1, D), "k": k, "v": v}
