@@ -96,7 +96,7 @@ def model(order: str, b: int, n: int) -> bytes:
             helper.make_tensor("chunks", TensorProto.INT64, [1], [2]),
         ]
         opset = 18  # ReduceMax's axes as an input
-    elif order == "k8":  # scores = (Q's scale x K's scale per position) Q8 K8^T; out = A V in fp32
+    elif order in ("k8", "kv8"):  # scores = (Q's scale x K's scale per position) Q8 K8^T
         nodes = [
             helper.make_node("DynamicQuantizeLinear", ["q"], ["q8", "q_scale", "q_zero"]),
             node("MatMulInteger", ["q8", "k", "q_zero"], "s32"),
@@ -104,35 +104,20 @@ def model(order: str, b: int, n: int) -> bytes:
             node("Mul", ["s_int", "q_scale"], "s_q"),
             node("Mul", ["s_q", "k_scale"], "s"),
             node("Softmax", ["s"], "a", axis=-1),
-            node("MatMul", ["a", "v"], "y"),
         ]
-        ins = [
-            value("q", [b, G, R, D]),
-            value("k", [b, G, D, n], TensorProto.INT8),
-            value("k_scale", [b, G, 1, n]),
-            value("v", [b, G, n, D]),
-        ]
-    elif order == "kv8":  # scores = (Q's scale x K's scale per position) Q8 K8^T; out = (A x V's scales)8 V8
-        nodes = [
-            helper.make_node("DynamicQuantizeLinear", ["q"], ["q8", "q_scale", "q_zero"]),
-            node("MatMulInteger", ["q8", "k", "q_zero"], "s32"),
-            node("Cast", ["s32"], "s_int", to=TensorProto.FLOAT),
-            node("Mul", ["s_int", "q_scale"], "s_q"),
-            node("Mul", ["s_q", "k_scale"], "s"),
-            node("Softmax", ["s"], "a", axis=-1),
-            node("Mul", ["a", "v_scale"], "av"),
-            helper.make_node("DynamicQuantizeLinear", ["av"], ["a8", "a_scale", "a_zero"]),
-            node("MatMulInteger", ["a8", "v", "a_zero"], "y32"),
-            node("Cast", ["y32"], "y_int", to=TensorProto.FLOAT),
-            node("Mul", ["y_int", "a_scale"], "y"),
-        ]
-        ins = [
-            value("q", [b, G, R, D]),
-            value("k", [b, G, D, n], TensorProto.INT8),
-            value("k_scale", [b, G, 1, n]),
-            value("v", [b, G, n, D], TensorProto.INT8),
-            value("v_scale", [b, G, 1, n]),
-        ]
+        ins = [value("q", [b, G, R, D]), value("k", [b, G, D, n], TensorProto.INT8), value("k_scale", [b, G, 1, n])]
+        if order == "k8":  # out = A V in fp32
+            nodes.append(node("MatMul", ["a", "v"], "y"))
+            ins.append(value("v", [b, G, n, D]))
+        else:  # out = (A x V's scales)8 V8
+            nodes += [
+                node("Mul", ["a", "v_scale"], "av"),
+                helper.make_node("DynamicQuantizeLinear", ["av"], ["a8", "a_scale", "a_zero"]),
+                node("MatMulInteger", ["a8", "v", "a_zero"], "y32"),
+                node("Cast", ["y32"], "y_int", to=TensorProto.FLOAT),
+                node("Mul", ["y_int", "a_scale"], "y"),
+            ]
+            ins += [value("v", [b, G, n, D], TensorProto.INT8), value("v_scale", [b, G, 1, n])]
     elif order == "attention":
         nodes = [node("Attention", ["q", "k", "v"], "y", scale=1.0)]
         ins = [value("q", [b, G * R, 1, D]), value("k", [b, G, n, D]), value("v", [b, G, n, D])]
