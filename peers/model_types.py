@@ -127,6 +127,13 @@ def _use_rope(cfg: ConfigView, i: int) -> bool:
     return bool((cfg.get("no_rope_layers") or [int((j + 1) % every != 0) for j in range(n)])[i])
 
 
+def _smollm3_kind(cfg: ConfigView, i: int) -> str:
+    """SmolLM3Config's layer_types where the config leaves them out: its NoPE layers slide (with
+    use_sliding_window and a sliding_window), its rotary layers do not."""
+    on = cfg.get("use_sliding_window", False) and cfg.get("sliding_window") is not None
+    return "sliding_attention" if on and not _use_rope(cfg, i) else "full_attention"
+
+
 def _smollm3(cfg: ConfigView, i: int, attrs: dict) -> dict:
     window = attrs["sliding_window"] if cfg.get("use_sliding_window", False) else None
     return dict(attrs, use_rope=_use_rope(cfg, i), sliding_window=window)
@@ -305,7 +312,7 @@ FAMILIES: dict[str, Family] = {
     "persimmon": Family("PersimmonAttention", llama_like(extra=_rotary_ndims), bias=True, partial=0.5),
     "helium": Family("HeliumAttention", LLAMA, theta=1e5),
     "nemotron": Family("NemotronAttention", LLAMA, partial=0.5),
-    "smollm3": Family("SmolLM3Attention", llama_like(extra=_smollm3), theta=2e6),
+    "smollm3": Family("SmolLM3Attention", llama_like(kinds=_smollm3_kind, extra=_smollm3), theta=2e6),
     "exaone4": Family("Exaone4Attention", llama_like(kinds=_every("sliding_window_pattern", 4), extra=_exaone4)),
     "glm": Family("GlmAttention", LLAMA, partial=0.5),
     "gpt_neox": Family(

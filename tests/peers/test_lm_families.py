@@ -144,13 +144,19 @@ def test_a_configuration_a_row_refuses_is_one_line(lm_folder, tmp_path, kind, ke
 
 
 def test_smollm3_without_no_rope_layers_reads_its_config_class_default():
-    """SmolLM3Config fills a left-out no_rope_layers with a NoPE layer every no_rope_layer_interval (4)."""
+    """SmolLM3Config fills a left-out no_rope_layers with a NoPE layer every no_rope_layer_interval (4), and
+    left-out layer_types from it: with use_sliding_window, the NoPE layers slide."""
     import transformers
 
-    config = dict(model_type="smollm3", num_hidden_layers=8, hidden_size=64, num_attention_heads=4)
-    want = transformers.SmolLM3Config(num_hidden_layers=8).no_rope_layers
-    assert [zoo.spec_from_config(config, i).rope_theta is not None for i in range(8)] == [bool(x) for x in want]
-    assert not all(want)  # the default has NoPE layers to find
+    for windowed in (False, True):
+        config = dict(model_type="smollm3", num_hidden_layers=8, hidden_size=64, num_attention_heads=4)
+        config.update(use_sliding_window=windowed, sliding_window=16)
+        hf = transformers.SmolLM3Config(**{k: v for k, v in config.items() if k != "model_type"})
+        specs = [zoo.spec_from_config(config, i) for i in range(8)]
+        assert [s.rope_theta is not None for s in specs] == [bool(x) for x in hf.no_rope_layers]
+        want = [16 if kind == "sliding_attention" else None for kind in hf.layer_types]
+        assert [s.window for s in specs] == want
+        assert not all(hf.no_rope_layers) and (any(want) == windowed)  # there are NoPE (and sliding) layers
 
 
 def test_a_tensor_the_model_does_not_read_is_refused(lm_folder, tmp_path):
