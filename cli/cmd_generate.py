@@ -104,16 +104,32 @@ def exported(folder: str, precision: str, max_len: int | None, check=None) -> Pa
     return out
 
 
+def tokenizer_file(source: Path) -> Path | None:
+    """The tokenizer.json a source reads, or None: a folder's own; for a .onnx the one its export wrote
+    beside it (STEM.tokenizer.json: one per export, so two models in one folder keep theirs), else a
+    tokenizer.json in its folder."""
+    if source.is_dir():
+        candidates = [source / "tokenizer.json"]
+    else:
+        candidates = [tokenizer_beside(source), source.parent / "tokenizer.json"]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def tokenizer_beside(onnx_path: Path) -> Path:
+    """Where `export --whole` writes an export's tokenizer: MODEL.onnx -> MODEL.tokenizer.json."""
+    return onnx_path.with_name(onnx_path.stem + ".tokenizer.json")
+
+
 def _tokenizer(source: Path):
-    folder = source if source.is_dir() else source.parent
-    if not (folder / "tokenizer.json").is_file():
+    path = tokenizer_file(source)
+    if path is None:
         return None
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type
-        raise CliError(f"{folder / 'tokenizer.json'} cannot be read: {str(e).splitlines()[0][:200]}") from None
+        raise CliError(f"{path} cannot be read: {str(e).splitlines()[0][:200]}") from None
 
 
 def _prompt_ids(args, tok, source: Path) -> list[int]:
@@ -130,9 +146,12 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
             raise CliError(f"--prompt-ids {args.prompt_ids!r}: give non-negative token ids, e.g. 1,2,3")
         return ids
     if tok is None:
-        where = source if source.is_dir() else source.parent
-        fix = "" if source.is_dir() else " (copy the checkpoint's tokenizer.json there)"
-        raise CliError(f"--prompt TEXT needs a tokenizer.json in {where}{fix}; or give --prompt-ids 1,2,3")
+        if source.is_dir():
+            raise CliError(f"--prompt TEXT needs a tokenizer.json in {source}; or give --prompt-ids 1,2,3")
+        raise CliError(
+            f"--prompt TEXT needs {tokenizer_beside(source)} (`attnzoo export --checkpoint DIR --whole` writes it "
+            "from the checkpoint's tokenizer.json) or a tokenizer.json beside the .onnx; or give --prompt-ids 1,2,3"
+        )
     ids = tok.encode(args.prompt).ids
     if not ids:
         raise CliError(f"--prompt {args.prompt!r} encodes to no tokens; give some text")
@@ -235,6 +254,7 @@ def export_whole(args: argparse.Namespace) -> int:
         if given:
             raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
     ensure_writable_parent(args.output)
+    tokenizer = _tokenizer_to_copy(Path(args.checkpoint), Path(args.output))
     model = load_lm(args.checkpoint)
     max_len = args.max_len
     if max_len is None:
@@ -252,30 +272,28 @@ def export_whole(args: argparse.Namespace) -> int:
         label=args.checkpoint,
     )
     print(result.summary())
-    said = _tokenizer_beside(Path(args.checkpoint), result.path, replace=args.force)
-    if said:
-        print(said)
+    if tokenizer is not None:
+        src, dst = tokenizer
+        write_atomic(dst, lambda tmp: tmp.write_bytes(src))
+        print(f"tokenizer: {Path(args.checkpoint) / 'tokenizer.json'} copied to {dst} (generate --prompt reads it)")
     return 0
 
 
-def _tokenizer_beside(checkpoint: Path, onnx_path: Path, *, replace: bool) -> str | None:
-    """Copy the checkpoint's tokenizer.json beside a whole-model export, so that `attnzoo generate
-    MODEL.onnx --prompt TEXT` reads it there. A different tokenizer.json already there stays (another
-    model's, perhaps) unless `replace` (--force). Returns what was done, or None (no tokenizer.json)."""
-    import filecmp
-    import shutil
+def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] | None:
+    """(the checkpoint's tokenizer.json, where its export's copy goes), checked before the export so that
+    nothing fails after it; None where the checkpoint has none or the export goes to a device or pipe.
+    The copy is the export's own (MODEL.tokenizer.json), replaced as the export is."""
+    from zoo.files import is_special, resolve_output
 
-    from zoo.files import is_special
-
-    src, dst = checkpoint / "tokenizer.json", onnx_path.parent / "tokenizer.json"
-    if not src.is_file() or is_special(onnx_path):
+    src = checkpoint / "tokenizer.json"
+    if not src.is_file() or is_special(resolve_output(onnx_path)):
         return None
-    if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
-        return f"tokenizer: {dst} (already the checkpoint's)"
-    if dst.exists() and not replace:
-        return f"tokenizer: left {dst} as it was (not the checkpoint's; --force replaces it with {src})"
-    write_atomic(dst, lambda tmp: shutil.copyfile(src, tmp))
-    return f"tokenizer: {src} copied to {dst} (generate --prompt TEXT reads it there)"
+    dst = tokenizer_beside(onnx_path)
+    resolve_output(dst)  # a folder or a dangling link there: refused now, in one line
+    try:
+        return src.read_bytes(), dst
+    except OSError as e:
+        raise CliError(f"cannot read {src}: {e.strerror or e}") from None
 
 
 def add_commands(sub) -> None:

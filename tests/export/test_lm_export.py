@@ -392,7 +392,7 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
         (["generate", str(path), "--prompt-ids", "1", "--max-new-tokens", "0"], "max-new-tokens"),
         (["generate", str(no_config), "--prompt-ids", "1"], "config.json"),
         (["generate", str(unknown), "--prompt-ids", "1"], "no-such-family"),
-        (["generate", str(path), "--prompt", "hello"], "copy the checkpoint's tokenizer.json"),
+        (["generate", str(path), "--prompt", "hello"], "--whole` writes it from the checkpoint's tokenizer.json"),
         (["generate", str(no_config), "--prompt", "hello"], "config.json"),  # the folder before its tokenizer
         (["generate", str(folder), "--prompt", "hi", "--prompt-ids", "1"], "not both"),
         (["generate", str(folder), "--prompt-ids", "1,2", "--max-len", "2"], "pass --max-len 33 or more"),
@@ -413,23 +413,30 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "--provider cuda" in err, err
 
 
-def test_a_whole_export_gets_the_checkpoints_tokenizer_beside_it(tmp_path):
-    from cli.cmd_generate import _tokenizer_beside
+def test_a_whole_export_reads_the_tokenizer_written_for_it_first(tmp_path):
+    from cli.cmd_generate import tokenizer_beside, tokenizer_file
 
-    checkpoint, out = tmp_path / "ckpt", tmp_path / "out"
-    checkpoint.mkdir(), out.mkdir()
-    onnx_path = out / "m.onnx"
-    assert _tokenizer_beside(checkpoint, onnx_path, replace=False) is None  # none to copy: nothing said
-    (checkpoint / "tokenizer.json").write_text('{"mine": 1}')
-    assert "copied" in _tokenizer_beside(checkpoint, onnx_path, replace=False)
-    assert (out / "tokenizer.json").read_text() == '{"mine": 1}'
-    assert "already" in _tokenizer_beside(checkpoint, onnx_path, replace=False)
-    (out / "tokenizer.json").write_text('{"another model": 2}')
-    assert "left" in _tokenizer_beside(checkpoint, onnx_path, replace=False)
-    assert (out / "tokenizer.json").read_text() == '{"another model": 2}'  # not ours to replace
-    assert "copied" in _tokenizer_beside(checkpoint, onnx_path, replace=True)  # --force
-    assert (out / "tokenizer.json").read_text() == '{"mine": 1}'
-    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json"]  # no temp file left
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    assert tokenizer_file(a) is None
+    (tmp_path / "tokenizer.json").write_text("{}")  # a folder's tokenizer, copied by hand
+    assert tokenizer_file(a) == tokenizer_file(b) == tmp_path / "tokenizer.json"
+    tokenizer_beside(a).write_text("{}")  # what `export --whole -o a.onnx` writes: a's own
+    assert tokenizer_file(a) == tmp_path / "a.tokenizer.json" and tokenizer_file(b) == tmp_path / "tokenizer.json"
+    assert tokenizer_file(tmp_path) == tmp_path / "tokenizer.json"  # a checkpoint folder's own
+
+
+def test_a_whole_export_refuses_a_tokenizer_path_it_cannot_write_before_exporting(tmp_path, capsys):
+    from cli.main import main
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(lm_cases.hf_config(DEFAULT).to_dict()))
+    (checkpoint / "tokenizer.json").write_text("{}")
+    (tmp_path / "m.tokenizer.json").mkdir()  # a folder where the export's tokenizer would go
+    assert main(["export", "--checkpoint", str(checkpoint), "--whole", "-o", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "m.tokenizer.json" in err and "it is a folder" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.onnx").exists()  # refused before the export (the folder has no weights either)
 
 
 @pytest.mark.slow
@@ -441,7 +448,7 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
     )
     rc, out, err = _cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(tmp_path / "w.onnx")], capsys)
     assert rc == 0 and "present.i.key" in out, err
-    assert (tmp_path / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert (tmp_path / "w.tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
     graph = onnx.load(tmp_path / "w.onnx", load_external_data=False)  # the default max_len: tables stored
     meta = {p.key: p.value for p in graph.metadata_props}
     assert meta["attnzoo.max_len"] == str(lm_cases.BASE["max_position_embeddings"])
