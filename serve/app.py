@@ -381,14 +381,21 @@ def ray_on_loopback() -> bool:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Refuse (ServeError) a host:port this machine cannot listen on (taken, or not an address of ours)."""
+    """Refuse (ServeError) a host:port this machine cannot listen on: a port something else holds (pick
+    another --port), or a host that is not one of this machine's addresses (pick another --host)."""
+    import errno
     import socket
 
-    with socket.socket() as sock:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # IPv6 hosts bind AF_INET6
+    except socket.gaierror as e:
+        raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --host") from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError as e:
-            raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
+            fix = "--port" if e.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+            raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another {fix}") from None
 
 
 def replica_states(app: str = "attnzoo") -> dict[str, int]:

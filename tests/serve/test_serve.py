@@ -555,6 +555,34 @@ def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
             start(models["masked"], provider="cuda")
 
 
+def test_the_port_check_names_what_to_change():
+    from serve import check_port_free
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ServeError, match="Address already in use.*pick another --port"):
+            check_port_free("127.0.0.1", busy.getsockname()[1])
+    for host in ("192.0.2.1", "no-such-host.invalid"):  # a documentation address, a name that never resolves
+        with pytest.raises(ServeError, match="pick another --host"):
+            check_port_free(host, 8000)
+    with socket.socket() as probe:  # a free port, on each loopback this machine has
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    check_port_free("127.0.0.1", free)
+    if socket.has_ipv6 and _binds(socket.AF_INET6, "::1"):
+        check_port_free("::1", free)  # an IPv6 host binds an IPv6 socket
+
+
+def _binds(family: int, host: str) -> bool:
+    try:
+        with socket.socket(family) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
 def test_cli_serve_refuses_an_unknown_model_in_one_line(capsys):
     from cli.main import main
 
