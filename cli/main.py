@@ -118,7 +118,8 @@ def _sigterm_as_interrupt():
 
 _PY_THEN_CLI = re.compile(r"\b\w+=(?:'[^']*'|[^\s']+) \(CLI: ([^)]+)\)")  # overwrite=True (CLI: --force)
 _NAME_THEN_FLAG = re.compile(r"\b(\w+) \((--[\w-]+)\)")  # max_len (--max-len)
-_ADVICE = re.compile(r"\b(use|pass|add|give) (\w+)=(?:'([^']*)'|(\w+))")  # use lowering='decomposed'
+# use lowering='decomposed', use provider='cpu' or 'auto': the values, alternatives and all
+_ADVICE = re.compile(r"\b(use|pass|add|give) (\w+)=((?:'[^']*'|\w+)(?:(?:,? or |, )'[^']*')*)")
 
 
 def cli_spelling(message: str, flags: frozenset[str] = frozenset()) -> str:
@@ -127,11 +128,10 @@ def cli_spelling(message: str, flags: frozenset[str] = frozenset()) -> str:
     reads "use --lowering decomposed" where the command has that flag (`flags`)."""
 
     def advice(m: re.Match) -> str:
-        flag = "--" + m.group(2).replace("_", "-")
-        value = m.group(3) if m.group(3) is not None else m.group(4)
-        if flag not in flags:
+        flag, value = "--" + m.group(2).replace("_", "-"), m.group(3)
+        if flag not in flags or value in ("False", "None"):  # no flag spells those
             return m.group(0)
-        return f"{m.group(1)} {flag}" if value == "True" else f"{m.group(1)} {flag} {value}"
+        return f"{m.group(1)} {flag}" if value == "True" else f"{m.group(1)} {flag} {value.replace(chr(39), '')}"
 
     message = _PY_THEN_CLI.sub(r"\1", message)
     message = _NAME_THEN_FLAG.sub(
@@ -172,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except (zoo.AttnzooError, OSError) as e:
-        print(f"{prog}: error: {cli_spelling(_one_line(e), flags)}", file=sys.stderr)
+        said = _one_line(e)
+        if isinstance(e, (zoo.AttnzooError, FileExistsError)):  # the library's words (an OSError's are the OS's)
+            said = cli_spelling(said, flags)
+        print(f"{prog}: error: {said}", file=sys.stderr)
         if verbose:
             detail = getattr(e, "detail", "")
             print(str(e) + (f"\n{detail}" if detail else ""), file=sys.stderr)

@@ -87,6 +87,15 @@ def test_the_cli_spells_the_librarys_advice_its_own_way():
     said = "cannot keep one (use lowering='decomposed')"
     assert cli_spelling(said, frozenset({"--lowering"})) == "cannot keep one (use --lowering decomposed)"
     assert cli_spelling(said) == said  # a command without --lowering keeps the library's words
+    flags = frozenset({"--lowering", "--provider", "--precision", "--decode"})
+    for said, reads in (
+        ("use lowering='onnx-attention' or 'decomposed'", "use --lowering onnx-attention or decomposed"),
+        ("use provider='cpu' or 'auto'", "use --provider cpu or auto"),
+        ("use precision='int4' or 'fp32' there", "use --precision int4 or fp32 there"),
+        ("pass decode=True", "pass --decode"),
+        ("pass decode=False", "pass decode=False"),  # no flag spells it: left as the library said it
+    ):
+        assert cli_spelling(said, flags) == reads
 
 
 def test_an_existing_output_says_force_as_the_cli_spells_it(capsys, tmp_path):
