@@ -24,8 +24,9 @@ GEMM (MLAS) on the machine at hand, so it is measured, not assumed:
                query token with its static cache (the peer's kernel), same cache, same threads
 
 Each order runs in one session over several copies of the cache (more bytes than the last-level cache
-holds, read in turn), so the reads come from memory as in a model's step; the figure is the cache's bytes
-over the best time of 5 passes (for kv8 the fp32 cache's bytes, so the rates compare). The softmax between the
+holds, read in turn, counted in the order's own storage: fp16 and int8 caches have more copies), so the
+reads come from memory as in a model's step; the figure is the fp32 cache's bytes over the best time of 5
+passes (for every order, so the rates compare). The softmax between the
 products is included (small beside them). Each row also gives its largest error against float64 numpy on the
 first copy, relative to the output's largest value: rounding for the fp32 orders, the quantization for kv8.
 """
@@ -212,10 +213,11 @@ def measure(order: str, b: int, n: int, threads: int, total_bytes: float) -> tup
     """(ms per call, GB/s of the fp32 cache, largest error relative to the output's largest value)."""
     rng = np.random.default_rng(0)
     cache_bytes = 2 * b * G * n * D * 4
-    copies = max(2, int(total_bytes // cache_bytes))
     q = rng.standard_normal((b, G, R, D), np.float32) * D**-0.5  # the block's scale, folded into Q
     first = rng.standard_normal((b, G, n, D), np.float32), rng.standard_normal((b, G, n, D), np.float32)
     runs = [feeds(order, q, *first)]
+    # as many copies as make total_bytes of what this order stores (an int8 cache is smaller: more copies)
+    copies = max(2, int(total_bytes // sum(x.nbytes for x in runs[0].values())))
     runs += [
         feeds(order, q, rng.standard_normal((b, G, n, D), np.float32), rng.standard_normal((b, G, n, D), np.float32))
         for _ in range(copies - 1)
