@@ -136,7 +136,7 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     if args.prompt is not None and args.prompt_ids is not None:
         raise CliError("give --prompt TEXT or --prompt-ids 1,2,3, not both")
     if args.prompt is None and args.prompt_ids is None:
-        raise CliError("give the prompt: --prompt TEXT (needs the folder's tokenizer.json) or --prompt-ids 1,2,3")
+        raise CliError("give the prompt: --prompt TEXT (needs a tokenizer.json) or --prompt-ids 1,2,3")
     if args.prompt_ids is not None:
         try:
             ids = [int(p) for p in args.prompt_ids.replace(",", " ").split()]
@@ -302,14 +302,15 @@ def add_commands(sub) -> None:
         help="greedy tokens from a checkpoint folder or a whole-model .onnx, under ONNX Runtime",
         description="Greedy generation under ONNX Runtime. A checkpoint folder (config.json + *.safetensors) "
         "is exported whole once (cached in ATTNZOO_CACHE, default ~/.cache/attnzoo); a .onnx is a whole-model "
-        "export (attnzoo export --checkpoint DIR --whole). With a tokenizer.json beside it, --prompt takes text.",
+        "export (attnzoo export --checkpoint DIR --whole, which writes MODEL.tokenizer.json beside it from the "
+        "checkpoint's tokenizer.json). With a tokenizer, --prompt takes text.",
     )
     sp.add_argument(
         "source",
         metavar="FOLDER|MODEL.onnx",
         help="a transformers checkpoint folder (config.json + *.safetensors) or a whole-model export",
     )
-    sp.add_argument("--prompt", help="the prompt as text (needs tokenizer.json)")
+    sp.add_argument("--prompt", help="the prompt as text (needs the folder's tokenizer.json, or MODEL.tokenizer.json)")
     sp.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids")
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
     sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
