@@ -114,7 +114,12 @@ def benchmark_generate(
                 else:
                     skipped[(path, precision)] = f"build failed: {result.get('error')}"
                 if progress:
-                    print(f"built {path} {precision}: {result.get('ok')}", file=sys.stderr)
+                    said = (
+                        f"built in {builds[f'{path} {precision}']['seconds']:.1f} s"
+                        if result.get("ok")
+                        else (f"build failed ({result.get('error')}); its rows are skipped")
+                    )
+                    print(f"{path} {precision}: {said}", file=sys.stderr)
         floor = memory_floor(folder, prompts, new)
         best: dict[tuple[int, str, str], dict[str, Any]] = {}  # insertion order: the table's
         took: dict[tuple[int, str, str], list[float | None]] = {}  # every round's end-to-end time (None: failed)

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
     with_set(parser)
     parser.add_argument("--provider", choices=DEVICES, default="cpu", help="where to run (default cpu)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the block's float type (default float32)")
     parser.add_argument(
         "--precision",
         type=choice_list(DECODE_PRECISIONS),
@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2,
         help=f"re-measure a path while other processes use over {CONTENDED} CPUs (default %(default)s)",
     )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement process")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement process (default 1800)")
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of latency and memory against T")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -326,6 +326,13 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    sp = sub.add_parser("bench", help="eager torch vs every ONNX lowering: latency, GFLOP/s, memory")
+    sp = sub.add_parser(
+        "bench",
+        help="eager torch vs every ONNX lowering: latency, GFLOP/s, memory",
+        description="Measure a block's paths side by side, each in its own process: eager torch and every ONNX "
+        "lowering over --seq (latency, GFLOP/s, memory, against the roofline); with --decode the per-token step "
+        "against a cache and transformers' StaticCache; with --generate --checkpoint DIR whole-model generation "
+        "against transformers, onnxruntime-genai and llama.cpp. Tables on stdout, --json writes the report.",
+    )
     add_arguments(sp)
     sp.set_defaults(func=run_from_args)

@@ -158,6 +158,30 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     return ids
 
 
+def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
+    """--precision and --max-len choose a folder's export; a .onnx was made with its own: say which, and how
+    to make another."""
+    given = [
+        f"--{name} {value}"
+        for name, value, unset in (("precision", args.precision, "fp32"), ("max-len", args.max_len, None))
+        if value != unset
+    ]
+    if not given:
+        return
+    import onnx
+
+    try:
+        meta = {p.key: p.value for p in onnx.load(str(source), load_external_data=False).metadata_props}
+    except Exception:  # noqa: BLE001 - not an ONNX file: OnnxSession says so after this
+        meta = {}
+    made = f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')})"
+    raise CliError(
+        f"{' and '.join(given)}: {source} is an export with its own precision and max_len{made if meta else ''}; "
+        f"for others, export the checkpoint again: attnzoo export --checkpoint DIR --whole {' '.join(given)} "
+        "-o NEW.onnx"
+    )
+
+
 def _check_vocab(args, ids: list[int], vocab: int) -> None:
     """The prompt's ids and --eos-token-id inside the model's vocabulary (a folder: before its export)."""
     past = [i for i in ids if i >= vocab]
@@ -191,8 +215,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             args.source, args.precision, args.max_len, lambda model: _check_vocab(args, ids, model.spec.vocab)
         )
     elif source.is_file():
-        if args.precision != "fp32" or args.max_len is not None:
-            raise CliError("--precision and --max-len are the export's: with a .onnx file, re-export it instead")
+        _refuse_export_flags(args, source)
         tok = _tokenizer(source)
         ids = _prompt_ids(args, tok, source)
         model_path = source

@@ -14,7 +14,7 @@ import torch
 
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, number_in, seed
+from .common import CliError, number_in, one_model, seed
 
 MAX_EXAMPLES = 4096  # held-out examples per batch: more says nothing new and only costs memory
 MAX_BATCHES = 1024
@@ -86,8 +86,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
     import analysis
     from analysis import AnalysisError, plot, scores
 
-    if (args.name is None) == (args.checkpoint is None):
-        raise CliError("give one of NAME (a trained model) and --checkpoint DIR (a whole model's folder)")
+    one_model(args)
     _check_picture(args.plot)
     _check_out(args.json)
     if args.checkpoint is not None:

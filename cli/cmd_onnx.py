@@ -284,7 +284,12 @@ def add_commands(sub) -> None:
     with_source(sp)
     sp.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help=lowering_help)
-    sp.add_argument("--dtype", default="float32", choices=DTYPES)
+    sp.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="the graph's float type (default float32; float16 runs where the provider has the kernels)",
+    )
     sp.add_argument("--weights", action="store_true", help="also output the attention weights (decomposed only)")
     sp.add_argument("--mask", action="store_true", help="add a bool mask input (b, t, s), True = may attend")
     sp.add_argument("--head-mask", action="store_true", help="add a head_mask input (b, h)")

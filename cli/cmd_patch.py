@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from .cmd_heads import _check_out, _check_picture, _write_json
-from .common import CliError, number_in, seed
+from .common import number_in, one_model, seed
 from .lm_inputs import lm_pair
 
 
@@ -24,8 +24,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     import analysis
     from analysis import patching, plot, scores
 
-    if (args.name is None) == (args.checkpoint is None):
-        raise CliError("give one of NAME (a trained model) and --checkpoint DIR (a whole model's folder)")
+    one_model(args)
     patching.check_location(args.location)
     _check_picture(args.plot)
     _check_out(args.json)

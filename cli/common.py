@@ -27,6 +27,17 @@ def refuse_broken_cuda(provider: str) -> None:
             raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
 
 
+def one_model(args: argparse.Namespace) -> None:
+    """heads and patch take NAME (a trained tiny model) or --checkpoint DIR, exactly one; a folder given as
+    NAME is named back as the --checkpoint it was meant to be."""
+    from pathlib import Path
+
+    if (args.name is None) == (args.checkpoint is None):
+        raise CliError("give one of NAME (a trained model) and --checkpoint DIR (a whole model's folder)")
+    if args.name is not None and Path(args.name).is_dir():
+        raise CliError(f"{args.name} is a folder, not a trained model's name: give it as --checkpoint {args.name}")
+
+
 def number_in(kind: type, low: float, *, low_open: bool = False, below: float | None = None):
     """An argparse type: a finite `kind` (int or float) v with low <= v (low < v with low_open)
     and v < below; each refusal is one line naming the value and the range."""

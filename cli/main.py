@@ -118,26 +118,27 @@ def _sigterm_as_interrupt():
 
 _PY_THEN_CLI = re.compile(r"\b\w+=(?:'[^']*'|[^\s']+) \(CLI: ([^)]+)\)")  # overwrite=True (CLI: --force)
 _NAME_THEN_FLAG = re.compile(r"\b(\w+) \((--[\w-]+)\)")  # max_len (--max-len)
-# use lowering='decomposed', use provider='cpu' or 'auto': the values, alternatives and all
-_ADVICE = re.compile(r"\b(use|pass|add|give) (\w+)=((?:'[^']*'|\w+)(?:(?:,? or |, )'[^']*')*)")
+# lowering='decomposed', provider='cpu' or 'auto', decode=True, max_len=56: a setting and its values
+_SETTING = re.compile(r"(?<![\w.])(\w+)=('[^']*'(?:(?:,? or |, )'[^']*')*|True|False|None|\d+(?:\.\d+)?\b)")
 
 
 def cli_spelling(message: str, flags: frozenset[str] = frozenset()) -> str:
-    """The library's advice as the command line spells it: "pass overwrite=True (CLI: --force)" reads
-    "pass --force", "drop max_len (--max-len)" reads "drop --max-len", and "use lowering='decomposed'"
-    reads "use --lowering decomposed" where the command has that flag (`flags`)."""
+    """The library's words as the command line spells them: "pass overwrite=True (CLI: --force)" reads
+    "pass --force", "drop max_len (--max-len)" reads "drop --max-len", and a setting the command has a flag
+    for reads as that flag (`flags`): "lowering='ort-mha' cannot ..." reads "--lowering ort-mha cannot ...",
+    "use provider='cpu' or 'auto'" reads "use --provider cpu or auto". False and None stay as said."""
 
-    def advice(m: re.Match) -> str:
-        flag, value = "--" + m.group(2).replace("_", "-"), m.group(3)
+    def setting(m: re.Match) -> str:
+        flag, value = "--" + m.group(1).replace("_", "-"), m.group(2)
         if flag not in flags or value in ("False", "None"):  # no flag spells those
             return m.group(0)
-        return f"{m.group(1)} {flag}" if value == "True" else f"{m.group(1)} {flag} {value.replace(chr(39), '')}"
+        return flag if value == "True" else f"{flag} {value.replace(chr(39), '')}"
 
     message = _PY_THEN_CLI.sub(r"\1", message)
     message = _NAME_THEN_FLAG.sub(
         lambda m: m.group(2) if m.group(1).replace("_", "-") == m.group(2)[2:] else m.group(0), message
     )
-    return _ADVICE.sub(advice, message)
+    return _SETTING.sub(setting, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -138,9 +138,9 @@ def generate(
     cap = lm_max_len(sess)
     if cap is not None and need > cap:
         raise zoo.ArgumentError(
-            f"prompt {t} + max_new_tokens {max_new_tokens} needs {need} cache positions, past this export's "
-            f"max_len {cap}: re-export with a larger max_len (--max-len; without one the command line takes the "
-            "checkpoint's maximum positions)"
+            f"a prompt of {t} token{'s' * (t != 1)} and {max_new_tokens} new ones write {need} cache positions "
+            f"(the last new token is not fed back), past this export's max_len {cap}: export it with "
+            f"max_len={need} (CLI: --max-len {need}) or more"
         )
     n = -(-need // ROUND) * ROUND
     n = min(n, cap) if cap is not None else n

@@ -127,7 +127,7 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
         )
     if info.max_len is not None and t + new - 1 > info.max_len:
         raise RequestError(
-            f"prompt {t} + max_new_tokens {new} needs {t + new - 1} cache positions, past this server's "
+            f"a prompt of {t} tokens and {new} new ones write {t + new - 1} cache positions, past this server's "
             f"max_len {info.max_len} (GET /metadata: the export's --max-len, or --capacity when batching continuously)",
             413,
         )

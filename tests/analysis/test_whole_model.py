@@ -100,6 +100,8 @@ def test_patch_cli_on_a_checkpoint(capsys):
     [
         (["heads", "tiny-induction", "--checkpoint", str(FOLDER)], "one of NAME"),
         (["heads"], "one of NAME"),
+        (["heads", str(FOLDER), "--text", "abc"], f"give it as --checkpoint {FOLDER}"),  # a folder as NAME
+        (["patch", str(FOLDER)], f"give it as --checkpoint {FOLDER}"),
         (["heads", "--checkpoint", str(FOLDER)], "give --text"),
         (["heads", "--checkpoint", str(FOLDER), "--tokens", "1 2 999"], "outside the vocabulary"),
         (["heads", "--checkpoint", str(FOLDER), "--tokens", "1 99999999999999999999999"], "outside the vocabulary"),

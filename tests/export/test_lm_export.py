@@ -301,7 +301,7 @@ def test_max_len_caps_what_a_call_allocates(lm_exports, tmp_path):
     sess = OnnxSession(path, provider="cpu")
     ids = lm_cases.prompt(batch=1, t=7)
     assert torch.equal(sess.generate(ids, 6), lm.generate(ids, 6))  # needs 12 positions
-    with pytest.raises(zoo.ArgumentError, match="max_len 12"):
+    with pytest.raises(zoo.ArgumentError, match="write 13 cache positions .* max_len 12: export it with max_len=13"):
         sess.generate(ids, 7)
 
 
@@ -390,6 +390,8 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
     for argv, words in (
         (["generate", str(path), "--prompt-ids", f"1,{lm_cases.VOCAB}"], "vocabulary"),
         (["generate", str(path), "--prompt-ids", "1", "--max-new-tokens", "0"], "max-new-tokens"),
+        (["generate", str(path), "--prompt-ids", "1", "--precision", "int8"], "(fp32, max_len"),  # the file's own
+        (["generate", str(path), "--prompt-ids", "1", "--max-len", "64"], "--whole --max-len 64 -o NEW.onnx"),
         (["generate", str(no_config), "--prompt-ids", "1"], "config.json"),
         (["generate", str(unknown), "--prompt-ids", "1"], "no-such-family"),
         (["generate", str(path), "--prompt", "hello"], "--whole` writes it from the checkpoint's tokenizer.json"),

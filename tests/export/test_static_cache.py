@@ -302,7 +302,7 @@ def test_static_capacity_past_the_machine_is_refused_before_allocating(static_mo
     argv = ["export", "mha-causal", "--decode", "--cache", "static", "--max-len", "99999999999999999999999"]
     assert main([*argv, "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "max_len=99999999999999999999999) needs about" in err and len(err.strip().splitlines()) == 1
+    assert "--max-len 99999999999999999999999) needs about" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
     path, _ = static_model  # a file that records a capacity past the machine (as an older export could)

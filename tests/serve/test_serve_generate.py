@@ -201,8 +201,8 @@ def _longrope_folder(folder: Path) -> Path:
     "kind, flags, words",
     [
         ("longrope", ["--batching", "continuous"], "longrope layers"),
-        ("llama", ["--route-prefix", "api"], "route_prefix='api' must start with '/'"),
-        ("llama", ["--batch-wait-ms", "20000"], "batch_wait_ms=20000.0 must be between 0 and 10000"),
+        ("llama", ["--route-prefix", "api"], "--route-prefix api must start with '/'"),
+        ("llama", ["--batch-wait-ms", "20000"], "--batch-wait-ms 20000.0 must be between 0 and 10000"),
         ("llama", ["--provider", "cuda"], "--provider cuda: "),
         ("llama", ["--port", "BUSY"], "pick another --port"),
     ],
