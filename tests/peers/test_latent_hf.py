@@ -5,6 +5,8 @@ caches is the one the model's cache holds."""
 
 from __future__ import annotations
 
+import inspect
+
 import hf_cases
 import pytest
 import torch
@@ -34,11 +36,12 @@ def _steps(name: str):
     module.register_forward_pre_hook(lambda m, a, k: seen.append([a[0] if a else k["hidden_states"]]), with_kwargs=True)
     module.register_forward_hook(lambda m, a, k, out: seen[-1].append(out[0]), with_kwargs=True)
     ids = torch.randint(2, hf_cases.VOCAB, (2, N), generator=torch.Generator().manual_seed(3))
+    # transformers 5.24 renamed forward's past_key_values to cache (the old name goes in 5.40); 5.0 has only it
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
-        out = model(input_ids=ids[:, :PROMPT], use_cache=True)
-        cache = out.past_key_values
+        cache = getattr(model(input_ids=ids[:, :PROMPT], use_cache=True), kw)
         for i in range(PROMPT, N):
-            cache = model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True).past_key_values
+            cache = getattr(model(input_ids=ids[:, i : i + 1], **{kw: cache}, use_cache=True), kw)
     return module, seen, cache
 
 
