@@ -39,19 +39,25 @@ def test_direct_logit_attribution_adds_up_to_the_logit_through_rmsnorm(whole):
     """Each head's attribution plus the rest of the stream, through the RMSNorm linearised at the actual
     stream, is the model's own logit: no centring (RMSNorm has none), the root mean square, gamma."""
     model, _, ids = whole
-    last = f"L{model.layers - 1}.resid_post"
     for pos in (3, ids.shape[1] - 2):
-        where = torch.zeros_like(ids, dtype=torch.bool)
-        where[0, pos] = True
-        target = int(ids[0, pos + 1])
-        per_head = patching.logit_attribution(model, ids, target, where)
-        logits, cache = model.run_with_cache(ids, names=[f"L{i}.result" for i in range(model.layers)] + [last])
-        x = cache[last][0, pos]
-        heads = sum(cache[f"L{i}.result"][0, pos].sum(0) for i in range(model.layers))
+        target, per_head, logit, x, heads = _attribution_at(model, ids, pos)
         norm = model.final_norm
         w = model.unembed.weight[target] * norm.weight
         rest = ((x - heads) / (x.pow(2).mean() + norm.eps).sqrt() * w).sum()
-        torch.testing.assert_close(per_head.sum() + rest, logits[0, pos, target], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(per_head.sum() + rest, logit, atol=1e-4, rtol=1e-4)
+
+
+def _attribution_at(model, ids, pos: int):
+    """For the next token at `pos`: (that token, each head's direct logit attribution, the model's logit for
+    it, the last layer's residual stream there, the heads' summed results there); the norm is the test's."""
+    last = f"L{model.layers - 1}.resid_post"
+    where = torch.zeros_like(ids, dtype=torch.bool)
+    where[0, pos] = True
+    target = int(ids[0, pos + 1])
+    per_head = patching.logit_attribution(model, ids, target, where)
+    logits, cache = model.run_with_cache(ids, names=[f"L{i}.result" for i in range(model.layers)] + [last])
+    heads = sum(cache[f"L{i}.result"][0, pos].sum(0) for i in range(model.layers))
+    return target, per_head, logits[0, pos, target], cache[last][0, pos], heads
 
 
 @torch.no_grad()
@@ -135,15 +141,8 @@ def test_direct_logit_attribution_adds_up_through_a_weightless_layernorm():
     model = analysis.WholeModel(lm_from_hf(lm_cases.hf_model("olmo")).eval())
     assert model.final_norm.kind == "layer_plain" and model.final_norm.weight is None
     ids = lm_cases.prompt(batch=1, t=8)
-    last, pos = f"L{model.layers - 1}.resid_post", 5
-    where = torch.zeros_like(ids, dtype=torch.bool)
-    where[0, pos] = True
-    target = int(ids[0, pos + 1])
-    per_head = patching.logit_attribution(model, ids, target, where)
-    logits, cache = model.run_with_cache(ids, names=[f"L{i}.result" for i in range(model.layers)] + [last])
-    x = cache[last][0, pos]
-    heads = sum(cache[f"L{i}.result"][0, pos].sum(0) for i in range(model.layers))
+    target, per_head, logit, x, heads = _attribution_at(model, ids, pos=5)
     sigma = (x.var(unbiased=False) + model.final_norm.eps).sqrt()
     rest = x - heads
     rest = ((rest - rest.mean()) / sigma * model.unembed.weight[target]).sum()
-    torch.testing.assert_close(per_head.sum() + rest, logits[0, pos, target], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(per_head.sum() + rest, logit, atol=1e-4, rtol=1e-4)
