@@ -168,11 +168,11 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     ]
     if not given:
         return
-    import onnx
+    from export.runtime import SessionError, onnx_metadata
 
     try:
-        meta = {p.key: p.value for p in onnx.load(str(source), load_external_data=False).metadata_props}
-    except Exception:  # noqa: BLE001 - not an ONNX file: OnnxSession says so after this
+        meta = onnx_metadata(source)
+    except SessionError:  # not an ONNX file: OnnxSession says so after this
         meta = {}
     made = f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')})"
     raise CliError(

@@ -89,15 +89,7 @@ class RuntimeSession:
     # -- what the model is ---------------------------------------------------------------
 
     def _read_metadata(self) -> dict[str, str]:
-        import onnx
-
-        try:
-            model = onnx.load(str(self.path), load_external_data=False)
-        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise SessionError(f"{self.path} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
-        if not model.graph.node and not model.graph.input:
-            raise SessionError(f"{self.path} is not an ONNX model (it parsed to an empty graph)")
-        return {p.key: p.value for p in model.metadata_props}
+        return onnx_metadata(self.path)
 
     def _read_spec(self) -> zoo.AttentionSpec | None:
         raw = self.metadata.get("attnzoo.spec")
@@ -288,3 +280,16 @@ class RuntimeSession:
 
 
 __all__ = ["RuntimeSession"]
+
+
+def onnx_metadata(path: str | Path) -> dict[str, str]:
+    """An ONNX file's metadata_props, read without its weights; SessionError for a file that is not one."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise SessionError(f"{path} is not an ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
+    if not model.graph.node and not model.graph.input:
+        raise SessionError(f"{path} is not an ONNX model (it parsed to an empty graph)")
+    return {p.key: p.value for p in model.metadata_props}
