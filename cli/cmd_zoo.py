@@ -229,15 +229,14 @@ def cmd_families(args: argparse.Namespace) -> int:
 
 def _coverage(args: argparse.Namespace) -> int:
     """One row per causal-LM model type of the installed transformers (peers.coverage)."""
-    from peers.coverage import coverage, markdown
+    from peers.coverage import coverage, installed_version, markdown, to_json
     from zoo.files import write_atomic
 
     rows = coverage()
+    print(f"transformers {installed_version()}")
     print(markdown(rows))
     if args.json:
-        import json
-
-        write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(rows, indent=1) + "\n"))
+        write_atomic(args.json, lambda tmp: tmp.write_text(to_json(rows)))
         print(f"wrote {args.json}")
     return 0
 

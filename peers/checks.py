@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from zoo.errors import HFConversionError
 
-from .rows import Check, cls_name
+from .rows import Check, cls_name, norm_eps
 
 
 def _bidirectional(m: nn.Module) -> str | None:
@@ -183,7 +183,7 @@ def llama4_fields(m: nn.Module) -> dict:
         out["chunk"] = int(size)
     norm = getattr(m, "qk_norm", None)
     if norm is not None:
-        out["qk_l2"] = float(norm.eps)
+        out["qk_l2"] = norm_eps(norm)
     if getattr(cfg, "attn_temperature_tuning", True) and not m.use_rope:
         out.update(temperature_floor=int(getattr(cfg, "floor_scale", 8192)))
         out.update(temperature_scale=float(getattr(cfg, "attn_scale", 0.1)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import warnings
 from pathlib import Path
 
@@ -51,12 +52,36 @@ REASONS: dict[str, str] = {
     ),
     "bitnet": "an RMSNorm on Z before o_proj (attn_sub_norm)",
     "zaya": "a CCA projection (convolved, compressed Q/K/V) in place of q/k/v_proj",
+    # -- new in transformers 5.25
+    "ergo": "no family row yet: a fused qkv_proj with per-head QK-norm, and on global layers Q and K each scaled "
+    "by sqrt(global_attention_scale) after the rotary",
+    "kolibri1_1": "a learned top-k key selection (an indexer) with NVFP4-rounded keys and values on its NoPE "
+    "layers, and K/V shared across layers (kv_sharing_modes)",
+    "minicpm5_moe": "a gated attention output (a sigmoid gate on Z, from the second half of q_gate_proj)",
 }
 
 
 # Classes that are part of a covered class (BERT's SelfAttention: from_hf points to the whole), its
 # cross-attention (refused by name when asked), or another tower of a multimodal model.
 _PARTS = ("SelfAttention", "CrossAttention", "VisionAttention", "AudioAttention")
+
+
+def installed_version() -> str:
+    """The installed transformers' version (the coverage table is made from one)."""
+    import transformers
+
+    return transformers.__version__
+
+
+def load(path: Path = COVERAGE_JSON) -> tuple[str, list[dict]]:
+    """(the transformers version the table was made from, its rows) from a table written by `to_json`."""
+    data = json.loads(path.read_text())
+    return data["transformers"], data["rows"]
+
+
+def to_json(rows: list[dict]) -> str:
+    """The table as written to peers/coverage.json: the installed transformers' version beside the rows."""
+    return json.dumps({"transformers": installed_version(), "rows": rows}, indent=1) + "\n"
 
 
 def causal_lm_types() -> dict[str, str]:
@@ -162,6 +187,9 @@ __all__ = [
     "causal_lm_types",
     "counts",
     "coverage",
+    "installed_version",
+    "load",
+    "to_json",
     "markdown",
     "outside_layers",
     "row",

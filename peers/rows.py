@@ -270,7 +270,7 @@ def _norm_parts(norm: nn.Module) -> list[nn.Module]:
 def read_norm(row: Row, norm: nn.Module) -> tuple[Tensor, Tensor | None, float]:
     """(weight, bias or None, eps) of a QK-norm, flattened to the zoo's (d) or (n d) layout."""
     parts = _norm_parts(norm)
-    eps = {_norm_eps(p) for p in parts}
+    eps = {norm_eps(p) for p in parts}
     if len(eps) != 1:
         raise HFConversionError(f"{row.cls}: its per-head norms have different eps {sorted(eps)}")
     w = torch.cat([p.weight.detach().reshape(-1) for p in parts]).clone() + row.norm_offset
@@ -306,7 +306,9 @@ def write_norm(row: Row, norm: nn.Module, weight: Tensor, bias: Tensor | None, p
             raise HFConversionError(f"{path} has no bias in the module but the block's QK-norm bias is nonzero")
 
 
-def _norm_eps(norm: nn.Module) -> float:
+def norm_eps(norm: nn.Module) -> float:
+    """The epsilon of a norm module, under either name transformers gives it (Llama 4's weightless QK-norm
+    was `eps` up to 5.24 and is `variance_epsilon` from 5.25)."""
     for name in ("variance_epsilon", "eps"):
         if isinstance(getattr(norm, name, None), float):
             return float(getattr(norm, name))

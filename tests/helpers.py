@@ -8,6 +8,7 @@ enough that tanh bends the scores). Its real width is exported only in tests mar
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,26 @@ import zoo
 
 ALL_NAMES = zoo.names()
 BIG_PARAMETERS = 3_000_000
+
+
+def init_parameters(cls: type) -> set[str]:
+    """The names `cls(...)` takes, looking through decorators that hide them behind (*args, **kwargs):
+    transformers 5.25 wraps attention classes' __init__ (use_kernelized_func) without functools.wraps, so
+    the signature of cls.__init__ alone no longer shows `layer_idx`."""
+    fn, names = cls.__init__, set()
+    for _ in range(8):  # a few layers of wrappers at most
+        params = inspect.signature(fn).parameters
+        names |= {n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
+            break
+        cells = [c.cell_contents for c in fn.__closure__ or ()]
+        inner = getattr(fn, "__wrapped__", None) or next(
+            (c for c in cells if inspect.isfunction(c) and c.__name__ == "__init__"), None
+        )
+        if inner is None:
+            break
+        fn = inner
+    return names - {"self"}
 
 
 def is_big(name: str) -> bool:

@@ -82,3 +82,64 @@ def test_installed_copy_gives_every_command(wheel, tmp_path):
     code = "import sys; from cli.entry import main; sys.exit(main(['bench', '--help']))"
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "--decode" in p.stdout, p.stdout + p.stderr
+
+
+# -- pinned versions: constraints.txt -------------------------------------------------------------------------
+
+
+def _pins() -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not NAME==VERSION"
+            pins[canonicalize_name(name.split("[")[0])] = version.strip()
+    return pins
+
+
+def _declared() -> list[str]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+
+
+def test_every_declared_dependency_is_pinned_within_its_range():
+    """A fresh machine installs what passed: each package the package and its extras name has a pin, and the
+    pin lies inside the declared range (a range that excludes what CI proves is a lie)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = _pins()
+    here = {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.11"}
+    for text in _declared():
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate(here):
+            continue  # the other platforms' onnxruntime
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is declared in pyproject.toml but not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {text!r}"
+
+
+def test_heavy_dependencies_declare_an_upper_bound():
+    """The declared ranges end at the newest minor release proven, not at the next major (`>=5,<6`)."""
+    from packaging.requirements import Requirement
+
+    heavy = {"torch", "transformers", "onnxruntime", "onnxruntime-gpu", "onnx", "onnxscript", "ray", "tritonclient"}
+    for text in _declared():
+        req = Requirement(text)
+        if req.name in heavy:
+            assert any(s.operator == "<" for s in req.specifier), f"{text!r} has no upper bound"
+
+
+def test_ci_and_the_readme_install_with_the_pins():
+    ci = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    for step in ("pip install -q torch==2.13.0 -c constraints.txt", 'pip install -q -c constraints.txt -e ".[test]"'):
+        assert step in ci, step
+        assert step.replace(" -q", "") in readme, step

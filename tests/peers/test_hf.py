@@ -26,6 +26,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import helpers
 import peers.rows
 import peers.transformers
 import zoo
@@ -902,7 +903,7 @@ def test_preset_matches_the_real_config(preset):
     family, cls, config_cls, values = PRESET_MODULES[preset]
     config = getattr(transformers, config_cls)(**values)
     module_cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), cls)
-    takes_layer = "layer_idx" in inspect.signature(module_cls.__init__).parameters
+    takes_layer = "layer_idx" in helpers.init_parameters(module_cls)
     with torch.device("meta"):
         module = module_cls(config, layer_idx=0) if takes_layer else module_cls(config)
     got = peers.transformers.spec_from_hf(module)
