@@ -291,7 +291,14 @@ def start(
     try:
         if provider == "cuda" and ray.cluster_resources().get("GPU", 0) < 1:
             raise ServeError("provider='cuda' asks one GPU per replica, but this Ray cluster has no GPU")
-        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.start(http_options={"host": host, "port": port})
+        except ray.exceptions.RayError as e:  # the HTTP proxy did not come up (killed when its ready check ran out)
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]
+            raise ServeError(
+                f"Ray Serve's HTTP proxy did not start: {lines[-1] if lines else type(e).__name__}; on a busy "
+                f"host raise RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S before Ray starts"
+            ) from e
         options: dict[str, Any] = {"num_cpus": cpus_per_replica}
         if provider == "cuda":
             options["num_gpus"] = 1
@@ -332,6 +339,11 @@ def start(
 
 
 _RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray Serve's controller kills an HTTP proxy that is not ready within 5 s (ray.kill), and serve.start then fails
+# with ActorDiedError "killed by ray.kill": on 2 cores shared with a test run or a build, a proxy takes longer
+# than that to start (reproduced with the timeout lowered). A Ray of our own gives its proxies a minute; the
+# controller reads these when it starts, from the environment the raylet passes on. A value already set wins.
+SLOW_HOST_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
 
 
 def init_local_ray(**options: Any) -> None:
@@ -351,6 +363,8 @@ def init_local_ray(**options: Any) -> None:
     had_env, had_flag = os.environ.get(_RAY_CLUSTER_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     os.environ[_RAY_CLUSTER_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    for name, value in SLOW_HOST_TIMEOUTS.items():
+        os.environ.setdefault(name, value)
     try:
         ray.init(
             address="local",

@@ -10,6 +10,7 @@ import base64
 import dataclasses
 import io
 import json
+import os
 import re
 import socket
 import threading
@@ -834,3 +835,38 @@ def test_the_client_retries_once_then_says_what_failed():
         Client("ftp://example/")
     with pytest.raises(ValueError, match="retries=-1"):
         Client("http://127.0.0.1:1/", retries=-1)
+
+
+def test_a_ray_of_our_own_gives_its_http_proxy_a_minute_to_start(monkeypatch):
+    """Serve's controller kills an HTTP proxy that is not ready in 5 s; on 2 busy cores serve.start then failed
+    with a raw ActorDiedError ("killed by ray.kill"). Ray's daemons read the timeouts from the environment they
+    inherit when ray.init starts them; a value the user set stays."""
+    import ray
+
+    import serve.app
+
+    seen = {}
+    monkeypatch.setattr(
+        ray, "init", lambda **kw: seen.update({k: os.environ.get(k) for k in serve.app.SLOW_HOST_TIMEOUTS})
+    )
+    for name in serve.app.SLOW_HOST_TIMEOUTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "7")
+    serve.app.init_local_ray(num_cpus=1)
+    assert seen == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "7"}
+    assert float(seen["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) >= 30
+
+
+def test_a_proxy_that_does_not_start_is_one_line(models, monkeypatch):
+    import ray
+    from ray import serve as ray_serve
+
+    def killed(**_):
+        raise ray.exceptions.RayError(
+            "The actor died unexpectedly\nThe actor is dead because it was killed by `ray.kill`."
+        )
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # a Ray already running: nothing to start or stop
+    monkeypatch.setattr(ray_serve, "start", killed)
+    with pytest.raises(ServeError, match=r"HTTP proxy did not start: .*killed by `ray.kill`.*READY_CHECK_TIMEOUT"):
+        start(models["masked"], port=free_port())
