@@ -118,6 +118,10 @@ def warp(scores: np.ndarray, p: Sampling) -> np.ndarray:
     if p.top_k and p.top_k < v:
         kth = np.partition(scores, v - p.top_k, axis=-1)[:, v - p.top_k, None]
         scores = np.where(scores < kth, -np.inf, scores)
+    return _top_p_min_p(scores, p)
+
+
+def _top_p_min_p(scores: np.ndarray, p: Sampling) -> np.ndarray:
     if p.top_p < 1.0:
         order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as TopPLogitsWarper sorts
         cum = np.cumsum(_softmax(np.take_along_axis(scores, order, -1)), -1)
@@ -180,14 +184,22 @@ class Sampler:
             scores = penalize(scores, self.seen, p.repetition_penalty)
         if not p.do_sample:
             return scores.argmax(-1)
-        probs = _softmax(warp(scores, p))
-        cum = np.cumsum(probs, -1)
-        out = np.empty(len(probs), np.int64)
+        if p.temperature != 1.0:
+            scores = scores / p.temperature
+        v = scores.shape[-1]
+        out = np.empty(len(scores), np.int64)
         for row, rng in enumerate(self.rngs):
-            u = rng.random() * cum[row, -1]
-            out[row] = min(int(np.searchsorted(cum[row], u, side="right")), probs.shape[1] - 1)
-            while probs[row, out[row]] == 0:  # a draw on a removed token's edge (u == a boundary): step back
-                out[row] -= 1
+            s = scores[row]
+            keep = None
+            if p.top_k and p.top_k < v:  # the rest is -inf after top_k: warp and draw over the kept few only
+                keep = np.flatnonzero(s >= np.partition(s, v - p.top_k)[v - p.top_k])
+                s = s[keep]
+            probs = _softmax(_top_p_min_p(s[None], p))[0]
+            cum = np.cumsum(probs)
+            i = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(probs) - 1)
+            while probs[i] == 0:  # the clamp at the end landed on a removed token: step back to a kept one
+                i -= 1
+            out[row] = i if keep is None else keep[i]
         return out
 
     def observe(self, tokens: np.ndarray) -> None:
