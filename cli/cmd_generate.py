@@ -285,10 +285,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     new = tokens.shape[1] - len(ids)
     timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
     row = tokens[0].tolist()
-    print(f"tokens ({len(ids)} prompt tokens, then {new} new)", " ".join(map(str, row[len(ids) :])))
+    print("tokens", " ".join(map(str, row)))
     text = run.texts[0] if tok is not None else None
     if tok is not None and not live:
-        print("text  ", repr(short(tok.decode(ids))), "->", repr(text))
+        print("text  ", repr(tok.decode(ids)), "->", repr(text))
     step = timings["decode_s"] / max(timings["steps"], 1)
     how = "greedy" if not run.params.do_sample else f"sampled, seed {run.seed}"
     print(

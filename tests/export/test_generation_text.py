@@ -167,3 +167,30 @@ print(json.dumps([pieces, stopped, chat, sampled]))
     assert len(stopped) < len("".join(pieces)) and "".join(pieces).startswith(stopped)
     assert chat == "<user>hi</s><assistant>"
     assert sampled == sess.generate([[1, 2, 3]], 5, temperature=0.9, seed=1).tolist()
+
+
+def test_cli_generate_samples_stops_chats_and_says_how_many_tokens_an_interrupt_left(text_lm, tmp_path, capsys):
+    from cli.main import main
+    from export.generation import Generation
+
+    _, path = text_lm
+    out = tmp_path / "out.json"
+    argv = ["generate", str(path), "--chat", "--prompt", "hi", "--max-new-tokens", "12", "--temperature", "0.9"]
+    assert main([*argv, "--seed", "4", "--stop", "a", "--json", str(out), "--stream"]) == 0
+    doc = json.loads(out.read_text())
+    shown = capsys.readouterr().out
+    assert doc["seed"] == 4 and "sampled, seed 4" in shown and doc["finish_reason"][0] in ("stop", "length")
+    assert "a" not in doc["text"][0]
+    assert doc["tokens"][0][:9] == [*b"<user>hi", 257]  # the chat template's prompt, its eos_token encoded as one
+    steps = iter(Generation.__iter__(Generation(*text_lm[:1], [[1, 2]], 3)))
+
+    def interrupted(self):
+        yield next(steps)
+        self.made = 1
+        raise KeyboardInterrupt
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(Generation, "__iter__", interrupted):
+        assert main(["generate", str(path), "--prompt-ids", "1,2", "--max-new-tokens", "5"]) == 130
+    assert capsys.readouterr().err.strip().endswith("interrupted after 1 new tokens")
