@@ -21,6 +21,7 @@ from export.names import PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
 from .common import CliError, number_in, positive, refuse_broken_cuda
+from .generate_flags import add_generation_flags, chat_prompt, options, short
 
 
 def _checkpoint_folder(folder: str) -> Path:
@@ -55,6 +56,8 @@ def _cache_root() -> Path:
 def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
     h = hashlib.sha256()
     h.update((folder / "config.json").read_bytes())
+    if (folder / "generation_config.json").is_file():
+        h.update((folder / "generation_config.json").read_bytes())
     for f in sorted(folder.glob("*.safetensors")):
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -100,8 +103,28 @@ def exported(folder: str, precision: str, max_len: int | None, check=None) -> Pa
     if max_len is None:
         max_len = default_max_len(path, model)
     print(f"exporting {folder} ({precision}) to {out} (once)")
-    export_lm(model, out, precision=precision, max_len=max_len, overwrite=True, label=str(folder))
+    export_lm(
+        model,
+        out,
+        precision=precision,
+        max_len=max_len,
+        overwrite=True,
+        label=str(folder),
+        generation_config=generation_config(path),
+    )
     return out
+
+
+def generation_config(folder: Path) -> dict | None:
+    """The checkpoint's generation_config.json (eos ids, sampling defaults), or None."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CliError(f"{path} is not JSON ({type(e).__name__})") from None
+    return data if isinstance(data, dict) else None
 
 
 def tokenizer_file(source: Path) -> Path | None:
@@ -187,24 +210,36 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
     past = [i for i in ids if i >= vocab]
     if past:
         raise CliError(f"token id {past[0]} is past the vocabulary ({vocab} tokens: ids 0..{vocab - 1})")
-    if args.eos_token_id is not None and args.eos_token_id >= vocab:
-        raise CliError(f"--eos-token-id {args.eos_token_id} is past the vocabulary ({vocab} tokens): no token can end")
+    for eos in args.eos_token_id or ():
+        if eos >= vocab:
+            raise CliError(f"--eos-token-id {eos} is past the vocabulary ({vocab} tokens): no token can end")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import sys
+
     import numpy as np
 
-    from export.generation import generate, lm_vocab, positions_needed
+    from export.generation import Generation, lm_vocab, positions_needed
     from export.session import OnnxSession
 
     if args.json:
         ensure_writable_parent(Path(args.json))
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
+    if not source.exists():
+        raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
+    config = None
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
-        tok = _tokenizer(source)
-        ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
+        config = generation_config(source) or {}
+    else:
+        _refuse_export_flags(args, source)
+    tok = _tokenizer(source)
+    if args.chat or args.messages is not None:
+        chat_prompt(args, tok, source)
+    ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
+    if source.is_dir():
         needed = positions_needed(len(ids), args.max_new_tokens)
         if args.max_len is not None and needed > args.max_len:
             raise CliError(
@@ -214,41 +249,59 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model_path = exported(
             args.source, args.precision, args.max_len, lambda model: _check_vocab(args, ids, model.spec.vocab)
         )
-    elif source.is_file():
-        _refuse_export_flags(args, source)
-        tok = _tokenizer(source)
-        ids = _prompt_ids(args, tok, source)
-        model_path = source
     else:
-        raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
+        model_path = source
+    if args.stop and tok is None:
+        raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
     sess = OnnxSession(model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu")
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     _check_vocab(args, ids, lm_vocab(sess))
-    timings: dict = {}
-    started = time.perf_counter()
-    tokens = generate(
-        sess, np.array([ids], np.int64), args.max_new_tokens, eos_token_id=args.eos_token_id, timings=timings
+    run = Generation(
+        sess,
+        np.array([ids], np.int64),
+        args.max_new_tokens,
+        tokenizer=tok,
+        generation_config=config,
+        **options(args),
     )
+    live = sys.stdout.isatty() if args.stream is None else args.stream
+    if live:
+        echo = short(tok.decode(ids)) if tok is not None else f"{len(ids)} prompt tokens"
+        print(f"{echo!r} ->" if tok is not None else f"{echo} ->", end=" ", flush=True)
+    started = time.perf_counter()
+    try:
+        for token in run:
+            if live:
+                print(run.pieces[0] if tok is not None else f"{int(token[0])} ", end="", flush=True)
+    except KeyboardInterrupt:
+        print(f"\nattnzoo generate: interrupted after {run.made} new tokens", file=sys.stderr)
+        return 130
     total = time.perf_counter() - started
+    if live:
+        print()
+    timings = dict(run.timings)
+    tokens = run.tokens
     new = tokens.shape[1] - len(ids)
     timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
     row = tokens[0].tolist()
     print("tokens", " ".join(map(str, row)))
-    text = None
-    if tok is not None:
-        text = tok.decode(row[len(ids) :])
+    text = run.texts[0] if tok is not None else None
+    if tok is not None and not live:
         print("text  ", repr(tok.decode(ids)), "->", repr(text))
     step = timings["decode_s"] / max(timings["steps"], 1)
+    how = "greedy" if not run.params.do_sample else f"sampled, seed {run.seed}"
     print(
         f"took   {total:.3f} s for {new} new tokens ({new / total:.1f} tokens/s end to end; prefill "
         f"{1e3 * timings['prefill_s']:.1f} ms, {1e3 * step:.2f} ms per decode step), {sess.precision}, "
-        f"on {sess.provider}"
+        f"on {sess.provider}, {how}, finish: {run.finish_reason[0]}"
     )
     if args.json:
         doc = {
             "tokens": tokens.tolist(),
             "text": [text] if text is not None else None,
+            "finish_reason": run.finish_reason,
+            "seed": run.seed,
             "timings": timings,
             "source": args.source,
             "model": str(model_path),
@@ -293,12 +346,17 @@ def export_whole(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         overwrite=args.force,
         label=args.checkpoint,
+        generation_config=generation_config(Path(args.checkpoint)),
     )
     print(result.summary())
     if tokenizer is not None:
         src, dst = tokenizer
         write_atomic(dst, lambda tmp: tmp.write_bytes(src))
         print(f"tokenizer: {Path(args.checkpoint) / 'tokenizer.json'} copied to {dst} (generate --prompt reads it)")
+        for name in ("tokenizer_config.json", "chat_template.jinja"):  # the chat template (generate --chat)
+            if (Path(args.checkpoint) / name).is_file():
+                data = (Path(args.checkpoint) / name).read_bytes()
+                write_atomic(dst.with_name(Path(args.output).stem + "." + name), lambda tmp, d=data: tmp.write_bytes(d))
     return 0
 
 
@@ -322,8 +380,9 @@ def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] 
 def add_commands(sub) -> None:
     sp = sub.add_parser(
         "generate",
-        help="greedy tokens from a checkpoint folder or a whole-model .onnx, under ONNX Runtime",
-        description="Greedy generation under ONNX Runtime. A checkpoint folder (config.json + *.safetensors) "
+        help="tokens (greedy or sampled) from a checkpoint folder or a whole-model .onnx, under ONNX Runtime",
+        description="Generation under ONNX Runtime (greedy unless a sampling flag or the checkpoint says so). "
+        "A checkpoint folder (config.json + *.safetensors) "
         "is exported whole once (cached in ATTNZOO_CACHE, default ~/.cache/attnzoo); a .onnx is a whole-model "
         "export (attnzoo export --checkpoint DIR --whole, which writes MODEL.tokenizer.json beside it from the "
         "checkpoint's tokenizer.json). With a tokenizer, --prompt takes text.",
@@ -355,10 +414,13 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--eos-token-id",
         type=number_in(int, 0),
+        action="append",
         default=None,
         metavar="ID",
-        help="stop when this token is made (default: generate all --max-new-tokens)",
+        help="stop a row when it makes this token (repeat for several; default: the checkpoint's "
+        "generation_config.json eos_token_id)",
     )
+    add_generation_flags(sp)
     sp.add_argument(
         "--json",
         metavar="PATH",

@@ -1,4 +1,5 @@
-"""Greedy generation under ONNX Runtime from a whole-model export (export/lm_export.py).
+"""Generation under ONNX Runtime from a whole-model export (export/lm_export.py): greedy, or sampled
+(export/sampling.py), stopped per row at eos ids, stop strings or max_time (export/stopping.py), streamed.
 
     tokens = OnnxSession("lm.onnx").generate(input_ids, max_new_tokens=64)     # (b, t + 64) int64
 
@@ -26,6 +27,8 @@ import zoo
 from zoo.spec_fields import rope_switch_at
 
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from .sampling import Sampler, resolve
+from .stopping import Codec, RowText, eos_ids, stop_strings
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
@@ -111,6 +114,206 @@ def _check_count(name: str, value, low: int) -> None:
         raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
 
 
+def generation_defaults(sess: RuntimeSession) -> dict:
+    """The checkpoint's generation_config.json as its export recorded it (attnzoo.generation_config), or {}."""
+    raw = sess.metadata.get("attnzoo.generation_config")
+    return json.loads(raw) if raw else {}
+
+
+class Generation:
+    """One call, step by step: iterating yields each step's (b,) int64 tokens (a row that ended gets the
+    pad id) as they are made; then `tokens` (b, t + made), `finish_reason` per row ("stop" at an eos id or a
+    stop string, "length" at max_new_tokens or max_time) and, with a tokenizer, `texts` (each row's new
+    text, ending before a stop string) and `pieces` (each row's text released by the last step).
+
+    Knobs (export/sampling.py) and eos_token_id / pad_token_id left None come from `generation_config`
+    (default: the checkpoint's, recorded in the export); eos_token_id=[] stops at no token."""
+
+    def __init__(
+        self,
+        sess: RuntimeSession,
+        input_ids,
+        max_new_tokens: int,
+        attention_mask=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        *,
+        stop=None,
+        tokenizer=None,
+        max_time: float | None = None,
+        generation_config: dict | None = None,
+        **knobs,
+    ) -> None:
+        self.sess = sess
+        self.as_torch = is_tensor(input_ids)
+        self.ids = _as_ids(sess, input_ids)
+        _check_count("max_new_tokens", max_new_tokens, 1)
+        self.max_new_tokens = max_new_tokens
+        config = generation_defaults(sess) if generation_config is None else generation_config
+        if not isinstance(config, dict):
+            raise zoo.InputTypeError(f"generation_config must be a dict (a generation_config.json), got {config!r}")
+        self.eos = eos_ids(config.get("eos_token_id") if eos_token_id is None else eos_token_id)
+        pad = config.get("pad_token_id") if pad_token_id is None else pad_token_id
+        if pad is not None:
+            _check_count("pad_token_id", pad, 0)
+        self.pad = pad if pad is not None else (self.eos[0] if self.eos else None)
+        if max_time is not None and (
+            isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time <= 0
+        ):
+            raise zoo.ArgumentError(f"max_time={max_time!r} must be a number of seconds > 0")
+        self.max_time = max_time
+        stops = stop_strings(stop)
+        if stops and tokenizer is None:
+            raise zoo.ArgumentError(f"stop={stop!r} is matched on text: give the tokenizer too (tokenizer=...)")
+        b = self.ids.shape[0]
+        if stops and self.pad is None and b > 1:
+            raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
+        self.codec = Codec(tokenizer) if tokenizer is not None else None
+        self.rows = [RowText(self.codec, stops) for _ in range(b)] if self.codec else None
+        self.params = resolve(knobs, config)
+        self.mask = attention_mask
+        self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))
+        self.seed = self.sampler.seed
+        self.finish_reason = [None] * b
+        self.pieces = [""] * b if self.rows else None
+        self.made = 0
+        self.timings: dict = {}
+        self._out = np.empty((b, self.ids.shape[1] + max_new_tokens), np.int64)
+        self._out[:, : self.ids.shape[1]] = self.ids
+
+    def _prompt_mask(self):
+        am = self.mask
+        if am is None:
+            return None
+        am = am.detach().cpu().numpy() if is_tensor(am) else np.asarray(am)
+        if am.shape != self.ids.shape:
+            raise zoo.InputError(f"attention_mask has shape {am.shape}; it must be (batch, tokens) = {self.ids.shape}")
+        if not am.astype(bool)[:, -1].all():
+            raise zoo.InputError("attention_mask: pad on the left (every row's last prompt token must be real)")
+        return am.astype(bool)
+
+    @property
+    def tokens(self):
+        """(b, t + made) int64: the prompt then the new tokens (torch when the prompt was torch)."""
+        out = self._out[:, : self.ids.shape[1] + self.made]
+        return from_numpy(out.copy()) if self.as_torch else out
+
+    @property
+    def texts(self) -> list[str] | None:
+        return [r.text for r in self.rows] if self.rows else None
+
+    def __iter__(self):
+        import onnxruntime as ort
+
+        sess, ids, max_new_tokens = self.sess, self.ids, self.max_new_tokens
+        b, t = ids.shape
+        need = positions_needed(t, max_new_tokens)
+        cap = lm_max_len(sess)
+        if cap is not None and need > cap:
+            raise zoo.ArgumentError(
+                f"a prompt of {t} token{'s' * (t != 1)} and {max_new_tokens} new ones write {need} cache positions "
+                f"(the last new token is not fed back), past this export's max_len {cap}: export it with "
+                f"max_len={need} (CLI: --max-len {need}) or more"
+            )
+        n = -(-need // ROUND) * ROUND
+        n = min(n, cap) if cap is not None else n
+        key_mask = np.ones((b, n), np.bool_)
+        prompt_mask = self._prompt_mask()
+        if prompt_mask is not None:
+            key_mask[:, :t] = prompt_mask
+        from zoo.limits import check_fits
+
+        prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
+        buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith(prefix)]
+        need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for _, x in buffers)
+        check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
+
+        binding = sess.new_binding()
+        keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
+
+        def bound(arr: np.ndarray):
+            keep.append(arr)
+            return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+
+        dtype = np.float16 if "float16" in buffers[0][1].type else np.float32
+        for _, x in buffers:
+            buf = bound(np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype))
+            layer, kv = x.name.split(".")[1:3]
+            binding.bind_ortvalue_input(x.name, buf)
+            binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
+        binding.bind_ortvalue_input(ATTENTION_MASK.name, bound(key_mask))
+        past_len = np.zeros((), np.int64)
+        binding.bind_ortvalue_input(PAST_LEN.name, bound(past_len))
+        # the graph's argmax is the token unless the choice reads the logits (sampling, a repetition penalty)
+        has_argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits
+        if has_argmax:
+            next_token = np.zeros((b,), np.int64)
+            binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(next_token))
+        step_logits = np.zeros((b, 1, lm_vocab(sess)), dtype)
+        step_ids = np.zeros((b, 1), np.int64)
+        choose = self.sampler.choose
+
+        out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
+        done = np.zeros(b, np.bool_)
+        started = time.perf_counter()
+        # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output, in chunks
+        # for one row (prefill_chunk)
+        chunk = prefill_chunk(sess, b, t)
+        binding.bind_output(LOGITS.name, "cpu")
+        for start in range(0, t, chunk):
+            binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(ids[:, start : start + chunk])))
+            past_len[()] = start
+            sess.run_with_iobinding(binding)
+        if has_argmax:
+            token = next_token.copy()
+        else:  # the logits are the one (b t|1 v) output; the presents are 4-d, next_token 1-d
+            token = choose(next(o for o in binding.get_outputs() if len(o.shape()) == 3).numpy()[:, -1])
+        prefill = time.perf_counter() - started
+        binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
+        binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
+        for i in range(max_new_tokens):
+            if pad is not None:
+                token = np.where(done, pad, token)
+            ended = ~done & np.isin(token, eos) if len(eos) else np.zeros(b, np.bool_)
+            if rows:
+                self.pieces = ["" if done[r] or ended[r] else rows[r].add(token[r]) for r in range(b)]
+                ended |= ~done & np.array([r.stopped for r in rows])
+            self.sampler.observe(token)
+            out[:, t + i] = token
+            self.made = i + 1
+            for r in np.flatnonzero(ended):
+                self.finish_reason[r] = "stop"
+            done |= ended
+            over_time = self.max_time is not None and time.perf_counter() - started > self.max_time
+            last = done.all() or i + 1 == max_new_tokens or over_time
+            if last:
+                self._finish(done)
+            yield token
+            if last:
+                break
+            step_ids[:, 0] = token
+            past_len[()] = t + i
+            sess.run_with_iobinding(binding)
+            token = next_token.copy() if has_argmax else choose(step_logits[:, -1])
+        decode = time.perf_counter() - started - prefill
+        self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=n)
+        if self.seed is not None:
+            self.timings["seed"] = self.seed
+
+    def _finish(self, done: np.ndarray) -> None:
+        """Rows still going end at their length; the text each row held back is released."""
+        for r in np.flatnonzero(~done):
+            self.finish_reason[r] = "length"
+        if self.rows:
+            self.pieces = [p + row.finish() for p, row in zip(self.pieces, self.rows)]
+
+    def run(self):
+        """Every step; returns `tokens`."""
+        for _ in self:
+            pass
+        return self.tokens
+
+
 def generate(
     sess: RuntimeSession,
     input_ids,
@@ -120,118 +323,51 @@ def generate(
     pad_token_id=None,
     *,
     timings: dict | None = None,
+    **options,
 ):
-    """(b, t + N) int64: the prompt then greedy tokens (fewer than N when every row ended at eos).
+    """(b, t + N) int64: the prompt then the new tokens (fewer than N when every row ended at an eos id or a
+    stop string), greedy unless the options sample (export/sampling.py; Generation for every option).
 
     torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
-    prefill_s, decode_s, steps and capacity."""
-    import onnxruntime as ort
-
-    as_torch = is_tensor(input_ids)
-    ids = _as_ids(sess, input_ids)
-    _check_count("max_new_tokens", max_new_tokens, 1)
-    for name, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
-        if v is not None:
-            _check_count(name, v, 0)
-    b, t = ids.shape
-    need = positions_needed(t, max_new_tokens)
-    cap = lm_max_len(sess)
-    if cap is not None and need > cap:
-        raise zoo.ArgumentError(
-            f"a prompt of {t} token{'s' * (t != 1)} and {max_new_tokens} new ones write {need} cache positions "
-            f"(the last new token is not fed back), past this export's max_len {cap}: export it with "
-            f"max_len={need} (CLI: --max-len {need}) or more"
-        )
-    n = -(-need // ROUND) * ROUND
-    n = min(n, cap) if cap is not None else n
-    key_mask = np.ones((b, n), np.bool_)
-    if attention_mask is not None:
-        am = attention_mask
-        am = am.detach().cpu().numpy() if is_tensor(am) else np.asarray(am)
-        if am.shape != (b, t):
-            raise zoo.InputError(f"attention_mask has shape {am.shape}; it must be (batch, tokens) = {(b, t)}")
-        if not am.astype(bool)[:, -1].all():
-            raise zoo.InputError("attention_mask: pad on the left (every row's last prompt token must be real)")
-        key_mask[:, :t] = am.astype(bool)
-    from zoo.limits import check_fits
-
-    prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
-    buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith(prefix)]
-    need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for _, x in buffers)
-    check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
-
-    binding = sess.new_binding()
-    keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
-
-    def bound(arr: np.ndarray):
-        keep.append(arr)
-        return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-
-    dtype = np.float16 if "float16" in buffers[0][1].type else np.float32
-    for _, x in buffers:
-        buf = bound(np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype))
-        layer, kv = x.name.split(".")[1:3]
-        binding.bind_ortvalue_input(x.name, buf)
-        binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
-    binding.bind_ortvalue_input(ATTENTION_MASK.name, bound(key_mask))
-    past_len = np.zeros((), np.int64)
-    binding.bind_ortvalue_input(PAST_LEN.name, bound(past_len))
-    has_argmax = NEXT_TOKEN.name in sess.output_names
-    if has_argmax:
-        next_token = np.zeros((b,), np.int64)
-        binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(next_token))
-    vocab = lm_vocab(sess)
-    step_logits = np.zeros((b, 1, vocab), dtype)
-    step_ids = np.zeros((b, 1), np.int64)
-
-    out = np.empty((b, t + max_new_tokens), np.int64)
-    out[:, :t] = ids
-    done = np.zeros(b, np.bool_)
-    pad = pad_token_id if pad_token_id is not None else eos_token_id
-    started = time.perf_counter()
-    # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output, in chunks
-    # for one row (prefill_chunk)
-    chunk = prefill_chunk(sess, b, t)
-    binding.bind_output(LOGITS.name, "cpu")
-    for start in range(0, t, chunk):
-        binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(ids[:, start : start + chunk])))
-        past_len[()] = start
-        sess.run_with_iobinding(binding)
-    if has_argmax:
-        token = next_token.copy()
-    else:
-        token = binding.get_outputs()[0].numpy()[:, -1].argmax(-1)
-    prefill = time.perf_counter() - started
-    binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
-    binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
-    length = t
-    for i in range(max_new_tokens):
-        if eos_token_id is not None:
-            token = np.where(done, pad, token)
-            done |= token == eos_token_id
-        out[:, t + i] = token
-        if (eos_token_id is not None and done.all()) or i + 1 == max_new_tokens:
-            length = t + i + 1
-            break
-        step_ids[:, 0] = token
-        past_len[()] = t + i
-        sess.run_with_iobinding(binding)
-        token = next_token.copy() if has_argmax else step_logits[:, -1].argmax(-1)
-    decode = time.perf_counter() - started - prefill
+    prefill_s, decode_s, steps and capacity (and the seed of a sampling call)."""
+    run = Generation(sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options)
+    tokens = run.run()
     if timings is not None:
-        timings.update(prefill_s=prefill, decode_s=decode, steps=length - t - 1, capacity=n)
-    out = out[:, :length]
-    return from_numpy(out) if as_torch else out
+        timings.update(run.timings)
+    return tokens
+
+
+def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=None, *, tokenizer=None, **options):
+    """Yields as each step is made: without a tokenizer each step's (b,) token ids; with one, each step's
+    text pieces, one per row (a row's pieces join to its text, which ends before a stop string; a
+    multi-byte character comes whole). A str prompt (with a tokenizer) is one row and yields str pieces."""
+    one_text = isinstance(input_ids, str)
+    if one_text:
+        if tokenizer is None:
+            raise zoo.ArgumentError("a text prompt needs tokenizer=... (a tokenizers.Tokenizer or a tokenizer.json)")
+        input_ids = [Codec(tokenizer).encode(input_ids)]
+    run = Generation(sess, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
+    for token in run:
+        if tokenizer is None:
+            yield token
+        elif one_text:
+            if run.pieces[0]:
+                yield run.pieces[0]
+        else:
+            yield list(run.pieces)
 
 
 __all__ = [
     "PREFILL_CHUNK",
     "ROUND",
+    "Generation",
     "generate",
+    "generation_defaults",
     "lm_max_len",
     "lm_vocab",
     "longrope_switch",
     "one_call_prompt_len",
     "positions_needed",
     "prefill_chunk",
+    "stream",
 ]

@@ -220,6 +220,7 @@ def export_lm(
     label: str | None = None,
     all_logits: bool = False,
     argmax: bool = True,
+    generation_config: dict | None = None,
     **overrides,
 ) -> LMExportResult:
     """Write `model`'s step as one ONNX graph (see the module docstring); returns what was written.
@@ -228,7 +229,8 @@ def export_lm(
     largest capacity a session allocates (recorded as attnzoo.max_len), otherwise each call sizes its
     buffers to its prompt and new tokens. precision int8 / int4 quantizes every projection, MLP and
     the head (MatMulNBits, export/precision.py); the embedding stays fp32. all_logits: logits at
-    every position of a call (b t v) instead of the last (b 1 v). argmax: a next_token output."""
+    every position of a call (b t v) instead of the last (b 1 v). argmax: a next_token output.
+    generation_config: the checkpoint's generation_config.json (a dict), recorded for generate's defaults."""
     from zoo.files import is_special
 
     from .saving import EXTERNAL_DATA_BYTES, output_target, save_atomic
@@ -277,6 +279,7 @@ def export_lm(
         "attnzoo.dtype": dtype,
         "attnzoo.cache": "static",
         **({"attnzoo.max_len": str(max_len)} if max_len else {}),
+        **({"attnzoo.generation_config": json.dumps(generation_config)} if generation_config else {}),
         **applied.metadata(),
     }
     quantized.metadata_props.update(meta)

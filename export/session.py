@@ -51,10 +51,21 @@ class OnnxSession(RuntimeSession):
 
     # -- whole models (export_onnx of a zoo.lm.DecoderLM) --------------------------------------
 
-    def generate(self, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None, pad_token_id=None):
-        """Greedy tokens: (b, t + N) int64, the prompt then the new tokens, as transformers' generate
-        returns them; the buffers bound once and written in place (export/generation.py)."""
-        return generation.generate(self, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id)
+    def generate(
+        self, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None, pad_token_id=None, **options
+    ):
+        """(b, t + N) int64, the prompt then the new tokens, as transformers' generate returns them: greedy,
+        or sampled with do_sample / temperature / top_k / top_p / min_p / repetition_penalty / seed; stopped
+        at eos ids (the checkpoint's by default), stop strings (with tokenizer=) or max_time
+        (export/generation.py's Generation); the buffers bound once and written in place."""
+        return generation.generate(
+            self, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options
+        )
+
+    def stream(self, input_ids, max_new_tokens: int, attention_mask=None, **options):
+        """generate's tokens as they are made: each step's (b,) ids, or with tokenizer= its text pieces (a
+        str prompt yields str pieces, never a split character; text ends before a stop string)."""
+        return generation.stream(self, input_ids, max_new_tokens, attention_mask, **options)
 
     # -- where did it run ------------------------------------------------------------------
 

@@ -1,0 +1,76 @@
+"""`attnzoo generate`'s flags for sampling, stopping, streaming and chat, and what they become: the options of
+export.generation.Generation, and a chat's prompt rendered with the checkpoint's template (export/chat.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import CliError, number_in
+
+
+def chat_prompt(args, tok, source: Path) -> None:
+    """--chat / --messages: the messages rendered by the checkpoint's chat template into args.prompt."""
+    from export.chat import ChatTemplate, read_messages
+
+    if args.messages is not None:
+        if args.prompt is not None or args.prompt_ids is not None:
+            raise CliError("--messages FILE is the whole prompt; leave out --prompt and --prompt-ids")
+        try:
+            messages = read_messages(Path(args.messages).read_text())
+        except OSError as e:
+            raise CliError(f"--messages {args.messages}: {e.strerror or e}") from None
+    else:
+        if args.prompt is None:
+            raise CliError("--chat takes the user's message as --prompt TEXT (or give --messages FILE.json)")
+        messages = [{"role": "user", "content": args.prompt}]
+    if tok is None:
+        raise CliError(f"--chat needs the checkpoint's tokenizer.json beside {source}")
+    folder, stem = (source, "") if source.is_dir() else (source.parent, source.stem + ".")
+    if not source.is_dir() and not (folder / f"{stem}tokenizer_config.json").is_file():
+        stem = ""  # an export without its own copy: the folder's
+    args.prompt = ChatTemplate.from_folder(folder, stem).render(messages, add_generation_prompt=True)
+    args.prompt_ids = None
+
+
+def options(args) -> dict:
+    """The generation options the command line gives (None: the checkpoint's generation_config decides)."""
+    knobs = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
+    out = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
+    if args.stop:
+        out["stop"] = args.stop
+    if args.max_time is not None:
+        out["max_time"] = args.max_time
+    if args.eos_token_id is not None:
+        out["eos_token_id"] = args.eos_token_id
+    return out
+
+
+def short(text: str, keep: int = 60) -> str:
+    """A long prompt's echo: its start and end."""
+    return text if len(text) <= 2 * keep + 5 else f"{text[:keep]} ... {text[-keep:]}"
+
+
+def add_generation_flags(sp) -> None:
+    g = sp.add_argument_group("sampling (default: greedy, or the checkpoint's generation_config.json)")
+    g.add_argument("--do-sample", action="store_true", default=None, help="sample (transformers' do_sample)")
+    g.add_argument("--temperature", type=number_in(float, 0.0), help="above 0 samples; 0 is greedy")
+    g.add_argument("--top-k", type=number_in(int, 0), help="keep the k likeliest tokens (0 = all; default 50)")
+    g.add_argument("--top-p", type=float, help="keep the likeliest tokens up to this probability mass (0..1]")
+    g.add_argument("--min-p", type=float, help="drop tokens below min_p x the top token's probability")
+    g.add_argument("--repetition-penalty", type=float, help="> 1 makes tokens already in the text less likely")
+    g.add_argument("--seed", type=number_in(int, 0), help="the seed of a sampling call (default: fresh, printed)")
+    sp.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeat for several)")
+    sp.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after this many seconds")
+    sp.add_argument(
+        "--chat",
+        action="store_true",
+        help="--prompt is a user message, rendered with the checkpoint's chat template",
+    )
+    sp.add_argument("--messages", metavar="FILE.json", help="chat messages as JSON ([{role, content}, ...])")
+    sp.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print the text as it is made (default: on a terminal)",
+    )
