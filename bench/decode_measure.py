@@ -137,7 +137,7 @@ def _torch_call(job: Job, spec, x, past_key, past_value, torch, device, dtype):
 
 
 def _ort_call(job: Job, x, past_key, past_value):
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
     x, past_key, past_value = x.cpu().numpy(), past_key.cpu().numpy(), past_value.cpu().numpy()

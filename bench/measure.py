@@ -35,7 +35,7 @@ def _path_call(job: Job) -> tuple[Callable[[int, int], Callable[[], Any]], str]:
         module = module.to(device=device, dtype=dtype).eval()
         run, where = (lambda x, c: module(x, c)), f"torch {job.provider}"
     else:
-        from export.session import OnnxSession
+        from runtime.session import OnnxSession
 
         sess = OnnxSession(
             job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
@@ -127,7 +127,7 @@ def _matmul_call(job: Job, n: int, folder: Path) -> Callable[[], Any]:
     if job.runtime == "torch":
         w = torch.randn(n, n, device=device, dtype=dtype) / math.sqrt(n)
         return lambda: torch.matmul(x, w)
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     model = _matmul_model(n, job.dtype, folder)
     sess = OnnxSession(model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
@@ -138,7 +138,7 @@ def _overhead(job: Job) -> dict[str, Any]:
     """Milliseconds per ORT call of an Identity model at (b, t): through OnnxSession.run, and
     through a binding made once (ONNX Runtime's own per-call cost, without our Python)."""
     torch, device, dtype, sync = torch_setup(job)
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)

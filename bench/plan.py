@@ -302,7 +302,7 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
     if provider == "cuda":
         import torch
 
-        from export.session import cuda_status
+        from runtime.session import cuda_status
 
         ok, why = cuda_status()
         if not ok and any(p in LOWERING_OF for p in paths):

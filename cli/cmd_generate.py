@@ -168,7 +168,7 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     ]
     if not given:
         return
-    from export.runtime import SessionError, onnx_metadata
+    from runtime.core import SessionError, onnx_metadata
 
     try:
         meta = onnx_metadata(source)
@@ -194,8 +194,8 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from export.generation import generate, lm_vocab, positions_needed
-    from export.session import OnnxSession
+    from runtime.generation import generate, lm_vocab, positions_needed
+    from runtime.session import OnnxSession
 
     if args.json:
         ensure_writable_parent(Path(args.json))

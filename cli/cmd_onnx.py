@@ -70,9 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     from bench.timing import repeat_timed
-    from export.io import interface
-    from export.session import OnnxSession
     from export.tracing import DTYPES, example_inputs
+    from runtime.io import interface
+    from runtime.session import OnnxSession
 
     sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
     if args.threads:
@@ -174,8 +174,8 @@ def _run_decode(sess, args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from export.parity import CASES, format_matrix, run_parity
-    from export.session import cuda_status
+    from parity.matrix import CASES, format_matrix, run_parity
+    from runtime.session import cuda_status
 
     lowerings = args.lowering or list(LOWERINGS)
     providers = list(dict.fromkeys(args.provider or ["cpu"]))
@@ -246,7 +246,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progress) -> list:
     """run_parity's matrix for one checkpoint layer's block (rows named DIR:layerN)."""
-    from export.parity import check
+    from parity.matrix import check
 
     label = f"{args.checkpoint}:layer{args.layer or 0}"
     rows = []

@@ -114,7 +114,7 @@ def _interrupt(signum, frame) -> None:
 
 def _width(path: Path) -> int | str | None:
     """The block's d_model for the example request; None for a whole-model export."""
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     sess = OnnxSession(path, provider="cpu", verbose=False)
     if sess.is_lm:

@@ -20,7 +20,7 @@ class CliError(zoo.AttnzooError, ValueError):
 def refuse_broken_cuda(provider: str) -> None:
     """--provider cuda where CUDA does not work here: one line, before any export or start."""
     if provider == "cuda":
-        from export.providers import cuda_status
+        from runtime.providers import cuda_status
 
         ok, why = cuda_status()
         if not ok:

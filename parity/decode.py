@@ -9,8 +9,10 @@ from pathlib import Path
 import torch
 
 import zoo
+from export.tracing import DTYPES
+from export.writer import export_onnx
 
-from .parity_rows import (
+from .rows import (
     FUTURE_SCALE,
     MIXED_SCALES,
     PROVIDERS,
@@ -29,8 +31,6 @@ from .parity_rows import (
     spec_of,
     worse,
 )
-from .tracing import DTYPES
-from .writer import export_onnx
 
 # Decode parity: a prompt of PROMPT positions, then STEPS single-token steps; batch 1, and
 # batch 3 with rows left-padded by PADS positions (ragged lengths through the key mask).

@@ -9,7 +9,7 @@ of different scales (each row must get its answer alone) and, when causal, with 
 scaled (the earlier ones must not move): MIXED_SCALES.
 
 Here the full-sequence check (`check`) and the matrix (`run_parity`, `format_matrix`); the
-token-by-token check is export/decode_parity.py, the row and its measures export/parity_rows.py.
+token-by-token check is parity/decode.py, the row and its measures parity/rows.py.
 """
 
 from __future__ import annotations
@@ -22,13 +22,17 @@ from pathlib import Path
 import torch
 
 import zoo
+from export.choice import why_not
+from export.lowerings import record
+from export.names import LOWERINGS
+from export.precision import ERROR_BOUNDS
+from export.tracing import DTYPES, example_inputs
+from export.writer import export_onnx
+from runtime.io import interface
+from runtime.session import OnnxSession
 
-from .choice import why_not
-from .decode_parity import CHUNKS, PADS, PROMPT, STEPS, check_decode
-from .io import interface
-from .lowerings import record
-from .names import LOWERINGS
-from .parity_rows import (
+from .decode import CHUNKS, PADS, PROMPT, STEPS, check_decode
+from .rows import (
     FUTURE_SCALE,
     MIXED_SCALES,
     MIXED_T,
@@ -49,10 +53,6 @@ from .parity_rows import (
     spec_of,
     worse,
 )
-from .precision import ERROR_BOUNDS
-from .session import OnnxSession
-from .tracing import DTYPES, example_inputs
-from .writer import export_onnx
 
 # (b, t, s): b in {1, 3}, t in {1, 7, 64}; s differs from t for cross-attention. The export
 # traced b=2, t=5, s=7, so none of these is an export shape.

@@ -1,7 +1,7 @@
 """What a parity check reports and how it measures: the row (ParityRow), the tolerances and
 errors, the mixed-scale rules of a quantized export, and the steps both checks take (skip, export
-and open, the eager reference). The checks themselves are export/parity.py (full sequence) and
-export/decode_parity.py (token by token).
+and open, the eager reference). The checks themselves are parity/matrix.py (full sequence) and
+parity/decode.py (token by token).
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import numpy as np
 import torch
 
 import zoo
-
-from .choice import why_not
-from .errors import ExportError
-from .names import DEVICES
-from .precision import ERROR_BOUNDS, rel_l2
-from .providers import cuda_status
-from .session import OnnxSession, SessionError
-from .tracing import DTYPES
+from export.choice import why_not
+from export.errors import ExportError
+from export.precision import ERROR_BOUNDS, rel_l2
+from export.tracing import DTYPES
+from runtime.names import DEVICES
+from runtime.providers import cuda_status
+from runtime.session import OnnxSession, SessionError
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ def future_moved(now: torch.Tensor, then: torch.Tensor, t: int, where: str) -> s
 
 def new_row(name: str, lowering: str, provider: str, dtype: str, case: str, precision: str) -> ParityRow:
     """A SKIP row for the request; an unknown precision is refused here, before any work."""
-    from .precision import method
+    from export.precision import method
 
     method(precision)  # PrecisionError naming the choices
     bound = ERROR_BOUNDS[precision] if precision != "fp32" else float("nan")

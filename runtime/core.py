@@ -1,7 +1,7 @@
 """The ONNX Runtime session over an exported model: open it on a provider, read its metadata,
 run it (plain, or with I/O binding over torch storage), and the raw runtime for loops that
-manage their own inputs. Where it runs is export/providers.py; its inputs are checked by
-export/feeds.py; OnnxSession (export/session.py) adds the token-by-token calls and node placement.
+manage their own inputs. Where it runs is runtime/providers.py; its inputs are checked by
+runtime/feeds.py; OnnxSession (runtime/session.py) adds the token-by-token calls and node placement.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,12 +17,10 @@ import zoo
 
 from .feeds import NP_DTYPE, RunInputError, np_of, run_feeds
 from .io import CONTEXT, PAST_KEY, PAST_LEN, X
+from .lowering_facts import RUN_FACTS, RunFacts
 from .names import PROVIDERS
 from .providers import CUDA, SessionError, announce, choose, device_of, ort, providers_for, session_options
 from .tensors import is_tensor, torch_dtype
-
-if TYPE_CHECKING:
-    from .lowerings import Lowering
 
 
 class RuntimeSession:
@@ -133,12 +131,10 @@ class RuntimeSession:
         return f"{prec} ({md['attnzoo.precision.method']}{extra})"
 
     @property
-    def lowering(self) -> Lowering | None:
-        """The record of the lowering this file was exported with (None: a file attnzoo did not
-        write, or a lowering name this version does not know)."""
-        from .lowerings import RECORDS  # on first use: the records load onnx, which a plain run never needs
-
-        return RECORDS.get(self.metadata.get("attnzoo.lowering", ""))
+    def lowering(self) -> RunFacts | None:
+        """What the run time knows of the lowering this file was exported with (runtime/lowering_facts.py;
+        None: a file attnzoo did not write, or a lowering name this version does not know)."""
+        return RUN_FACTS.get(self.metadata.get("attnzoo.lowering", ""))
 
     @property
     def is_lm(self) -> bool:
@@ -152,7 +148,7 @@ class RuntimeSession:
 
     @property
     def cache(self) -> str | None:
-        """A decode model's cache: "static" (buffers written in place, export/static_decoding.py),
+        """A decode model's cache: "static" (buffers written in place, runtime/static_decoding.py),
         "grow" (a new present each call), or None for a full-sequence model."""
         if not self.is_decode:
             return None

@@ -29,7 +29,7 @@ from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOK
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
-    from .runtime import RuntimeSession
+    from .core import RuntimeSession
 
 ROUND = 32  # a call's capacity is prompt + new tokens rounded up to this (each step reads all of it)
 # One row's prompt runs in calls of at most this many tokens, each after the ones before: ONNX Runtime's

@@ -34,9 +34,11 @@ def cuda_status() -> tuple[bool, str]:
     rt = ort()
     if CUDA not in rt.get_available_providers():
         return False, f"onnxruntime {rt.__version__} ({rt.get_device()} build) has no CUDA provider"
-    import torch  # only where the GPU build is installed: its CUDA wheels and the GPU's name
-
-    if hasattr(rt, "preload_dlls") and torch.version.cuda is not None:
+    try:  # only where the GPU build is installed: torch's CUDA wheels and the GPU's name, when it is there
+        import torch
+    except ImportError:  # a deployment without torch: onnxruntime finds the nvidia-* wheels itself
+        torch = None
+    if hasattr(rt, "preload_dlls") and (torch is None or torch.version.cuda is not None):
         try:
             rt.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels beside torch
         except Exception:  # noqa: BLE001 - best effort; the probe below decides
@@ -68,7 +70,7 @@ def cuda_status() -> tuple[bool, str]:
             "the CUDA provider is installed but could not start (no GPU, or no CUDA/cuDNN "
             f"libraries it can load); a test session fell back to {used}"
         )
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "device 0"
+    gpu = torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else "device 0"
     return True, f"CUDA works ({gpu}, onnxruntime {rt.__version__})"
 
 
@@ -108,7 +110,7 @@ def session_options(threads: int | None, *, profile: bool, spin: bool = False):
     # Idle ORT threads spin by default, stealing the cores torch (or a second session) in the
     # same process needs; measured no slower for a block alone, faster when they alternate. A
     # generation loop is ORT alone, step after step, each step ~150 small nodes: there spinning
-    # threads start each node's work at once (export/runtime.py decides).
+    # threads start each node's work at once (runtime/core.py decides).
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if threads is not None:
         opts.intra_op_num_threads = threads

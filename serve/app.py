@@ -234,7 +234,7 @@ def start(
     (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
     "continuous" with buffers of `capacity` slots); a block on POST /predict.
     """
-    from export.session import OnnxSession, cuda_status
+    from runtime.session import OnnxSession, cuda_status
 
     check_options(
         provider=provider,

@@ -39,7 +39,7 @@ def open_session(files: dict[str, bytes], provider: str, threads: int | None):
     """An OnnxSession over an export's files (model_files): replicas may run on other machines, so the
     model travels as bytes, not as a path; its temporary files are gone once ONNX Runtime holds the
     model (external weights it maps stay readable until the session closes)."""
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
     for name, blob in files.items():

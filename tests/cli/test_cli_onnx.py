@@ -71,7 +71,7 @@ def test_parity_cli_prints_matrix_and_json(tmp_path, capsys):
 
 
 def test_parity_cli_refuses_cuda_it_cannot_run_and_auto_skips_it(capsys):
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     ok, why = cuda_status()
     if ok:
