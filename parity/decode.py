@@ -29,6 +29,7 @@ from .rows import (
     row_l2,
     skipped,
     spec_of,
+    tolerance,
     worse,
 )
 
@@ -50,6 +51,7 @@ def check_decode(
     seed: int = 0,
     cache: str = "grow",
     precision: str = "fp32",
+    tf32: bool = False,
     **overrides,
 ) -> ParityRow:
     """Export a decode model (cache="grow" or "static") and run a prompt then single-token steps under
@@ -64,7 +66,7 @@ def check_decode(
     """
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     case = "decode" if cache == "grow" else f"decode-{cache}"
-    row = new_row(name, lowering, provider, dtype, case, precision)
+    row = new_row(name, lowering, provider, dtype, case, precision, tf32)
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = spec_of(name_or_module, overrides)
@@ -72,7 +74,7 @@ def check_decode(
         return row
     torch.manual_seed(seed)
     module = module_of(name_or_module, overrides)
-    tol = TOLERANCE[dtype]
+    tol = tolerance(dtype, provider, tf32)
     ref_module = reference_module(module, dtype, "cpu")
     n = PROMPT + STEPS
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:

@@ -51,6 +51,7 @@ from .rows import (
     row_l2,
     skipped,
     spec_of,
+    tolerance,
     worse,
 )
 
@@ -71,6 +72,7 @@ def check(
     shapes: Iterable[tuple[int, int, int]] = SHAPES,
     seed: int = 0,
     precision: str = "fp32",
+    tf32: bool = False,
     row_scales: tuple[float, ...] = MIXED_SCALES,
     outputs: tuple[str, ...] = ("y",),
     **overrides,
@@ -84,7 +86,7 @@ def check(
     outputs: "y" and named locations (zoo/hooks.py), each checked against eager run_with_cache; a
     lowering that cannot produce one is a SKIP with why_not's reason."""
     name = name_or_module if isinstance(name_or_module, str) else "custom"
-    row = new_row(name, lowering, provider, dtype, case, precision)
+    row = new_row(name, lowering, provider, dtype, case, precision, tf32)
     if case not in CASES:
         raise zoo.ArgumentError(f"case={case!r} is not one of {CASES}")
     if provider not in PROVIDERS:
@@ -104,7 +106,7 @@ def check(
     torch.manual_seed(seed)
     module = module_of(name_or_module, overrides)
     spec = module.spec
-    tol = TOLERANCE[dtype]
+    tol = tolerance(dtype, provider, tf32)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
         export_kw = {"need_weights": need_weights, "with_mask": masked, "with_head_mask": masked}
@@ -219,6 +221,7 @@ def run_parity(
     cases: Iterable[str] = CASES,
     precisions: Iterable[str] = ("fp32",),
     progress: Callable[[ParityRow], None] | None = None,
+    tf32: bool = False,
     **overrides,
 ) -> list[ParityRow]:
     """The parity matrix for every registered name matching `pattern` ("decode" in `cases`: the
@@ -230,7 +233,7 @@ def run_parity(
     grid = list(itertools.product(lowerings, providers, dtypes, precisions, cases))
     for name in names:
         for lw, prov, dt, prec, case in grid:
-            kw = {"dtype": dt, "provider": prov, "precision": prec, **overrides}
+            kw = {"dtype": dt, "provider": prov, "precision": prec, "tf32": tf32, **overrides}
             if case.startswith("decode"):
                 cache = case.removeprefix("decode").removeprefix("-") or "grow"
                 row = check_decode(name, lw, cache=cache, **kw)

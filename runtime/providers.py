@@ -92,9 +92,23 @@ def announce(note: str) -> None:
     print(f"attnzoo: {note}")
 
 
-def providers_for(use_cuda: bool) -> list[str]:
-    """The provider list a session is created with, in priority order (the CPU always last)."""
-    return ([CUDA] if use_cuda else []) + [CPU]
+# TF32 (the CUDA provider's `use_tf32`, on by default in ONNX Runtime: cuda_provider_options.h) rounds
+# the inputs of fp32 MatMul/Gemm to a 10-bit mantissa, so a product carries ~2**-10 ~ 1e-3 relative
+# error. A session turns it off unless asked (fp32 means fp32); tf32=True opts in for speed, and parity
+# then holds fp32 to TF32_TOLERANCE (parity/rows.py): (rtol, atol) = (2e-3, 2e-3), about 5x the worst
+# miss measured with TF32 on, on an H200 on 2026-12-04 (max abs 1.6e-4 .. 4.2e-4 over 140 fp32 cases).
+TF32_TOLERANCE = (2e-3, 2e-3)
+
+
+def cuda_options(tf32: bool = False) -> dict[str, str]:
+    """The CUDA provider's options a session passes, set explicitly (never the provider's defaults)."""
+    return {"use_tf32": "1" if tf32 else "0"}
+
+
+def providers_for(use_cuda: bool, *, tf32: bool = False) -> list:
+    """The provider list a session is created with, in priority order (the CPU always last); CUDA comes
+    with its options, cuda_options(tf32)."""
+    return ([(CUDA, cuda_options(tf32))] if use_cuda else []) + [CPU]
 
 
 def device_of(used: list[str]) -> str:
@@ -123,7 +137,9 @@ def session_options(threads: int | None, *, profile: bool, spin: bool = False):
 __all__ = [
     "SessionError",
     "announce",
+    "TF32_TOLERANCE",
     "choose",
+    "cuda_options",
     "cuda_status",
     "device_of",
     "ort",

@@ -106,8 +106,8 @@ def test_the_weights_are_written_beside_the_graph(lm_exports):
 
 
 def test_a_whole_model_generates_in_a_process_that_cannot_import_torch(lm_exports):
-    """OnnxSession.generate runs on onnxruntime and numpy alone (a deployment needs no torch): the same
-    tokens as in this process, in an interpreter where importing torch raises."""
+    """runtime.OnnxSession.generate runs on onnxruntime and numpy alone (a deployment needs no torch): the
+    same tokens as in this process, in an interpreter where importing torch raises, from a file exported here."""
     _, _, path = lm_exports(DEFAULT)
     ids = lm_cases.prompt().numpy()
     code = (
@@ -118,7 +118,7 @@ def test_a_whole_model_generates_in_a_process_that_cannot_import_torch(lm_export
         "            raise ImportError('torch is blocked in this test')\n"
         "sys.meta_path.insert(0, NoTorch())\n"
         "import numpy as np\n"
-        "from export import OnnxSession\n"
+        "from runtime import OnnxSession  # the run time alone: what a deployment imports\n"
         f"ids = np.array({ids.tolist()}, dtype=np.int64)\n"
         f"out = OnnxSession({str(path)!r}, provider='cpu', verbose=False).generate(ids, {NEW})\n"
         "print(json.dumps([out.tolist(), sorted(m for m in sys.modules if m.split('.')[0] == 'torch')]))\n"
