@@ -38,7 +38,11 @@ def _path_call(job: Job) -> tuple[Callable[[int, int], Callable[[], Any]], str]:
         from runtime.session import OnnxSession
 
         sess = OnnxSession(
-            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
+            job.model,
+            job.provider,
+            threads=job.threads if job.provider == "cpu" else None,
+            verbose=False,
+            tf32=job.tf32,
         )
         run, where = (lambda x, c: sess.run(x, context=c)), f"onnxruntime {sess.provider}"
 
@@ -130,7 +134,9 @@ def _matmul_call(job: Job, n: int, folder: Path) -> Callable[[], Any]:
     from runtime.session import OnnxSession
 
     model = _matmul_model(n, job.dtype, folder)
-    sess = OnnxSession(model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
+    sess = OnnxSession(
+        model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False, tf32=job.tf32
+    )
     return lambda: sess.run(x)
 
 
@@ -140,7 +146,9 @@ def _overhead(job: Job) -> dict[str, Any]:
     torch, device, dtype, sync = torch_setup(job)
     from runtime.session import OnnxSession
 
-    sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
+    sess = OnnxSession(
+        job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False, tf32=job.tf32
+    )
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)
     wrapped = time_calls(lambda: sess.run(x), sync, job.budget)
     y = torch.empty_like(x)

@@ -20,7 +20,7 @@ import zoo
 from export.names import PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
-from .common import CliError, number_in, positive, refuse_broken_cuda
+from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
 
 
 def _checkpoint_folder(folder: str) -> Path:
@@ -221,7 +221,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model_path = source
     else:
         raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
-    sess = OnnxSession(model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu")
+    sess = OnnxSession(
+        model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu", tf32=args.tf32
+    )
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     _check_vocab(args, ids, lm_vocab(sess))
@@ -352,6 +354,7 @@ def add_commands(sub) -> None:
         choices=PROVIDERS,
         help="where ONNX Runtime runs (default cpu; cuda fails in one line where it does not work; auto says which)",
     )
+    with_tf32(sp)
     sp.add_argument(
         "--eos-token-id",
         type=number_in(int, 0),

@@ -27,6 +27,16 @@ def refuse_broken_cuda(provider: str) -> None:
             raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
 
 
+def with_tf32(parser: argparse.ArgumentParser) -> None:
+    """--tf32, on every command that opens a session: fp32 products in TF32 on CUDA (OnnxSession(tf32=True))."""
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="on CUDA, run fp32 MatMul/Gemm in TF32: faster, ~1e-3 relative error a product (parity then holds "
+        "fp32 to rtol=atol=2e-3). Default off: the session passes use_tf32=0, so fp32 is fp32",
+    )
+
+
 def one_model(args: argparse.Namespace) -> None:
     """heads and patch take NAME (a trained tiny model) or --checkpoint DIR, exactly one; a folder given as
     NAME is named back as the --checkpoint it was meant to be."""
