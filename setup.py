@@ -3,6 +3,6 @@ package under the project's top-level names, plus models/ installed as `zoo.pres
 
 from setuptools import find_packages, setup
 
-TOP_LEVEL = ["zoo", "peers", "export", "analysis", "bench", "serve", "cli"]
+TOP_LEVEL = ["zoo", "peers", "runtime", "export", "parity", "analysis", "bench", "serve", "cli"]
 
 setup(packages=[*find_packages(include=[f"{n}*" for n in TOP_LEVEL]), "zoo.presets"])

@@ -56,9 +56,11 @@ def benchmark_decode(
     retries: int,
     progress: bool = True,
     precisions: list[str] | None = None,
+    tf32: bool = False,
 ) -> dict[str, Any]:
     """Export each (decode lowering, cache, precision) once, then measure every (path, precision, b, p)
-    in its own worker. int8/int4 apply to the ONNX paths, fp16/bf16 to the eager ones."""
+    in its own worker. int8/int4 apply to the ONNX paths, fp16/bf16 to the eager ones. tf32: ONNX
+    Runtime's sessions on CUDA run fp32 products in TF32 (off by default)."""
     from export.choice import why_not
     from zoo.progress import bar as progress_bar
 
@@ -138,6 +140,7 @@ def benchmark_decode(
                 batch=b,
                 seq=p,
                 floor_bytes=weights + cache_bytes(spec, job_dtype, b, p),
+                tf32=tf32,
             )
             result = measure(job, timeout, retries)
             row = {"path": label, "precision": precision, "batch": b, "past": p, **result}

@@ -137,9 +137,11 @@ def _torch_call(job: Job, spec, x, past_key, past_value, torch, device, dtype):
 
 
 def _ort_call(job: Job, x, past_key, past_value):
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
-    sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
+    sess = OnnxSession(
+        job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False, tf32=job.tf32
+    )
     x, past_key, past_value = x.cpu().numpy(), past_key.cpu().numpy(), past_value.cpu().numpy()
     where = f"onnxruntime {sess.provider}"
     if sess.cache == "static":

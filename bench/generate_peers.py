@@ -200,7 +200,7 @@ LOADERS = {
 # What each path imports before it loads a model: the runtime's share of the worker's memory, measured
 # apart from the model's (peak RSS - RSS after these imports = what loading and running the model added).
 RUNTIMES = {
-    "attnzoo": ("numpy", "onnxruntime", "export.session"),
+    "attnzoo": ("numpy", "onnxruntime", "runtime.session"),
     "transformers-dynamic": ("torch", "transformers"),
     "transformers-static": ("torch", "transformers"),
     "onnxruntime-genai": ("onnxruntime_genai",),

@@ -90,6 +90,7 @@ class Job:
     seq: int = 1
     precision: str = "fp32"  # the ONNX model's weight precision (export/precision.py); eager paths are fp32
     floor_bytes: int = 0  # decode: the bytes one step must read (weights as stored + the cache): the floor's buffer
+    tf32: bool = False  # ORT jobs on CUDA: fp32 products in TF32 (OnnxSession(tf32=True)); off: fp32 is fp32
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -33,8 +33,8 @@ class OnnxLatency:
         self._sessions: dict = {}
 
     def _session(self, block, with_head_mask: bool):
-        from export.session import OnnxSession
         from export.writer import export_onnx
+        from runtime.session import OnnxSession
 
         key = (block.spec, with_head_mask)
         if key not in self._sessions:

@@ -35,10 +35,14 @@ def _path_call(job: Job) -> tuple[Callable[[int, int], Callable[[], Any]], str]:
         module = module.to(device=device, dtype=dtype).eval()
         run, where = (lambda x, c: module(x, c)), f"torch {job.provider}"
     else:
-        from export.session import OnnxSession
+        from runtime.session import OnnxSession
 
         sess = OnnxSession(
-            job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False
+            job.model,
+            job.provider,
+            threads=job.threads if job.provider == "cpu" else None,
+            verbose=False,
+            tf32=job.tf32,
         )
         run, where = (lambda x, c: sess.run(x, context=c)), f"onnxruntime {sess.provider}"
 
@@ -127,10 +131,12 @@ def _matmul_call(job: Job, n: int, folder: Path) -> Callable[[], Any]:
     if job.runtime == "torch":
         w = torch.randn(n, n, device=device, dtype=dtype) / math.sqrt(n)
         return lambda: torch.matmul(x, w)
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     model = _matmul_model(n, job.dtype, folder)
-    sess = OnnxSession(model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
+    sess = OnnxSession(
+        model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False, tf32=job.tf32
+    )
     return lambda: sess.run(x)
 
 
@@ -138,9 +144,11 @@ def _overhead(job: Job) -> dict[str, Any]:
     """Milliseconds per ORT call of an Identity model at (b, t): through OnnxSession.run, and
     through a binding made once (ONNX Runtime's own per-call cost, without our Python)."""
     torch, device, dtype, sync = torch_setup(job)
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
-    sess = OnnxSession(job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False)
+    sess = OnnxSession(
+        job.model, job.provider, threads=job.threads if job.provider == "cpu" else None, verbose=False, tf32=job.tf32
+    )
     x = torch.randn(job.batch, job.seq, _identity_width(job.model), device=device, dtype=dtype)
     wrapped = time_calls(lambda: sess.run(x), sync, job.budget)
     y = torch.empty_like(x)

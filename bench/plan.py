@@ -6,7 +6,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +152,11 @@ def benchmark(
     retries: int = 2,
     progress: bool = True,
     precisions: Sequence[str] = ("fp32",),
+    tf32: bool = False,
 ) -> dict[str, Any]:
     """Measure every path on every (b, t), each ONNX Runtime path at each weight precision
-    (export/precision.py; eager paths stay fp32); the report as a JSON-ready dict (see write_json)."""
+    (export/precision.py; eager paths stay fp32); the report as a JSON-ready dict (see write_json).
+    tf32: ONNX Runtime's sessions on CUDA run fp32 products in TF32 (off by default: fp32 is fp32)."""
     from zoo.progress import bar as progress_bar
 
     overrides = dict(overrides or {})
@@ -204,6 +206,7 @@ def benchmark(
                 if t <= 16
             ]
         jobs = _jobs(name, overrides, provider, dtype, threads, budget, paths, exports, shapes, precisions)
+        calib, jobs = ([replace(j, tf32=tf32) for j in js] for js in (calib, jobs))
         results: list[tuple[Job, dict[str, Any]]] = []
         with progress_bar(len(calib) + len(jobs), "bench", unit="run", disable=not progress) as bar:
             for job in calib + jobs:
@@ -302,7 +305,7 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
     if provider == "cuda":
         import torch
 
-        from export.session import cuda_status
+        from runtime.session import cuda_status
 
         ok, why = cuda_status()
         if not ok and any(p in LOWERING_OF for p in paths):

@@ -15,7 +15,7 @@ from bench.plan import benchmark
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
 from export.names import DEVICES, DTYPES, PRECISIONS
 
-from .common import choice_list, int_list, with_set
+from .common import choice_list, int_list, with_set, with_tf32
 
 
 def _path_list(text: str) -> list[str]:
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"a zoo name (default {DEFAULT_NAME})")
     with_set(parser)
     parser.add_argument("--provider", choices=DEVICES, default="cpu", help="where to run (default cpu)")
+    with_tf32(parser)
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the block's float type (default float32)")
     parser.add_argument(
         "--precision",
@@ -233,6 +234,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         paths=args.paths,
         budget=budget,
         roofline_size=args.roofline_size,
+        tf32=args.tf32,
         timeout=args.timeout,
         retries=args.retries,
         progress=not args.no_progress,
@@ -273,6 +275,7 @@ def _run_decode_from_args(args: argparse.Namespace, budget: Budget) -> int:
         threads=args.threads,
         budget=budget,
         timeout=args.timeout,
+        tf32=args.tf32,
         retries=args.retries,
         progress=not args.no_progress,
     )

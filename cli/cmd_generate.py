@@ -20,7 +20,7 @@ import zoo
 from export.names import PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
-from .common import CliError, number_in, positive, refuse_broken_cuda
+from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
 from .generate_flags import add_generation_flags, chat_prompt, options, short
 
 
@@ -191,7 +191,7 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     ]
     if not given:
         return
-    from export.runtime import SessionError, onnx_metadata
+    from runtime.core import SessionError, onnx_metadata
 
     try:
         meta = onnx_metadata(source)
@@ -220,8 +220,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from export.generation import Generation, lm_vocab, positions_needed
-    from export.session import OnnxSession
+    from runtime.generation import Generation, lm_vocab, positions_needed
+    from runtime.session import OnnxSession
 
     if args.json:
         ensure_writable_parent(Path(args.json))
@@ -253,7 +253,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model_path = source
     if args.stop and tok is None:
         raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
-    sess = OnnxSession(model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu")
+    sess = OnnxSession(
+        model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu", tf32=args.tf32
+    )
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     _check_vocab(args, ids, lm_vocab(sess))
@@ -411,6 +413,7 @@ def add_commands(sub) -> None:
         choices=PROVIDERS,
         help="where ONNX Runtime runs (default cpu; cuda fails in one line where it does not work; auto says which)",
     )
+    with_tf32(sp)
     sp.add_argument(
         "--eos-token-id",
         type=number_in(int, 0),

@@ -14,7 +14,7 @@ from export.choice import AUTO_PREFERENCE, TARGETS
 from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, LOWERINGS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, choice_list, positive, source_of, with_set, with_source
+from .common import CliError, choice_list, positive, source_of, with_set, with_source, with_tf32
 
 
 def _block(args: argparse.Namespace, source: str) -> tuple[zoo.MultiHeadAttention, str]:
@@ -70,11 +70,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     from bench.timing import repeat_timed
-    from export.io import interface
-    from export.session import OnnxSession
     from export.tracing import DTYPES, example_inputs
+    from runtime.io import interface
+    from runtime.session import OnnxSession
 
-    sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False)
+    sess = OnnxSession(args.path, provider=args.provider, threads=args.threads, verbose=False, tf32=args.tf32)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = sess.spec
@@ -174,8 +174,8 @@ def _run_decode(sess, args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from export.parity import CASES, format_matrix, run_parity
-    from export.session import cuda_status
+    from parity.matrix import CASES, format_matrix, run_parity
+    from runtime.session import cuda_status
 
     lowerings = args.lowering or list(LOWERINGS)
     providers = list(dict.fromkeys(args.provider or ["cpu"]))
@@ -226,6 +226,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
                 cases=cases,
                 precisions=precisions,
                 progress=progress,
+                tf32=args.tf32,
                 **zoo.parse_overrides(args.set),
             )
     finally:
@@ -246,7 +247,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progress) -> list:
     """run_parity's matrix for one checkpoint layer's block (rows named DIR:layerN)."""
-    from export.parity import check
+    from parity.matrix import check
 
     label = f"{args.checkpoint}:layer{args.layer or 0}"
     rows = []
@@ -254,7 +255,7 @@ def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progres
         for prov in providers:
             for dt in dtypes:
                 for case in cases:
-                    row = check(block, lw, case=case, dtype=dt, provider=prov)
+                    row = check(block, lw, case=case, dtype=dt, provider=prov, tf32=args.tf32)
                     row.name = label
                     rows.append(row)
                     progress(row)
@@ -362,6 +363,7 @@ def add_commands(sub) -> None:
     )
     sp.add_argument("--placement", action="store_true", help="profile once and print the provider of each op")
     sp.add_argument("--steps", type=positive, default=32, help="decode models: single-token steps after the prompt")
+    with_tf32(sp)
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser(
@@ -405,4 +407,5 @@ def add_commands(sub) -> None:
     sp.add_argument("--json", help="also write the rows as JSON")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     with_set(sp)
+    with_tf32(sp)
     sp.set_defaults(func=cmd_parity)

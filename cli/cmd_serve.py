@@ -15,7 +15,7 @@ import zoo
 from export.names import DTYPES, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set
+from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
 
 
 def _need(module: str, what: str) -> None:
@@ -82,7 +82,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
         path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)
-        dep = start(path, host=args.host, address=args.address, threads=args.threads, app=args.app, **options)
+        dep = start(
+            path, host=args.host, address=args.address, threads=args.threads, tf32=args.tf32, app=args.app, **options
+        )
         try:
             print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
             print(f"  curl -s {dep.url}healthz; curl -s {dep.url}metadata")
@@ -114,7 +116,7 @@ def _interrupt(signum, frame) -> None:
 
 def _width(path: Path) -> int | str | None:
     """The block's d_model for the example request; None for a whole-model export."""
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     sess = OnnxSession(path, provider="cpu", verbose=False)
     if sess.is_lm:
@@ -249,6 +251,7 @@ def add_commands(sub) -> None:
     )
     sp.add_argument("--replicas", type=positive, default=1)
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
+    with_tf32(sp)
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
     sp.add_argument("--batch-wait-ms", type=_nonneg, default=5.0, help="how long a batch waits to fill (default 5)")
     sp.add_argument("--port", type=_port, default=8000, help="HTTP port, 1..65535 (default 8000)")

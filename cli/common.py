@@ -20,11 +20,21 @@ class CliError(zoo.AttnzooError, ValueError):
 def refuse_broken_cuda(provider: str) -> None:
     """--provider cuda where CUDA does not work here: one line, before any export or start."""
     if provider == "cuda":
-        from export.providers import cuda_status
+        from runtime.providers import cuda_status
 
         ok, why = cuda_status()
         if not ok:
             raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
+
+
+def with_tf32(parser: argparse.ArgumentParser) -> None:
+    """--tf32, on every command that opens a session: fp32 products in TF32 on CUDA (OnnxSession(tf32=True))."""
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="on CUDA, run fp32 MatMul/Gemm in TF32: faster, ~1e-3 relative error a product (parity then holds "
+        "fp32 to rtol=atol=2e-3). Default off: the session passes use_tf32=0, so fp32 is fp32",
+    )
 
 
 def one_model(args: argparse.Namespace) -> None:

@@ -1,5 +1,5 @@
 """`attnzoo generate`'s flags for sampling, stopping, streaming and chat, and what they become: the options of
-export.generation.Generation, and a chat's prompt rendered with the checkpoint's template (export/chat.py)."""
+runtime.generation.Generation, and a chat's prompt rendered with the checkpoint's template (runtime/chat.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .common import CliError, number_in
 
 def chat_prompt(args, tok, source: Path) -> None:
     """--chat / --messages: the messages rendered by the checkpoint's chat template into args.prompt."""
-    from export.chat import ChatTemplate, read_messages
+    from runtime.chat import ChatTemplate, read_messages
 
     if args.messages is not None:
         if args.prompt is not None or args.prompt_ids is not None:

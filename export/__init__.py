@@ -1,11 +1,13 @@
-"""attnzoo's export side: the ONNX lowerings, writing the file, ONNX Runtime sessions, parity.
+"""attnzoo's export side: what writes graphs: the ONNX lowerings, tracing, splicing, precision, saving,
+`export_onnx`. Sessions live in `runtime` and parity in `parity`; the names this package handed out
+before they moved (OnnxSession, SessionError, cuda_status, run_parity) are handed on from there.
 
     from export import export_onnx, OnnxSession
     r = export_onnx("mha-combined-bias", "out.onnx")
     y = OnnxSession("out.onnx").run(x)
 
-Depends on `zoo`, never the reverse. Heavy imports (onnx, onnxruntime) happen on first use,
-so `attnzoo list` stays quick.
+Depends on `zoo` and `runtime` (the graph's interface), never the reverse. Heavy imports (onnx,
+onnxruntime) happen on first use, so `attnzoo list` stays quick.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ _LAZY = {
     "ExportResult": "export.writer",
     "LOWERINGS": "export.names",
     "ExportError": "export.errors",
-    "OnnxSession": "export.session",
-    "SessionError": "export.providers",
-    "cuda_status": "export.providers",
-    "run_parity": "export.parity",
+    "OnnxSession": "runtime.session",
+    "SessionError": "runtime.providers",
+    "cuda_status": "runtime.providers",
+    "run_parity": "parity.matrix",  # parity stands above export: imported by name, on first use
 }
 
 __all__ = sorted(_LAZY)

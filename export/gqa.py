@@ -33,10 +33,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import zoo
+from runtime.io import TensorIO
 from zoo.modifiers import OpPart, per_head
 
 from .errors import ExportError
-from .io import TensorIO
 
 OPSET = 18
 MS_DOMAIN = "com.microsoft"

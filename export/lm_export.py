@@ -8,7 +8,7 @@ place. Its interface is io.lm_interface: input_ids (b t), attention_mask (b n) o
 past_len, past_key_values.i.key / .value (b g n d) per layer -> logits (b 1 v, or b t v with
 all_logits), next_token (b, the argmax in the graph) and present.i.key / .value: the session binds
 each layer's buffer as past and present, so ONNX Runtime writes a step's keys in place
-(export/generation.py). The capacity n is a dynamic axis: a session allocates what its call needs
+(runtime/generation.py). The capacity n is a dynamic axis: a session allocates what its call needs
 (prompt + new tokens, rounded up), and `max_len`, when given, is only the largest it will allocate.
 The weights are written beside the graph, in PATH.data (ONNX Runtime maps them), as onnxruntime-genai
 and optimum write theirs; the graph alone is a few hundred kB.
@@ -32,12 +32,12 @@ import torch
 from torch import nn
 
 import zoo
+from runtime.io import LM_PAST, LM_PRESENT, lm_interface
 
 from . import splice
 from .choice import lm_order, why_not
 from .errors import ExportError
 from .graphs import op_counts
-from .io import LM_PAST, LM_PRESENT, lm_interface
 from .lm_fusions import fuse_norms
 from .lowerings import record
 from .names import CACHE_CHOICES, LOWERINGS, PRECISIONS

@@ -1,19 +1,21 @@
 """The names the export side offers, each spelled once: every module and every command-line
 choice reads them from here.
 
-    DEVICES     where a model runs (a concrete ONNX Runtime provider)
-    PROVIDERS   what a session may be asked for: a device, or "auto" (CUDA where it really works)
+    DEVICES     where a model runs (runtime/names.py spells it)
+    PROVIDERS   what a session may be asked for (runtime/names.py spells it)
     DTYPES      the element types a model is exported in
     CACHES      how a decode model keeps its KV cache
     LOWERINGS   how a block becomes an ONNX graph (export/lowerings/ holds one record each)
     PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
 """
 
-DEVICES = ("cpu", "cuda")
-PROVIDERS = ("auto", *DEVICES)
+from runtime.names import DEVICES, PROVIDERS  # the run time's; handed on for the command line
+
 DTYPES = ("float32", "float16")
 CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each step, or buffers written in place
 CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the provider (export/choice.py DECODE_CACHE)
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
 LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
 PRECISIONS = ("fp32", "int8", "int4")  # weight precision of an export (export/precision.py)
+
+__all__ = ["CACHES", "CACHE_CHOICES", "DEFAULT_MAX_LEN", "DEVICES", "DTYPES", "LOWERINGS", "PRECISIONS", "PROVIDERS"]

@@ -23,9 +23,7 @@ import torch
 from torch import Tensor, nn
 
 import zoo
-
-from .errors import ExportError
-from .io import (
+from runtime.io import (
     CACHE_KEY,
     CACHE_KEY_MASK,
     CACHE_PRESENT_KEY,
@@ -36,6 +34,8 @@ from .io import (
     Y,
     static_interface,
 )
+
+from .errors import ExportError
 
 DOMAIN = "attnzoo.splice"
 OP_TYPE = "Attention"

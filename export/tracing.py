@@ -1,5 +1,5 @@
 """From a zoo block to an ONNX graph: trace a lowering's eager path with torch's exporter (or let
-its record build the graph), with the named interface (export/io.py) and dynamic axes checked."""
+its record build the graph), with the named interface (runtime/io.py) and dynamic axes checked."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from einops import rearrange
 from torch import nn
 
 import zoo
+from runtime.io import HEAD_MASK, KEY_MASK, PAST_KEY, PAST_LEN, PAST_VALUE, TensorIO, X, interface
 from zoo.attention import static_step
 from zoo.hooks import HookRun, hooked
 
 from .errors import ExportError
 from .fast_export import fast_export
 from .graphs import quiet
-from .io import HEAD_MASK, KEY_MASK, PAST_KEY, PAST_LEN, PAST_VALUE, TensorIO, X, interface
 from .lowerings import Lowering, record
 from .names import DTYPES as DTYPE_NAMES
 
@@ -107,7 +107,7 @@ def lower_decode(module, lowering, dtype, with_key_mask):
     """A token-by-token model of `module`: (onnx_ir model, inputs, outputs)."""
     import onnx_ir as ir
 
-    from .io import decode_interface
+    from runtime.io import decode_interface
 
     spec = module.spec
     ins, outs = decode_interface(spec, with_key_mask=with_key_mask)
@@ -159,7 +159,7 @@ def lower_static_decode(module, lowering, dtype, with_key_mask):
     """A static-cache decode model of `module` (io.static_interface): (onnx_ir model, inputs, outputs)."""
     import onnx_ir as ir
 
-    from .io import static_interface
+    from runtime.io import static_interface
 
     spec = module.spec
     ins, outs = static_interface(spec, with_key_mask=with_key_mask)

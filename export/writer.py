@@ -256,7 +256,7 @@ def export_onnx(
 
 def _check_outputs(outputs, decode: bool) -> tuple[str, ...]:
     """The named locations of export_onnx's `outputs` (after "y")."""
-    from .io import LOCATION_OUTPUTS
+    from runtime.io import LOCATION_OUTPUTS
 
     if isinstance(outputs, str) or not isinstance(outputs, (tuple, list)) or not outputs or outputs[0] != "y":
         raise zoo.InputTypeError(f"outputs={outputs!r} must be a tuple starting with 'y', e.g. ('y', 'pattern', 'z')")

@@ -22,7 +22,7 @@ status=0
 echo "== 1. versions"
 $py - <<'PY' 2>&1 | tee "$OUT/versions.txt"
 import torch, onnx, onnxruntime as ort, onnxscript
-from export.session import cuda_status
+from runtime.session import cuda_status
 print(f"torch {torch.__version__} (cuda {torch.version.cuda}), onnx {onnx.__version__}, "
       f"onnxscript {onnxscript.__version__}, onnxruntime {ort.__version__} ({ort.get_device()})")
 print("available providers:", ort.get_available_providers())

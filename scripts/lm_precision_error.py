@@ -35,8 +35,8 @@ def prompts(folder: Path | None, text_file: Path, count: int, t: int, vocab: int
 
 def main() -> None:
     from export import OnnxSession, export_onnx
-    from export.generation import ROUND
     from export.precision import rel_l2
+    from runtime.generation import ROUND
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", nargs="?", help="a checkpoint folder (config.json, model.safetensors, tokenizer.json)")

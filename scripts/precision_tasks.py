@@ -31,8 +31,8 @@ from analysis.importance import eval_batches  # noqa: E402
 from analysis.tasks import get_task, second_copy_loss  # noqa: E402
 from analysis.training import EVAL_SEED  # noqa: E402
 from export.names import PRECISIONS  # noqa: E402
-from export.session import OnnxSession  # noqa: E402
 from export.writer import export_onnx  # noqa: E402
+from runtime.session import OnnxSession  # noqa: E402
 
 MODELS = ("tiny-induction", "tiny-dates")
 MAX_LOSS_SHIFT = 0.1  # nats: the line for "the task moved"

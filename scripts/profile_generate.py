@@ -67,7 +67,7 @@ def attnzoo_path(args) -> dict:
     import numpy as np
 
     from export import OnnxSession
-    from export.generation import generate
+    from runtime.generation import generate
 
     path = exported(args.precision, Path(args.folder))
     sess = OnnxSession(path, provider="cpu", threads=args.threads, verbose=False)
@@ -88,7 +88,7 @@ def attnzoo_path(args) -> dict:
 def profile_steps(path: Path, ids, args) -> dict:
     """ONNX Runtime's profiler over one generate call: the mean decode step, by kind of node."""
     from export import OnnxSession
-    from export.generation import generate
+    from runtime.generation import generate
 
     sess = OnnxSession(path, provider="cpu", threads=args.threads, verbose=False, profile=True)
     timings: dict = {}

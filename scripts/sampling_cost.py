@@ -4,7 +4,7 @@ scripts/profile_generate.py: hidden 512, 8 layers, vocab 8000), in one process, 
     python scripts/sampling_cost.py [--prompt 128] [--new 64] [--rounds 6] [--threads 2]
 
 Greedy takes the graph's argmax (next_token); sampling reads the step's logits (b 1 vocab, bound once) and
-chooses in numpy (export/sampling.py: temperature 0.8, top_k 50, top_p 0.95, min_p 0.05, repetition penalty
+chooses in numpy (runtime/sampling.py: temperature 0.8, top_k 50, top_p 0.95, min_p 0.05, repetition penalty
 1.1, seeded). Prints the median decode step of each, their ratio, and the numpy choice alone per step; one
 JSON line at the end.
 """
@@ -36,7 +36,7 @@ def main() -> None:
     from profile_generate import exported
 
     from export import OnnxSession
-    from export.sampling import Sampler, resolve
+    from runtime.sampling import Sampler, resolve
 
     with tempfile.TemporaryDirectory() as tmp:
         sess = OnnxSession(exported("fp32", Path(tmp)), provider="cpu", threads=args.threads)

@@ -63,10 +63,11 @@ class OnnxServer:
         max_body: int = DEFAULT_MAX_BODY,
         threads: int | None = None,
         loopback: bool = False,
+        tf32: bool = False,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
-        self.sess = open_session(files, provider, threads)
+        self.sess = open_session(files, provider, threads, tf32)
         self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
@@ -218,6 +219,7 @@ def start(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_body: int = DEFAULT_MAX_BODY,
     threads: int | None = None,
+    tf32: bool = False,
     cpus_per_replica: float = 1.0,
     app: str = "attnzoo",
     route_prefix: str = "/",
@@ -232,10 +234,13 @@ def start(
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
     A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate
     (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
-    "continuous" with buffers of `capacity` slots); a block on POST /predict.
+    "continuous" with buffers of `capacity` slots); a block on POST /predict. tf32: each replica's
+    session runs fp32 products in TF32 on CUDA (OnnxSession(tf32=True)); off by default.
     """
-    from export.session import OnnxSession, cuda_status
+    from runtime.session import OnnxSession, cuda_status
 
+    if not isinstance(tf32, bool):
+        raise ServeError(f"tf32={tf32!r} must be True or False")
     check_options(
         provider=provider,
         replicas=replicas,
@@ -320,6 +325,7 @@ def start(
             max_tokens=max_tokens,
             max_body=max_body,
             threads=threads,
+            tf32=tf32,
             loopback=ray_on_loopback(),
             **extra,
         )

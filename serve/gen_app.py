@@ -51,13 +51,14 @@ class GenerateServer:
         max_body: int = DEFAULT_MAX_BODY,
         threads: int | None = None,
         loopback: bool = False,
+        tf32: bool = False,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         batching: str = "static",
         capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
-        self.sess = open_session(files, provider, threads)
+        self.sess = open_session(files, provider, threads, tf32)
         self.info = GenInfo.of(
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from export.generation import longrope_switch, one_call_prompt_len, prefill_chunk
-from export.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from runtime.generation import longrope_switch, one_call_prompt_len, prefill_chunk
+from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 
 from .gen_batching import end_at_eos
 from .gen_protocol import GenItem
@@ -209,7 +209,7 @@ class ContinuousBatcher:
         reads them as one that counts a row's real keys does. A prompt after masked slots runs one row
         at a time, through one scratch row of P slots (GroupQueryAttention takes a chunk with a past for
         one row only; any lowering takes one row); one row's prompt runs in chunks, each after the ones
-        before, as OnnxSession.generate runs it (export.generation.prefill_chunk)."""
+        before, as OnnxSession.generate runs it (runtime.generation.prefill_chunk)."""
         import onnxruntime as ort
 
         started = time.perf_counter()

@@ -44,7 +44,7 @@ class GenInfo:
     @classmethod
     def of(cls, sess, **limits) -> GenInfo:
         """From an `OnnxSession` over a whole-model export (export_onnx of a zoo.DecoderLM)."""
-        from export.generation import lm_max_len, lm_vocab
+        from runtime.generation import lm_max_len, lm_vocab
 
         try:
             vocab = lm_vocab(sess)

@@ -83,7 +83,7 @@ def _served_session(meta: dict[str, Any], model: str | os.PathLike | None):
     """An OnnxSession over `model` when given, checked to be the file the server runs (its sha256)."""
     if model is None:
         return None
-    from export.session import OnnxSession
+    from runtime.session import OnnxSession
 
     from .replica import files_digest, model_files
 

@@ -4,7 +4,7 @@ data is inflated or run, and the answer's encoding. Plain numpy: no Ray.
 Split by job: the vocabulary (media types, fields, limits, errors, `ModelInfo`, `Item`) in
 `schema.py`, reading bodies in `bodies.py`, and here decoding a request (`decode_request`,
 `check_arrays`: the rules it shares with the sessions, the cache's and the mask's, are
-export/feeds.py's, said as a request's answer) and encoding the answer. Every name stays
+runtime/feeds.py's, said as a request's answer) and encoding the answer. Every name stays
 importable from `serve.protocol`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from export.feeds import Voice, broadcast_mask, check_key_mask, check_past, check_past_pair, past_length
+from runtime.feeds import Voice, broadcast_mask, check_key_mask, check_past, check_past_pair, past_length
 from zoo import AttnzooError, CacheFullError
 from zoo.limits import check_room
 

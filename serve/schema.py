@@ -71,7 +71,7 @@ class ModelInfo:
             raise ServeError(f"{sess.path} has past_key but no past_value input; export it with attnzoo --decode")
         max_len = None
         if "past_len" in sess.input_names:  # a static cache: its buffers' capacity, fixed at export
-            from export.static_decoding import capacity  # the one reader of attnzoo.max_len
+            from runtime.static_decoding import capacity  # the one reader of attnzoo.max_len
 
             try:
                 max_len = capacity(sess)

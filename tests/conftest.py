@@ -35,7 +35,7 @@ def _seed():
 
 @pytest.fixture
 def cuda_ok():
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     ok, why = cuda_status()
     if not ok:

@@ -2,9 +2,10 @@
 packages below it, nothing imports the command line, and no module imports itself round a
 circle, inside a package or across packages. A failure names the file and the import.
 
-Imports by name at run time (`importlib.import_module`) obey the same table. One reaches up, on
+Imports by name at run time (`importlib.import_module`) obey the same table. Two reach up, on
 purpose: zoo hands on the names of `peers` (which imports zoo), importing a peers module on first
-use in zoo/__init__.py's `__getattr__`; that is the only import of peers zoo may make."""
+use in zoo/__init__.py's `__getattr__`, the only import of peers zoo may make; and export hands on
+`run_parity` (which moved to `parity`, above it) the same way, so `from export import run_parity` works."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ ALLOWED = {
     "zoo": set(),
     "peers": {"zoo"},
     "analysis": {"zoo"},
-    "export": {"zoo"},
-    "bench": {"zoo", "export"},
-    "serve": {"zoo", "export"},
-    "cli": {"zoo", "peers", "analysis", "export", "bench", "serve"},
+    "runtime": {"zoo"},  # what a deployment needs: onnxruntime and numpy, no torch (zoo for its errors)
+    "export": {"zoo", "runtime"},  # writes graphs to the run time's interface (runtime/io.py)
+    "parity": {"zoo", "export", "runtime"},  # eager against the graph: above both
+    "bench": {"zoo", "export", "runtime"},
+    "serve": {"zoo", "export", "runtime"},
+    "cli": {"zoo", "peers", "analysis", "export", "runtime", "parity", "bench", "serve"},
 }
 OURS = set(ALLOWED)
 # (module, enclosing def's qualname) -> the package it may import by name there, though ALLOWED does not list it
-LAZY_UP = {("zoo", "__getattr__"): "peers"}
+LAZY_UP = {("zoo", "__getattr__"): "peers", ("export", "__getattr__"): "parity"}
 IMPORT_BY_NAME = {"import_module", "__import__"}  # importlib.import_module(name), __import__(name)
 
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO
 
 ROOT = REPO
-TOP_LEVEL = ["zoo", "peers", "export", "analysis", "bench", "serve", "cli"]
+TOP_LEVEL = ["zoo", "peers", "runtime", "export", "parity", "analysis", "bench", "serve", "cli"]
 COMMANDS = ["list", "show", "audit", "families", "export", "run", "parity", "bench", "heads", "importance", "ablate"]
 COMMANDS += ["serve", "triton", "loadtest", "generate"]
 

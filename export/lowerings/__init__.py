@@ -4,6 +4,7 @@ here and one line in LOWERING_LIST."""
 from __future__ import annotations
 
 import zoo
+from runtime.lowering_facts import RUN_FACTS
 
 from ..errors import ExportError
 from ..names import LOWERINGS
@@ -18,6 +19,8 @@ LOWERING_LIST: tuple[Lowering, ...] = (DECOMPOSED, ONNX_ATTENTION, ORT_MHA, ORT_
 RECORDS = {lw.name: lw for lw in LOWERING_LIST}
 if tuple(RECORDS) != LOWERINGS:  # export/names.py spells the vocabulary for the CLI and the API
     raise ImportError(f"export/names.py LOWERINGS {LOWERINGS} != the records {tuple(RECORDS)}")
+if set(RUN_FACTS) != set(LOWERINGS):  # what a session knows of each lowering (runtime/lowering_facts.py)
+    raise ImportError(f"runtime/lowering_facts.py RUN_FACTS {sorted(RUN_FACTS)} != LOWERINGS {sorted(LOWERINGS)}")
 
 
 def record(name: str) -> Lowering:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zoo
+from runtime.lowering_facts import RUN_FACTS, RunFacts
 
 from ..errors import ExportError
 
@@ -61,15 +62,24 @@ class Lowering:
     static_cache_note: str = ""
     fp16: str = "yes"  # the README's fp16 cell
     kinds: str = "yes"  # the README's cell for non-causal, cross-attention, d_v != d_k
-    # Score tensors (b h t s) its CPU kernels hold at once (measured peaks, README): the memory
-    # estimate before a run (OnnxSession.check_size); 0 for a kernel that streams them.
-    score_copies: int = 0
-    # A decode model takes a chunk (t > 1) after a past for b > 1 rows in one call; False: one row at a time.
-    batched_chunks: bool = True
 
     @property
     def traced(self) -> bool:
         return self.build is None
+
+    @property
+    def run_facts(self) -> RunFacts:
+        """What a session must know of this lowering's graphs (score copies, batched chunks): the run
+        time's table, runtime/lowering_facts.py, read by name (a session reads no export record)."""
+        return RUN_FACTS[self.name]
+
+    @property
+    def score_copies(self) -> int:
+        return self.run_facts.score_copies
+
+    @property
+    def batched_chunks(self) -> bool:
+        return self.run_facts.batched_chunks
 
     def why_not(self, spec: zoo.AttentionSpec, *, dtype: str | None = None, provider: str | None = None) -> str | None:
         """The first reason this lowering cannot express `spec` (in `dtype`, for `provider`), or None."""

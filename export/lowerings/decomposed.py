@@ -9,7 +9,6 @@ LOWERING = Lowering(
     graph="MatMul/Einsum, an explicit NaN-safe softmax, opset 18",
     weights_out=True,
     fused=False,
-    score_copies=2,  # the scores and their softmax
     # The static cache: ScatterElements writes this call's keys into the bound buffer in place, and
     # the folded query heads read each kv head once (zoo/attend.py, folded_attention).
     static_cache=None,

@@ -21,7 +21,6 @@ LOWERING = Lowering(
     sdpa_fp32=True,
     static_cache=f"{_NO_SHARED_BUFFER} (use lowering='decomposed')",
     static_cache_note=_NO_SHARED_BUFFER,
-    score_copies=1,
     after_trace=_one_attention_node,
     modifiers={
         "softcap": Limit(

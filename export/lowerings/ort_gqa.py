@@ -23,8 +23,7 @@ LOWERING = Lowering(
         if mod.gqa_limit is not None
     },
     # GroupQueryAttention refuses b > 1 with t > 1 and a past ("batch_size must be 1 when sequence_length
-    # > 1 and past context is given"): such a chunk runs one row at a time.
-    batched_chunks=False,
+    # > 1 and past context is given"): such a chunk runs one row at a time (runtime/lowering_facts.py).
     # The static cache: the op's past and present are one bound buffer of capacity n; seqlens_k =
     # past_len + t - 1 tells it where to write and how many keys to read (export/gqa.py).
     static_cache=None,

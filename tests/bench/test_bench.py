@@ -83,7 +83,7 @@ def test_int_lists(text, want):
 
 
 def test_cuda_request_fails_in_one_line_without_cuda(capsys):
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     if cuda_status()[0]:
         pytest.skip("CUDA works here; this checks the message on a machine without it")

@@ -71,7 +71,7 @@ def test_parity_cli_prints_matrix_and_json(tmp_path, capsys):
 
 
 def test_parity_cli_refuses_cuda_it_cannot_run_and_auto_skips_it(capsys):
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     ok, why = cuda_status()
     if ok:
@@ -131,3 +131,27 @@ def test_run_past_the_machine_is_refused_before_inputs_are_made(exports, capsys)
 
 def test_ctx_seq_on_a_self_attention_model_is_refused(exports, capsys):
     assert "self-attention" in one_line_error(capsys, ["run", str(exports["decomposed"]), "-s", "5"])
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_run_and_parity_hand_tf32_to_the_session(tmp_path, capsys, monkeypatch, tf32):
+    """--tf32 reaches OnnxSession (run) and every parity row's session; without it, tf32=False (use_tf32=0 on CUDA)."""
+    import runtime.session
+
+    seen = []
+    real = runtime.session.OnnxSession.__init__
+
+    def spy(self, *args, **kw):
+        seen.append(kw.get("tf32"))
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(runtime.session.OnnxSession, "__init__", spy)
+    out = tmp_path / "m.onnx"
+    assert main(["export", "mha-causal", "-o", str(out), "--lowering", "decomposed"]) == 0
+    flag = ["--tf32"] if tf32 else []
+    assert main(["run", str(out), "--provider", "cpu", "--repeats", "1", *flag]) == 0
+    args = ["parity", "mha-causal", "--lowering", "decomposed", "--case", "plain", "--json", str(tmp_path / "p.json")]
+    assert main([*args, *flag]) == 0
+    capsys.readouterr()
+    assert seen and set(seen) == {tf32}, seen
+    assert [r["tf32"] for r in json.loads((tmp_path / "p.json").read_text())] == [tf32]

@@ -31,8 +31,8 @@ import zoo
 from bench import plan as bench_mod
 from cli.main import build_parser, command_parsers, main
 from export import OnnxSession, export_onnx
-from export import parity as parity_mod
 from export import writer as writer_mod
+from parity import matrix as parity_mod
 from strategies import config_sizes, fuzz_settings, shard_names
 
 COMMANDS = ("list", "show", "audit", "export", "run", "parity", "bench", "heads", "importance", "ablate", "generate")

@@ -11,8 +11,8 @@ import torch
 import zoo
 from export import OnnxSession, export_onnx
 from export.names import LOWERINGS
-from export.parity import check_decode
 from helpers import ALL_NAMES, create, matrix, small_overrides
+from parity.matrix import check_decode
 
 CAUSAL = [n for n in ALL_NAMES if zoo.spec(n).causal]
 
@@ -122,7 +122,7 @@ def test_decode_parity_cuda_fp16(lowering, tmp_path, cuda_ok):
 
 def test_parity_names_the_step_of_a_miss(monkeypatch, tmp_path):
     """A cache that forgets the past must FAIL, and say at which step."""
-    import export.decoding as decoding
+    import runtime.decoding as decoding
 
     real = decoding.generate_steps
 

@@ -1,9 +1,9 @@
-"""export/feeds.py: one rule per input, said to the Python API and to a request alike."""
+"""runtime/feeds.py: one rule per input, said to the Python API and to a request alike."""
 
 import numpy as np
 import pytest
 
-from export.feeds import DECODE, DecodeInputError, Voice, broadcast_mask, check_key_mask, check_past, past_length
+from runtime.feeds import DECODE, DecodeInputError, Voice, broadcast_mask, check_key_mask, check_past, past_length
 
 
 class RequestError(ValueError):

@@ -18,7 +18,7 @@ import zoo
 from export import OnnxSession, export_onnx
 from export.choice import why_not
 from export.names import CACHES, LOWERINGS
-from export.parity import TOLERANCE, check
+from parity.matrix import TOLERANCE, check
 from strategies import bool_mask, decode_runs, decode_specs, float_mask, fuzz_settings, row_scales, shapes, specs
 
 # Each ONNX example is one export (~2-4 s on 2 cores); the eager ones cost milliseconds.

@@ -98,7 +98,7 @@ def test_t5_buckets_are_refused_by_the_record_and_by_the_builder():
     refuses too, rather than building a graph without the bias."""
     from export import gqa
     from export.errors import ExportError
-    from export.io import interface
+    from runtime.io import interface
 
     block = zoo.create("mha-causal", d_model=32, heads=2, rel_buckets=8, rel_max_distance=12).eval()
     assert "T5's bucketed bias" in why_not("ort-gqa", block.spec)
@@ -135,7 +135,7 @@ def test_the_graph_builder_names_no_modifier():
 def test_two_modifiers_may_not_set_one_attribute(monkeypatch):
     from export import gqa
     from export.errors import ExportError
-    from export.io import interface
+    from runtime.io import interface
     from zoo.modifiers import OpPart, Window
 
     block = zoo.create("gqa", d_model=128, causal=True, softcap=0.3, window=4).eval()
@@ -165,7 +165,7 @@ def test_sinks_are_the_ops_head_sink_input(tmp_path):
     """Attention sinks (gpt-oss) go into GroupQueryAttention's `head_sink` input (onnxruntime 1.31: "a smooth
     factor adding to the denominator of softmax", per head): exact against eager, full sequence with a
     query row that has no allowed key, and decode with the growing and the static cache."""
-    from export.parity import check_decode
+    from parity.matrix import check_decode
 
     torch.manual_seed(0)
     block = zoo.create("gqa", d_model=64, heads=4, kv_heads=2, causal=True, window=5, rope_theta=1e4, sinks=True)
@@ -198,7 +198,7 @@ def test_in_a_whole_model_the_op_rotates_when_rope_is_the_last_piece_it_can_do(n
     RotaryEmbedding nodes where rope is the last modifier on Q and K and its tables fit the kernel; a
     block export keeps them (its cache is the eager one)."""
     from export import gqa
-    from export.io import static_interface
+    from runtime.io import static_interface
 
     block = zoo.create(name, causal=True, **overrides).eval()
     ins, outs = static_interface(block.spec, with_key_mask=True)
@@ -238,7 +238,7 @@ def test_the_ops_own_rotary_in_a_whole_models_layer_is_the_eager_block(name, ove
     import onnxruntime as ort
 
     from export import gqa
-    from export.io import static_interface
+    from runtime.io import static_interface
 
     torch.manual_seed(0)
     block = zoo.create(name, causal=True, **overrides).eval()

@@ -1,5 +1,5 @@
 """Whole decoder models exported as one graph (export/lm_export.py) and generated from under ONNX Runtime
-(export/generation.py, OnnxSession.generate): for every family of peers.lm_rows.LM_FAMILIES, the ORT
+(runtime/generation.py, OnnxSession.generate): for every family of peers.lm_rows.LM_FAMILIES, the ORT
 tokens equal eager DecoderLM.generate's, which equal transformers' greedy tokens, on the small random
 configs of tests/peers/lm_cases.py; left padding, eos, int8/int4 against fp32, the refusals, and
 `attnzoo generate` / `attnzoo export --whole` with their one-line errors.
@@ -24,9 +24,7 @@ import zoo
 from cli.main import main
 from export import OnnxSession, export_onnx
 from export.errors import ExportError
-from export.generation import ROUND
 from export.graphs import op_counts
-from export.io import LM_PAST, LM_PRESENT
 from export.lowerings import record
 from export.names import LOWERINGS
 from export.precision import rel_l2
@@ -34,6 +32,8 @@ from export.splice import DOMAIN
 from helpers import REPO
 from peers.lm import lm_from_hf
 from peers.lm_rows import LM_FAMILIES
+from runtime.generation import ROUND
+from runtime.io import LM_PAST, LM_PRESENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 import lm_cases  # noqa: E402 - A's builders of small random transformers models, one per family
@@ -106,8 +106,8 @@ def test_the_weights_are_written_beside_the_graph(lm_exports):
 
 
 def test_a_whole_model_generates_in_a_process_that_cannot_import_torch(lm_exports):
-    """OnnxSession.generate runs on onnxruntime and numpy alone (a deployment needs no torch): the same
-    tokens as in this process, in an interpreter where importing torch raises."""
+    """runtime.OnnxSession.generate runs on onnxruntime and numpy alone (a deployment needs no torch): the
+    same tokens as in this process, in an interpreter where importing torch raises, from a file exported here."""
     _, _, path = lm_exports(DEFAULT)
     ids = lm_cases.prompt().numpy()
     code = (
@@ -118,7 +118,7 @@ def test_a_whole_model_generates_in_a_process_that_cannot_import_torch(lm_export
         "            raise ImportError('torch is blocked in this test')\n"
         "sys.meta_path.insert(0, NoTorch())\n"
         "import numpy as np\n"
-        "from export import OnnxSession\n"
+        "from runtime import OnnxSession  # the run time alone: what a deployment imports\n"
         f"ids = np.array({ids.tolist()}, dtype=np.int64)\n"
         f"out = OnnxSession({str(path)!r}, provider='cpu', verbose=False).generate(ids, {NEW})\n"
         "print(json.dumps([out.tolist(), sorted(m for m in sys.modules if m.split('.')[0] == 'torch')]))\n"
@@ -178,7 +178,7 @@ def _counted_runs(sess, monkeypatch) -> list:
 def test_one_rows_long_prompt_runs_in_chunks_with_the_same_tokens(lm_exports, monkeypatch):
     """A row's prompt longer than PREFILL_CHUNK runs in chunks, each after the ones before: the same tokens
     as eager, left-padded or not; a batch runs its prompts in one call (the op takes chunks one row at a time)."""
-    from export import generation
+    from runtime import generation
 
     _, lm, path = lm_exports(DEFAULT)
     sess = OnnxSession(path, provider="cpu")
@@ -202,7 +202,7 @@ def test_a_longrope_prompt_past_its_original_length_runs_in_one_call(tmp_path, m
     one call (every key with the long set, as eager and transformers), a shorter one in chunks."""
     import transformers
 
-    from export import generation
+    from runtime import generation
 
     pairs = 8
     rope = dict(
@@ -408,7 +408,7 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
         rc, _, err = _cli(argv, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and words in err, (argv, err)
     assert not list(tmp_path.glob("cache/**/*.onnx")), "a refusal came after an export"
-    from export.providers import cuda_status
+    from runtime.providers import cuda_status
 
     if not cuda_status()[0]:  # asked for by name, CUDA that does not work is one line (before any export)
         rc, _, err = _cli(["generate", str(no_config), "--prompt-ids", "1", "--provider", "cuda"], capsys)

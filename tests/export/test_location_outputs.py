@@ -7,8 +7,8 @@ import pytest
 import zoo
 from export.choice import why_not
 from export.errors import ExportError
-from export.parity import SHAPES, check
 from export.writer import export_onnx
+from parity.matrix import SHAPES, check
 
 # one export in the default run; the rest (every location, each traced lowering) with -m slow
 CASES = [

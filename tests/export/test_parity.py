@@ -8,8 +8,8 @@ import torch
 import zoo
 from export import OnnxSession
 from export.names import LOWERINGS
-from export.parity import SHAPES, TOLERANCE, check, errors, format_matrix
 from helpers import ALL_NAMES, BIG_NAMES, matrix, one_line_error, small_overrides
+from parity.matrix import SHAPES, TOLERANCE, check, errors, format_matrix
 
 # the export traced (b, t, s) = (2, 5, 7); the parity grid must avoid it and cover t = 1, b = 1
 assert all((b, t) != (2, 5) for b, t, _ in SHAPES)
@@ -79,7 +79,7 @@ def test_parity_cuda(name, lowering, dtype, tmp_path, cuda_ok):
 
 def test_parity_can_fail(monkeypatch, tmp_path):
     """A model whose weights differ from the eager module's must FAIL (the check is not vacuous)."""
-    import export.parity as parity
+    import parity.matrix as parity
 
     real_export = parity.export_onnx
 
@@ -97,7 +97,7 @@ def test_parity_shows_nan_as_nan(monkeypatch, tmp_path):
     """An ONNX model whose output holds NaN: the row shows NaN (not inf) and says so."""
     import numpy as np
 
-    import export.parity as parity
+    import parity.matrix as parity
 
     real_export = parity.export_onnx
 
@@ -258,7 +258,7 @@ def test_fp16_projections_overflow_is_the_real_limit(exports):
 
 
 def test_parity_with_an_unusable_provider_fails(capsys):
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     ok, why = cuda_status()
     if ok:
@@ -270,7 +270,7 @@ def test_parity_with_an_unusable_provider_fails(capsys):
 def test_api_checks_skip_an_unusable_provider_alike():
     """Without the CLI's refusal, both parity checks answer SKIP with the same reason."""
     from export import parity
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     ok, why = cuda_status()
     if ok:
@@ -298,7 +298,7 @@ def test_t5_buckets_at_unseen_lengths(lowering, tmp_path):
 
 
 def test_t5_buckets_decode_with_the_static_cache(tmp_path):
-    from export.parity import check_decode
+    from parity.matrix import check_decode
 
     row = check_decode("mha-separate-nobias", "decomposed", cache="static", workdir=tmp_path, causal=True, **T5_SMALL)
     assert row.status == "PASS", f"{row.reason} (max abs {row.max_abs:.2e})"

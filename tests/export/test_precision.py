@@ -15,11 +15,11 @@ import torch
 import zoo
 from export.choice import why_not
 from export.names import LOWERINGS, PRECISIONS
-from export.parity import check, check_decode
 from export.precision import ERROR_BOUNDS, PrecisionError, apply, rel_l2
-from export.session import OnnxSession
 from export.writer import export_onnx
 from helpers import ALL_NAMES, REPO, small_overrides
+from parity.matrix import check, check_decode
+from runtime.session import OnnxSession
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 FEW_SHAPES = [(1, 7, 13), (3, 64, 64)]  # neither is the export's traced shape (2, 5, 7)
@@ -195,7 +195,7 @@ def test_quantized_causal_positions_independent_of_the_future(name, lowering, pr
 def test_parity_int8_checks_a_mixed_scale_batch_and_causality(monkeypatch, tmp_path):
     """parity --precision int8 runs rows of different scales in one batch and scales a causal block's
     future; a session that couples rows (its batch answered by the batch's largest row) FAILS it."""
-    import export.parity as parity
+    import parity.matrix as parity
 
     row = check("mha-causal", "ort-gqa", precision="int8", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)
     assert row.status == "PASS" and row.shapes == len(FEW_SHAPES) + 2, row  # + the mixed batch + the future
@@ -215,7 +215,7 @@ def test_parity_int8_checks_a_mixed_scale_batch_and_causality(monkeypatch, tmp_p
 def test_parity_int8_fails_a_session_whose_past_depends_on_the_future(monkeypatch, tmp_path):
     """The causality check itself: a session whose earlier positions move with later ones, row by row
     (so the mixed-scale batch still holds), FAILS parity naming the positions."""
-    import export.parity as parity
+    import parity.matrix as parity
 
     real = parity._run
 
@@ -238,7 +238,7 @@ def test_parity_int8_fails_a_session_whose_past_depends_on_the_future(monkeypatc
 def test_parity_decode_int8_checks_a_mixed_scale_batch_and_causality(monkeypatch, tmp_path):
     """parity --decode --precision int8 runs rows of different scales through the prompt and steps, and
     scales a prompt's later positions; a session that couples rows, or leaks the future, FAILS it."""
-    import export.parity as parity
+    import parity.matrix as parity
 
     kw = {"precision": "int8", "workdir": tmp_path, "cache": "static", "d_model": 64, "heads": 4}
     row = check_decode("mha-causal", "ort-gqa", **kw)
@@ -377,7 +377,7 @@ def test_a_graph_without_weights_is_refused():
 
 def test_parity_fails_over_the_bound(monkeypatch, tmp_path):
     """A bound below the measured error makes the row FAIL, naming both numbers."""
-    import export.parity as parity
+    import parity.matrix as parity
 
     monkeypatch.setitem(parity.ERROR_BOUNDS, "int4", 1e-4)
     row = check("mha-causal", "ort-gqa", precision="int4", shapes=FEW_SHAPES, workdir=tmp_path, d_model=64, heads=4)

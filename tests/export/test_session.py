@@ -11,8 +11,8 @@ import torch
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.session import RunInputError, SessionError, cuda_status
 from helpers import REPO
+from runtime.session import RunInputError, SessionError, cuda_status
 
 ROOT = REPO
 

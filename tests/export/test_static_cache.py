@@ -1,8 +1,8 @@
-"""The static KV cache (zoo/cache.py, export/static_decoding.py): buffers of a fixed capacity
+"""The static KV cache (zoo/cache.py, runtime/static_decoding.py): buffers of a fixed capacity
 written in place, eagerly (block.decode(x, cache=...)) and under ONNX Runtime (cache="static").
 
 Eagerly every causal preset decodes in any split, batch 3 left-padded, to what the growing cache
-gives; under ONNX Runtime the decode parity check (export.parity.check_decode: a prompt, 25 single
+gives; under ONNX Runtime the decode parity check (parity.matrix.check_decode: a prompt, 25 single
 steps, chunks, batch 1 and 3 left-padded) passes for presets covering every modifier, the rest under -m slow.
 """
 
@@ -13,11 +13,11 @@ import torch
 import zoo
 from export import OnnxSession, export_onnx
 from export.choice import why_not
-from export.decoding import DecodeInputError
 from export.lowerings import LOWERING_LIST
 from export.names import LOWERINGS
-from export.parity import check_decode
 from helpers import ALL_NAMES, create, small_overrides
+from parity.matrix import check_decode
+from runtime.decoding import DecodeInputError
 
 CAUSAL = [n for n in ALL_NAMES if zoo.spec(n).causal and not zoo.spec(n).is_cross]
 PADS = (0, 3, 1)

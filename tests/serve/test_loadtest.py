@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from export import export_onnx
-from export.session import OnnxSession
 from helpers import free_port, local_ray
+from runtime.session import OnnxSession
 from serve import ModelInfo, RequestError, decode_request, start
 from serve.gen_protocol import GenInfo, decode_generate_request
 from serve.loadtest import (

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from export import export_onnx
-from export.session import OnnxSession
 from helpers import REPO, free_port, local_ray
+from runtime.session import OnnxSession
 from serve import (
     JSON,
     NPY,
@@ -549,7 +549,7 @@ def test_start_refuses_bad_options_before_starting_ray(models, tmp_path):
                 start(models["masked"], port=busy.getsockname()[1])
     with pytest.raises(ServeError, match="route_prefix='decode'"):
         start(models["masked"], route_prefix="decode")
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     if not cuda_status()[0]:  # embedded with no working CUDA: refused now, not a replica waiting for a GPU
         with pytest.raises(ServeError, match="provider='cuda'"):

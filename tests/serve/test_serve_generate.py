@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from export import export_onnx
-from export.session import OnnxSession
 from helpers import free_port, local_ray
+from runtime.session import OnnxSession
 from serve import Client, RequestError, ServeError, start
 from serve.gen_batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
 from serve.gen_continuous import ContinuousBatcher
@@ -210,7 +210,7 @@ def _longrope_folder(folder: Path) -> Path:
 def test_cli_serve_refuses_a_folder_before_exporting_it(kind, flags, words, tmp_path, capsys, monkeypatch):
     """What serving would refuse is refused before a checkpoint folder's export (minutes for a big model)."""
     from cli.main import main
-    from export.session import cuda_status
+    from runtime.session import cuda_status
 
     if "cuda" in flags and cuda_status()[0]:
         pytest.skip("CUDA works here: --provider cuda is served, not refused")
@@ -355,7 +355,7 @@ def test_a_joining_row_runs_its_prompt_in_chunks(sess, monkeypatch):
     has the longest prompt, so the others join at P > t, one of them with two rows."""
     import time
 
-    from export import generation
+    from runtime import generation
 
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 3)
     rng = np.random.default_rng(5)

@@ -8,7 +8,7 @@ import torch
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.decode_parity import check_decode
+from parity.decode import check_decode
 from zoo.modifiers import same_chunk
 
 CHUNKED = dict(d_model=32, heads=4, kv_heads=2, d_k=16, causal=True, rope_theta=1e4, chunk=4)

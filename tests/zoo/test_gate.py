@@ -9,7 +9,7 @@ from einops import rearrange
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.decode_parity import check_decode
+from parity.decode import check_decode
 
 GATED = dict(d_model=32, heads=4, kv_heads=2, d_k=16, causal=True, rope_theta=1e4, qk_norm="head", output_gate=True)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import zoo
-from export.decode_parity import check_decode
+from parity.decode import check_decode
 from zoo.modifiers import l2_normalize, temperature
 
 BASE = dict(causal=True, d_k=16, d_model=32, heads=4, kv_heads=2)

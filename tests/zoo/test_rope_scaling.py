@@ -86,7 +86,7 @@ def test_longrope_switches_by_the_calls_largest_position():
     torch.testing.assert_close(m(x[:, :16]), short.double()(x[:, :16]))  # positions 0..15: short
     torch.testing.assert_close(m(x), long.double()(x))  # 0..19 passes 16: long for every position
     assert (m(x)[:, :16] - m(x[:, :16])).abs().max() > 1e-3  # so the first 16 rows change
-    # where callers that run a call in pieces or share it must not cross (export.generation, serve): the same 16
+    # where callers that run a call in pieces or share it must not cross (runtime.generation, serve): the same 16
     assert rope_switch_at(m.spec.rope_scaling, m.spec.rope_original_max) == 16
     assert [rope_switch_at(kind, 16) for kind in (None, "llama3", "yarn")] == [None] * 3
 

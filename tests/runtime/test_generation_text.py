@@ -1,4 +1,4 @@
-"""Generation as people use it (export/generation.py's Generation, export/stopping.py): the checkpoint's
+"""Generation as people use it (runtime/generation.py's Generation, runtime/stopping.py): the checkpoint's
 generation_config applies (several eos ids) unless the call overrides it, sampling rows are reproducible
 and independent of their batch-mates, stop strings end each row on its own (tokens keep the stop string,
 text ends before it), max_time, streaming text that never splits a character, and the text paths in a
@@ -17,8 +17,8 @@ import transformers
 
 import zoo
 from export import OnnxSession, export_onnx
-from export.stopping import Codec, RowText
 from helpers import REPO
+from runtime.stopping import Codec, RowText
 
 TOKENIZER = REPO / "models" / "tiny-stdlib-llama" / "tokenizer.json"
 VOCAB = 259  # the byte-level tokenizer's: 256 bytes, <s> </s> <pad>
@@ -101,7 +101,7 @@ def test_a_stop_string_ends_its_row_tokens_keep_it_and_text_ends_before_it(text_
 
 
 def test_max_time_ends_the_call_with_finish_reason_length(text_lm):
-    from export.generation import Generation
+    from runtime.generation import Generation
 
     sess, _ = text_lm
     run = Generation(sess, _ids(), NEW, eos_token_id=[], max_time=1e-9)
@@ -150,7 +150,7 @@ import json, sys
 sys.modules['torch'] = None  # import torch now fails
 from pathlib import Path
 from export import OnnxSession
-from export.chat import ChatTemplate
+from runtime.chat import ChatTemplate
 tok = {str(path.with_name("lm.tokenizer.json"))!r}
 sess = OnnxSession({str(path)!r}, provider='cpu', verbose=False)
 pieces = list(sess.stream({PROMPT!r}, {NEW}, eos_token_id=[], tokenizer=tok))
@@ -171,7 +171,7 @@ print(json.dumps([pieces, stopped, chat, sampled]))
 
 def test_cli_generate_samples_stops_chats_and_says_how_many_tokens_an_interrupt_left(text_lm, tmp_path, capsys):
     from cli.main import main
-    from export.generation import Generation
+    from runtime.generation import Generation
 
     _, path = text_lm
     out = tmp_path / "out.json"

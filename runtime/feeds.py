@@ -46,7 +46,7 @@ RUN, DECODE = Voice(RunInputError), Voice(DecodeInputError)
 
 
 class Model(Protocol):
-    """What the decode checks read of a session (export.runtime.RuntimeSession is one)."""
+    """What the decode checks read of a session (runtime.core.RuntimeSession is one)."""
 
     path: Path
     spec: zoo.AttentionSpec | None

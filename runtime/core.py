@@ -1,7 +1,7 @@
 """The ONNX Runtime session over an exported model: open it on a provider, read its metadata,
 run it (plain, or with I/O binding over torch storage), and the raw runtime for loops that
-manage their own inputs. Where it runs is export/providers.py; its inputs are checked by
-export/feeds.py; OnnxSession (export/session.py) adds the token-by-token calls and node placement.
+manage their own inputs. Where it runs is runtime/providers.py; its inputs are checked by
+runtime/feeds.py; OnnxSession (runtime/session.py) adds the token-by-token calls and node placement.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,12 +17,20 @@ import zoo
 
 from .feeds import NP_DTYPE, RunInputError, np_of, run_feeds
 from .io import CONTEXT, PAST_KEY, PAST_LEN, X
+from .lowering_facts import RUN_FACTS, RunFacts
 from .names import PROVIDERS
-from .providers import CUDA, SessionError, announce, choose, device_of, ort, providers_for, session_options
+from .providers import (
+    CUDA,
+    SessionError,
+    announce,
+    choose,
+    cuda_options,
+    device_of,
+    ort,
+    providers_for,
+    session_options,
+)
 from .tensors import is_tensor, torch_dtype
-
-if TYPE_CHECKING:
-    from .lowerings import Lowering
 
 
 class RuntimeSession:
@@ -42,12 +50,15 @@ class RuntimeSession:
         profile: bool = False,
         io_binding: bool | None = None,
         spin: bool | None = None,
+        tf32: bool = False,
     ) -> None:
         """io_binding: bind torch tensors in place; None = on CUDA only (on the CPU a plain run
         over zero-copy numpy views measured as fast or a little faster at decode sizes).
         spin: let idle intra-op threads spin between nodes; None = for a whole-model export only
         (a generation loop runs ORT alone; a block shares the process with torch).
-        verbose: say `note` (what "auto" chose, and why) on stdout; the CLI prints it its own way."""
+        verbose: say `note` (what "auto" chose, and why) on stdout; the CLI prints it its own way.
+        tf32: on CUDA, let fp32 MatMul/Gemm run in TF32 (faster, ~1e-3 relative error a product:
+        runtime/providers.py TF32_TOLERANCE); False (the default) passes use_tf32=0, so fp32 is fp32."""
         if not isinstance(provider, str) or provider not in PROVIDERS:
             raise zoo.ArgumentError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
         if not isinstance(path, (str, os.PathLike)):
@@ -55,6 +66,9 @@ class RuntimeSession:
         bad_threads = isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024
         if threads is not None and bad_threads:
             raise zoo.ArgumentError(f"threads={threads!r} must be an integer in 1..1024, or None")
+        if not isinstance(tf32, bool):
+            raise zoo.ArgumentError(f"tf32={tf32!r} must be True or False")
+        self.tf32 = tf32
         self.path = Path(path)
         if self.path.is_dir():
             raise SessionError(f"{self.path} is a folder; give the path of an .onnx file")
@@ -73,18 +87,27 @@ class RuntimeSession:
         self.spinning = spin
         opts = session_options(threads, profile=profile, spin=spin)
         try:
-            self._sess = ort().InferenceSession(str(self.path), opts, providers=providers_for(use_cuda))
+            self._sess = ort().InferenceSession(str(self.path), opts, providers=providers_for(use_cuda, tf32=tf32))
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SessionError(f"ONNX Runtime cannot load {self.path}: {first}") from None
         used = self._sess.get_providers()
         if use_cuda and used[0] != CUDA:
             raise SessionError(f"the CUDA provider did not start for {self.path}; session uses {used}")
+        if use_cuda:
+            self._check_cuda_options()
         self.provider = device_of(used)
         self.io_binding = self.provider == "cuda" if io_binding is None else io_binding
         self._inputs = {i.name: i for i in self._sess.get_inputs()}
         self._outputs = [o.name for o in self._sess.get_outputs()]
         self.spec = self._read_spec()
+
+    def _check_cuda_options(self) -> None:
+        """The CUDA provider runs with the options asked for (use_tf32 above all): read back from ONNX Runtime."""
+        got = self._sess.get_provider_options().get(CUDA, {})
+        wrong = {k: (v, got.get(k)) for k, v in cuda_options(self.tf32).items() if str(got.get(k)) != v}
+        if wrong:
+            raise SessionError(f"the CUDA provider of {self.path} ignored options (asked, got): {wrong}")
 
     # -- what the model is ---------------------------------------------------------------
 
@@ -133,12 +156,10 @@ class RuntimeSession:
         return f"{prec} ({md['attnzoo.precision.method']}{extra})"
 
     @property
-    def lowering(self) -> Lowering | None:
-        """The record of the lowering this file was exported with (None: a file attnzoo did not
-        write, or a lowering name this version does not know)."""
-        from .lowerings import RECORDS  # on first use: the records load onnx, which a plain run never needs
-
-        return RECORDS.get(self.metadata.get("attnzoo.lowering", ""))
+    def lowering(self) -> RunFacts | None:
+        """What the run time knows of the lowering this file was exported with (runtime/lowering_facts.py;
+        None: a file attnzoo did not write, or a lowering name this version does not know)."""
+        return RUN_FACTS.get(self.metadata.get("attnzoo.lowering", ""))
 
     @property
     def is_lm(self) -> bool:
@@ -152,7 +173,7 @@ class RuntimeSession:
 
     @property
     def cache(self) -> str | None:
-        """A decode model's cache: "static" (buffers written in place, export/static_decoding.py),
+        """A decode model's cache: "static" (buffers written in place, runtime/static_decoding.py),
         "grow" (a new present each call), or None for a full-sequence model."""
         if not self.is_decode:
             return None

@@ -21,7 +21,7 @@ from .io import KEY_MASK, PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE, X, Y
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
-    from .runtime import RuntimeSession
+    from .core import RuntimeSession
 
 
 def decode(sess: RuntimeSession, x, past_key=None, past_value=None, key_mask=None):

@@ -1,5 +1,5 @@
 """Generation under ONNX Runtime from a whole-model export (export/lm_export.py): greedy, or sampled
-(export/sampling.py), stopped per row at eos ids, stop strings or max_time (export/stopping.py), streamed.
+(runtime/sampling.py), stopped per row at eos ids, stop strings or max_time (runtime/stopping.py), streamed.
 
     tokens = OnnxSession("lm.onnx").generate(input_ids, max_new_tokens=64)     # (b, t + 64) int64
 
@@ -32,7 +32,7 @@ from .stopping import Codec, RowText, eos_ids, stop_strings
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
-    from .runtime import RuntimeSession
+    from .core import RuntimeSession
 
 ROUND = 32  # a call's capacity is prompt + new tokens rounded up to this (each step reads all of it)
 # One row's prompt runs in calls of at most this many tokens, each after the ones before: ONNX Runtime's
@@ -126,7 +126,7 @@ class Generation:
     stop string, "length" at max_new_tokens or max_time) and, with a tokenizer, `texts` (each row's new
     text, ending before a stop string) and `pieces` (each row's text released by the last step).
 
-    Knobs (export/sampling.py) and eos_token_id / pad_token_id left None come from `generation_config`
+    Knobs (runtime/sampling.py) and eos_token_id / pad_token_id left None come from `generation_config`
     (default: the checkpoint's, recorded in the export); eos_token_id=[] stops at no token."""
 
     def __init__(
@@ -326,7 +326,7 @@ def generate(
     **options,
 ):
     """(b, t + N) int64: the prompt then the new tokens (fewer than N when every row ended at an eos id or a
-    stop string), greedy unless the options sample (export/sampling.py; Generation for every option).
+    stop string), greedy unless the options sample (runtime/sampling.py; Generation for every option).
 
     torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
     prefill_s, decode_s, steps and capacity (and the seed of a sampling call)."""

@@ -1,4 +1,4 @@
-"""Sampling (export/sampling.py) against transformers' own logits processors and warpers, on the same
+"""Sampling (runtime/sampling.py) against transformers' own logits processors and warpers, on the same
 logits: each knob and combinations give the same filtered, renormalised distribution; the resolution of
 call, checkpoint and transformers' defaults; seeded draws are reproducible and match the distribution."""
 
@@ -10,7 +10,7 @@ import torch
 from transformers.generation import logits_process as lp
 
 import zoo
-from export.sampling import Sampler, Sampling, distribution, resolve
+from runtime.sampling import Sampler, Sampling, distribution, resolve
 
 KNOB_CASES = [
     {"temperature": 0.7},

@@ -9,7 +9,7 @@ of different scales (each row must get its answer alone) and, when causal, with 
 scaled (the earlier ones must not move): MIXED_SCALES.
 
 Here the full-sequence check (`check`) and the matrix (`run_parity`, `format_matrix`); the
-token-by-token check is export/decode_parity.py, the row and its measures export/parity_rows.py.
+token-by-token check is parity/decode.py, the row and its measures parity/rows.py.
 """
 
 from __future__ import annotations
@@ -22,13 +22,17 @@ from pathlib import Path
 import torch
 
 import zoo
+from export.choice import why_not
+from export.lowerings import record
+from export.names import LOWERINGS
+from export.precision import ERROR_BOUNDS
+from export.tracing import DTYPES, example_inputs
+from export.writer import export_onnx
+from runtime.io import interface
+from runtime.session import OnnxSession
 
-from .choice import why_not
-from .decode_parity import CHUNKS, PADS, PROMPT, STEPS, check_decode
-from .io import interface
-from .lowerings import record
-from .names import LOWERINGS
-from .parity_rows import (
+from .decode import CHUNKS, PADS, PROMPT, STEPS, check_decode
+from .rows import (
     FUTURE_SCALE,
     MIXED_SCALES,
     MIXED_T,
@@ -47,12 +51,9 @@ from .parity_rows import (
     row_l2,
     skipped,
     spec_of,
+    tolerance,
     worse,
 )
-from .precision import ERROR_BOUNDS
-from .session import OnnxSession
-from .tracing import DTYPES, example_inputs
-from .writer import export_onnx
 
 # (b, t, s): b in {1, 3}, t in {1, 7, 64}; s differs from t for cross-attention. The export
 # traced b=2, t=5, s=7, so none of these is an export shape.
@@ -71,6 +72,7 @@ def check(
     shapes: Iterable[tuple[int, int, int]] = SHAPES,
     seed: int = 0,
     precision: str = "fp32",
+    tf32: bool = False,
     row_scales: tuple[float, ...] = MIXED_SCALES,
     outputs: tuple[str, ...] = ("y",),
     **overrides,
@@ -84,7 +86,7 @@ def check(
     outputs: "y" and named locations (zoo/hooks.py), each checked against eager run_with_cache; a
     lowering that cannot produce one is a SKIP with why_not's reason."""
     name = name_or_module if isinstance(name_or_module, str) else "custom"
-    row = new_row(name, lowering, provider, dtype, case, precision)
+    row = new_row(name, lowering, provider, dtype, case, precision, tf32)
     if case not in CASES:
         raise zoo.ArgumentError(f"case={case!r} is not one of {CASES}")
     if provider not in PROVIDERS:
@@ -104,7 +106,7 @@ def check(
     torch.manual_seed(seed)
     module = module_of(name_or_module, overrides)
     spec = module.spec
-    tol = TOLERANCE[dtype]
+    tol = tolerance(dtype, provider, tf32)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / f"{name}-{lowering}-{dtype}-{case}.onnx"
         export_kw = {"need_weights": need_weights, "with_mask": masked, "with_head_mask": masked}
@@ -219,6 +221,7 @@ def run_parity(
     cases: Iterable[str] = CASES,
     precisions: Iterable[str] = ("fp32",),
     progress: Callable[[ParityRow], None] | None = None,
+    tf32: bool = False,
     **overrides,
 ) -> list[ParityRow]:
     """The parity matrix for every registered name matching `pattern` ("decode" in `cases`: the
@@ -230,7 +233,7 @@ def run_parity(
     grid = list(itertools.product(lowerings, providers, dtypes, precisions, cases))
     for name in names:
         for lw, prov, dt, prec, case in grid:
-            kw = {"dtype": dt, "provider": prov, "precision": prec, **overrides}
+            kw = {"dtype": dt, "provider": prov, "precision": prec, "tf32": tf32, **overrides}
             if case.startswith("decode"):
                 cache = case.removeprefix("decode").removeprefix("-") or "grow"
                 row = check_decode(name, lw, cache=cache, **kw)

@@ -9,8 +9,10 @@ from pathlib import Path
 import torch
 
 import zoo
+from export.tracing import DTYPES
+from export.writer import export_onnx
 
-from .parity_rows import (
+from .rows import (
     FUTURE_SCALE,
     MIXED_SCALES,
     PROVIDERS,
@@ -27,10 +29,9 @@ from .parity_rows import (
     row_l2,
     skipped,
     spec_of,
+    tolerance,
     worse,
 )
-from .tracing import DTYPES
-from .writer import export_onnx
 
 # Decode parity: a prompt of PROMPT positions, then STEPS single-token steps; batch 1, and
 # batch 3 with rows left-padded by PADS positions (ragged lengths through the key mask).
@@ -50,6 +51,7 @@ def check_decode(
     seed: int = 0,
     cache: str = "grow",
     precision: str = "fp32",
+    tf32: bool = False,
     **overrides,
 ) -> ParityRow:
     """Export a decode model (cache="grow" or "static") and run a prompt then single-token steps under
@@ -64,7 +66,7 @@ def check_decode(
     """
     name = name_or_module if isinstance(name_or_module, str) else "custom"
     case = "decode" if cache == "grow" else f"decode-{cache}"
-    row = new_row(name, lowering, provider, dtype, case, precision)
+    row = new_row(name, lowering, provider, dtype, case, precision, tf32)
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = spec_of(name_or_module, overrides)
@@ -72,7 +74,7 @@ def check_decode(
         return row
     torch.manual_seed(seed)
     module = module_of(name_or_module, overrides)
-    tol = TOLERANCE[dtype]
+    tol = tolerance(dtype, provider, tf32)
     ref_module = reference_module(module, dtype, "cpu")
     n = PROMPT + STEPS
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:

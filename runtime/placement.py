@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runtime import RuntimeSession
+from .core import RuntimeSession
 
 
 @dataclass(frozen=True)

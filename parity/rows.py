@@ -1,7 +1,7 @@
 """What a parity check reports and how it measures: the row (ParityRow), the tolerances and
 errors, the mixed-scale rules of a quantized export, and the steps both checks take (skip, export
-and open, the eager reference). The checks themselves are export/parity.py (full sequence) and
-export/decode_parity.py (token by token).
+and open, the eager reference). The checks themselves are parity/matrix.py (full sequence) and
+parity/decode.py (token by token).
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import numpy as np
 import torch
 
 import zoo
-
-from .choice import why_not
-from .errors import ExportError
-from .names import DEVICES
-from .precision import ERROR_BOUNDS, rel_l2
-from .providers import cuda_status
-from .session import OnnxSession, SessionError
-from .tracing import DTYPES
+from export.choice import why_not
+from export.errors import ExportError
+from export.precision import ERROR_BOUNDS, rel_l2
+from export.tracing import DTYPES
+from runtime.names import DEVICES
+from runtime.providers import TF32_TOLERANCE, cuda_status
+from runtime.session import OnnxSession, SessionError
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,17 @@ TOLERANCE = {
     "float32": Tolerance(rtol=1e-4, atol=1e-5),
     "float16": Tolerance(rtol=1e-2, atol=4e-3),
 }
+# fp32 on CUDA with TF32 opted in (OnnxSession(..., tf32=True), CLI --tf32): MatMul/Gemm inputs rounded to
+# a 10-bit mantissa; runtime/providers.py states the bound and what it rests on.
+TF32 = Tolerance(*reversed(TF32_TOLERANCE))  # TF32_TOLERANCE is (rtol, atol); Tolerance(rtol, atol)
 PROVIDERS = DEVICES  # parity compares on a concrete device
+
+
+def tolerance(dtype: str, provider: str, tf32: bool = False) -> Tolerance:
+    """What a row is held to: its dtype's tolerance, or TF32's for fp32 on CUDA with TF32 opted in."""
+    return TF32 if tf32 and dtype == "float32" and provider == "cuda" else TOLERANCE[dtype]
+
+
 # A quantized export is also run on a batch of rows of different scales (row i's inputs times
 # MIXED_SCALES[i]): each row's answer must equal that row run alone (fp32 tolerances), and a row
 # at scale <= 1 is held to the bound on its own error, whatever its batch mates. (A row scaled up
@@ -64,6 +73,7 @@ class ParityRow:
     precision: str = "fp32"
     rel_l2: float = float("nan")  # the worst relative L2 error of y, ||y - y_eager|| / ||y_eager||
     bound: float = float("nan")  # what a quantized precision is held to (ERROR_BOUNDS); nan for fp32
+    tf32: bool = False  # the session let fp32 products run in TF32 (CUDA only; tolerance() follows)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +140,7 @@ def export_and_open(row: ParityRow, export: Callable, module: zoo.MultiHeadAtten
         row.status, row.reason = "FAIL", f"export failed: {e}"
         return None
     try:
-        return OnnxSession(path, provider=row.provider, verbose=False)
+        return OnnxSession(path, provider=row.provider, verbose=False, tf32=row.tf32)
     except SessionError as e:
         text = str(e)
         if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
@@ -189,13 +199,17 @@ def future_moved(now: torch.Tensor, then: torch.Tensor, t: int, where: str) -> s
     )
 
 
-def new_row(name: str, lowering: str, provider: str, dtype: str, case: str, precision: str) -> ParityRow:
+def new_row(
+    name: str, lowering: str, provider: str, dtype: str, case: str, precision: str, tf32: bool = False
+) -> ParityRow:
     """A SKIP row for the request; an unknown precision is refused here, before any work."""
-    from .precision import method
+    from export.precision import method
 
     method(precision)  # PrecisionError naming the choices
     bound = ERROR_BOUNDS[precision] if precision != "fp32" else float("nan")
-    return ParityRow(name, lowering, provider, dtype, case, "SKIP", precision=precision, bound=bound)
+    if not isinstance(tf32, bool):
+        raise zoo.ArgumentError(f"tf32={tf32!r} must be True or False")
+    return ParityRow(name, lowering, provider, dtype, case, "SKIP", precision=precision, bound=bound, tf32=tf32)
 
 
 def miss(row: ParityRow, tol: Tolerance) -> str:

@@ -1,5 +1,5 @@
-"""Chat templates (export/chat.py) render as transformers' apply_chat_template does, on real public
-templates (tests/export/chat_templates/README.md names their sources) and one of ours, and refuse
+"""Chat templates (runtime/chat.py) render as transformers' apply_chat_template does, on real public
+templates (tests/runtime/chat_templates/README.md names their sources) and one of ours, and refuse
 what transformers' sandbox refuses."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from export.chat import ChatTemplate, ChatTemplateError, read_messages
-from export.stopping import Codec
 from helpers import REPO
+from runtime.chat import ChatTemplate, ChatTemplateError, read_messages
+from runtime.stopping import Codec
 
 TEMPLATES = sorted((Path(__file__).parent / "chat_templates").glob("*.jinja"))
 TOKENIZER = REPO / "models" / "tiny-stdlib-llama" / "tokenizer.json"

@@ -26,7 +26,7 @@ from .io import CACHE_KEY, CACHE_KEY_MASK, CACHE_PRESENT_KEY, CACHE_PRESENT_VALU
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
-    from .runtime import RuntimeSession
+    from .core import RuntimeSession
 
 
 def capacity(sess: RuntimeSession) -> int:

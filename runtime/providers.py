@@ -34,9 +34,11 @@ def cuda_status() -> tuple[bool, str]:
     rt = ort()
     if CUDA not in rt.get_available_providers():
         return False, f"onnxruntime {rt.__version__} ({rt.get_device()} build) has no CUDA provider"
-    import torch  # only where the GPU build is installed: its CUDA wheels and the GPU's name
-
-    if hasattr(rt, "preload_dlls") and torch.version.cuda is not None:
+    try:  # only where the GPU build is installed: torch's CUDA wheels and the GPU's name, when it is there
+        import torch
+    except ImportError:  # a deployment without torch: onnxruntime finds the nvidia-* wheels itself
+        torch = None
+    if hasattr(rt, "preload_dlls") and (torch is None or torch.version.cuda is not None):
         try:
             rt.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels beside torch
         except Exception:  # noqa: BLE001 - best effort; the probe below decides
@@ -68,7 +70,7 @@ def cuda_status() -> tuple[bool, str]:
             "the CUDA provider is installed but could not start (no GPU, or no CUDA/cuDNN "
             f"libraries it can load); a test session fell back to {used}"
         )
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "device 0"
+    gpu = torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else "device 0"
     return True, f"CUDA works ({gpu}, onnxruntime {rt.__version__})"
 
 
@@ -90,9 +92,23 @@ def announce(note: str) -> None:
     print(f"attnzoo: {note}")
 
 
-def providers_for(use_cuda: bool) -> list[str]:
-    """The provider list a session is created with, in priority order (the CPU always last)."""
-    return ([CUDA] if use_cuda else []) + [CPU]
+# TF32 (the CUDA provider's `use_tf32`, on by default in ONNX Runtime: cuda_provider_options.h) rounds
+# the inputs of fp32 MatMul/Gemm to a 10-bit mantissa, so a product carries ~2**-10 ~ 1e-3 relative
+# error. A session turns it off unless asked (fp32 means fp32); tf32=True opts in for speed, and parity
+# then holds fp32 to TF32_TOLERANCE (parity/rows.py): (rtol, atol) = (2e-3, 2e-3), about 5x the worst
+# miss measured with TF32 on, on an H200 on 2026-12-04 (max abs 1.6e-4 .. 4.2e-4 over 140 fp32 cases).
+TF32_TOLERANCE = (2e-3, 2e-3)
+
+
+def cuda_options(tf32: bool = False) -> dict[str, str]:
+    """The CUDA provider's options a session passes, set explicitly (never the provider's defaults)."""
+    return {"use_tf32": "1" if tf32 else "0"}
+
+
+def providers_for(use_cuda: bool, *, tf32: bool = False) -> list:
+    """The provider list a session is created with, in priority order (the CPU always last); CUDA comes
+    with its options, cuda_options(tf32)."""
+    return ([(CUDA, cuda_options(tf32))] if use_cuda else []) + [CPU]
 
 
 def device_of(used: list[str]) -> str:
@@ -108,7 +124,7 @@ def session_options(threads: int | None, *, profile: bool, spin: bool = False):
     # Idle ORT threads spin by default, stealing the cores torch (or a second session) in the
     # same process needs; measured no slower for a block alone, faster when they alternate. A
     # generation loop is ORT alone, step after step, each step ~150 small nodes: there spinning
-    # threads start each node's work at once (export/runtime.py decides).
+    # threads start each node's work at once (runtime/core.py decides).
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if threads is not None:
         opts.intra_op_num_threads = threads
@@ -121,7 +137,9 @@ def session_options(threads: int | None, *, profile: bool, spin: bool = False):
 __all__ = [
     "SessionError",
     "announce",
+    "TF32_TOLERANCE",
     "choose",
+    "cuda_options",
     "cuda_status",
     "device_of",
     "ort",

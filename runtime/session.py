@@ -5,10 +5,10 @@
     y, key, value = sess.decode(x, key, value)    # a token-by-token one (export_onnx(..., decode=True))
     tokens = sess.generate(input_ids, 64)         # a whole model (export_onnx(decoder_lm, ...))
 
-The session itself (open, metadata, run, I/O binding) is export/runtime.py, where it runs
-export/providers.py, its input checks export/feeds.py; the token-by-token calls are
-export/decoding.py (a growing cache) and export/static_decoding.py (buffers written in place),
-and node placement export/placement.py. This class stands above them all.
+The session itself (open, metadata, run, I/O binding) is runtime/core.py, where it runs
+runtime/providers.py, its input checks runtime/feeds.py; the token-by-token calls are
+runtime/decoding.py (a growing cache) and runtime/static_decoding.py (buffers written in place),
+generation runtime/generation.py, and node placement runtime/placement.py. This class stands above them all.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import zoo
 
 from . import decoding, generation, placement, static_decoding
+from .core import RuntimeSession
 from .feeds import RunInputError
 from .placement import NodePlacement
 from .providers import SessionError, cuda_status
-from .runtime import RuntimeSession
 
 
 class OnnxSession(RuntimeSession):
@@ -42,7 +42,7 @@ class OnnxSession(RuntimeSession):
         return run(self, x_steps, past_key, past_value, key_mask)
 
     def static_cache(self, batch: int, past_key=None, past_value=None, key_mask=None, *, max_len=None):
-        """A static-cache model's buffers, bound once: `.step(x)` writes in place (export/static_decoding.py)."""
+        """A static-cache model's buffers, bound once: `.step(x)` writes in place (runtime/static_decoding.py)."""
         if self.cache != "static":
             raise zoo.ArgumentError(
                 f"{self.path} keeps a {self.cache or 'no'} cache; export with --decode --cache static for a static one"
@@ -57,7 +57,7 @@ class OnnxSession(RuntimeSession):
         """(b, t + N) int64, the prompt then the new tokens, as transformers' generate returns them: greedy,
         or sampled with do_sample / temperature / top_k / top_p / min_p / repetition_penalty / seed; stopped
         at eos ids (the checkpoint's by default), stop strings (with tokenizer=) or max_time
-        (export/generation.py's Generation); the buffers bound once and written in place."""
+        (runtime/generation.py's Generation); the buffers bound once and written in place."""
         return generation.generate(
             self, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options
         )
