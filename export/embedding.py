@@ -97,8 +97,9 @@ class EmbeddingSession(RuntimeSession):
         lower = json.loads(meta.get("attnzoo.do_lower_case", "false"))
         self.tokenizer = TextTokenizer(tok, self.max_seq_length, int(meta.get("attnzoo.pad_id", "0")), lower=lower)
 
-    def encode(self, texts: list[str], *, prompt_name: str | None = None, prompt: str | None = None,
-               batch_size: int = BATCH) -> np.ndarray:
+    def encode(
+        self, texts: list[str], *, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = BATCH
+    ) -> np.ndarray:
         """texts -> (n e) float32 embeddings, in batches of batch_size (each padded to its longest text)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise zoo.InputError(f"batch_size={batch_size!r} must be a positive integer")

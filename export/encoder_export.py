@@ -30,6 +30,7 @@ from .errors import ExportError
 from .graphs import op_counts
 from .io import TensorIO
 from .lowerings import record
+from .lowerings.base import EXPECTED_NODES
 from .names import LOWERINGS, PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
@@ -94,8 +95,9 @@ class EncoderExportResult:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.op_counts.items(), key=lambda kv: -kv[1])[:8])
         size = self.file_bytes + (self.external_data.stat().st_size if self.external_data else 0)
         out = ", ".join(f"{n} {tuple(s)}" for n, s in self.outputs)
+        weights = f", weights in {self.external_data.name}" if self.external_data else ""
         lines = [
-            f"wrote {self.path} ({size / 1e6:.2f} MB{', weights in ' + self.external_data.name if self.external_data else ''})",
+            f"wrote {self.path} ({size / 1e6:.2f} MB{weights})",
             f"  model     {self.name}: encoder of {self.layers} layers, {self.parameters:,} parameters",
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
             f"  precision {self.precision_method or self.precision}",
@@ -144,8 +146,12 @@ def _trace(model: nn.Module, rec, dtype: str, ins, outs, spec0):
     if len(ins) == 3:
         example["token_type_ids"] = torch.zeros(b, t, dtype=torch.long)
         dynamic["token_type_ids"] = {0: dim_b, 1: dim_t}
-    with torch.no_grad():
-        onnx_model = trace(_Wrapped(m, len(ins) == 3).eval(), example, dynamic, rec, outs)
+    token = EXPECTED_NODES.set(len(model.spec.attention))  # one fused attention node per layer
+    try:
+        with torch.no_grad():
+            onnx_model = trace(_Wrapped(m, len(ins) == 3).eval(), example, dynamic, rec, outs)
+    finally:
+        EXPECTED_NODES.reset(token)
     for value, io in zip(list(onnx_model.graph.inputs) + list(onnx_model.graph.outputs), ins + outs):
         value.name = io.name
         value.shape = ir.Shape(list(io.shape(spec0)))

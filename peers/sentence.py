@@ -169,9 +169,6 @@ def is_encoder_folder(folder: str | os.PathLike) -> bool:
         return False
 
 
-
-
-
 def tokenizer_facts(folder: str | os.PathLike) -> tuple[Path, int, bool]:
     """(the tokenizer.json, the id it pads with, lower-case the texts) of a model folder, as
     sentence-transformers' tokenizer reads them: pad_token from tokenizer_config.json (else the config's
@@ -200,4 +197,6 @@ def tokenizer_facts(folder: str | os.PathLike) -> tuple[Path, int, bool]:
             lower = bool(_json(transformer / name).get("do_lower_case", False))
             break
     return path, int(pad), lower
+
+
 __all__ = ["LEGACY_POOLING", "is_encoder_folder", "sentence_encoder", "tokenizer_facts"]

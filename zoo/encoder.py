@@ -67,11 +67,15 @@ class EncoderSpec:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise SpecError(f"{name}={v!r} must be an integer >= 0")
         if not isinstance(self.attention, tuple) or not self.attention:
-            raise SpecError(f"attention must be a non-empty tuple of AttentionSpec (one per layer), got {self.attention!r}")
+            raise SpecError(
+                f"attention must be a non-empty tuple of AttentionSpec (one per layer), got {self.attention!r}"
+            )
         for i, a in enumerate(self.attention):
             if not isinstance(a, AttentionSpec) or a.d_model != self.d_model or a.causal or a.is_cross:
                 what = a.describe() if isinstance(a, AttentionSpec) else type(a).__name__
-                raise SpecError(f"attention[{i}] ({what}) must be bidirectional self-attention of d_model={self.d_model}")
+                raise SpecError(
+                    f"attention[{i}] ({what}) must be bidirectional self-attention of d_model={self.d_model}"
+                )
         choices = (("mlp", MLPS), ("act", tuple(ACTIVATIONS)), ("arrangement", ARRANGEMENTS), ("positions", POSITIONS))
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
@@ -237,13 +241,16 @@ class SentenceEncoder(nn.Module):
         super().__init__()
         if not isinstance(encoder, Encoder) or not isinstance(pooling, Pooling):
             raise InputTypeError(
-                f"SentenceEncoder takes an Encoder and a Pooling, got {type(encoder).__name__}, {type(pooling).__name__}"
+                f"SentenceEncoder takes an Encoder and a Pooling, got {type(encoder).__name__}, "
+                f"{type(pooling).__name__}"
             )
         self.encoder, self.pooling = encoder, pooling
         self.max_seq_length = max_seq_length
         self.prompts = dict(prompts or {})
         if default_prompt_name is not None and default_prompt_name not in self.prompts:
-            raise SpecError(f"default_prompt_name={default_prompt_name!r} is not one of the prompts {sorted(self.prompts)}")
+            raise SpecError(
+                f"default_prompt_name={default_prompt_name!r} is not one of the prompts {sorted(self.prompts)}"
+            )
         self.default_prompt_name = default_prompt_name
 
     @property
