@@ -60,13 +60,21 @@ def config(family: str, vocab: int = len(VOCAB)):
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "modernbert")
 
 
-def tokenizer(folder: Path):
-    """A lower-casing WordPiece tokenizer over VOCAB, as transformers' BertTokenizerFast."""
-    from transformers import BertTokenizerFast
+def tokenizer():
+    """A lower-casing WordPiece tokenizer over VOCAB built with the `tokenizers` library ([CLS] text [SEP]),
+    wrapped as transformers' PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
 
-    vocab_file = folder.parent / f"{folder.name}-vocab.txt"
-    vocab_file.write_text("\n".join(VOCAB) + "\n")
-    return BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
+    ids = {w: i for i, w in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    special = dict(unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
 
 
 def checkpoint(folder: Path, family: str, *, seed: int = 0):
@@ -82,7 +90,7 @@ def checkpoint(folder: Path, family: str, *, seed: int = 0):
             if "norm" in name.lower():
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder)
-    tokenizer(folder).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
     return model
 
 
