@@ -19,7 +19,9 @@ def export_encoder_whole(args: argparse.Namespace) -> int:
     from zoo.files import ensure_writable_parent, write_atomic
 
     if args.max_len is not None:
-        raise CliError("--max-len is for decoders (their cache); an encoder's graph takes any length up to its positions")
+        raise CliError(
+            "--max-len is for decoders (their cache); an encoder's graph takes any length up to its positions"
+        )
     ensure_writable_parent(args.output)
     tok, pad, lower = tokenizer_facts(args.checkpoint)
     model = sentence_encoder(args.checkpoint)
@@ -121,8 +123,6 @@ def add_commands(sub) -> None:
         help="a prompt of the model's config_sentence_transformers.json (e.g. query) put before each text",
     )
     sp.add_argument("--batch-size", type=positive, default=32, help="texts per call (default 32, as encode's)")
-    sp.add_argument(
-        "--provider", choices=("auto", "cpu", "cuda"), default="auto", help="for an .onnx (default auto)"
-    )
+    sp.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="for an .onnx (default auto)")
     sp.add_argument("--json", metavar="PATH", help="also write the texts and embeddings as JSON")
     sp.set_defaults(func=cmd_embed)

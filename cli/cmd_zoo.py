@@ -229,7 +229,9 @@ def cmd_families(args: argparse.Namespace) -> int:
     print(families_markdown())
     rows = family_table()
     print(f"\n{sum(r['status'] == 'exact' for r in rows)} exact, {sum(r['status'] != 'exact' for r in rows)} refused")
-    print("\nWhole models (zoo.lm_from_checkpoint, zoo.lm_from_hf); other model_types are refused whole:\n")
+    print(
+        "\nWhole decoders (zoo.lm_from_checkpoint, zoo.lm_from_hf; attnzoo generate); other model_types are refused:\n"
+    )
     print(lm_families_markdown())
     print("\nWhole encoders (zoo.encoder_from_checkpoint; sentence-transformers folders: attnzoo embed):\n")
     print(encoder_families_markdown())

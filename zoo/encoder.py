@@ -109,7 +109,7 @@ class EncoderLayer(nn.Module):
         self.mlp_norm = Norm("layer", spec.d_model, spec.norm_eps, spec.norm_bias)
 
     def forward(self, h: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
-        """h (b t c), mask (b 1 1 s) bool (True: a real key), positions (t) -> h (b t c)."""
+        """h (b t c), mask (b 1 t s) bool (True: a real key), positions (t) -> h (b t c)."""
         if self.pre:
             x = self.attn_norm(h) if self.attn_norm is not None else h
             h = h + self.attn(x, mask=mask, positions=positions)
@@ -164,7 +164,8 @@ class Encoder(nn.Module):
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
             h = h + self.token_types(types)
         h = self.embed_norm(h)
-        mask = rearrange(keep, "b s -> b 1 1 s")
+        # (b 1 t s), not (b 1 1 s): ONNX Runtime's CPU Attention op wants the mask's query axis to be t
+        mask = rearrange(keep, "b s -> b 1 1 s").expand(-1, 1, t, -1)
         for layer in self.layers:
             h = layer(h, mask, at)
         return self.final_norm(h) if self.final_norm is not None else h
