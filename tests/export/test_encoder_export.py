@@ -139,3 +139,10 @@ def test_quantized_embeddings_cosine_to_fp32(embed_models, tmp_path, precision):
     got = EmbeddingSession(path, "cpu", tokenizer=folder / "tokenizer.json", verbose=False).encode(cases.TEXTS)
     cos = (got * fp32).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(fp32, axis=1)
     assert cos.min() >= COSINE_FLOOR[precision], f"{precision}: cosine similarity {cos.min():.5f}"
+
+
+def test_docs_families_table_is_the_commands():
+    from cli.cmd_zoo import encoder_families_markdown
+    from helpers import REPO
+
+    assert encoder_families_markdown() in (REPO / "docs" / "embeddings.md").read_text()
