@@ -331,6 +331,12 @@ def export_whole(args: argparse.Namespace) -> int:
     ):
         if given:
             raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
+    from peers.sentence import is_encoder_folder
+
+    if is_encoder_folder(args.checkpoint):  # an encoder or sentence-transformers folder: its embeddings' graph
+        from .cmd_embed import export_encoder_whole
+
+        return export_encoder_whole(args)
     ensure_writable_parent(args.output)
     tokenizer = _tokenizer_to_copy(Path(args.checkpoint), Path(args.output))
     model = load_lm(args.checkpoint)

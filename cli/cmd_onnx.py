@@ -335,6 +335,8 @@ def add_commands(sub) -> None:
         action="store_true",
         help="with --checkpoint DIR: the whole decoder model as one graph (input_ids, attention_mask, past_len, "
         "past_key_values.N.key/.value -> logits, next_token, present.N.key/.value; static cache), for generate; "
+        "an encoder or sentence-transformers folder as its embeddings' graph (input_ids, attention_mask "
+        "[, token_type_ids] -> sentence_embedding), for embed; "
         "the checkpoint's tokenizer.json is copied beside it as PATH's stem + .tokenizer.json",
     )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")

@@ -206,6 +206,18 @@ def lm_families_markdown() -> str:
     return "\n".join(lines)
 
 
+def encoder_families_markdown() -> str:
+    """The families read as whole encoders (zoo.encoder_from_checkpoint), from peers.encoder_rows."""
+    from peers.classes import ROWS
+    from peers.encoder_rows import ENCODER_FAMILIES
+
+    by_family = {r.family.lower().replace("-", ""): r.cls for r in ROWS}
+    lines = ["| model_type | attention class | the rest of the model |", "|---|---|---|"]
+    for kind, row in ENCODER_FAMILIES.items():
+        lines.append(f"| {kind} | `{by_family.get(kind.replace('-', ''), '-')}` | {row.covers} |")
+    return "\n".join(lines)
+
+
 def cmd_families(args: argparse.Namespace) -> int:
     from peers.transformers import family_table
     from zoo.files import ensure_writable_parent, write_atomic
@@ -217,8 +229,12 @@ def cmd_families(args: argparse.Namespace) -> int:
     print(families_markdown())
     rows = family_table()
     print(f"\n{sum(r['status'] == 'exact' for r in rows)} exact, {sum(r['status'] != 'exact' for r in rows)} refused")
-    print("\nWhole models (zoo.lm_from_checkpoint, zoo.lm_from_hf); other model_types are refused whole:\n")
+    print(
+        "\nWhole decoders (zoo.lm_from_checkpoint, zoo.lm_from_hf; attnzoo generate); other model_types are refused:\n"
+    )
     print(lm_families_markdown())
+    print("\nWhole encoders (zoo.encoder_from_checkpoint; sentence-transformers folders: attnzoo embed):\n")
+    print(encoder_families_markdown())
     if args.json:
         import json
 
@@ -262,7 +278,8 @@ def add_families(sub) -> None:
         "families",
         help="the transformers attention classes from_hf takes, exact or refused",
         description="The transformers attention classes the zoo reads (from_hf, from_checkpoint): each exact, "
-        "with its measured error, or refused with the reason; then the model types read as whole models.",
+        "with its measured error, or refused with the reason; then the model types read as whole models: decoders "
+        "(generate) and encoders (embed).",
     )
     sp.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     sp.add_argument(

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd_zoo.add_commands(sub)
     try:
-        from . import cmd_bench, cmd_generate, cmd_heads, cmd_onnx, cmd_patch, cmd_serve
+        from . import cmd_bench, cmd_embed, cmd_generate, cmd_heads, cmd_onnx, cmd_patch, cmd_serve
     except ImportError as e:  # ONNX tooling missing: the zoo commands still work
         missing = str(e)
 
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             raise CliError(f"this command needs the ONNX packages ({missing}); pip install attnzoo[...]")
 
         commands = ("export", "run", "parity", "bench", "heads", "importance", "ablate", "patch", "serve")
-        for cmd in (*commands, "triton", "loadtest", "generate"):
+        for cmd in (*commands, "triton", "loadtest", "generate", "embed"):
             sub.add_parser(cmd, help=f"(unavailable: {missing})").set_defaults(func=_no_onnx)
     else:
         cmd_onnx.add_commands(sub)
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_patch.add_commands(sub)  # activation patching (analysis)
         cmd_serve.add_commands(sub)  # Ray/Triton are imported only when run
         cmd_generate.add_commands(sub)  # whole models: greedy tokens under ONNX Runtime
+        cmd_embed.add_commands(sub)  # whole encoders: sentence embeddings
     return p
 
 

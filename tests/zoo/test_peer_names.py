@@ -21,6 +21,8 @@ HANDED_ON = {
     "from_checkpoint": "peers.checkpoint",
     "lm_from_checkpoint": "peers.lm",
     "lm_from_hf": "peers.lm",
+    "encoder_from_checkpoint": "peers.encoder",
+    "sentence_encoder": "peers.sentence",
     "spec_from_config": "peers.config",
     "preset_toml": "peers.preset",
     "from_torch_mha": "peers.torch_mha",
