@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 import zoo
+from runtime.io import TensorIO
 
 from .choice import auto_order, why_not
 from .errors import ExportError
 from .graphs import op_counts
-from .io import TensorIO
 from .lowerings import record
 from .lowerings.base import EXPECTED_NODES
 from .names import LOWERINGS, PRECISIONS
