@@ -263,6 +263,24 @@ def test_a_longrope_prompt_past_its_original_length_runs_in_one_call(tmp_path, m
         assert len(calls) == prefill_calls + 3, t
 
 
+def test_phi3_longrope_generation_past_the_switch_equals_transformers(tmp_path):
+    """transformers' Phi-3 generate runs the whole sequence again at the first step past original_max (every
+    key with the long factors): so does OnnxSession.generate, as one call from slot 0 (the export's
+    attnzoo.recompute_at), alone and in a left-padded batch."""
+    from runtime.generation import recompute_at
+
+    hf = lm_cases.longrope_phi3(original_max=32, layers=1)
+    lm = lm_from_hf(hf).eval()
+    sess = OnnxSession(export_onnx(lm, tmp_path / "phi3.onnx", max_len=48).path, provider="cpu")
+    assert recompute_at(sess) == 32
+    ids = lm_cases.prompt(batch=2, t=15)
+    mask = torch.ones_like(ids)
+    mask[1, :4], ids[1, :4] = 0, 0
+    want = hf.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(sess.generate(ids, 30, attention_mask=mask), want)
+    assert torch.equal(sess.generate(ids[:1], 30), want[:1])
+
+
 def test_eos_pads_a_finished_row_and_stops_when_all_have_ended(lm_exports):
     hf, lm, path = lm_exports(DEFAULT)
     sess = OnnxSession(path, provider="cpu")

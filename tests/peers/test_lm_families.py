@@ -202,6 +202,26 @@ def test_a_tied_config_with_another_head_in_the_file_reads_the_files_head(lm_fol
     assert lm_from_checkpoint(tmp_path).spec.tied
 
 
+def test_phi3_longrope_generate_past_the_switch_equals_transformers():
+    """transformers' Phi-3 generate runs the whole sequence again at the first step past original_max (every
+    key with the long factors); the zoo's generate does the same, alone and in a left-padded batch."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = lm_cases.longrope_phi3(original_max=32)
+    lm = lm_from_hf(model)
+    assert lm.spec.longrope_recompute and lm.spec.recompute_at == 32
+    ids = lm_cases.prompt(batch=2, t=15)
+    mask = torch.ones_like(ids)
+    mask[1, :4], ids[1, :4] = 0, 0
+    for rows, m in ((ids[:1], None), (ids, mask)):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = model.generate(
+                rows, attention_mask=m, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None
+            )
+        assert torch.equal(lm.generate(rows, 30, attention_mask=m), want)
+
+
 def test_zoo_hands_on_the_whole_model_readers():
     assert zoo.lm_from_checkpoint is lm_from_checkpoint and zoo.lm_from_hf is lm_from_hf
 
