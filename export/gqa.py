@@ -21,7 +21,7 @@ there would reach every real row through 0 * NaN).
 The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
 they cannot carry (`gqa_refusal`, which the ort-gqa record reads too); nothing here names one. The op
 is always causal, self-attention, d_v = d_k. Measured on onnxruntime 1.31.1 CPU against the eager
-block (tests keep it): a row whose bias is all -inf gives 0 without a softcap and NaN with one.
+block (tests keep it): a row whose bias is all -inf gives 0 without a logit cap and NaN with one.
 """
 
 from __future__ import annotations
@@ -348,10 +348,10 @@ def build(
         g.op("Identity", presents[1], name="present_value")
 
     if in_model and key_mask:
-        # A pad query row (left padding) has no real key. Without a softcap the op gives such a row 0, but
-        # with one it gives NaN (onnxruntime 1.31.1 CPU), which becomes the next layer's keys and values at
-        # the pad slots, where 0 weight * NaN makes every real row NaN. A real query always sees itself, so
-        # a query slot has a real key when its own key is real.
+        # A pad query row (left padding) has no real key. Without a logit cap (the op's tanh) the op gives
+        # such a row 0, but with one it gives NaN (onnxruntime 1.31.1 CPU), which becomes the next layer's keys
+        # and values at the pad slots, where 0 weight * NaN makes every real row NaN. A real query always sees
+        # itself, so a query slot has a real key when its own key is real.
         z = g.op("Where", g.op("Unsqueeze", last_t(key_mask), g.ints([2])), z, g.const(0.0, "zero"))
     if masked and not in_model:
         # A query row with no allowed key (user mask & causal & the modifiers' terms) gets Z = 0, as in eager torch.
