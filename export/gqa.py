@@ -15,12 +15,13 @@ the block's weights, with the axis vocabulary as dim names:
 
 A layer of a whole model (in_model, export/splice.py) leaves the op to do the last piece on Q and K
 where its modifier says the op can (gqa_inside: rotary, at cache slots; then no Split when it was the
-only one), and leaves its pad rows unzeroed (nothing reads them).
+only one), and zeroes its pad rows by the key mask alone (they become the next layer's pad keys: a NaN
+there would reach every real row through 0 * NaN).
 
 The modifiers write their pieces themselves (zoo/modifiers/graph.py) through `_Graph`, and say what
 they cannot carry (`gqa_refusal`, which the ort-gqa record reads too); nothing here names one. The op
 is always causal, self-attention, d_v = d_k. Measured on onnxruntime 1.31.1 CPU against the eager
-block (tests keep it): a row whose bias is all -inf gives 0.
+block (tests keep it): a row whose bias is all -inf gives 0 without a logit cap and NaN with one.
 """
 
 from __future__ import annotations
@@ -225,9 +226,10 @@ def build(
     """The ort-gqa graph of `module` with the inputs/outputs of the I/O table (x [, mask] [, head_mask] -> y).
 
     in_model: a layer of a whole model (export/splice.py), whose static cache is the model's own and
-    whose query rows without a real key are its pad rows, which no real row reads. There the op rotates Q
-    and K itself, at cache slots (Modifier.gqa_inside), and such rows are not zeroed: the op gives them 0
-    (a row whose bias is all -inf), finite, and nothing reads them. max_positions: in a whole model with a
+    whose query rows without a real key are its pad rows. There the op rotates Q and K itself, at cache
+    slots (Modifier.gqa_inside), and such rows are zeroed by the key mask at their own slots alone (a real
+    query sees itself), not by the whole allowed-keys rule: no real row reads a pad row's output, but its
+    keys and values are the next layer's, so it must be finite. max_positions: in a whole model with a
     max_len, the most positions a call holds (tables over positions become constants of that many rows)."""
     spec = module.spec
     reason = why_not(spec, need_weights=any(o.name == "attn" for o in outs))
@@ -345,6 +347,12 @@ def build(
         g.op("Identity", presents[0], name="present_key")
         g.op("Identity", presents[1], name="present_value")
 
+    if in_model and key_mask:
+        # A pad query row (left padding) has no real key. Without a logit cap (the op's tanh) the op gives
+        # such a row 0, but with one it gives NaN (onnxruntime 1.31.1 CPU), which becomes the next layer's keys
+        # and values at the pad slots, where 0 weight * NaN makes every real row NaN. A real query always sees
+        # itself, so a query slot has a real key when its own key is real.
+        z = g.op("Where", g.op("Unsqueeze", last_t(key_mask), g.ints([2])), z, g.const(0.0, "zero"))
     if masked and not in_model:
         # A query row with no allowed key (user mask & causal & the modifiers' terms) gets Z = 0, as in eager torch.
         allowed = g.op("And", user_mask, g.op("GreaterOrEqual", g.distance(), g.const(0.0, "zero", "float32")))

@@ -61,6 +61,10 @@ def is_lm(obj) -> bool:
     return isinstance(obj, zoo.DecoderLM)
 
 
+# the cache length at which generate re-runs the whole sequence (zoo.lm.LMSpec.recompute_at: Phi-3's longrope)
+RECOMPUTE_AT = "attnzoo.recompute_at"
+
+
 def layer_specs(model: nn.Module) -> list[zoo.AttentionSpec]:
     """The attention spec of each layer, in order (each layer holds a zoo block as `.attn`)."""
     specs = []
@@ -280,6 +284,7 @@ def export_lm(
         "attnzoo.cache": "static",
         **({"attnzoo.max_len": str(max_len)} if max_len else {}),
         **({"attnzoo.generation_config": json.dumps(generation_config)} if generation_config else {}),
+        **({RECOMPUTE_AT: str(model.spec.recompute_at)} if model.spec.recompute_at is not None else {}),
         **applied.metadata(),
     }
     quantized.metadata_props.update(meta)

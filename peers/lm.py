@@ -85,6 +85,19 @@ def _head(row: LMRow, names: Any) -> str:
     return next((h for h in row.head if f"{h}.weight" in names.map), row.head[0])
 
 
+def _untied(fields: dict, row: LMRow, names: Any, base: str) -> dict:
+    """The row's fields, untied where the config ties the head to the token embedding but `names` holds a head
+    of other values (or shape): transformers (5.25, PreTrainedModel.tie_weights) then unties them and reads the
+    file's head. An equal head is the embedding, tied (a live tied model's state_dict lists both)."""
+    head = f"{_head(row, names)}.weight"
+    if not fields.get("tied") or head not in names.map:
+        return fields
+    embed, found = f"{base}{row.embed}.weight", names.tensor(head)
+    if embed in names.map and torch.equal(found, names.tensor(embed)):  # False for another shape
+        return fields
+    return dict(fields, tied=False)
+
+
 def _experts(plan: dict, param: str, moe: nn.Module, at: str, saved: str, expert_names, names: Any) -> None:
     """A mixture's tensors: saved per expert (`{saved}.experts.E.<expert_names>`: gate, up, down; `{saved}.gate`:
     the router), or as a live model holds them (`mlp.gate`, `mlp.experts.gate_up_proj` (E 2f c),
@@ -171,6 +184,7 @@ def _assemble(
 ) -> DecoderLM:
     """The DecoderLM of `blocks` (the layers' attention) and the row's other tensors from `names`."""
     fields = _fields(kind, row, cfg, CheckpointError if isinstance(names, _Names) else HFConversionError)
+    fields = _untied(fields, row, names, base)
     try:
         attention = tuple(b.spec for b in blocks)
         spec = LMSpec(vocab=int(cfg.vocab_size), d_model=int(cfg.hidden_size), attention=attention, **fields)

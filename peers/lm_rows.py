@@ -243,7 +243,7 @@ LM_FAMILIES: dict[str, LMRow] = {
         norms=SANDWICH,
     ),
     "phi3": LMRow(
-        lambda cfg: _llama(cfg, eps=1e-5),
+        lambda cfg: _llama(cfg, eps=1e-5, longrope_recompute=True),
         "as LLaMA, fused gate_up",
         mlp=(("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj")),
     ),

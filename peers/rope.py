@@ -24,11 +24,43 @@ DYNAMIC_WHY = (
 )
 
 
+# Classes whose model's rotary multiplies cos and sin by rope_parameters' short_mscale below original_max and
+# long_mscale past it, in place of the rope type's own attention factor, for every rope_type but "default"
+# (transformers' PhimoeRotaryEmbedding); the zoo's rotary holds one factor (rope_attention).
+MSCALE_CLASSES = ("PhimoeAttention",)
+
+
+def _mscale(name: str, rope_type: str, params: dict) -> float | None:
+    """The one attention factor a MSCALE_CLASSES rotary applies, or None for another class; refused, named,
+    when short_mscale and long_mscale differ (the zoo's rotary would be wrong on one side of the switch)."""
+    if name not in MSCALE_CLASSES:
+        return None
+    short, long = params.get("short_mscale"), params.get("long_mscale")
+    if short is None or long is None:
+        raise HFConversionError(
+            f"{name}: rope_type={rope_type!r} without short_mscale and long_mscale in config.rope_parameters, "
+            f"which its rotary reads (transformers raises KeyError); give both"
+        )
+    if float(short) != float(long):
+        raise HFConversionError(
+            f"{name}: short_mscale={short} and long_mscale={long} differ in config.rope_parameters: its rotary "
+            f"multiplies cos and sin by the first below original_max_position_embeddings and by the second past "
+            f"it, and the zoo's rotary holds one attention factor (rope_attention); refused rather than wrong"
+        )
+    return float(short)
+
+
 def rope_fields(name: str, params: dict, config: Any) -> dict:
     """The spec fields of `params`' rope_type besides rope_theta / rope_dim (`name`: the class, for messages)."""
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         return {}
+    mscale = _mscale(name, rope_type, params)
+    if mscale is not None and rope_type not in SCALED and mscale != 1.0:
+        raise HFConversionError(
+            f"{name}: rope_type={rope_type!r} with mscale {mscale} (short_mscale / long_mscale in "
+            f"config.rope_parameters): the zoo's {rope_type!r} rotary has no attention factor; refused, not wrong"
+        )
     if rope_type == "linear":
         scale = float(params["factor"])
         return {"rope_scale": None if scale == 1.0 else scale}
@@ -66,7 +98,7 @@ def rope_fields(name: str, params: dict, config: Any) -> dict:
     else:
         out.update(rope_short_factor=tuple(map(float, params["short_factor"])))
         out["rope_long_factor"] = tuple(map(float, params["long_factor"]))
-    att = _attention_factor(rope_type, params, float(out["rope_factor"]), int(om))
+    att = _attention_factor(rope_type, params, float(out["rope_factor"]), int(om)) if mscale is None else mscale
     formula = rope_scaling.attention_factor(SimpleNamespace(**{**dict.fromkeys(rope_scaling.ALL), **out}))
     if att != formula:
         out["rope_attention"] = att
@@ -88,4 +120,4 @@ def _attention_factor(kind: str, params: dict, factor: float, om: int) -> float:
     return float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
 
 
-__all__ = ["DYNAMIC_WHY", "SCALED", "rope_fields"]
+__all__ = ["DYNAMIC_WHY", "MSCALE_CLASSES", "SCALED", "rope_fields"]

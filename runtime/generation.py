@@ -92,6 +92,13 @@ def one_call_prompt_len(sess: RuntimeSession) -> int | None:
     return longrope_switch((s.get("rope_scaling"), s.get("rope_original_max")) for s in specs)
 
 
+def recompute_at(sess: RuntimeSession) -> int | None:
+    """The cache length at which generate re-runs the whole sequence as one call (zoo.lm.LMSpec.recompute_at:
+    transformers' Phi-3 generate drops its cache at the first step past a longrope switch), or None."""
+    raw = sess.metadata.get("attnzoo.recompute_at", "")
+    return int(raw) if raw.isascii() and raw.isdigit() else None
+
+
 def longrope_switch(layers) -> int | None:
     """The first prompt length at which a layer's longrope switches frequency sets, over (rope_scaling,
     rope_original_max) pairs, one per layer; None when no layer switches."""
@@ -271,6 +278,7 @@ class Generation:
         prefill = time.perf_counter() - started
         binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
         binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
+        again = recompute_at(sess)
         for i in range(max_new_tokens):
             if pad is not None:
                 token = np.where(done, pad, token)
@@ -291,6 +299,18 @@ class Generation:
             yield token
             if last:
                 break
+            if t + i == again:  # the whole sequence as one call from slot 0, as DecoderLM.generate does
+                binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(out[:, : t + i + 1])))
+                binding.bind_output(LOGITS.name, "cpu")
+                past_len[()] = 0
+                sess.run_with_iobinding(binding)
+                if has_argmax:
+                    token = next_token.copy()
+                else:
+                    token = choose(next(o for o in binding.get_outputs() if len(o.shape()) == 3).numpy()[:, -1])
+                binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
+                binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
+                continue
             step_ids[:, 0] = token
             past_len[()] = t + i
             sess.run_with_iobinding(binding)
@@ -369,5 +389,6 @@ __all__ = [
     "one_call_prompt_len",
     "positions_needed",
     "prefill_chunk",
+    "recompute_at",
     "stream",
 ]

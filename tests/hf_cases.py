@@ -829,5 +829,10 @@ REFUSALS[("Attention", "another model's Attention")] = (
 )
 REFUSALS[("XmodAttention", "pre_norm set")] = ("xmod-decoder", _set("pre_norm", True))
 REFUSALS[("OlmoeAttention", "clip_qkv set")] = ("olmoe", _set("config.clip_qkv", 0.5))
+# PhiMoE's rotary takes short_mscale below original_max and long_mscale past it (tests/hf_cases_long.py)
+REFUSALS[("PhimoeAttention", "short_mscale != long_mscale")] = (
+    "phimoe-longrope-mscale",
+    lambda m: m.config.rope_parameters.__setitem__("long_mscale", 1.5),
+)
 for _cls, _case in BIDIRECTIONAL_CASES.items():
     REFUSALS[(_cls, "use_bidirectional_attention=True")] = (_case, BIDI)

@@ -78,6 +78,21 @@ CASES: dict[str, dict] = {
         ),
         spec_checks={"rope_scaling": "longrope", "rope_original_max": 512, "rope_factor": 8.0},
     ),
+    # PhiMoE's rotary multiplies cos and sin by short_mscale / long_mscale (equal in Phi-3.5-MoE's config) in
+    # place of longrope's own attention factor
+    "phimoe-longrope-mscale": dict(
+        make=long_model(
+            "PhimoeModel",
+            "PhimoeConfig",
+            **LONG_LLAMA,
+            original_max_position_embeddings=512,
+            rope_parameters=dict(LONGROPE, short_mscale=1.3, long_mscale=1.3),
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        spec_checks={"rope_scaling": "longrope", "rope_attention": 1.3},
+        variant=True,
+    ),
     # 300 positions: under 512, the short factors
     "phi3-longrope-short": dict(
         make=long_model(

@@ -47,6 +47,7 @@ from .errors import InputError, InputTypeError, SpecError
 from .hooks import HookedModel, layer_blocks
 from .limits import check_fits, check_room
 from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, MoE, Norm
+from .spec_fields import rope_switch_at
 
 # arrangement -> the norms a layer holds (before attention, after it, before the MLP, after it)
 RESIDUALS = {
@@ -89,6 +90,8 @@ class LMSpec:
     head_bias: bool = False  # GPT-J's and Phi's heads carry a bias
     logit_scale: float = 1.0  # Cohere's logit_scale; Granite's 1 / logits_scaling
     logit_softcap: float | None = None  # Gemma-2: cap * tanh(logits / cap)
+    # Phi-3's generate: the first step past a longrope switch re-runs the sequence, every key with the long set
+    longrope_recompute: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab", "d_model", "d_ff"):
@@ -126,6 +129,7 @@ class LMSpec:
                 f"mlp={self.mlp!r}, experts_per_token={self.experts_per_token!r}"
             )
         flags = ("expert_renorm", "norm_bias", "mlp_bias", "embed_norm", "embed_scale_in_dtype", "final_norm", "tied")
+        flags += ("longrope_recompute",)
         for name in (*flags, "head_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name}={getattr(self, name)!r} must be True or False")
@@ -143,6 +147,14 @@ class LMSpec:
     @property
     def layers(self) -> int:
         return len(self.attention)
+
+    @property
+    def recompute_at(self) -> int | None:
+        """The cache length at which generate re-runs the whole sequence (longrope_recompute), or None."""
+        if not self.longrope_recompute:
+            return None
+        switches = [rope_switch_at(a.rope_scaling, a.rope_original_max) for a in self.attention]
+        return min((n for n in switches if n is not None), default=None)
 
     def describe(self) -> str:
         """One line, e.g. 'vocab=100 d_model=64 layers=2 rms gated/silu sequential tied'."""
@@ -345,7 +357,8 @@ class DecoderLM(HookedModel, nn.Module):
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
     ) -> Tensor:
-        """Greedy decoding on a static cache of prompt + max_new_tokens: (b, t + n) int64, n <= max_new_tokens."""
+        """Greedy decoding on a static cache of prompt + max_new_tokens: (b, t + n) int64, n <= max_new_tokens.
+        With spec.longrope_recompute, the step at cache length spec.recompute_at runs the whole sequence."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
         for name, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
@@ -360,6 +373,10 @@ class DecoderLM(HookedModel, nn.Module):
         done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
         out, ids = [input_ids], input_ids
         for _ in range(max_new_tokens):
+            if cache.length and cache.length == self.spec.recompute_at:
+                # transformers' Phi-3 generate drops its cache at the first step past original_max and runs the
+                # whole sequence again: every key takes the long factors, not only the new ones
+                ids, cache.length = torch.cat(out, dim=1), 0
             past_len = torch.tensor(cache.length, dtype=torch.long, device=input_ids.device)
             check_room(cache.capacity, cache.length, ids.shape[1], fix="generate sizes its cache itself; report this")
             logits, _, _ = self.step(ids, cache.keys, cache.values, past_len, key_mask, in_place=True)

@@ -152,19 +152,52 @@ def test_the_graph_has_the_named_interface_and_binds_one_buffer_per_layer(lm_exp
     assert isinstance(out, np.ndarray) and np.array_equal(out, sess.generate(ids, 3).numpy())
 
 
-def test_left_padding_gives_each_row_its_own_tokens(lm_exports):
-    hf, lm, path = lm_exports(DEFAULT)
-    sess = OnnxSession(path, provider="cpu")
-    ids = lm_cases.prompt(batch=3, t=9)
-    mask = torch.ones_like(ids)
-    for r, pad in enumerate((0, 4, 2)):
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_left_padding_gives_each_row_its_own_tokens(kind, lm_exports):
+    _, lm, path = lm_exports(kind)
+    _padded_rows_generate_as_alone(lm, OnnxSession(path, provider="cpu"), lm_cases.prompt(batch=3, t=9))
+
+
+def _padded_rows_generate_as_alone(lm, sess, ids, pads=(0, 4, 2)):
+    """Row r left-padded by pads[r]: the batch's tokens are eager's, and each row's are its tokens alone."""
+    ids, mask = ids.clone(), torch.ones_like(ids)
+    for r, pad in enumerate(pads):
         mask[r, :pad] = 0
         ids[r, :pad] = 0
     got = sess.generate(ids, NEW, attention_mask=mask)
     assert torch.equal(got, lm.generate(ids, NEW, attention_mask=mask))
-    for r, pad in enumerate((0, 4, 2)):
+    for r, pad in enumerate(pads):
         alone = sess.generate(ids[r : r + 1, pad:], NEW)
-        assert torch.equal(alone[0], got[r, pad:]), r
+        assert torch.equal(alone[0], got[r, pad:]), (r, got[r, pad:].tolist(), alone[0].tolist())
+
+
+# The attention of each layer of one small model: together, every modifier the spliced GroupQueryAttention
+# graph carries; each layer with a softcap, and (-m slow) without. A softcap made the op's pad rows (no real
+# key) NaN, and the next layer's pad keys then made every left-padded row NaN (all pad ids): the families'
+# padded test ran LLaMA alone by default (no softcap), and their default-run test pads no row.
+SPLICED_LAYERS = (
+    dict(rope_theta=1e4, window=4),
+    dict(alibi=True),
+    dict(rope_theta=1e4, sinks=True, window=4),
+    dict(rope_theta=1e4, qk_norm="head", clip_qkv=0.5, output_gate=True),
+    dict(rope_theta=1e4, qk_l2=1e-5, temperature_floor=4, temperature_scale=0.5, chunk=4),
+)
+
+
+def test_every_modifier_of_the_spliced_graph_is_in_a_padded_layer():
+    carried = {mod.name for mod in zoo.modifiers.MODIFIERS if mod.gqa_limit is None or not mod.gqa_limit.always}
+    specs = [zoo.AttentionSpec(d_model=64, heads=4, d_k=16, causal=True, softcap=5.0, **kw) for kw in SPLICED_LAYERS]
+    assert carried <= {mod.name for spec in specs for mod in zoo.modifiers.active(spec)}
+
+
+@pytest.mark.parametrize("softcap", [5.0, pytest.param(None, marks=pytest.mark.slow)])
+def test_left_padded_rows_generate_as_alone_through_every_spliced_modifier(softcap, tmp_path):
+    layers = [dict(kw, softcap=softcap) for kw in SPLICED_LAYERS]
+    specs = tuple(zoo.AttentionSpec(d_model=64, heads=4, kv_heads=2, d_k=16, causal=True, **kw) for kw in layers)
+    lm = lm_cases.randomize(zoo.DecoderLM(zoo.LMSpec(vocab=lm_cases.VOCAB, d_model=64, attention=specs, d_ff=64)))
+    r = export_onnx(lm, tmp_path / "m.onnx", lowering="ort-gqa", max_len=32)
+    assert r.op_counts["com.microsoft::GroupQueryAttention"] == len(layers)
+    _padded_rows_generate_as_alone(lm, OnnxSession(r.path, provider="cpu"), lm_cases.prompt(batch=3, t=9))
 
 
 def _counted_runs(sess, monkeypatch) -> list:
@@ -228,6 +261,24 @@ def test_a_longrope_prompt_past_its_original_length_runs_in_one_call(tmp_path, m
         ids = lm_cases.prompt(batch=1, t=t)
         assert torch.equal(sess.generate(ids, 4), lm.generate(ids, 4)), t
         assert len(calls) == prefill_calls + 3, t
+
+
+def test_phi3_longrope_generation_past_the_switch_equals_transformers(tmp_path):
+    """transformers' Phi-3 generate runs the whole sequence again at the first step past original_max (every
+    key with the long factors): so does OnnxSession.generate, as one call from slot 0 (the export's
+    attnzoo.recompute_at), alone and in a left-padded batch."""
+    from runtime.generation import recompute_at
+
+    hf = lm_cases.longrope_phi3(original_max=32, layers=1)
+    lm = lm_from_hf(hf).eval()
+    sess = OnnxSession(export_onnx(lm, tmp_path / "phi3.onnx", max_len=48).path, provider="cpu")
+    assert recompute_at(sess) == 32
+    ids = lm_cases.prompt(batch=2, t=15)
+    mask = torch.ones_like(ids)
+    mask[1, :4], ids[1, :4] = 0, 0
+    want = hf.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(sess.generate(ids, 30, attention_mask=mask), want)
+    assert torch.equal(sess.generate(ids[:1], 30), want[:1])
 
 
 def test_eos_pads_a_finished_row_and_stops_when_all_have_ended(lm_exports):

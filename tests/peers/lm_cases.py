@@ -187,6 +187,26 @@ CASES: dict[str, tuple[str, str, dict]] = {
 }
 
 
+def longrope_phi3(original_max: int = 32, positions: int = 256, layers: int = 2) -> torch.nn.Module:
+    """A random Phi-3 with longrope (short and long factors far apart): its generate re-runs the whole
+    sequence at the first step past original_max (transformers' Phi3ForCausalLM.prepare_inputs_for_generation)."""
+    pairs = BASE["hidden_size"] // BASE["num_attention_heads"] // 2
+    rope = dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        short_factor=[1.0 + 0.1 * i for i in range(pairs)],
+        long_factor=[1.5 + 0.75 * i for i in range(pairs)],
+    )
+    config = transformers.Phi3Config(
+        **{**BASE, "max_position_embeddings": positions, "num_hidden_layers": layers},
+        num_key_value_heads=2,
+        original_max_position_embeddings=original_max,
+        rope_parameters=rope,
+    )
+    torch.manual_seed(0)
+    return randomize(transformers.Phi3ForCausalLM(config))
+
+
 def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter random: norm weights near 1, everything else N(0, 0.1) (biases included)."""
     g = torch.Generator().manual_seed(seed)

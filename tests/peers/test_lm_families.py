@@ -175,6 +175,53 @@ def test_a_tensor_the_model_does_not_read_is_refused(lm_folder, tmp_path):
         lm_from_checkpoint(tmp_path)
 
 
+def test_a_tied_config_with_another_head_in_the_file_reads_the_files_head(lm_folder, tmp_path):
+    """config.json ties the head (tie_word_embeddings) but the file's lm_head differs from the embedding:
+    transformers unties them and uses the file's head (it warns), and so does the zoo, whichever way it reads
+    the model; a file head equal to the embedding stays tied."""
+    from safetensors.torch import load_file, save_file
+
+    src = lm_cases.saved("llama", lm_folder)  # untied: its lm_head differs from the embedding
+    config = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=True)))
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = lm_cases.transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    assert model.config.tie_word_embeddings and not torch.equal(head, embed)  # transformers reads the file's head
+    ids = lm_cases.prompt()
+    with torch.no_grad():
+        want = model(ids).logits
+        for lm in (lm_from_checkpoint(tmp_path), lm_from_hf(model)):
+            assert not lm.spec.tied
+            torch.testing.assert_close(lm(ids), want, rtol=1e-5, atol=1e-5)
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    assert lm_from_checkpoint(tmp_path).spec.tied
+
+
+def test_phi3_longrope_generate_past_the_switch_equals_transformers():
+    """transformers' Phi-3 generate runs the whole sequence again at the first step past original_max (every
+    key with the long factors); the zoo's generate does the same, alone and in a left-padded batch."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = lm_cases.longrope_phi3(original_max=32)
+    lm = lm_from_hf(model)
+    assert lm.spec.longrope_recompute and lm.spec.recompute_at == 32
+    ids = lm_cases.prompt(batch=2, t=15)
+    mask = torch.ones_like(ids)
+    mask[1, :4], ids[1, :4] = 0, 0
+    for rows, m in ((ids[:1], None), (ids, mask)):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = model.generate(
+                rows, attention_mask=m, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None
+            )
+        assert torch.equal(lm.generate(rows, 30, attention_mask=m), want)
+
+
 def test_zoo_hands_on_the_whole_model_readers():
     assert zoo.lm_from_checkpoint is lm_from_checkpoint and zoo.lm_from_hf is lm_from_hf
 
