@@ -30,6 +30,7 @@ import helpers
 import peers.rows
 import peers.transformers
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 from export import OnnxSession, export_onnx
 from export.choice import why_not
 from export.names import LOWERINGS

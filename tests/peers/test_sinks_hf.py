@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 
 pytest.importorskip("transformers")
 from test_hf import ATOL, capture  # noqa: E402  (after the importorskip)

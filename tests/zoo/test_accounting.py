@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import zoo
+import zoo.accounting  # zoo loads its modules on first use; this file reads zoo.accounting directly
 from helpers import ALL_NAMES
 from zoo import AttentionSpec
 

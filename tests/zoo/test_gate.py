@@ -8,6 +8,7 @@ import torch
 from einops import rearrange
 
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 from export import OnnxSession, export_onnx
 from parity.decode import check_decode
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 from strategies import fuzz_settings, latent_specs
 from zoo.audit import run_audit
 from zoo.cache import static_cache_bytes

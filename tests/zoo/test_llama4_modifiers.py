@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 from parity.decode import check_decode
 from zoo.modifiers import l2_normalize, temperature
 

@@ -8,6 +8,7 @@ import torch
 from einops import rearrange
 
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 from zoo.modifiers import ALiBi, RelativeBuckets, Rotary, alibi_slopes, relative_bucket
 
 D = dict(d_model=64, heads=4)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import zoo
+import zoo.heads  # zoo loads its modules on first use; this file reads zoo.heads directly
 from zoo.modifiers import rope_scaling
 from zoo.spec_fields import rope_switch_at
 
