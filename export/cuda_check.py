@@ -13,6 +13,7 @@ export for provider="cuda" (`auto` then skips a lowering whose graph breaks a ru
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import onnx
@@ -34,7 +35,10 @@ def _op(node: onnx.NodeProto) -> str:
 
 def _skeleton(model: Any) -> onnx.ModelProto:
     """The graph as a ModelProto without its large weights (each becomes a typed input): what shape
-    inference needs, at the size of the graph rather than of its weights."""
+    inference needs, at the size of the graph rather than of its weights. `model`: onnx, onnx_ir, or a path
+    (its weights left on disk)."""
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model), load_external_data=False)
     if isinstance(model, onnx.ModelProto):
         graph = model.graph
         skeleton = onnx.ModelProto()
@@ -100,7 +104,7 @@ def _types(proto: onnx.ModelProto) -> dict[str, tuple[str | None, tuple | None]]
 
 
 def attention_nodes(model: Any) -> list[NodeFacts]:
-    """Each node of `model` (onnx or onnx_ir) that some lowering's CUDA rules speak of, as NodeFacts."""
+    """Each node of `model` (onnx, onnx_ir or a path) that some lowering's CUDA rules speak of, as NodeFacts."""
     skeleton = _skeleton(model)
     nodes = [n for n in skeleton.graph.node if _op(n) in RULES]
     if not nodes:
