@@ -259,3 +259,16 @@ def test_checker_reads_multiheadattention_and_the_onnx_attention_op():
     assert "softcap" in cuda_refusal(capped)
     masked = _one_node("Attention", "", onnx_rules.inputs, {**qkv, "attn_mask": ("bool", ["t", "s"])}, {})
     assert cuda_refusals(masked) == [] and "Flash" not in fast_kernels(masked)["probe"]
+
+
+def test_generate_caches_one_export_per_target_and_dtype(tmp_path):
+    """`attnzoo generate FOLDER --provider cuda` must not run the export made for the CPU."""
+    from cli.cmd_generate import _export_key
+
+    folder = tmp_path / "ckpt"  # the key reads config.json and the weights files' names, sizes and times
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    keys = {_export_key(folder, "fp32", None, t, d) for t in ("cpu", "cuda") for d in ("float32", "float16")}
+    assert len(keys) == 4
+    assert _export_key(folder, "fp32", None) == _export_key(folder, "fp32", None, "cpu", "float32")
