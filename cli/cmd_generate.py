@@ -1,7 +1,8 @@
 """`attnzoo generate`: greedy tokens from a checkpoint folder or a whole-model export, under ONNX
 Runtime; and `attnzoo export --checkpoint DIR --whole`, the export it runs (export/lm_export.py).
 
-A folder is exported once per (weights, precision, max_len, attnzoo version) into a cache folder
+A folder is exported once per (weights, precision, max_len, target provider, dtype, attnzoo version) into a
+cache folder
 (ATTNZOO_CACHE, default ~/.cache/attnzoo), so the second run starts at once. Without --max-len both
 export with the checkpoint's maximum positions as max_len when the rotary tables of that many rows fit
 one constant (export.lm_export.stored_tables_max_len): the export stores cos and sin instead of computing
@@ -53,7 +54,7 @@ def _cache_root() -> Path:
     return Path(os.environ.get("ATTNZOO_CACHE") or Path.home() / ".cache" / "attnzoo")
 
 
-def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
+def _export_key(folder: Path, precision: str, max_len: int | None, target: str = "cpu", dtype: str = "float32") -> str:
     h = hashlib.sha256()
     h.update((folder / "config.json").read_bytes())
     if (folder / "generation_config.json").is_file():
@@ -62,7 +63,8 @@ def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     cap = max_len if max_len is not None else "stored-tables"  # the default rule (default_max_len)
-    h.update(f"{precision}:{cap}:{zoo.__version__}".encode())
+    # the target and dtype choose the lowering (a CUDA export keeps within its kernels' rules)
+    h.update(f"{precision}:{cap}:{target}:{dtype}:{zoo.__version__}".encode())
     return h.hexdigest()[:20]
 
 
@@ -88,26 +90,31 @@ def default_max_len(folder: Path, model, lowering: str = "auto", provider: str =
     return stored_tables_max_len(model, _max_positions(folder), lowering=lowering, provider=provider, dtype=dtype)
 
 
-def exported(folder: str, precision: str, max_len: int | None, check=None) -> Path:
-    """The whole-model export of `folder` at `precision`: made once, then found in the cache folder.
-    `check(model)`, when given, may refuse the loaded model before its export."""
+def exported(
+    folder: str, precision: str, max_len: int | None, check=None, *, target: str = "cpu", dtype: str = "float32"
+) -> Path:
+    """The whole-model export of `folder` at `precision`, for provider `target` in `dtype`: made once, then
+    found in the cache folder. `check(model)`, when given, may refuse the loaded model before its export."""
     from export.lm_export import export_lm
 
     path = _checkpoint_folder(folder)
-    out = _cache_root() / "lm" / f"{path.resolve().name}-{_export_key(path, precision, max_len)}.onnx"
+    key = _export_key(path, precision, max_len, target, dtype)
+    out = _cache_root() / "lm" / f"{path.resolve().name}-{key}.onnx"
     if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
     model = load_lm(folder)
     if check is not None:
         check(model)
     if max_len is None:
-        max_len = default_max_len(path, model)
-    print(f"exporting {folder} ({precision}) to {out} (once)")
+        max_len = default_max_len(path, model, provider=target, dtype=dtype)
+    print(f"exporting {folder} ({precision}, for {target}, {dtype}) to {out} (once)")
     export_lm(
         model,
         out,
         precision=precision,
         max_len=max_len,
+        provider=target,
+        dtype=dtype,
         overwrite=True,
         label=str(folder),
         generation_config=generation_config(path),
@@ -246,8 +253,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 f"--max-len {args.max_len}: a prompt of {len(ids)} tokens and {args.max_new_tokens} new ones need "
                 f"{needed} cache positions; pass --max-len {needed} or more"
             )
+        from runtime.providers import choose
+
+        target = "cuda" if choose(args.provider)[0] else "cpu"  # export for where the session will run
         model_path = exported(
-            args.source, args.precision, args.max_len, lambda model: _check_vocab(args, ids, model.spec.vocab)
+            args.source,
+            args.precision,
+            args.max_len,
+            lambda model: _check_vocab(args, ids, model.spec.vocab),
+            target=target,
         )
     else:
         model_path = source

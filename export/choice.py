@@ -47,13 +47,16 @@ def why_not(
     provider: str | None = None,
     cache: str = "grow",
     locations: tuple[str, ...] = (),
+    masked: bool = False,
 ) -> str | None:
     """The one-line reason `lowering` cannot express a request for `spec`, or None if it can.
 
     `locations`: named locations (zoo/hooks.py) asked for as extra outputs; a graph built by hand
     holds none, and scores and pattern exist only where the lowering can output the weights.
 
-    `provider` ("cpu"/"cuda"; None = any) adds what that provider's kernels cannot run.
+    `provider` ("cpu"/"cuda"; None = any) adds what that provider's kernels cannot run: on CUDA, the
+    record's CUDA rules (export/lowerings/kernel_rules.py) read the node it would write, with a bias where
+    a mask is fed (`masked`: a mask or key mask input, as every whole model has).
 
     The lowering's record (export/lowerings/) says what it cannot express, per modifier too.
     """
@@ -79,7 +82,7 @@ def why_not(
         reason = decode_why_not(spec)
         if reason:
             return reason
-    return rec.why_not(spec, dtype=dtype, provider=provider)
+    return rec.why_not(spec, dtype=dtype, provider=provider, masked=masked)
 
 
 # Which lowering a decode model takes under "auto", fastest first (`attnzoo bench --decode`).

@@ -71,14 +71,8 @@ MODIFIER_INPUTS = ("cos_cache", "sin_cache", "position_ids", "head_sink")
 def why_not(
     spec: zoo.AttentionSpec, *, need_weights: bool = False, dtype: str | None = None, provider: str | None = None
 ) -> str | None:
-    """The one-line reason GroupQueryAttention cannot express `spec` (in `dtype`, for `provider`), or None."""
-    if provider == "cuda" and dtype == "float32":
-        # ORT registers the CUDA kernel for MLFloat16 and BFloat16 only: an fp32 node would be
-        # placed on the CPU provider, silently, with copies in and out.
-        return (
-            "ONNX Runtime's CUDA GroupQueryAttention has float16/bfloat16 kernels only (an fp32 node would run "
-            "on the CPU); export float16 or use another lowering"
-        )
+    """The one-line reason GroupQueryAttention cannot express `spec` (in `dtype`), or None; what its CUDA
+    kernel refuses is the ort-gqa record's CUDA rules (export/lowerings/ort_gqa.py)."""
     if dtype == "float16" and spec.d_k_ % 16:
         return f"com.microsoft GroupQueryAttention in fp16 needs d_k a multiple of 16 (the block has d_k={spec.d_k_})"
     if need_weights:

@@ -34,7 +34,7 @@ from torch import nn
 import zoo
 from runtime.io import LM_PAST, LM_PRESENT, lm_interface
 
-from . import splice
+from . import cuda_check, splice
 from .choice import lm_order, why_not
 from .errors import ExportError
 from .graphs import op_counts
@@ -142,7 +142,8 @@ class _Step(nn.Module):
 
 def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: str) -> list[str]:
     """The lowerings to try, each able to express every layer with a static cache, or ExportError."""
-    request = {"decode": True, "cache": "static", "dtype": dtype, "provider": provider}
+    # every whole model is fed an attention_mask (io.lm_interface): a bias in each attention node
+    request = {"decode": True, "cache": "static", "dtype": dtype, "provider": provider, "masked": True}
 
     def reason(lw: str) -> str | None:
         for i, spec in enumerate(specs):
@@ -261,6 +262,7 @@ def export_lm(
     for lw in order:
         try:
             onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
+            cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
             quantized, applied = apply_precision(onnx_model, precision, decode=True)
             break
         except ExportError as e:

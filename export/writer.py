@@ -18,7 +18,7 @@ from torch import nn
 
 import zoo
 
-from . import saving
+from . import cuda_check, saving
 from .choice import TARGETS, auto_order, decode_cache, decode_order, decode_why_not, why_not
 from .errors import ExportError
 from .graphs import op_counts
@@ -169,7 +169,13 @@ def export_onnx(
         if reason:
             raise ExportError(f"cannot export a decode model: {reason}")
         order = decode_order(provider, module.spec, cache=cache)
-    request = {"need_weights": need_weights, "decode": decode, "dtype": dtype, "provider": provider}
+    request = {
+        "need_weights": need_weights,
+        "decode": decode,
+        "dtype": dtype,
+        "provider": provider,
+        "masked": with_mask,
+    }
     if locations:
         request["locations"] = locations
     if static:
@@ -193,6 +199,7 @@ def export_onnx(
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
                 model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask, locations)
+            cuda_check.check(model, provider)  # every attention node within the CUDA kernels' rules
             quantized, applied = apply_precision(model, precision, decode=decode)
         except ExportError as e:
             if lowering != "auto":

@@ -70,7 +70,7 @@ def check_decode(
     if provider not in PROVIDERS:
         raise zoo.ArgumentError(f"provider={provider!r} is not one of {PROVIDERS}")
     spec = spec_of(name_or_module, overrides)
-    if skipped(row, lowering, spec, decode=True, dtype=dtype, cache=cache):
+    if skipped(row, lowering, spec, decode=True, dtype=dtype, cache=cache, masked=True):
         return row
     torch.manual_seed(seed)
     module = module_of(name_or_module, overrides)

@@ -100,7 +100,9 @@ def check(
         if reason:
             row.status, row.reason = "SKIP", reason
             return row
-    if skipped(row, lowering, spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype):
+    if skipped(
+        row, lowering, spec_of(name_or_module, overrides), need_weights=need_weights, dtype=dtype, masked=masked
+    ):
         return row
     quantized = precision != "fp32"
     torch.manual_seed(seed)

@@ -14,6 +14,7 @@ import zoo
 from runtime.lowering_facts import RUN_FACTS, RunFacts
 
 from ..errors import ExportError
+from .kernel_rules import KernelRules
 
 # A spec -> the reason it cannot be expressed, or None.
 Check = Callable[[zoo.AttentionSpec], "str | None"]
@@ -63,6 +64,11 @@ class Lowering:
     static_cache_note: str = ""
     fp16: str = "yes"  # the README's fp16 cell
     kinds: str = "yes"  # the README's cell for non-causal, cross-attention, d_v != d_k
+    # What the CUDA kernels of its fused nodes accept (kernel_rules.KernelRules, one per op it may write;
+    # () for plain ops), and the node it would write for (spec, dtype, masked), for those rules to read
+    # before an export (None: only the built graph is checked, export/cuda_check.py).
+    cuda: tuple[KernelRules, ...] = ()
+    cuda_node: Callable[..., Any] | None = None
 
     @property
     def traced(self) -> bool:
@@ -82,8 +88,18 @@ class Lowering:
     def batched_chunks(self) -> bool:
         return self.run_facts.batched_chunks
 
-    def why_not(self, spec: zoo.AttentionSpec, *, dtype: str | None = None, provider: str | None = None) -> str | None:
-        """The first reason this lowering cannot express `spec` (in `dtype`, for `provider`), or None."""
+    def why_not(
+        self, spec: zoo.AttentionSpec, *, dtype: str | None = None, provider: str | None = None, masked: bool = False
+    ) -> str | None:
+        """The first reason this lowering cannot express `spec` (in `dtype`, for `provider`; `masked`: a
+        mask is fed), or None."""
+        if provider == "cuda" and dtype is not None:
+            for rules in self.cuda:  # no CUDA kernel for the element type: the node would run on the CPU
+                if dtype not in rules.dtypes:
+                    return (
+                        f"ONNX Runtime's CUDA {rules.op.split('::')[-1]} has {'/'.join(rules.dtypes)} kernels only "
+                        f"(a {dtype} node would run on the CPU); export {rules.dtypes[0]} or use another lowering"
+                    )
         if self.cannot is not None:
             reason = self.cannot(spec, dtype=dtype, provider=provider)
             if reason:
@@ -93,6 +109,12 @@ class Lowering:
             reason = limit.reason(spec) if limit else None
             if reason:
                 return reason
+        if provider == "cuda" and self.cuda_node is not None:
+            facts = self.cuda_node(spec, dtype or "float32", masked)
+            for rules in self.cuda:
+                broken = rules.refusals(facts) if rules.op == facts.op else []
+                if broken:
+                    return f"ONNX Runtime's CUDA {rules.op.split('::')[-1]} refuses {broken[0]}; use another lowering"
         return None
 
 
