@@ -80,7 +80,13 @@ def _assert_within_rules(lowering: str, model: onnx.ModelProto) -> None:
     assert cuda_refusals(model) == []
 
 
-@pytest.mark.parametrize("name, kind", [_param(n, k) for n in ALL_NAMES for k in KINDS])
+def _kinds(name: str) -> list[str]:
+    """The kinds a block can be exported as: a decode model needs causal self-attention."""
+    spec = zoo.spec(name)
+    return [k for k in KINDS if not KINDS[k].get("decode") or (spec.causal and not spec.is_cross)]
+
+
+@pytest.mark.parametrize("name, kind", [_param(n, k) for n in ALL_NAMES for k in _kinds(n)])
 def test_auto_block_for_cuda_is_within_the_kernels_rules(name, kind, cuda_exports):
     lowering, model = cuda_exports(name, kind)
     _assert_within_rules(lowering, model)
