@@ -184,7 +184,10 @@ class Seq2SeqLM(nn.Module):
         """input_ids (b s) int64, attention_mask (b s) (1/True: a real token; padding on the right) ->
         the encoder output (b s c)."""
         _check_ids(input_ids, self.spec.vocab, "input_ids")
-        allowed = encoder_keys(attention_mask, input_ids.shape)
+        return self.encoder_output(input_ids, encoder_keys(attention_mask, input_ids.shape))
+
+    def encoder_output(self, input_ids: Tensor, allowed: Tensor | None) -> Tensor:
+        """encode() without its checks (what the export traces): allowed (b 1 1 s) bool or None."""
         s = input_ids.shape[1]
         h = self._embed(
             input_ids, torch.arange(s, device=input_ids.device)[None], self.enc_positions, self.enc_embed_norm
