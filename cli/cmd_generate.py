@@ -201,6 +201,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ensure_writable_parent(Path(args.json))
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
+    from . import cmd_seq2seq
+
+    if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
+        return cmd_seq2seq.cmd_generate(args, source)
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
         tok = _tokenizer(source)
@@ -267,6 +271,10 @@ def export_whole(args: argparse.Namespace) -> int:
 
     if args.checkpoint is None or args.name is not None or args.config is not None:
         raise CliError("--whole exports a checkpoint's whole model: give --checkpoint DIR (not NAME or --config)")
+    from . import cmd_seq2seq
+
+    if cmd_seq2seq.is_seq2seq_folder(Path(args.checkpoint)):
+        return cmd_seq2seq.export_whole(args)
     for flag, given in (
         ("--layer", args.layer is not None),
         ("--weights", args.weights),

@@ -219,6 +219,10 @@ def cmd_families(args: argparse.Namespace) -> int:
     print(f"\n{sum(r['status'] == 'exact' for r in rows)} exact, {sum(r['status'] != 'exact' for r in rows)} refused")
     print("\nWhole models (zoo.lm_from_checkpoint, zoo.lm_from_hf); other model_types are refused whole:\n")
     print(lm_families_markdown())
+    from .cmd_seq2seq import families_markdown as seq2seq_markdown
+
+    print("\nWhole encoder-decoder models (zoo.seq2seq_from_checkpoint; export --whole, generate):\n")
+    print(seq2seq_markdown())
     if args.json:
         import json
 
