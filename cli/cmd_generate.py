@@ -204,7 +204,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from . import cmd_seq2seq
 
     if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
-        return cmd_seq2seq.cmd_generate(args, source)
+        key = _export_key(source, args.precision, None) if source.is_dir() else ""
+        cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
+        return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
         tok = _tokenizer(source)

@@ -82,13 +82,10 @@ def export_whole(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exported(folder: Path, precision: str) -> Path:
-    """A folder's pair, made once into the cache folder (as cmd_generate.exported does for decoders)."""
+def _exported(folder: Path, precision: str, out: Path) -> Path:
+    """A folder's pair, made once at `out` in the cache folder (as cmd_generate.exported does for decoders)."""
     from export.seq2seq_export import export_seq2seq, seq2seq_paths
 
-    from .cmd_generate import _cache_root, _export_key
-
-    out = _cache_root() / "seq2seq" / f"{folder.resolve().name}-{_export_key(folder, precision, None)}.onnx"
     if all(p.is_file() for p in seq2seq_paths(out)):
         return out
     model, generation = _load(str(folder))
@@ -97,11 +94,10 @@ def _exported(folder: Path, precision: str) -> Path:
     return out
 
 
-def cmd_generate(args: argparse.Namespace, source: Path) -> int:
-    """`attnzoo generate SOURCE` where SOURCE is an encoder-decoder folder or export."""
+def cmd_generate(args: argparse.Namespace, source: Path, cached: Path, prompt_ids) -> int:  # noqa: ANN001
+    """`attnzoo generate SOURCE` where SOURCE is an encoder-decoder folder or export; `cached`: where a folder's
+    export goes; prompt_ids(tokenizer or None) -> the prompt's ids (cmd_generate's reading of --prompt)."""
     from export.seq2seq_session import Seq2SeqSession
-
-    from .cmd_generate import _prompt_ids
 
     if args.json:
         ensure_writable_parent(Path(args.json))
@@ -115,8 +111,8 @@ def cmd_generate(args: argparse.Namespace, source: Path) -> int:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(tok_path))
-    ids = _prompt_ids(args, tok, source)
-    model_path = _exported(source, args.precision) if source.is_dir() else source
+    ids = prompt_ids(tok)
+    model_path = _exported(source, args.precision, cached) if source.is_dir() else source
     sess = Seq2SeqSession(model_path, provider=args.provider, threads=args.threads)
     past = [i for i in ids if i >= sess.vocab]
     if past:
