@@ -236,6 +236,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.exists():
         raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
+    from . import cmd_seq2seq
+
+    if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
+        key = _export_key(source, args.precision, None) if source.is_dir() else ""
+        cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
+        return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
     config = None
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
@@ -336,6 +342,10 @@ def export_whole(args: argparse.Namespace) -> int:
 
     if args.checkpoint is None or args.name is not None or args.config is not None:
         raise CliError("--whole exports a checkpoint's whole model: give --checkpoint DIR (not NAME or --config)")
+    from . import cmd_seq2seq
+
+    if cmd_seq2seq.is_seq2seq_folder(Path(args.checkpoint)):
+        return cmd_seq2seq.export_whole(args)
     for flag, given in (
         ("--layer", args.layer is not None),
         ("--weights", args.weights),

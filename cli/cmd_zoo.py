@@ -235,6 +235,10 @@ def cmd_families(args: argparse.Namespace) -> int:
     print(lm_families_markdown())
     print("\nWhole encoders (zoo.encoder_from_checkpoint; sentence-transformers folders: attnzoo embed):\n")
     print(encoder_families_markdown())
+    from .cmd_seq2seq import families_markdown as seq2seq_markdown
+
+    print("\nWhole encoder-decoder models (zoo.seq2seq_from_checkpoint; export --whole, generate):\n")
+    print(seq2seq_markdown())
     if args.json:
         import json
 

@@ -1,0 +1,199 @@
+"""Greedy generation from an encoder-decoder export (export/seq2seq_export.py) under ONNX Runtime.
+
+    sess = Seq2SeqSession("t5.onnx")                  # opens t5.encoder.onnx and t5.decoder.onnx
+    tokens = sess.generate(input_ids, max_new_tokens=32, attention_mask=mask)     # (b, 1 + k) int64
+
+The encoder runs once: its output's cross keys and values are bound as the decoder's
+past_key_values.i.encoder.* for every step. The decoder's self-attention buffers (b g n d), n = the new
+tokens rounded up to ROUND, are bound once as past and present, so each step writes its keys in place.
+
+The tokens are transformers' generate(num_beams=1, do_sample=False): the row starts with
+decoder_start_token_id; forced_bos_token_id is the first new token, forced_eos_token_id the last one a
+max_new_tokens budget allows; a row that produced eos is padded (pad_token_id, default eos) while others
+go on, and the loop stops once every row has ended. The ids default to what the checkpoint's
+generation_config.json says (kept in the export's metadata). Beam search is not done here: an export
+whose generation_config.json asks num_beams > 1 says so in `note`, and generates greedily.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+import zoo
+from runtime.core import RuntimeSession
+from runtime.generation import ROUND
+from runtime.providers import SessionError
+from runtime.tensors import from_numpy, is_tensor
+
+from .seq2seq_export import CROSS_PAST, ENCODER_MASK, SELF_PAST, SELF_PRESENT, seq2seq_paths
+
+TOKEN_IDS = (
+    "decoder_start_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+)
+_UNSET = object()
+
+
+def _ids(x, name: str, vocab: int | None) -> np.ndarray:
+    if is_tensor(x):
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x)
+    if x.ndim != 2 or x.size == 0 or (name == "input_ids" and x.dtype.kind not in "iu"):
+        raise zoo.InputTypeError(f"{name} must be a non-empty (batch, tokens) integer array, got shape {x.shape}")
+    if vocab is not None:
+        bad = (x < 0) | (x >= vocab)
+        if bad.any():
+            raise zoo.InputError(f"{name}: token id {int(x[bad][0])} is outside the vocabulary of {vocab}")
+    return x
+
+
+class Seq2SeqSession:
+    """The encoder and decoder graphs of one export (PATH, PATH.encoder.onnx or PATH.decoder.onnx)."""
+
+    def __init__(self, path: str | os.PathLike, provider: str = "cpu", threads: int | None = None) -> None:
+        enc_path, dec_path = seq2seq_paths(path)
+        for p in (enc_path, dec_path):
+            if not p.is_file():
+                raise zoo.MissingFileError(
+                    f"{p}: no such file; an encoder-decoder export is a pair, {enc_path.name} and {dec_path.name} "
+                    f"(attnzoo export --checkpoint DIR --whole -o {dec_path.name.removesuffix('.decoder.onnx')}.onnx)"
+                )
+        self.encoder = RuntimeSession(enc_path, provider, threads, verbose=False, spin=True)
+        self.decoder = RuntimeSession(dec_path, provider, threads, verbose=False, spin=True)
+        kinds = (self.encoder.metadata.get("attnzoo.kind"), self.decoder.metadata.get("attnzoo.kind"))
+        if kinds != ("seq2seq-encoder", "seq2seq-decoder"):
+            raise SessionError(f"{enc_path} and {dec_path} are not an attnzoo encoder-decoder export (kinds {kinds})")
+        meta = self.decoder.metadata
+        self.vocab = int(meta["attnzoo.vocab"])
+        self.layers = int(meta["attnzoo.layers"])
+        self.generation = json.loads(meta.get("attnzoo.generation") or "{}")
+        self.provider = self.decoder.provider
+        beams = self.generation.get("num_beams")
+        self.note = (
+            f"the checkpoint's generation_config.json asks num_beams={beams}; beam search is not done here: "
+            "these tokens are greedy (num_beams=1)"
+            if isinstance(beams, int) and beams > 1
+            else None
+        )
+
+    def encode(self, input_ids, attention_mask=None) -> list[np.ndarray]:
+        """encoder_hidden_states (b s c) then each layer's cross key and value (b g s d), as numpy."""
+        ids = np.ascontiguousarray(_ids(input_ids, "input_ids", self.vocab), np.int64)
+        mask = self._mask(attention_mask, ids.shape)
+        return self.encoder._sess.run(None, {"input_ids": ids, "attention_mask": mask})
+
+    @staticmethod
+    def _mask(attention_mask, shape: tuple[int, ...]) -> np.ndarray:
+        """attention_mask (b s) as a contiguous bool array (all True when None)."""
+        if attention_mask is None:
+            return np.ones(shape, np.bool_)
+        mask = _ids(attention_mask, "attention_mask", None)
+        if mask.shape != tuple(shape):
+            raise zoo.InputError(f"attention_mask has shape {mask.shape}; input_ids has {tuple(shape)}")
+        return np.ascontiguousarray(mask.astype(np.bool_))
+
+    def generate(
+        self,
+        input_ids,
+        max_new_tokens: int = 32,
+        attention_mask=None,
+        *,
+        decoder_start_token_id=_UNSET,
+        eos_token_id=_UNSET,
+        pad_token_id=_UNSET,
+        forced_bos_token_id=_UNSET,
+        forced_eos_token_id=_UNSET,
+        timings: dict | None = None,
+    ):
+        """(b, 1 + k) int64: decoder_start_token_id then k <= max_new_tokens greedy tokens (the module
+        docstring). Token ids left unset take the checkpoint's; None turns one off. torch in -> torch out."""
+        import onnxruntime as ort
+
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise zoo.ArgumentError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+        given = dict(
+            decoder_start_token_id=decoder_start_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            forced_bos_token_id=forced_bos_token_id,
+            forced_eos_token_id=forced_eos_token_id,
+        )
+        ids_ = {k: self.generation.get(k) if v is _UNSET else v for k, v in given.items()}
+        for k, v in ids_.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.vocab):
+                raise zoo.ArgumentError(f"{k}={v!r} must be a token id in 0..{self.vocab - 1} or None")
+        start = ids_["decoder_start_token_id"]
+        if start is None:
+            raise zoo.ArgumentError("decoder_start_token_id is not set (nor in the export): give one")
+        as_torch = is_tensor(input_ids)
+        started = time.perf_counter()
+        enc = self.encode(input_ids, attention_mask)
+        mask = self._mask(attention_mask, enc[0].shape[:2])
+        b = enc[0].shape[0]
+        n = -(-max_new_tokens // ROUND) * ROUND
+        binding = self.decoder.new_binding()
+        keep = []  # the arrays bound OrtValues wrap stay alive for the whole loop
+
+        def bound(arr: np.ndarray):
+            keep.append(arr)
+            return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+
+        inputs = {x.name: x for x in self.decoder._sess.get_inputs()}
+        for i in range(self.layers):
+            for kv in ("key", "value"):
+                x = inputs[SELF_PAST.format(i=i, kv=kv)]
+                buf = bound(np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), enc[0].dtype))
+                binding.bind_ortvalue_input(x.name, buf)
+                binding.bind_ortvalue_output(SELF_PRESENT.format(i=i, kv=kv), buf)
+        for i in range(self.layers):  # the encoder's outputs after its hidden states: key, value per layer
+            for j, kv in enumerate(("key", "value")):
+                binding.bind_ortvalue_input(
+                    CROSS_PAST.format(i=i, kv=kv), bound(np.ascontiguousarray(enc[1 + 2 * i + j]))
+                )
+        binding.bind_ortvalue_input(ENCODER_MASK, bound(np.ascontiguousarray(mask)))
+        past_len = np.zeros((), np.int64)
+        binding.bind_ortvalue_input("past_len", bound(past_len))
+        step_ids = np.full((b, 1), start, np.int64)
+        binding.bind_ortvalue_input("input_ids", bound(step_ids))
+        next_token = np.zeros((b,), np.int64)
+        binding.bind_ortvalue_output("next_token", bound(next_token))
+        binding.bind_ortvalue_output("logits", bound(np.zeros((b, 1, self.vocab), enc[0].dtype)))
+        encoded = time.perf_counter()
+
+        eos, forced_bos, forced_eos = ids_["eos_token_id"], ids_["forced_bos_token_id"], ids_["forced_eos_token_id"]
+        pad = ids_["pad_token_id"] if ids_["pad_token_id"] is not None else eos
+        out = np.full((b, 1 + max_new_tokens), start, np.int64)
+        done = np.zeros(b, np.bool_)
+        length = 1
+        max_length = 1 + max_new_tokens  # transformers: the decoder prompt (one start token) + new tokens
+        while length < max_length:
+            past_len[()] = length - 1
+            self.decoder.run_with_iobinding(binding)
+            token = next_token.copy()
+            if forced_bos is not None and length == 1:
+                token[:] = forced_bos
+            if forced_eos is not None and length == max_length - 1:
+                token[:] = forced_eos
+            if eos is not None:
+                token = np.where(done, pad, token)
+                done |= token == eos
+            out[:, length] = token
+            length += 1
+            step_ids[:, 0] = token
+            if eos is not None and done.all():
+                break
+        if timings is not None:
+            end = time.perf_counter()
+            timings.update(encode_s=encoded - started, decode_s=end - encoded, steps=length - 1, capacity=n)
+        out = out[:, :length]
+        return from_numpy(out) if as_torch else out
+
+
+__all__ = ["Seq2SeqSession"]

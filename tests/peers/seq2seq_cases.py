@@ -1,0 +1,95 @@
+"""Small random encoder-decoders, one per row of peers.seq2seq_rows.SEQ2SEQ_FAMILIES (and T5 in both of its
+feed-forward kinds), saved with save_pretrained and a word-level tokenizer.json; no download.
+
+`checkpoint(name, root)` writes a case once per folder and returns (folder, the transformers model)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import torch
+
+VOCAB = 64
+_BART = dict(
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=48,
+    max_position_embeddings=64,
+)
+_T5 = dict(
+    d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16
+)
+
+
+def _config(name: str):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, d_model=32)
+    return {
+        "t5": lambda: tf.T5Config(**common, **_T5, decoder_start_token_id=0),
+        "t5-gated": lambda: tf.T5Config(
+            **common,
+            **_T5,
+            feed_forward_proj="gated-gelu",
+            tie_word_embeddings=False,
+            decoder_start_token_id=0,
+        ),
+        "bart": lambda: tf.BartConfig(**common, **_BART),
+        "mbart": lambda: tf.MBartConfig(**common, **_BART, scale_embedding=True),
+    }[name]()
+
+
+CASES = ("t5", "t5-gated", "bart", "mbart")
+
+
+@functools.cache
+def hf_model(name: str):
+    """The transformers model of a case, with every weight moved off its initial value (norms, biases)."""
+    import transformers as tf
+
+    torch.manual_seed(sum(map(ord, name)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tf.AutoModelForSeq2SeqLM.from_config(_config(name)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_()
+    return model
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer: <pad> 0, </s> 1, <unk> 2 (T5's ids), then w3 .. w63."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def checkpoint(name: str, root: Path) -> tuple[Path, object]:
+    folder = root / name
+    model = hf_model(name)
+    if not (folder / "config.json").is_file():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(folder)
+        save_tokenizer(folder)
+    return folder, model
+
+
+def batch(seed: int = 0, b: int = 4, s: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids (b s) and attention_mask (b s), rows 1 and 3 padded on the right (pad id 0 or 1: masked)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[3, 2:] = 0
+    return ids, mask
