@@ -234,14 +234,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ensure_writable_parent(Path(args.json))
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
-    if not source.exists():
-        raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
     from . import cmd_seq2seq
 
+    # an encoder-decoder pair is named by its base PATH (PATH.encoder.onnx, PATH.decoder.onnx) or either file
     if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
         key = _export_key(source, args.precision, None) if source.is_dir() else ""
         cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
         return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
+    if not source.exists():
+        raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
     config = None
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
