@@ -14,10 +14,12 @@ import numpy as np
 
 from zoo import MissingFileError
 
+from .auth import authorized, key_digest, refusal
 from .batching import run_batch
 from .gen_app import GenerateServer
 from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
+from .openai_run import text_files
 from .protocol import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_TOKENS,
@@ -63,9 +65,11 @@ class OnnxServer:
         max_body: int = DEFAULT_MAX_BODY,
         threads: int | None = None,
         loopback: bool = False,
+        key_digest: str | None = None,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
+        self.key_digest = key_digest  # serve/auth.py: every route but /healthz asks for the key
         self.sess = open_session(files, provider, threads)
         self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
@@ -99,6 +103,8 @@ class OnnxServer:
         from starlette.responses import PlainTextResponse, Response
 
         path = request_path(request)
+        if not path.endswith("/healthz") and not authorized(request.headers, self.key_digest):
+            return refusal(path)
         if request.method == "GET":
             return answer_get(path, self.meta, self.replica, "/predict")
         if request.method != "POST":
@@ -224,6 +230,8 @@ def start(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     batching: str = "static",
     capacity: int = DEFAULT_CAPACITY,
+    api_key: str | None = None,
+    text_from: str | os.PathLike | None = None,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -232,7 +240,10 @@ def start(
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
     A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate
     (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
-    "continuous" with buffers of `capacity` slots); a block on POST /predict.
+    "continuous" with buffers of `capacity` slots), and on OpenAI's API under /v1 (serve/openai_run.py: its
+    tokenizer and chat template from `text_from`, a checkpoint folder or an .onnx, default `model`: the
+    copies beside it); a block on POST /predict. api_key: every route but /healthz asks for it as a Bearer
+    token (serve/auth.py).
     """
     from export.session import OnnxSession, cuda_status
 
@@ -261,6 +272,7 @@ def start(
         if batching == "continuous":
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
+        extra["text"] = text_files(text_from if text_from is not None else path)
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
@@ -321,6 +333,7 @@ def start(
             max_body=max_body,
             threads=threads,
             loopback=ray_on_loopback(),
+            key_digest=key_digest(api_key),
             **extra,
         )
         try:
