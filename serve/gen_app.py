@@ -123,9 +123,11 @@ class GenerateServer:
         capacity = min(capacity, self.info.max_len or capacity)
         own: list[ContinuousBatcher] = []
 
-        def batcher() -> ContinuousBatcher:
+        def batcher(made: bool = False):  # made=True: the list of those made so far
             if isinstance(self._batcher, ContinuousBatcher):
-                return self._batcher
+                return [self._batcher] if made else self._batcher
+            if made:
+                return list(own)
             if not own:
                 own.append(ContinuousBatcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000))
             return own[0]
@@ -151,8 +153,10 @@ class GenerateServer:
             return refusal(path)
         if path.startswith("/v1/") or path == "/v1":
             return await self.openai.handle(request, path)
-        if request.method == "GET":
-            return answer_get(path, self.meta, self.replica, GEN_ROUTE)
+        if request.method == "GET":  # with the rows running now, on each continuous batcher
+            batchers = self.openai.batchers()
+            live = {"rows_running": sum(b.used for b in batchers), "requests_left": sum(b.left for b in batchers)}
+            return answer_get(path, {**self.meta, **live}, self.replica, GEN_ROUTE)
         if request.method != "POST":
             return PlainTextResponse(f"method {request.method} is not served; POST to {GEN_ROUTE}", 405)
         if not path.endswith(GEN_ROUTE):

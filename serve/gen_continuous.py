@@ -133,6 +133,7 @@ class ContinuousBatcher:
         self.running: list[_Running] = []
         self.used = 0  # rows 0..used-1 hold running requests (kept packed: a step runs over these only)
         self.write = 0  # P: the slot the next step writes, shared by every row
+        self.left = 0  # requests dropped because their client left (decoder.cancelled)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -267,9 +268,11 @@ class ContinuousBatcher:
 
         for it, done in self.waiting:
             if gone(it):
+                self.left += 1
                 done(it.ids, {})
         self.waiting = [w for w in self.waiting if not gone(w[0])]
         for run in [r for r in self.running if gone(r.item)]:
+            self.left += 1
             self.running.remove(run)
             self._pack()
             run.done(np.concatenate([run.item.ids, np.stack(run.tokens, axis=1)], axis=1), {})

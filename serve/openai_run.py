@@ -122,6 +122,10 @@ class OpenAIFront:
         self.created = int(time.time())
         self.codec, self.template = _load_text(files)
 
+    def batchers(self) -> list:
+        """The continuous batchers made so far (none before the first /v1 request, unless the server's own)."""
+        return self._batcher(made=True)
+
     async def handle(self, request, path: str):
         from starlette.responses import Response
 
