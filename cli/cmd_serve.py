@@ -228,6 +228,8 @@ def cmd_triton(args: argparse.Namespace) -> int:
 def cmd_loadtest(args: argparse.Namespace) -> int:
     from serve.loadtest import format_report, loadtest
 
+    if args.chat:
+        return _chat_loadtest(args)
     if args.kill_after is not None:
         _need("ray", "--kill-after")
     if args.json:
@@ -263,6 +265,34 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     broken = sum(lv["good_wrong"] + (lv["bad"] - lv["bad_4xx"]) for lv in report["levels"])
     return 1 if broken else 0
+
+
+def _chat_loadtest(args: argparse.Namespace) -> int:
+    """--chat: streamed POST /v1/chat/completions (serve/load_chat.py): tokens/s and time to first token."""
+    from serve.auth import key_from
+    from serve.load_chat import chat_loadtest, format_chat_report
+
+    if args.json:
+        ensure_writable_parent(Path(args.json))
+    report = chat_loadtest(
+        args.url,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        max_tokens=args.new_tokens,
+        api_key=key_from(args.api_key),
+        warmup=args.warmup,
+        seed=args.seed,
+        progress=lambda lv: print(
+            f"concurrency {lv['concurrency']}: {lv['tokens_per_s']} tokens/s, TTFT p50 {lv['ttft_p50_ms']} ms",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
+    print(format_chat_report(report))
+    if args.json:
+        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+        print(f"wrote {args.json}")
+    return 1 if any(lv["errors"] for lv in report["levels"]) else 0
 
 
 _fraction = number_in(float, 0, below=1)
@@ -402,4 +432,11 @@ def add_commands(sub) -> None:
     sp.add_argument("--warmup", type=_count, default=8, help="uncounted requests first (default 8)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--json", help="also write the report as JSON")
+    sp.add_argument(
+        "--chat",
+        action="store_true",
+        help="a whole model's POST /v1/chat/completions, streamed: tokens/s and time to first token "
+        "(--new-tokens: max_tokens)",
+    )
+    sp.add_argument("--api-key", default=None, help="--chat: the server's API key (default: $ATTNZOO_API_KEY)")
     sp.set_defaults(func=cmd_loadtest)

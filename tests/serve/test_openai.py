@@ -256,15 +256,18 @@ def server(lm_path):
         proc.wait()
 
 
-def test_the_openai_client_against_a_server(server, sess, codec, lm_path):
+def test_the_openai_client_against_a_server(server, sess, codec, lm_path, capsys, monkeypatch):
     """One test for the one server (pytest-xdist keeps it on one worker): models, completions and chat equal to
     each request alone, streaming (the pieces join to the text, usage last), a bad request and a wrong key as
     the client's own exceptions, an open /healthz, a stream that leaves giving its row back long before its
     max_tokens; then Ctrl-C to the server's process group, as a terminal sends it: a quiet, clean stop."""
     import openai
 
+    from cli.main import main
     from serve import Client
+    from serve.load_chat import chat_loadtest
 
+    monkeypatch.setenv("ATTNZOO_API_KEY", KEY)  # for `attnzoo loadtest --chat`
     url, proc, started = server
     assert started[0].startswith("starting Ray Serve") and started[-1].startswith(f"ready: serving {lm_path}")
     client = openai.OpenAI(base_url=url + "v1", api_key=KEY, max_retries=0)
@@ -334,6 +337,16 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path):
     assert meta["rows_running"] == 0 and meta["requests_left"] == 1  # dropped, not run to its end
     assert meta["max_positions"] == 9000  # --max-tokens, the old spelling, still sets it
     plain.close()
+
+    # `attnzoo loadtest --chat`: streamed chat requests at a stated concurrency, tokens/s and time to first token
+    capsys.readouterr()
+    assert main(["loadtest", url, "--chat", "--concurrency", "2", "--requests", "4", "--new-tokens", "8"]) == 0
+    table = capsys.readouterr().out
+    assert "POST /v1/chat/completions" in table and "tokens/s" in table and "TTFT p50/p95 ms" in table, table
+    report = chat_loadtest(url, concurrency=[2], requests=4, max_tokens=8, api_key=KEY, warmup=0)
+    (level,) = report["levels"]
+    assert (level["ok"], level["errors"], level["completion_tokens"]) == (4, 0, 32), level
+    assert level["tokens_per_s"] > 0 and 0 < level["ttft_p50_ms"] <= level["latency_p50_ms"], level
 
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
