@@ -61,14 +61,22 @@ def _model_path(
 def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
     from serve.app import check_options, check_port_free, start
+    from serve.auth import key_from
 
+    if args.max_tokens is not None:  # the old spelling: it never meant OpenAI's max_tokens (new tokens)
+        print(
+            "attnzoo serve: --max-tokens is now --max-positions (the most b*t positions per request); "
+            "the old spelling will go",
+            file=sys.stderr,
+        )
+        args.max_positions = args.max_tokens
     options = {
         "replicas": args.replicas,
         "provider": args.provider,
         "max_batch": args.max_batch,
         "batch_wait_ms": args.batch_wait_ms,
         "port": args.port,
-        "max_tokens": args.max_tokens,
+        "max_tokens": args.max_positions,
         "cpus_per_replica": args.cpus_per_replica,
         "route_prefix": args.route_prefix,
         "max_new_tokens": args.max_new_tokens,
@@ -79,35 +87,98 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.address is None:  # served here: CUDA must work and the port be free here (as start checks)
         refuse_broken_cuda(args.provider)
         check_port_free(args.host, args.port)
+    api_key = key_from(args.api_key)
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
         path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)
-        dep = start(
-            path, host=args.host, address=args.address, threads=args.threads, tf32=args.tf32, app=args.app, **options
-        )
+        print(f"starting Ray Serve for {path} (a readiness line follows when it answers)", flush=True)
+        # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
+        own_ray = args.address is None and quiet_local_ray()
         try:
-            print(f"serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
-            print(f"  curl -s {dep.url}healthz; curl -s {dep.url}metadata")
+            dep = start(
+                path,
+                host=args.host,
+                address=args.address,
+                threads=args.threads,
+                tf32=args.tf32,
+                app=args.app,
+                api_key=api_key,
+                text_from=args.model,
+                **options,
+            )
+        except BaseException:
+            _stop_ray(own_ray)
+            raise
+        try:
+            wait_ready(dep.url)
+            print(f"ready: serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
+            auth = '-H "Authorization: Bearer $ATTNZOO_API_KEY" ' if api_key else ""
+            if api_key:
+                print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
+            print(f"  curl -s {dep.url}healthz; curl -s {auth}{dep.url}metadata")
             width = _width(path)
-            if width is None:  # a whole model: token ids in, greedy tokens out
+            if width is None:  # a whole model: token ids in, greedy tokens out; OpenAI's API under /v1
                 body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
-                print(f"  curl -s -H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
+                print(f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
+                print(f"  OpenAI's API: {dep.url}v1 (GET /v1/models; POST /v1/completions, /v1/chat/completions)")
             else:
                 save = f"np.save('x.npy', np.random.randn(16, {width}).astype('float32'))"
                 print(f'  python -c "import numpy as np; {save}"')
                 print(f"  curl -s --data-binary @x.npy -H 'Content-Type: application/x-npy' {dep.url}predict -o y.npy")
             sys.stdout.flush()
-            # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does.
-            signal.signal(signal.SIGTERM, _interrupt)
             ends = time.monotonic() + args.duration if args.duration else None
             while ends is None or time.monotonic() < ends:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
         finally:
+            print("stopping", flush=True)
             dep.shutdown()
+            _stop_ray(own_ray)
     print("stopped")
     return 0
+
+
+def quiet_local_ray() -> bool:
+    """Start this process's own Ray (serve.init_local_ray: loopback only) with its start-up chatter at WARNING
+    and Ray's token-authentication notice left out (it stays on); True when it started one."""
+    import logging
+
+    import ray
+
+    from serve.app import init_local_ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    init_local_ray(logging_level=logging.WARNING)
+    # Serve's INFO lines ("Connecting to existing Serve app ... New http_options ... will not be applied", "Deleting
+    # app"): Serve sets its logger's level itself when it starts, so a filter, not a level
+    logging.getLogger("ray.serve").addFilter(lambda record: record.levelno >= logging.WARNING)
+    return True
+
+
+def _stop_ray(own: bool) -> None:
+    """Stop the Ray this process started: every process of it goes, Serve's with them. Not serve.shutdown(),
+    whose controller, killed while its graceful_shutdown task runs, has the raylet print a raw "(raylet) Task
+    ServeController.graceful_shutdown failed ... killed by ray.kill" on the terminal."""
+    if own:
+        import ray
+
+        ray.shutdown()
+
+
+def wait_ready(url: str, timeout: float = 120.0) -> None:
+    """Return once GET {url}healthz answers 200 (Serve's proxy answers 404 for a route not yet there)."""
+    from serve.client import Client
+
+    ends = time.monotonic() + timeout
+    with Client(url, retries=0) as client:
+        while not client.health():
+            if time.monotonic() > ends:
+                raise CliError(f"{url}healthz did not answer within {timeout:.0f} s; see /tmp/ray/session_latest/logs")
+            time.sleep(0.2)
 
 
 def _interrupt(signum, frame) -> None:
@@ -158,6 +229,8 @@ def cmd_triton(args: argparse.Namespace) -> int:
 def cmd_loadtest(args: argparse.Namespace) -> int:
     from serve.loadtest import format_report, loadtest
 
+    if args.chat:
+        return _chat_loadtest(args)
     if args.kill_after is not None:
         _need("ray", "--kill-after")
     if args.json:
@@ -193,6 +266,34 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     broken = sum(lv["good_wrong"] + (lv["bad"] - lv["bad_4xx"]) for lv in report["levels"])
     return 1 if broken else 0
+
+
+def _chat_loadtest(args: argparse.Namespace) -> int:
+    """--chat: streamed POST /v1/chat/completions (serve/load_chat.py): tokens/s and time to first token."""
+    from serve.auth import key_from
+    from serve.load_chat import chat_loadtest, format_chat_report
+
+    if args.json:
+        ensure_writable_parent(Path(args.json))
+    report = chat_loadtest(
+        args.url,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        max_tokens=args.new_tokens,
+        api_key=key_from(args.api_key),
+        warmup=args.warmup,
+        seed=args.seed,
+        progress=lambda lv: print(
+            f"concurrency {lv['concurrency']}: {lv['tokens_per_s']} tokens/s, TTFT p50 {lv['ttft_p50_ms']} ms",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
+    print(format_chat_report(report))
+    if args.json:
+        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+        print(f"wrote {args.json}")
+    return 1 if any(lv["errors"] for lv in report["levels"]) else 0
 
 
 _fraction = number_in(float, 0, below=1)
@@ -257,9 +358,20 @@ def add_commands(sub) -> None:
     sp.add_argument("--port", type=_port, default=8000, help="HTTP port, 1..65535 (default 8000)")
     sp.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on (default 127.0.0.1)")
     sp.add_argument("--address", default=None, help="join this Ray cluster ('auto' or HOST:PORT); default: start Ray")
-    sp.add_argument("--max-tokens", type=positive, default=65_536, help="most b*t per request (larger: HTTP 413)")
     sp.add_argument(
-        "--max-new-tokens", type=positive, default=256, help="a whole model: most new tokens per request (else 413)"
+        "--max-positions", type=positive, default=65_536, help="most b*t positions per request (larger: HTTP 413)"
+    )
+    sp.add_argument("--max-tokens", type=positive, default=None, help="deprecated: the old spelling of --max-positions")
+    sp.add_argument(
+        "--api-key",
+        default=None,
+        help="ask every request but GET /healthz for this Bearer token (default: $ATTNZOO_API_KEY, else none)",
+    )
+    sp.add_argument(
+        "--max-new-tokens",
+        type=positive,
+        default=256,
+        help="a whole model: most new tokens per request (/generate's max_new_tokens, OpenAI's max_tokens)",
     )
     sp.add_argument(
         "--batching",
@@ -322,4 +434,11 @@ def add_commands(sub) -> None:
     sp.add_argument("--warmup", type=_count, default=8, help="uncounted requests first (default 8)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--json", help="also write the report as JSON")
+    sp.add_argument(
+        "--chat",
+        action="store_true",
+        help="a whole model's POST /v1/chat/completions, streamed: tokens/s and time to first token "
+        "(--new-tokens: max_tokens)",
+    )
+    sp.add_argument("--api-key", default=None, help="--chat: the server's API key (default: $ATTNZOO_API_KEY)")
     sp.set_defaults(func=cmd_loadtest)

@@ -13,7 +13,8 @@ without a mask input cannot hide padding, so its batches group requests of equal
 A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate instead: JSON
 `{"input_ids": [...], "max_new_tokens": N}` in, the prompt and its greedy tokens out, equal to
 `OnnxSession.generate` of the request alone; the requests of a window are one left-padded batch (one
-request a run for an export with longrope layers, whose runs requests cannot share).
+request a run for an export with longrope layers, whose runs requests cannot share). The same server speaks
+OpenAI's API under /v1 (completions and chat, streamed or not), on continuous batching.
 
 Everything except `start`/`OnnxServer`/`GenerateServer` works without Ray (the decoding and batching are plain
 numpy, and `Client` uses the standard library only).
@@ -30,10 +31,14 @@ The package, split by job:
     gen_batching.py  left-padded static batches of them, and the StaticBatcher that forms them
     gen_continuous.py  the ContinuousBatcher: requests join the running batch at its next step
     gen_app.py   the Ray Serve replica of a whole model
+    openai_protocol.py  OpenAI's API: /v1 request checks (Ask), answers, chunks, errors in its format
+    openai_run.py  the /v1 routes of a whole model on continuous batching (OpenAIFront, TextRun)
+    auth.py      the optional API key (a Bearer token, compared in constant time)
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
     loadtest.py  load, faults and checked answers against a running server
-                 (load_pool.py: the requests sent; load_report.py: samples, levels, the table)
+                 (load_pool.py: the requests sent; load_report.py: samples, levels, the table;
+                 load_chat.py: streamed /v1/chat/completions, tokens/s and time to first token)
 
 Depends on `zoo` and `export`.
 """

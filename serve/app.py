@@ -14,10 +14,12 @@ import numpy as np
 
 from zoo import MissingFileError
 
+from .auth import authorized, key_digest, refusal
 from .batching import run_batch
 from .gen_app import GenerateServer
 from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
+from .openai_run import text_files
 from .protocol import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_TOKENS,
@@ -64,9 +66,11 @@ class OnnxServer:
         threads: int | None = None,
         loopback: bool = False,
         tf32: bool = False,
+        key_digest: str | None = None,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
+        self.key_digest = key_digest  # serve/auth.py: every route but /healthz asks for the key
         self.sess = open_session(files, provider, threads, tf32)
         self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
         self.max_body = max_body
@@ -100,6 +104,8 @@ class OnnxServer:
         from starlette.responses import PlainTextResponse, Response
 
         path = request_path(request)
+        if not path.endswith("/healthz") and not authorized(request.headers, self.key_digest):
+            return refusal(path)
         if request.method == "GET":
             return answer_get(path, self.meta, self.replica, "/predict")
         if request.method != "POST":
@@ -226,6 +232,8 @@ def start(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     batching: str = "static",
     capacity: int = DEFAULT_CAPACITY,
+    api_key: str | None = None,
+    text_from: str | os.PathLike | None = None,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -234,8 +242,11 @@ def start(
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
     A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate
     (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
-    "continuous" with buffers of `capacity` slots); a block on POST /predict. tf32: each replica's
-    session runs fp32 products in TF32 on CUDA (OnnxSession(tf32=True)); off by default.
+    "continuous" with buffers of `capacity` slots), and on OpenAI's API under /v1 (serve/openai_run.py: its
+    tokenizer and chat template from `text_from`, a checkpoint folder or an .onnx, default `model`: the
+    copies beside it); a block on POST /predict. api_key: every route but /healthz asks for it as a Bearer
+    token (serve/auth.py). tf32: each replica's session runs fp32 products in TF32 on CUDA
+    (OnnxSession(tf32=True)); off by default.
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -266,6 +277,7 @@ def start(
         if batching == "continuous":
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
+        extra["text"] = text_files(text_from if text_from is not None else path)
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
@@ -327,6 +339,7 @@ def start(
             threads=threads,
             tf32=tf32,
             loopback=ray_on_loopback(),
+            key_digest=key_digest(api_key),
             **extra,
         )
         try:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 
+from .auth import authorized, refusal
 from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher, shares_runs
+from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher, check_continuous, shares_runs
 from .gen_protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     GEN_ROUTE,
@@ -16,6 +18,7 @@ from .gen_protocol import (
     decode_generate_request,
     encode_tokens,
 )
+from .openai_run import OpenAIFront
 from .protocol import failure_answer
 from .replica import (
     answer_get,
@@ -26,7 +29,7 @@ from .replica import (
     request_path,
     timing_headers,
 )
-from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError
+from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError
 
 
 class GenerateServer:
@@ -34,7 +37,9 @@ class GenerateServer:
     with batching="continuous", requests joining the running batch at its next step (ContinuousBatcher,
     buffers of `capacity` slots).
 
-    GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}.
+    GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}; OpenAI's API under /v1
+    (serve/openai_run.py: text in and out with the export's tokenizer and chat template, `text`).
+    key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py).
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
     x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
     x-attnzoo-new-tokens (this answer's new tokens, all rows).
@@ -55,6 +60,8 @@ class GenerateServer:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         batching: str = "static",
         capacity: int = DEFAULT_CAPACITY,
+        text: dict[str, bytes] | None = None,
+        key_digest: str | None = None,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
@@ -76,6 +83,7 @@ class GenerateServer:
                 max_requests=per_run,
             )
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
+        self.key_digest = key_digest  # serve/auth.py: every route but /healthz asks for the key
         md = self.sess.metadata
         self.meta = {
             "kind": "lm",
@@ -98,13 +106,58 @@ class GenerateServer:
             "max_new_tokens": max_new_tokens,
             "sha256": files_digest(files),
         }
+        self.meta["max_positions"] = max_tokens  # the same limit, by the name that never meets OpenAI's max_tokens
+        # OpenAI's model id: the checkpoint folder's name its export recorded, else the file's stem
+        label = md.get("attnzoo.name") or "DecoderLM"
+        model_id = name if label == "DecoderLM" else Path(label).name
+        self.openai = self._openai(model_id, text or {}, batching, capacity, max_batch, batch_wait_ms, max_body)
+        self.meta["openai"] = {"model": self.openai.name, "chat": self.openai.template is not None}
+
+    def _openai(self, model_id, text, batching, capacity, max_batch, batch_wait_ms, max_body) -> OpenAIFront:
+        """The /v1 routes (serve/openai_run.py), on continuous batching: this server's batcher when it batches
+        continuously, else one of their own, made on the first /v1 request (capacity: --capacity)."""
+        unavailable = None
+        try:
+            check_continuous(self.sess, model_id)
+        except ServeError as e:
+            unavailable = str(e)
+        capacity = min(capacity, self.info.max_len or capacity)
+        own: list[ContinuousBatcher] = []
+
+        def batcher(made: bool = False):  # made=True: the list of those made so far
+            if isinstance(self._batcher, ContinuousBatcher):
+                return [self._batcher] if made else self._batcher
+            if made:
+                return list(own)
+            if not own:
+                own.append(ContinuousBatcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000))
+            return own[0]
+
+        return OpenAIFront(
+            self.sess,
+            batcher,
+            model_id,
+            "attnzoo-" + self.meta["sha256"][:12],
+            text,
+            max_new=self.info.max_new_tokens,
+            max_positions=self.info.max_tokens,
+            capacity=capacity,
+            server_max_body=max_body,
+            unavailable=unavailable,
+        )
 
     async def __call__(self, request):
         from starlette.responses import PlainTextResponse, Response
 
         path = request_path(request)
-        if request.method == "GET":
-            return answer_get(path, self.meta, self.replica, GEN_ROUTE)
+        if not path.endswith("/healthz") and not authorized(request.headers, self.key_digest):
+            return refusal(path)
+        if path.startswith("/v1/") or path == "/v1":
+            return await self.openai.handle(request, path)
+        if request.method == "GET":  # with the rows running now, on each continuous batcher
+            batchers = self.openai.batchers()
+            live = {"rows_running": sum(b.used for b in batchers), "requests_left": sum(b.left for b in batchers)}
+            return answer_get(path, {**self.meta, **live}, self.replica, GEN_ROUTE)
         if request.method != "POST":
             return PlainTextResponse(f"method {request.method} is not served; POST to {GEN_ROUTE}", 405)
         if not path.endswith(GEN_ROUTE):

@@ -133,6 +133,7 @@ class ContinuousBatcher:
         self.running: list[_Running] = []
         self.used = 0  # rows 0..used-1 hold running requests (kept packed: a step runs over these only)
         self.write = 0  # P: the slot the next step writes, shared by every row
+        self.left = 0  # requests dropped because their client left (decoder.cancelled)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -170,6 +171,7 @@ class ContinuousBatcher:
                     self.waiting.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
+            self._drop_cancelled()
             self._admit()
             if not self.running:
                 continue
@@ -230,7 +232,9 @@ class ContinuousBatcher:
                 self.sess.run_with_iobinding(binding)
             for name, buf in self.batch.cache.items():
                 buf[[rows[r] for r in part], :, p - t : p] = alone.cache[name][:, :, p - t : p]
-            first[part] = alone.next_token
+            first[part] = alone.next_token[: len(part)]
+            if it.decoder is not None:
+                first[part] = it.decoder.choose(alone.logits[: len(part), -1], first[part])
         self.used += it.rows
         self.batch.mask[rows] = True
         self.batch.mask[rows, : p - t] = False
@@ -248,9 +252,30 @@ class ContinuousBatcher:
         self.sess.run_with_iobinding(self.batch.binding(self.used))
         self.write += 1
         for run in self.running:  # every token read before any request leaves (leaving moves rows)
-            run.tokens.append(self.batch.next_token[run.rows].copy())
+            token = self.batch.next_token[run.rows].copy()
+            if run.item.decoder is not None:
+                token = run.item.decoder.choose(self.batch.logits[run.rows, -1], token)
+            run.tokens.append(token)
         for run in list(self.running):
             self._finish_if_done(run)
+
+    def _drop_cancelled(self) -> None:
+        """Requests whose client left (decoder.cancelled: a stream closed) give their rows back before the next
+        step, and waiting ones never start; each is answered with what it made."""
+
+        def gone(it: GenItem) -> bool:
+            return it.decoder is not None and bool(it.decoder.cancelled)
+
+        for it, done in self.waiting:
+            if gone(it):
+                self.left += 1
+                done(it.ids, {})
+        self.waiting = [w for w in self.waiting if not gone(w[0])]
+        for run in [r for r in self.running if gone(r.item)]:
+            self.left += 1
+            self.running.remove(run)
+            self._pack()
+            run.done(np.concatenate([run.item.ids, np.stack(run.tokens, axis=1)], axis=1), {})
 
     def _pack(self) -> None:
         """Move the running requests' rows down to 0..used-1 (their caches and masks with them)."""
@@ -268,7 +293,10 @@ class ContinuousBatcher:
     def _finish_if_done(self, run: _Running) -> None:
         it = run.item
         new = np.stack(run.tokens, axis=1)
-        ended = it.eos_token_id is not None and (new == it.eos_token_id).any(axis=1).all()
+        if it.decoder is not None:  # called once per new token: the decoder follows each one
+            ended = it.decoder.add(run.tokens[-1])
+        else:
+            ended = it.eos_token_id is not None and (new == it.eos_token_id).any(axis=1).all()
         if new.shape[1] < it.max_new_tokens and not ended:
             return
         self.running.remove(run)

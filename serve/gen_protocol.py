@@ -66,6 +66,10 @@ class GenItem:
     eos_token_id: int | None = None
     squeeze: bool = False  # input_ids came as one flat row: answer one flat row
     enqueued: float = field(default_factory=time.perf_counter)
+    # None: greedy, the graph's next_token (POST /generate). Else what chooses and follows this request's
+    # tokens under continuous batching (serve/openai_run.TextRun: sampling, stop strings, streaming, a
+    # client that left): choose(logits (r v), argmax (r,)) -> (r,); add(tokens (r,)) -> ended; cancelled.
+    decoder: object | None = None
 
     @property
     def rows(self) -> int:

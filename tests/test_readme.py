@@ -17,8 +17,8 @@ from helpers import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # Blocks that talk to a running server: their imports run, their calls need `attnzoo serve`
-# (tests/serve/test_serve.py drives the same Client against a real one).
-NEEDS_SERVER = re.compile(r"Client\(")
+# (tests/serve/test_serve.py drives the same Client against a real one, tests/serve/test_openai.py the openai one).
+NEEDS_SERVER = re.compile(r"Client\(|OpenAI\(")
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 
 

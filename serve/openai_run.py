@@ -1,0 +1,279 @@
+"""The OpenAI routes of a whole-model replica (serve/gen_app.py): GET /v1/models, POST /v1/completions and
+/v1/chat/completions, on continuous batching (serve/gen_continuous.py), as text, or streamed as server-sent
+events. No Ray here: the replica hands its requests to `OpenAIFront.handle`.
+
+Each request becomes one row of the running batch, followed by a `TextRun` (GenItem.decoder): it chooses the
+row's tokens as `OnnxSession.generate` of that request alone does (the checkpoint's generation_config under
+the request's knobs, export/sampling.py; a seed of its own, the request's or a fresh one reported in the
+answer), stops at the checkpoint's eos ids, at `stop` strings (text ends before them) or at max_tokens, and
+hands each piece of text to the request's stream. A stream whose client leaves marks its run cancelled: its
+row is given back before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from runtime.chat import ChatTemplate, ChatTemplateError
+from runtime.generation import generation_defaults, lm_vocab
+from runtime.sampling import Sampler, resolve
+from runtime.stopping import Codec, RowText, eos_ids
+from zoo import AttnzooError
+
+from .gen_protocol import GenItem
+from .openai_protocol import (
+    CHAT,
+    COMPLETIONS,
+    DONE,
+    MODELS,
+    Answer,
+    Ask,
+    OpenAIError,
+    error_chunk,
+    max_body,
+    models_list,
+    parse,
+    usage,
+)
+from .schema import JSON
+
+TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+EVENT_STREAM = "text/event-stream"
+
+
+def text_files(source: str | Path) -> dict[str, bytes]:
+    """The tokenizer and chat template a server of `source` reads, by their plain names, as they travel to the
+    replicas: a checkpoint folder's own; for an .onnx, the copies its export wrote beside it (STEM.NAME, as
+    `attnzoo generate` reads them), else the files of its folder."""
+    source = Path(source)
+    if source.is_dir():
+        found = {name: source / name for name in TEXT_FILES}
+    else:
+        own = {name: source.with_name(f"{source.stem}.{name}") for name in TEXT_FILES}
+        plain = {name: source.with_name(name) for name in TEXT_FILES}
+        found = own if own["tokenizer.json"].is_file() else plain
+    return {name: path.read_bytes() for name, path in found.items() if path.is_file()}
+
+
+class TextRun:
+    """One request's row in the continuous batch (the ContinuousBatcher calls choose, then add, per token)."""
+
+    def __init__(self, sampler: Sampler, eos: tuple[int, ...], row: RowText, max_tokens: int, emit) -> None:
+        self.sampler, self.eos, self.row, self.max_tokens = sampler, eos, row, max_tokens
+        self.emit = emit  # emit(piece, finish_reason or None), from the batch's thread
+        self.cancelled = False
+        self.finish: str | None = None
+        self.made = 0
+
+    def choose(self, logits: np.ndarray, argmax: np.ndarray) -> np.ndarray:
+        return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
+
+    def add(self, tokens: np.ndarray) -> bool:
+        """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
+        string ends it too; at max_tokens it ends at its length."""
+        token = int(tokens[0])
+        self.made += 1
+        self.sampler.observe(tokens)
+        if token in self.eos:
+            self.finish, piece = "stop", self.row.finish()
+        else:
+            piece = self.row.add(token)
+            if self.row.stopped:
+                self.finish = "stop"
+            elif self.made >= self.max_tokens:
+                self.finish, piece = "length", piece + self.row.finish()
+        self.emit(piece, self.finish)
+        return self.finish is not None
+
+
+class OpenAIFront:
+    """The /v1 routes over a session and the continuous batcher `batcher()` gives (made on first use).
+
+    limits: max_new (most max_tokens), max_positions (prompt + max_tokens per request), capacity (the batch's
+    cache slots: prompt + max_tokens - 1 must fit), server_max_body (bytes)."""
+
+    def __init__(
+        self,
+        sess,
+        batcher,
+        name: str,
+        fingerprint: str,
+        files: dict[str, bytes],
+        *,
+        max_new: int,
+        max_positions: int,
+        capacity: int,
+        server_max_body: int,
+        unavailable: str | None = None,
+    ) -> None:
+        self.sess, self._batcher, self.name, self.fingerprint = sess, batcher, name, fingerprint
+        self.max_new, self.max_positions, self.capacity = max_new, max_positions, capacity
+        self.max_body = max_body(max_positions, server_max_body)
+        self.unavailable = unavailable  # why continuous batching cannot serve this export, or None
+        self.vocab = lm_vocab(sess)
+        self.config = generation_defaults(sess)
+        self.eos = eos_ids(self.config.get("eos_token_id"))
+        self.created = int(time.time())
+        self.codec, self.template = _load_text(files)
+
+    def batchers(self) -> list:
+        """The continuous batchers made so far (none before the first /v1 request, unless the server's own)."""
+        return self._batcher(made=True)
+
+    async def handle(self, request, path: str):
+        from starlette.responses import Response
+
+        try:
+            if path.endswith(MODELS):
+                if request.method != "GET":
+                    raise OpenAIError(f"{MODELS} answers GET", 405)
+                return Response(models_list(self.name, self.created), media_type=JSON)
+            route = next((r for r in (CHAT, COMPLETIONS) if path.endswith(r)), None)
+            if route is None:
+                raise OpenAIError(f"no such path {path}; POST {COMPLETIONS} or {CHAT}, GET {MODELS}", 404)
+            if request.method != "POST":
+                raise OpenAIError(f"{route} answers POST", 405)
+            body = await _body(request, self.max_body)
+            ask = parse(route, body, self.name)
+            ids = self._prompt_ids(ask)
+            return await self._run(ask, ids)
+        except OpenAIError as e:
+            return Response(e.body(), e.status, media_type=JSON)
+
+    def _prompt_ids(self, ask: Ask) -> list[int]:
+        if self.unavailable:
+            raise OpenAIError(f"this export cannot run on continuous batching: {self.unavailable}", 400)
+        if self.codec is None:
+            raise OpenAIError("this server has no tokenizer (no tokenizer.json with its export); POST /generate")
+        if ask.chat:
+            if self.template is None:
+                raise OpenAIError(f"{self.name} has no chat template; POST {COMPLETIONS}", param="messages")
+            try:
+                ids = self.codec.encode(self.template.render(ask.messages, add_generation_prompt=True))
+            except ChatTemplateError as e:
+                raise OpenAIError(str(e), param="messages") from None
+        else:
+            ids = ask.prompt_ids if ask.prompt is None else self.codec.encode(ask.prompt)
+            bad = [i for i in ids if not 0 <= i < self.vocab]
+            if bad:
+                raise OpenAIError(f"token id {bad[0]} is outside the vocabulary of {self.vocab}", param="prompt")
+        if not ids:
+            raise OpenAIError("the prompt is empty once tokenized", param="prompt" if not ask.chat else "messages")
+        t = len(ids)
+        room = min(self.max_new, self.capacity - t + 1, self.max_positions - t)
+        if ask.max_tokens is None:
+            ask.max_tokens = room
+        if ask.max_tokens > self.max_new:
+            raise OpenAIError(
+                f"max_tokens={ask.max_tokens}; this server makes at most {self.max_new} per request "
+                "(attnzoo serve --max-new-tokens)",
+                param="max_tokens",
+            )
+        if ask.max_tokens > room:
+            raise OpenAIError(
+                f"a prompt of {t} tokens and max_tokens={ask.max_tokens} need {t + ask.max_tokens} positions; this "
+                f"server takes at most {min(self.capacity + 1, self.max_positions)} per request (a shorter prompt "
+                "or fewer max_tokens)",
+                param="max_tokens" if room > 0 else ("messages" if ask.chat else "prompt"),
+                code="context_length_exceeded",
+            )
+        return ids
+
+    async def _run(self, ask: Ask, ids: list[int]):
+        from starlette.responses import Response, StreamingResponse
+
+        prompt = np.asarray([ids], np.int64)
+        try:
+            params = resolve(ask.knobs, self.config)
+            sampler = Sampler(params, prompt, None, self.vocab)
+        except AttnzooError as e:  # the sampling knobs' own checks (zoo.ArgumentError)
+            raise OpenAIError(str(e)) from None
+        seed = sampler.seed if params.do_sample else ask.knobs.get("seed")
+        answer = Answer(ask, self.name, self.fingerprint, seed)
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+
+        def emit(piece: str, finish: str | None) -> None:
+            if ask.stream:
+                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish))
+
+        run = TextRun(sampler, self.eos, RowText(self.codec, ask.stop), ask.max_tokens, emit)
+        item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
+        batcher = self._batcher()
+        if not ask.stream:
+            try:
+                tokens, _ = await batcher.submit(item)
+            except asyncio.CancelledError:  # the client left before its answer
+                run.cancelled = True
+                raise
+            if isinstance(tokens, Exception):
+                raise OpenAIError(f"the model run failed: {type(tokens).__name__}: {tokens}", 500)
+            body = answer.whole(run.row.text, run.finish or "length", usage(len(ids), run.made))
+            return Response(body, media_type=JSON)
+
+        task = asyncio.ensure_future(batcher.submit(item))
+
+        async def events():
+            try:
+                yield answer.chunk("", first=True) if ask.chat else answer.chunk("")
+                while True:
+                    get = asyncio.ensure_future(pieces.get())
+                    await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+                    if not get.done():  # the batcher answered without a last piece: the run failed
+                        get.cancel()
+                        tokens, _ = task.result()
+                        err = tokens if isinstance(tokens, Exception) else RuntimeError("the run ended early")
+                        yield error_chunk(OpenAIError(f"the model run failed: {err}", 500))
+                        break
+                    piece, finish = get.result()
+                    if piece or finish:
+                        yield answer.chunk(piece or None, finish)
+                    if finish:
+                        if ask.include_usage:
+                            yield answer.usage_chunk(usage(len(ids), run.made))
+                        break
+                yield DONE
+            finally:  # also when the client left mid-stream (the generator is closed or cancelled)
+                if not task.done():
+                    run.cancelled = True
+
+        return StreamingResponse(events(), media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
+
+
+async def _body(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        raise OpenAIError(f"the body is {declared} bytes; this endpoint takes at most {limit}", 413)
+    body = await request.body()
+    if len(body) > limit:
+        raise OpenAIError(f"the body is {len(body)} bytes; this endpoint takes at most {limit}", 413)
+    return body
+
+
+def _load_text(files: dict[str, bytes]):
+    """(Codec or None, ChatTemplate or None) from text_files' bytes."""
+    if "tokenizer.json" not in files:
+        return None, None
+    from tokenizers import Tokenizer
+
+    codec = Codec(Tokenizer.from_str(files["tokenizer.json"].decode()))
+    folder = Path(tempfile.mkdtemp(prefix="attnzoo-text-"))
+    try:
+        for name, blob in files.items():
+            (folder / name).write_bytes(blob)
+        try:
+            template = ChatTemplate.from_folder(folder)
+        except ChatTemplateError:
+            template = None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return codec, template
+
+
+__all__ = ["TEXT_FILES", "OpenAIFront", "TextRun", "text_files"]
