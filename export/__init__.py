@@ -20,6 +20,7 @@ _LAZY = {
     "ExportError": "export.errors",
     "OnnxSession": "export.session",
     "SessionError": "export.providers",
+    "RunError": "export.providers",
     "cuda_status": "export.providers",
     "run_parity": "export.parity",
 }

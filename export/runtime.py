@@ -18,7 +18,17 @@ import zoo
 from .feeds import NP_DTYPE, RunInputError, np_of, run_feeds
 from .io import CONTEXT, PAST_KEY, PAST_LEN, X
 from .names import PROVIDERS
-from .providers import CUDA, SessionError, announce, choose, device_of, ort, providers_for, session_options
+from .providers import (
+    CUDA,
+    SessionError,
+    announce,
+    choose,
+    device_of,
+    ort,
+    providers_for,
+    run_failure,
+    session_options,
+)
 from .tensors import is_tensor, torch_dtype
 
 if TYPE_CHECKING:
@@ -221,7 +231,10 @@ class RuntimeSession:
 
     def run_with_iobinding(self, binding) -> None:
         """Run with a binding from new_binding(); the outputs stay where they were bound."""
-        self._sess.run_with_iobinding(binding)
+        try:
+            self._sess.run_with_iobinding(binding)
+        except Exception as e:  # noqa: BLE001 - ORT's own exception types
+            raise run_failure(e, self.path.name, self.provider) from e
 
     def end_profiling(self) -> str:
         """The path of the profile of a session opened with profile=True (ONNX Runtime's JSON trace)."""
@@ -231,11 +244,7 @@ class RuntimeSession:
         try:
             return self._sess.run(self._outputs, arrays)
         except Exception as e:  # noqa: BLE001 - ORT's own exception types
-            text = str(e)
-            if "allocate" in text.lower() or "bad_alloc" in text.lower():
-                first = text.strip().splitlines()[0][:200]
-                raise zoo.ResourceError(f"ONNX Runtime ran out of memory running {self.path.name}: {first}") from e
-            raise
+            raise run_failure(e, self.path.name, self.provider) from e
 
     def _run_bound(self, feeds: dict[str, Any]) -> list[Any]:
         """IO binding over torch storage (feeds are torch tensors): no host round trip for CUDA tensors."""
@@ -266,7 +275,7 @@ class RuntimeSession:
         if device == "cuda":
             # ORT computes on its own stream: the inputs torch just wrote must be ready first.
             torch.cuda.current_stream().synchronize()
-        self._sess.run_with_iobinding(binding)
+        self.run_with_iobinding(binding)
         del keep
         return outs
 
