@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import zoo
+from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
@@ -51,15 +52,7 @@ def _as_ids(sess: RuntimeSession, input_ids) -> np.ndarray:
             f"input_ids must be a (batch, tokens) integer tensor or array, got {what} "
             f"of shape {getattr(input_ids, 'shape', '?')}"
         )
-    b, t = input_ids.shape
-    if b < 1 or t < 1:
-        raise zoo.InputError(f"input_ids of shape {input_ids.shape} is empty; give at least one token per row")
-    vocab = lm_vocab(sess)
-    bad = (input_ids < 0) | (input_ids >= vocab)
-    if bad.any():
-        raise zoo.InputError(
-            f"token id {int(input_ids[bad][0])} is outside this model's vocabulary of {vocab} (0..{vocab - 1})"
-        )
+    check_token_ids(input_ids, lm_vocab(sess))
     return np.ascontiguousarray(input_ids, np.int64)
 
 
@@ -106,11 +99,6 @@ def prefill_chunk(sess: RuntimeSession, rows: int, t: int) -> int:
     return PREFILL_CHUNK if rows == 1 and (longest is None or t <= longest) else t
 
 
-def _check_count(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
-
-
 def generate(
     sess: RuntimeSession,
     input_ids,
@@ -129,10 +117,10 @@ def generate(
 
     as_torch = is_tensor(input_ids)
     ids = _as_ids(sess, input_ids)
-    _check_count("max_new_tokens", max_new_tokens, 1)
-    for name, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
-        if v is not None:
-            _check_count(name, v, 0)
+    vocab = lm_vocab(sess)
+    max_new_tokens = new_token_count(max_new_tokens)
+    eos_token_id = token_id(eos_token_id, vocab, "eos_token_id")
+    pad_token_id = token_id(pad_token_id, vocab, "pad_token_id")
     b, t = ids.shape
     need = positions_needed(t, max_new_tokens)
     cap = lm_max_len(sess)
@@ -144,21 +132,20 @@ def generate(
         )
     n = -(-need // ROUND) * ROUND
     n = min(n, cap) if cap is not None else n
-    key_mask = np.ones((b, n), np.bool_)
+    real = None
     if attention_mask is not None:
-        am = attention_mask
-        am = am.detach().cpu().numpy() if is_tensor(am) else np.asarray(am)
-        if am.shape != (b, t):
-            raise zoo.InputError(f"attention_mask has shape {am.shape}; it must be (batch, tokens) = {(b, t)}")
-        if not am.astype(bool)[:, -1].all():
-            raise zoo.InputError("attention_mask: pad on the left (every row's last prompt token must be real)")
-        key_mask[:, :t] = am.astype(bool)
+        am = attention_mask.detach().cpu().numpy() if is_tensor(attention_mask) else attention_mask
+        real = left_padded_mask(am, (b, t))
     from zoo.limits import check_fits
 
     prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
     buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith(prefix)]
     need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for _, x in buffers)
+    need_bytes += b * n + b * (t + max_new_tokens) * 8  # the key mask and the tokens out, allocated next
     check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
+    key_mask = np.ones((b, n), np.bool_)
+    if real is not None:
+        key_mask[:, :t] = real
 
     binding = sess.new_binding()
     keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
@@ -180,7 +167,6 @@ def generate(
     if has_argmax:
         next_token = np.zeros((b,), np.int64)
         binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(next_token))
-    vocab = lm_vocab(sess)
     step_logits = np.zeros((b, 1, vocab), dtype)
     step_ids = np.zeros((b, 1), np.int64)
 
