@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -138,8 +139,13 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     if args.prompt is None and args.prompt_ids is None:
         raise CliError("give the prompt: --prompt TEXT (needs a tokenizer.json) or --prompt-ids 1,2,3")
     if args.prompt_ids is not None:
+        text = args.prompt_ids.strip()
+        # "1,2", "1, 2" and "1 2" are lists; "1,,2" and "1,2," have an empty place, not a shorter list
+        items = re.split(r"\s*,\s*|\s+", text) if text else []
         try:
-            ids = [int(p) for p in args.prompt_ids.replace(",", " ").split()]
+            if any(not p for p in items):
+                raise ValueError(text)
+            ids = [int(p) for p in items]
         except ValueError:
             raise CliError(f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas, e.g. 1,2") from None
         if not ids or any(i < 0 for i in ids):
@@ -314,9 +320,19 @@ def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] 
     dst = tokenizer_beside(onnx_path)
     resolve_output(dst)  # a folder or a dangling link there: refused now, in one line
     try:
-        return src.read_bytes(), dst
+        raw = src.read_bytes()
     except OSError as e:
         raise CliError(f"cannot read {src}: {e.strerror or e}") from None
+    from tokenizers import Tokenizer
+
+    try:  # read now, as generate --prompt will: a malformed file is refused before the export, not after it
+        Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type (and UnicodeError)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CliError(
+            f"{src} is not a tokenizer the tokenizers library reads ({why}); fix or remove it before exporting"
+        ) from None
+    return raw, dst
 
 
 def add_commands(sub) -> None:

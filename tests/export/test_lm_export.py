@@ -441,6 +441,47 @@ def test_a_whole_export_refuses_a_tokenizer_path_it_cannot_write_before_exportin
     assert not (tmp_path / "m.onnx").exists()  # refused before the export (the folder has no weights either)
 
 
+@pytest.mark.parametrize("text", ["{", '{"model": 3}', "\udcff"], ids=["truncated", "no-model", "not-utf8"])
+def test_a_whole_export_refuses_a_malformed_tokenizer_before_exporting(tmp_path, capsys, text):
+    from cli.main import main
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(lm_cases.hf_config(DEFAULT).to_dict()))
+    (checkpoint / "tokenizer.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert main(["export", "--checkpoint", str(checkpoint), "--whole", "-o", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.json is not a tokenizer the tokenizers library reads" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "text, ids",
+    [
+        ("1,2,3", [1, 2, 3]),
+        ("1, 2", [1, 2]),
+        ("1 2", [1, 2]),
+        (" 7 ", [7]),
+        ("1,,2", None),
+        ("1,2,", None),
+        (",1", None),
+        ("", None),
+    ],
+)
+def test_prompt_ids_are_read_with_no_empty_place(tmp_path, text, ids):
+    import argparse
+
+    from cli.cmd_generate import _prompt_ids
+    from cli.common import CliError
+
+    args = argparse.Namespace(prompt=None, prompt_ids=text)
+    if ids is not None:
+        assert _prompt_ids(args, None, tmp_path) == ids
+    else:
+        with pytest.raises(CliError, match="--prompt-ids"):
+            _prompt_ids(args, None, tmp_path)
+
+
 @pytest.mark.slow
 def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypatch):
     folder = lm_cases.saved(DEFAULT, tmp_path)
