@@ -142,9 +142,9 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
         text = args.prompt_ids.strip()
         # "1,2", "1, 2" and "1 2" are lists; "1,,2" and "1,2," have an empty place, not a shorter list
         items = re.split(r"\s*,\s*|\s+", text) if text else []
+        if any(not p for p in items):
+            raise CliError(f"--prompt-ids {args.prompt_ids!r} has an empty place: give token ids separated by commas")
         try:
-            if any(not p for p in items):
-                raise ValueError(text)
             ids = [int(p) for p in items]
         except ValueError:
             raise CliError(f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas, e.g. 1,2") from None
