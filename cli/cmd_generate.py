@@ -206,7 +206,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         ensure_writable_parent(Path(args.json))
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
-    source = Path(args.source)
+    source = _source(args.source)
+    args.source = str(source)
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
         tok = _tokenizer(source)
@@ -306,6 +307,31 @@ def export_whole(args: argparse.Namespace) -> int:
         write_atomic(dst, lambda tmp: tmp.write_bytes(src))
         print(f"tokenizer: {Path(args.checkpoint) / 'tokenizer.json'} copied to {dst} (generate --prompt reads it)")
     return 0
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models"  # the checkpoints in the box (tiny-stdlib-llama)
+
+
+def _source(text: str) -> Path:
+    """generate's SOURCE as a path: as given when it exists; a shipped checkpoint's bare name (as `heads` takes
+    the tiny models' names) as its folder; else one line naming the closest folders and .onnx files."""
+    import difflib
+
+    given = Path(text)
+    if given.exists():
+        return given
+    shipped = SHIPPED / text
+    if given.name == text and (shipped / "config.json").is_file():
+        return shipped
+    near = {}
+    for folder in dict.fromkeys((given.parent, SHIPPED)):
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if (p.is_dir() and (p / "config.json").is_file()) or p.suffix == ".onnx":
+                    near.setdefault(p.name, str(p) if folder == given.parent else p.name)  # a bare name: taken above
+    close = difflib.get_close_matches(given.name, list(near), n=3, cutoff=0.6)
+    hint = f" (closest: {', '.join(near[c] for c in close)})" if close else ""
+    raise CliError(f"{text}: no such folder or file{hint}; give a checkpoint folder or a whole-model .onnx")
 
 
 def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] | None:
