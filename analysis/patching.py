@@ -242,7 +242,8 @@ def dates_experiment(
     writes the day's first digit, the logit of the clean digit minus that of the corrupt one."""
     from . import dates
 
-    what = f"{len(sources or [])} dates given (clean) against "
+    given = len(sources or [])
+    what = f"{given} date{'s' * (given != 1)} given (clean) against "
     what += "the corrupt ones given" if corrupt else "the day swapped"
     if sources is None:
         what = f"{n} held-out dates (seed {seed}, days 10-18 and 20-28) against the same dates with the day swapped"

@@ -30,7 +30,17 @@ from typing import Any
 import zoo
 
 from .decode_measure import transformers_static_why_not
-from .jobs import BASELINE, DECODE_EXPORTS, DECODE_PATHS, EAGER_DECODE_PATHS, STEPS, BenchError, Budget, Job
+from .jobs import (
+    BASELINE,
+    DECODE_EXPORTS,
+    DECODE_PATHS,
+    EAGER_DECODE_PATHS,
+    STEPS,
+    BenchError,
+    Budget,
+    Job,
+    refuse_broken_cuda,
+)
 from .machine import default_threads, machine_info, versions
 from .worker import measure
 
@@ -74,6 +84,8 @@ def benchmark_decode(
         raise BenchError(f"unknown precision(s) {bad}; choose from {', '.join(DECODE_PRECISIONS)}")
     if not spec.causal or spec.is_cross:
         raise BenchError(f"{name} is not causal self-attention ({spec.describe()}): it has no decode to measure")
+    eager = [p in EAGER_DECODE_PATHS for p in paths]
+    refuse_broken_cuda(provider, onnx=not all(eager), torch=any(eager))
     threads = threads or default_threads()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="attnzoo-bench-decode-") as tmp:

@@ -3,13 +3,25 @@
 
 Runs in llama-cpp-python's environment, loaded by bench/generate_peers.py from beside it: like that
 file it imports only the standard library at the top (numpy, safetensors, gguf and llama_cpp inside
-the functions), and nothing of attnzoo's.
+the functions), and of attnzoo's only the error root, where it is importable (GGUFError is then a
+zoo.AttnzooError; in llama-cpp-python's environment a plain ValueError).
 """
 
 from __future__ import annotations
 
 import json
 import os
+
+try:  # attnzoo's error root where attnzoo is importable (the bench's own process, the tests)
+    from zoo.errors import AttnzooError as _Root
+except ImportError:  # llama-cpp-python's environment: there the worker turns any exception into the row's error
+    _Root = Exception
+
+
+class GGUFError(_Root, ValueError):
+    """A checkpoint this writer cannot turn into llama.cpp's LLAMA model (an odd head_dim, a tensor with no
+    llama.cpp name, a config llama.cpp reads differently); the message names the value."""
+
 
 LLAMA_QUANT = {"int8": "Q8_0", "int4": "Q4_0"}  # llama_model_quantize from the F32 file, its default rules
 
@@ -24,7 +36,7 @@ def rope_interleave_order(heads: int, head_dim: int):
     import numpy as np
 
     if head_dim % 2:
-        raise ValueError(f"head_dim {head_dim} is odd: rotary needs pairs")
+        raise GGUFError(f"head_dim {head_dim} is odd: rotary needs pairs")
     half = head_dim // 2
     within = np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)  # 0, h, 1, h+1, ...
     return (np.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
@@ -87,7 +99,7 @@ def _gguf_name(hf: str) -> str | None:
         return top[hf]
     parts = hf.split(".")  # model.layers.N.<module>.<proj>.weight
     if len(parts) < 5 or parts[:2] != ["model", "layers"]:
-        raise ValueError(f"tensor {hf} has no llama.cpp name here")
+        raise GGUFError(f"tensor {hf} has no llama.cpp name here")
     block = {
         "input_layernorm": "attn_norm",
         "self_attn.q_proj": "attn_q",
@@ -103,7 +115,7 @@ def _gguf_name(hf: str) -> str | None:
     if module == "self_attn.rotary_emb":
         return None  # old checkpoints' inv_freq buffer: llama.cpp computes its own
     if module not in block or parts[-1] != "weight":
-        raise ValueError(f"tensor {hf} has no llama.cpp name here")
+        raise GGUFError(f"tensor {hf} has no llama.cpp name here")
     return f"blk.{parts[2]}.{block[module]}.weight"
 
 
@@ -115,7 +127,7 @@ def write_llama_gguf(folder: str, out: str) -> dict:
         config = json.load(f)
     why = _llama_refusal(config)
     if why:
-        raise ValueError(why)
+        raise GGUFError(why)
     heads, hidden = config["num_attention_heads"], config["hidden_size"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads

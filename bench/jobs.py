@@ -126,3 +126,20 @@ DECODE_EXPORTS = {
 }
 DEFAULT_PAST = (128, 1024, 4096, 16384)
 STEPS = 16  # single-token steps per timed call
+
+
+def refuse_broken_cuda(provider: str, *, onnx: bool, torch: bool) -> None:
+    """provider="cuda" where the paths asked for cannot run on CUDA here: one BenchError before any export
+    or worker starts (onnx: some path runs under ONNX Runtime; torch: some path runs in eager torch)."""
+    if provider != "cuda":
+        return
+    from runtime.providers import cuda_status
+
+    ok, why = cuda_status()
+    if not ok and onnx:
+        raise BenchError(f"--provider cuda: {why}")
+    if torch:
+        import torch as _torch
+
+        if not _torch.cuda.is_available():
+            raise BenchError("--provider cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")

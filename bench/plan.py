@@ -26,6 +26,7 @@ from .jobs import (
     BenchError,
     Budget,
     Job,
+    refuse_broken_cuda,
 )
 from .machine import default_threads, machine_info, versions
 from .measure import identity_model
@@ -302,16 +303,9 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
         raise BenchError(f"dtype={dtype!r} is not float32 or float16")
     if provider not in ROOFLINE_SIZE:
         raise BenchError(f"provider={provider!r} is not cpu or cuda")
-    if provider == "cuda":
-        import torch
-
-        from runtime.session import cuda_status
-
-        ok, why = cuda_status()
-        if not ok and any(p in LOWERING_OF for p in paths):
-            raise BenchError(f"--provider cuda: {why}")
-        if not torch.cuda.is_available() and any(p not in LOWERING_OF for p in paths):
-            raise BenchError("--provider cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    refuse_broken_cuda(
+        provider, onnx=any(p in LOWERING_OF for p in paths), torch=any(p not in LOWERING_OF for p in paths)
+    )
 
 
 def _rows(spec: zoo.AttentionSpec, shapes, cells, exports, measured, roofline, provider) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -168,8 +169,13 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     if args.prompt is None and args.prompt_ids is None:
         raise CliError("give the prompt: --prompt TEXT (needs a tokenizer.json) or --prompt-ids 1,2,3")
     if args.prompt_ids is not None:
+        text = args.prompt_ids.strip()
+        # "1,2", "1, 2" and "1 2" are lists; "1,,2" and "1,2," have an empty place, not a shorter list
+        items = re.split(r"\s*,\s*|\s+", text) if text else []
+        if any(not p for p in items):
+            raise CliError(f"--prompt-ids {args.prompt_ids!r} has an empty place: give token ids separated by commas")
         try:
-            ids = [int(p) for p in args.prompt_ids.replace(",", " ").split()]
+            ids = [int(p) for p in items]
         except ValueError:
             raise CliError(f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas, e.g. 1,2") from None
         if not ids or any(i < 0 for i in ids):
@@ -241,8 +247,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         key = _export_key(source, args.precision, None) if source.is_dir() else ""
         cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
         return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
-    if not source.exists():
-        raise CliError(f"{args.source}: no such folder or file; give a checkpoint folder or a whole-model .onnx")
+    source = _source(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
+    args.source = str(source)
     config = None
     if source.is_dir():
         _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
@@ -393,6 +399,31 @@ def export_whole(args: argparse.Namespace) -> int:
     return 0
 
 
+SHIPPED = Path(__file__).resolve().parent.parent / "models"  # the checkpoints in the box (tiny-stdlib-llama)
+
+
+def _source(text: str) -> Path:
+    """generate's SOURCE as a path: as given when it exists; a shipped checkpoint's bare name (as `heads` takes
+    the tiny models' names) as its folder; else one line naming the closest folders and .onnx files."""
+    import difflib
+
+    given = Path(text)
+    if given.exists():
+        return given
+    shipped = SHIPPED / text
+    if given.name == text and (shipped / "config.json").is_file():
+        return shipped
+    near = {}
+    for folder in dict.fromkeys((given.parent, SHIPPED)):
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if (p.is_dir() and (p / "config.json").is_file()) or p.suffix == ".onnx":
+                    near.setdefault(p.name, str(p) if folder == given.parent else p.name)  # a bare name: taken above
+    close = difflib.get_close_matches(given.name, list(near), n=3, cutoff=0.6)
+    hint = f" (closest: {', '.join(near[c] for c in close)})" if close else ""
+    raise CliError(f"{text}: no such folder or file{hint}; give a checkpoint folder or a whole-model .onnx")
+
+
 def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] | None:
     """(the checkpoint's tokenizer.json, where its export's copy goes), checked before the export so that
     nothing fails after it; None where the checkpoint has none or the export goes to a device or pipe.
@@ -405,9 +436,19 @@ def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] 
     dst = tokenizer_beside(onnx_path)
     resolve_output(dst)  # a folder or a dangling link there: refused now, in one line
     try:
-        return src.read_bytes(), dst
+        raw = src.read_bytes()
     except OSError as e:
         raise CliError(f"cannot read {src}: {e.strerror or e}") from None
+    from tokenizers import Tokenizer
+
+    try:  # read now, as generate --prompt will: a malformed file is refused before the export, not after it
+        Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type (and UnicodeError)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CliError(
+            f"{src} is not a tokenizer the tokenizers library reads ({why}); fix or remove it before exporting"
+        ) from None
+    return raw, dst
 
 
 def add_commands(sub) -> None:

@@ -73,7 +73,17 @@ class _Parser(argparse.ArgumentParser):
     commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str):  # type: ignore[override]
+        m = _INVALID_COMMAND.match(message)
+        if m and getattr(self, "commands", None):  # a mistyped command: the closest ones, not the whole list
+            import difflib
+
+            close = difflib.get_close_matches(m.group(1), list(self.commands), n=3, cutoff=0.6)
+            if close:
+                message = f"no command {m.group(1)!r}; did you mean {' or '.join(close)}?"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_INVALID_COMMAND = re.compile(r"argument COMMAND: invalid choice: '([^']*)'")
 
 
 def _one_line(e: BaseException) -> str:

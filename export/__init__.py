@@ -22,6 +22,7 @@ _LAZY = {
     "ExportError": "export.errors",
     "OnnxSession": "runtime.session",
     "SessionError": "runtime.providers",
+    "RunError": "runtime.providers",
     "cuda_status": "runtime.providers",
     "run_parity": "parity.matrix",  # parity stands above export: imported by name, on first use
 }

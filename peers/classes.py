@@ -25,13 +25,11 @@ from .checks import (
     falcon_kv,
     falcon_layout,
     fixed_rope,
-    flag,
     llama4_fields,
     mpt_slopes,
     t5_bias,
     t5_context,
 )
-from .latent import LatentRow
 from .rows import Check, Row
 
 
@@ -427,95 +425,4 @@ ROWS: tuple[Row, ...] = (
         scale="scale",
     ),
 )
-
-# latent attention (peers/latent.py reads and writes these; MiniCPM3 rotates halves, DeepSeek-V2 adjacent pairs,
-# DeepSeek-V3 as its config's rope_interleave says)
-DEEPSEEK_V3 = Row(
-    family="DeepSeek-V3",
-    cls="DeepseekV3Attention",
-    covers="the whole module (multi-head latent attention, its decoupled rotary key and causal mask)",
-    out="o_proj",
-    h="num_heads",
-    g=None,
-    d="qk_head_dim",
-    rope="full",
-    latent=LatentRow("rope_interleave"),
-)
-ROWS += (
-    DEEPSEEK_V3,
-    _like(DEEPSEEK_V3, family="DeepSeek-V2", cls="DeepseekV2Attention", latent=LatentRow(True)),
-    _like(DEEPSEEK_V3, family="MiniCPM3", cls="MiniCPM3Attention", latent=LatentRow(False)),
-)
-
-# refused as a whole, measured: read as plain attention with its q/k/v/o projections, a tiny random DiffLlama's
-# second layer misses its module by 5.6 (outputs up to 2.5), so nothing short of its own modifier would do
-ROWS += (
-    Row(
-        family="DiffLlama",
-        cls="DiffLlamaAttention",
-        refused="differential attention: each output head pair is (softmax(Q_r K^T) - lambda * softmax(Q_r' K^T)) V "
-        "over both value halves, lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init(layer), then a weightless "
-        "RMSNorm over the pair's 2 * head_dim and a factor 1 - lambda_init; the zoo's block has one softmax per head "
-        "and nothing between the heads' Z and W_O (as plain attention with its projections it misses by 5.6 on outputs "
-        "up to 2.5, measured on a tiny random model)",
-    ),
-)
-
-# attention sinks (zoo/modifiers/sinks.py): gpt-oss's learned softmax logit per head, alternating sliding and full
-# layers (layer_types), biases on all four projections, yarn-scaled rotary on halves
-# (its module is causal whatever use_bidirectional_attention says: no check)
-ROWS += (_like(LLAMA, family="gpt-oss", cls="GptOssAttention", window=SLIDING, sinks="sinks", checks=()),)
-
-
-# Copies under new class names: the same module as the row they copy (checked by a parity case each,
-# tests/hf_cases_copies.py), and the attention layers of hybrid models beside their state-space layers.
-COPIES: tuple[Row, ...] = (
-    _like(LLAMA, family="Arcee", cls="ArceeAttention"),
-    _like(LLAMA, family="Seed-OSS", cls="SeedOssAttention"),
-    _like(LLAMA, family="PhiMoE", cls="PhimoeAttention", window="config.sliding_window?"),
-    _like(LLAMA, family="Granite-MoE", cls="GraniteMoeAttention"),
-    _like(LLAMA, family="Granite-MoE-Shared", cls="GraniteMoeSharedAttention"),
-    _like(LLAMA, family="GLM-4", cls="Glm4Attention", rope="partial", rope_interleaved=True),
-    _like(LLAMA, family="Qwen3-MoE", cls="Qwen3MoeAttention", qk_norm="head", window=SLIDING),
-    _like(LLAMA, family="Dots1", cls="Dots1Attention", qk_norm="head", window=SLIDING),
-    _like(LLAMA, family="Apertus", cls="ApertusAttention", qk_norm="head"),
-    _like(
-        LLAMA,
-        family="OLMoE",
-        cls="OlmoeAttention",
-        qk_norm="full",
-        checks=(
-            BIDIRECTIONAL,
-            flag(
-                "clip_qkv",
-                "OLMoE clamps Q, K, V after its QK-norm; the zoo clamps before",
-                is_set=lambda v: v is not None,  # 0.0 clamps everything to 0
-            ),
-        ),
-    ),
-    _like(LLAMA, family="OLMo-3", cls="Olmo3Attention", qk_norm="full", window=SLIDING),
-    _like(LLAMA, family="VaultGemma", cls="VaultGemmaAttention", softcap="attn_logit_softcapping", window=SLIDING),
-    _like(LLAMA, family="ERNIE-4.5", cls="Ernie4_5Attention", rope_interleaved=True),
-    _like(LLAMA, family="ERNIE-4.5-MoE", cls="Ernie4_5_MoeAttention", rope_interleaved=True),
-    _like(LLAMA, family="FlexOlmo", cls="FlexOlmoAttention", qk_norm="full"),
-    _like(
-        LLAMA,
-        family="GLM-4-MoE",
-        cls="Glm4MoeAttention",
-        rope="partial",
-        qk_norm="head",  # use_qk_norm: RMSNorm over head_dim, one weight shared by the heads, before the rotary
-        qk_norm_if="config.use_qk_norm?",
-    ),
-    _like(LLAMA, family="Jais-2", cls="Jais2Attention"),
-    _like(LLAMA, family="CWM", cls="CwmAttention", window=SLIDING),
-    _like(
-        LLAMA,
-        family="EXAONE-MoE",
-        cls="ExaoneMoeAttention",
-        qk_norm="head",
-        rope_if=lambda m: m.sliding_window is None or m.is_sliding,  # as EXAONE-4: global layers NoPE
-        window=lambda m: m.sliding_window if m.is_sliding else None,
-    ),
-)
-ROWS = ROWS + COPIES
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}

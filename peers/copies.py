@@ -1,8 +1,9 @@
 """More copies under new class names, the attention layers of hybrid models, and the whole family table.
 
-`peers.classes` holds the family rows and the first copies; this module adds the copies found since (each
-module's math checked against transformers' source and proved by a parity case in tests/hf_cases_copies.py)
-and assembles the table every reader uses: `ROWS` and `BY_CLASS`.
+`peers.classes` holds the family rows, `peers.special_rows` the latent, sinks and differential ones; this module
+holds the copies (the first ones, `COPIES`, then those found since; each module's math checked against
+transformers' source and proved by a parity case in tests/hf_cases_copies.py) and assembles the table every
+reader uses: `ROWS` and `BY_CLASS`.
 
 Hybrid models (Jamba, Bamba, Falcon-H1, Nemotron-H, LFM2, Granite-MoE-Hybrid, OLMo-Hybrid, MiniMax) interleave
 ordinary attention layers with state-space, short-convolution or linear-attention layers. Their attention
@@ -15,11 +16,63 @@ from __future__ import annotations
 
 from torch import nn
 
-from .checks import flag
-from .classes import BART, BERT, DEEPSEEK_V3, LLAMA, SLIDING, _like
+from .checks import BIDIRECTIONAL, flag
+from .classes import BART, BERT, LLAMA, SLIDING, _like
 from .classes import BY_CLASS as FAMILY_BY_CLASS
 from .classes import ROWS as FAMILY_ROWS
 from .rows import Check, Row
+from .special_rows import DEEPSEEK_V3, SPECIAL_ROWS
+
+# Copies under new class names: the same module as the row they copy (checked by a parity case each,
+# tests/hf_cases_copies.py), and the attention layers of hybrid models beside their state-space layers.
+COPIES: tuple[Row, ...] = (
+    _like(LLAMA, family="Arcee", cls="ArceeAttention"),
+    _like(LLAMA, family="Seed-OSS", cls="SeedOssAttention"),
+    _like(LLAMA, family="PhiMoE", cls="PhimoeAttention", window="config.sliding_window?"),
+    _like(LLAMA, family="Granite-MoE", cls="GraniteMoeAttention"),
+    _like(LLAMA, family="Granite-MoE-Shared", cls="GraniteMoeSharedAttention"),
+    _like(LLAMA, family="GLM-4", cls="Glm4Attention", rope="partial", rope_interleaved=True),
+    _like(LLAMA, family="Qwen3-MoE", cls="Qwen3MoeAttention", qk_norm="head", window=SLIDING),
+    _like(LLAMA, family="Dots1", cls="Dots1Attention", qk_norm="head", window=SLIDING),
+    _like(LLAMA, family="Apertus", cls="ApertusAttention", qk_norm="head"),
+    _like(
+        LLAMA,
+        family="OLMoE",
+        cls="OlmoeAttention",
+        qk_norm="full",
+        checks=(
+            BIDIRECTIONAL,
+            flag(
+                "clip_qkv",
+                "OLMoE clamps Q, K, V after its QK-norm; the zoo clamps before",
+                is_set=lambda v: v is not None,  # 0.0 clamps everything to 0
+            ),
+        ),
+    ),
+    _like(LLAMA, family="OLMo-3", cls="Olmo3Attention", qk_norm="full", window=SLIDING),
+    _like(LLAMA, family="VaultGemma", cls="VaultGemmaAttention", softcap="attn_logit_softcapping", window=SLIDING),
+    _like(LLAMA, family="ERNIE-4.5", cls="Ernie4_5Attention", rope_interleaved=True),
+    _like(LLAMA, family="ERNIE-4.5-MoE", cls="Ernie4_5_MoeAttention", rope_interleaved=True),
+    _like(LLAMA, family="FlexOlmo", cls="FlexOlmoAttention", qk_norm="full"),
+    _like(
+        LLAMA,
+        family="GLM-4-MoE",
+        cls="Glm4MoeAttention",
+        rope="partial",
+        qk_norm="head",  # use_qk_norm: RMSNorm over head_dim, one weight shared by the heads, before the rotary
+        qk_norm_if="config.use_qk_norm?",
+    ),
+    _like(LLAMA, family="Jais-2", cls="Jais2Attention"),
+    _like(LLAMA, family="CWM", cls="CwmAttention", window=SLIDING),
+    _like(
+        LLAMA,
+        family="EXAONE-MoE",
+        cls="ExaoneMoeAttention",
+        qk_norm="head",
+        rope_if=lambda m: m.sliding_window is None or m.is_sliding,  # as EXAONE-4: global layers NoPE
+        window=lambda m: m.sliding_window if m.is_sliding else None,
+    ),
+)
 
 # -- LLaMA-style copies ----------------------------------------------------------------------------
 _LLAMA_COPIES: tuple[Row, ...] = (
@@ -204,7 +257,7 @@ _SINKS: tuple[Row, ...] = (
 )
 
 MORE_COPIES: tuple[Row, ...] = _LLAMA_COPIES + _HYBRID_ROWS + _ENCODER_COPIES + _WRAPPERS + _SINKS
-ROWS: tuple[Row, ...] = FAMILY_ROWS + MORE_COPIES
+ROWS: tuple[Row, ...] = FAMILY_ROWS + SPECIAL_ROWS + COPIES + MORE_COPIES
 BY_CLASS: dict[str, Row] = {row.cls: row for row in ROWS}
 
 __all__ = ["BY_CLASS", "MORE_COPIES", "ROWS", "STATE_SPACE"]

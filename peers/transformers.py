@@ -2,7 +2,7 @@
 
 `from_hf` reads one transformers attention module (and its `config`) and returns a zoo block
 that computes the same function, weights copied; `to_hf` writes a block's weights back into a
-module of the same shape. Each class is one row of the family table (`peers.classes.ROWS`, read by
+module of the same shape. Each class is one row of the family table (`peers.copies.ROWS`, read by
 `peers.rows.read` / `peers.rows.write`); anything the zoo cannot express exactly (a rope scaling type,
 a LayerNorm on Q/K, bidirectional Gemma-2, BERT's and GPT-2's cross-attention) is refused with an
 `HFConversionError` naming it.

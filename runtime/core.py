@@ -28,6 +28,7 @@ from .providers import (
     device_of,
     ort,
     providers_for,
+    run_failure,
     session_options,
 )
 from .tensors import is_tensor, torch_dtype
@@ -242,7 +243,10 @@ class RuntimeSession:
 
     def run_with_iobinding(self, binding) -> None:
         """Run with a binding from new_binding(); the outputs stay where they were bound."""
-        self._sess.run_with_iobinding(binding)
+        try:
+            self._sess.run_with_iobinding(binding)
+        except Exception as e:  # noqa: BLE001 - ORT's own exception types
+            raise run_failure(e, self.path.name, self.provider) from e
 
     def end_profiling(self) -> str:
         """The path of the profile of a session opened with profile=True (ONNX Runtime's JSON trace)."""
@@ -252,11 +256,7 @@ class RuntimeSession:
         try:
             return self._sess.run(self._outputs, arrays)
         except Exception as e:  # noqa: BLE001 - ORT's own exception types
-            text = str(e)
-            if "allocate" in text.lower() or "bad_alloc" in text.lower():
-                first = text.strip().splitlines()[0][:200]
-                raise zoo.ResourceError(f"ONNX Runtime ran out of memory running {self.path.name}: {first}") from e
-            raise
+            raise run_failure(e, self.path.name, self.provider) from e
 
     def _run_bound(self, feeds: dict[str, Any]) -> list[Any]:
         """IO binding over torch storage (feeds are torch tensors): no host round trip for CUDA tensors."""
@@ -287,7 +287,7 @@ class RuntimeSession:
         if device == "cuda":
             # ORT computes on its own stream: the inputs torch just wrote must be ready first.
             torch.cuda.current_stream().synchronize()
-        self._sess.run_with_iobinding(binding)
+        self.run_with_iobinding(binding)
         del keep
         return outs
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import zoo
+from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
@@ -54,15 +55,7 @@ def _as_ids(sess: RuntimeSession, input_ids) -> np.ndarray:
             f"input_ids must be a (batch, tokens) integer tensor or array, got {what} "
             f"of shape {getattr(input_ids, 'shape', '?')}"
         )
-    b, t = input_ids.shape
-    if b < 1 or t < 1:
-        raise zoo.InputError(f"input_ids of shape {input_ids.shape} is empty; give at least one token per row")
-    vocab = lm_vocab(sess)
-    bad = (input_ids < 0) | (input_ids >= vocab)
-    if bad.any():
-        raise zoo.InputError(
-            f"token id {int(input_ids[bad][0])} is outside this model's vocabulary of {vocab} (0..{vocab - 1})"
-        )
+    check_token_ids(input_ids, lm_vocab(sess))
     return np.ascontiguousarray(input_ids, np.int64)
 
 
@@ -116,11 +109,6 @@ def prefill_chunk(sess: RuntimeSession, rows: int, t: int) -> int:
     return PREFILL_CHUNK if rows == 1 and (longest is None or t <= longest) else t
 
 
-def _check_count(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise zoo.ArgumentError(f"{name}={value!r} must be an int >= {low}")
-
-
 def generation_defaults(sess: RuntimeSession) -> dict:
     """The checkpoint's generation_config.json as its export recorded it (attnzoo.generation_config), or {}."""
     raw = sess.metadata.get("attnzoo.generation_config")
@@ -154,15 +142,15 @@ class Generation:
         self.sess = sess
         self.as_torch = is_tensor(input_ids)
         self.ids = _as_ids(sess, input_ids)
-        _check_count("max_new_tokens", max_new_tokens, 1)
-        self.max_new_tokens = max_new_tokens
+        vocab = lm_vocab(sess)
+        self.max_new_tokens = max_new_tokens = new_token_count(max_new_tokens)
         config = generation_defaults(sess) if generation_config is None else generation_config
         if not isinstance(config, dict):
             raise zoo.InputTypeError(f"generation_config must be a dict (a generation_config.json), got {config!r}")
         self.eos = eos_ids(config.get("eos_token_id") if eos_token_id is None else eos_token_id)
-        pad = config.get("pad_token_id") if pad_token_id is None else pad_token_id
-        if pad is not None:
-            _check_count("pad_token_id", pad, 0)
+        for e in self.eos:
+            token_id(e, vocab, "eos_token_id")
+        pad = token_id(config.get("pad_token_id") if pad_token_id is None else pad_token_id, vocab, "pad_token_id")
         self.pad = pad if pad is not None else (self.eos[0] if self.eos else None)
         if max_time is not None and (
             isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time <= 0
@@ -185,6 +173,7 @@ class Generation:
         self.pieces = [""] * b if self.rows else None
         self.made = 0
         self.timings: dict = {}
+        self.n = self._room()  # before anything of the call's size is allocated
         self._out = np.empty((b, self.ids.shape[1] + max_new_tokens), np.int64)
         self._out[:, : self.ids.shape[1]] = self.ids
 
@@ -192,12 +181,31 @@ class Generation:
         am = self.mask
         if am is None:
             return None
-        am = am.detach().cpu().numpy() if is_tensor(am) else np.asarray(am)
-        if am.shape != self.ids.shape:
-            raise zoo.InputError(f"attention_mask has shape {am.shape}; it must be (batch, tokens) = {self.ids.shape}")
-        if not am.astype(bool)[:, -1].all():
-            raise zoo.InputError("attention_mask: pad on the left (every row's last prompt token must be real)")
-        return am.astype(bool)
+        am = am.detach().cpu().numpy() if is_tensor(am) else am
+        return left_padded_mask(am, self.ids.shape)  # zoo.generation_inputs: the one rule for every generate
+
+    def _room(self) -> int:
+        """The cache positions n this call binds, checked against the export's max_len and the memory
+        free (the cache, the key mask and the tokens out) before any of them is allocated."""
+        sess, (b, t), max_new_tokens = self.sess, self.ids.shape, self.max_new_tokens
+        need = positions_needed(t, max_new_tokens)
+        cap = lm_max_len(sess)
+        if cap is not None and need > cap:
+            raise zoo.ArgumentError(
+                f"a prompt of {t} token{'s' * (t != 1)} and {max_new_tokens} new ones write {need} cache positions "
+                f"(the last new token is not fed back), past this export's max_len {cap}: export it with "
+                f"max_len={need} (CLI: --max-len {need}) or more"
+            )
+        n = -(-need // ROUND) * ROUND
+        n = min(n, cap) if cap is not None else n
+        from zoo.limits import check_fits
+
+        prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
+        buffers = [ins for ins in sess._sess.get_inputs() if ins.name.startswith(prefix)]
+        need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for x in buffers)
+        need_bytes += b * n + b * (t + max_new_tokens) * 8  # the key mask and the tokens out
+        check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
+        return n
 
     @property
     def tokens(self):
@@ -214,26 +222,13 @@ class Generation:
 
         sess, ids, max_new_tokens = self.sess, self.ids, self.max_new_tokens
         b, t = ids.shape
-        need = positions_needed(t, max_new_tokens)
-        cap = lm_max_len(sess)
-        if cap is not None and need > cap:
-            raise zoo.ArgumentError(
-                f"a prompt of {t} token{'s' * (t != 1)} and {max_new_tokens} new ones write {need} cache positions "
-                f"(the last new token is not fed back), past this export's max_len {cap}: export it with "
-                f"max_len={need} (CLI: --max-len {need}) or more"
-            )
-        n = -(-need // ROUND) * ROUND
-        n = min(n, cap) if cap is not None else n
+        n = self.n
         key_mask = np.ones((b, n), np.bool_)
         prompt_mask = self._prompt_mask()
         if prompt_mask is not None:
             key_mask[:, :t] = prompt_mask
-        from zoo.limits import check_fits
-
         prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
         buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith(prefix)]
-        need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for _, x in buffers)
-        check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
 
         binding = sess.new_binding()
         keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop

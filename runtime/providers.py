@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,48 @@ CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 
 class SessionError(zoo.AttnzooError, RuntimeError):
     """The model cannot be loaded, or the asked-for provider does not really work here."""
+
+
+class RunError(zoo.AttnzooError, RuntimeError):
+    """ONNX Runtime failed inside a node while running a model whose inputs passed attnzoo's checks; the
+    message names the node and what to try, `detail` keeps ONNX Runtime's full text (CLI: --verbose)."""
+
+    detail: str = ""
+
+
+# "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. Name:'split'
+# Status Message: /src/.../reshape_helper.h:84 onnxruntime::ReshapeHelper::...(...) cond was false. Why"
+_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?", re.S)
+_SOURCE = re.compile(r"^\S+\.(?:h|cc|cpp|cu|cuh):\d+ .*?\)\s+")  # the C++ file, line and function
+
+
+def run_failure(e: BaseException, what: str, provider: str) -> zoo.AttnzooError:
+    """The one-line refusal for an exception ONNX Runtime raised while running `what` (a file's name):
+    zoo.ResourceError for an allocation failure, else RunError naming the node, its operator and why."""
+    text = str(e).strip()
+    if "allocate" in text.lower() or "bad_alloc" in text.lower():
+        first = text.splitlines()[0][:200] if text else type(e).__name__
+        return zoo.ResourceError(f"ONNX Runtime ran out of memory running {what}: {first}")
+    m = _NODE.search(text)
+    if m:
+        op, node, status = m.group(1), m.group(2), (m.group(3) or "").strip()
+        status = status.splitlines()[0] if status else ""
+        if _SOURCE.match(status):  # an ORT_ENFORCE: the source place, the function, the condition, the reason
+            parts = status.split(" was false. ", 1)
+            status = parts[1] if len(parts) == 2 else _SOURCE.sub("", status)
+        status = status.strip().rstrip(".")
+        where = f"in node {node or '(unnamed)'} ({op})"
+    else:
+        status = (text.splitlines()[0] if text else type(e).__name__).removeprefix("[ONNXRuntimeError] : ")
+        where = ""
+    other = "run it with provider='cpu', or " if provider == "cuda" else ""
+    err = RunError(
+        f"ONNX Runtime failed {where + ' ' if where else ''}running {what} on {provider}: {status[:300]}; "
+        f"the inputs passed attnzoo's checks, so this graph cannot run them here: {other}export it again "
+        f"with lowering='decomposed', and report it with ONNX Runtime's full text"
+    )
+    err.detail = text
+    return err
 
 
 def ort():
@@ -120,7 +163,9 @@ def session_options(threads: int | None, *, profile: bool, spin: bool = False):
     """ONNX Runtime's options for a session: quiet logs, `threads` intra-op threads (None: ORT's
     default), idle threads that yield unless `spin`, and profiling to a temp file when asked."""
     opts = ort().SessionOptions()
-    opts.log_severity_level = 3
+    # Fatal only: a failing node's error is raised to us (RunError says it in one line, --verbose in full),
+    # and its duplicate in ORT's log would be a second, colored copy on stderr.
+    opts.log_severity_level = 4
     # Idle ORT threads spin by default, stealing the cores torch (or a second session) in the
     # same process needs; measured no slower for a block alone, faster when they alternate. A
     # generation loop is ORT alone, step after step, each step ~150 small nodes: there spinning
@@ -135,6 +180,7 @@ def session_options(threads: int | None, *, profile: bool, spin: bool = False):
 
 
 __all__ = [
+    "RunError",
     "SessionError",
     "announce",
     "TF32_TOLERANCE",
@@ -144,5 +190,6 @@ __all__ = [
     "device_of",
     "ort",
     "providers_for",
+    "run_failure",
     "session_options",
 ]

@@ -29,7 +29,7 @@ from .replica import (
     request_path,
     timing_headers,
 )
-from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError
+from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError, generate_body_limit
 
 
 class GenerateServer:
@@ -66,6 +66,9 @@ class GenerateServer:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
         self.sess = open_session(files, provider, threads, tf32)
+        vocab = GenInfo.of(self.sess).vocab
+        # No more than the largest valid generation request can need (a block's arrays can need far more).
+        max_body = min(max_body, generate_body_limit(vocab, max_tokens))
         self.info = GenInfo.of(
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoo import AttnzooError
+from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 
 from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError
 
@@ -106,15 +107,15 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
         raise RequestError(f"unknown field(s) {extra}; a {GEN_ROUTE} request has {', '.join(GEN_FIELDS)}")
     if doc.get("input_ids") is None:
         raise RequestError("input_ids is required: a list of token ids, or a list of rows of them")
-    ids = _ids(doc["input_ids"], "input_ids")
+    ids = _ids(doc["input_ids"], "input_ids", info.vocab)
     squeeze = ids.ndim == 1
     ids = ids[None] if squeeze else ids
     if ids.ndim != 2 or 0 in ids.shape:
         raise RequestError(f"input_ids has shape {ids.shape}; send a non-empty list of ids or of equal-length rows")
     rows, t = ids.shape
-    new = _count(doc.get("max_new_tokens"), "max_new_tokens", required=True)
-    if new < 1:
-        raise RequestError(f"max_new_tokens={new} must be at least 1")
+    if doc.get("max_new_tokens") is None:
+        raise RequestError("max_new_tokens is required: how many tokens to generate, e.g. 16")
+    new = _shared(new_token_count, doc["max_new_tokens"])
     if new > info.max_new_tokens:
         raise RequestError(
             f"max_new_tokens={new}; this server generates at most {info.max_new_tokens} per request "
@@ -135,14 +136,8 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
             f"max_len {info.max_len} (GET /metadata: the export's --max-len, or --capacity when batching continuously)",
             413,
         )
-    bad = (ids < 0) | (ids >= info.vocab)
-    if bad.any():
-        raise RequestError(
-            f"token id {int(ids[bad][0])} is outside this model's vocabulary of {info.vocab} (0..{info.vocab - 1})"
-        )
-    eos = _count(doc.get("eos_token_id"), "eos_token_id", required=False)
-    if eos is not None and not 0 <= eos < info.vocab:
-        raise RequestError(f"eos_token_id={eos} is outside this model's vocabulary of {info.vocab}")
+    _shared(check_token_ids, ids, info.vocab)
+    eos = _shared(token_id, doc.get("eos_token_id"), info.vocab, "eos_token_id")
     mask = None
     if doc.get("attention_mask") is not None:
         mask = _mask(doc["attention_mask"], squeeze, (rows, t))
@@ -151,9 +146,23 @@ def decode_generate_request(body: bytes, content_type: str, info: GenInfo) -> Ge
     )
 
 
-def _ids(value, name: str) -> np.ndarray:
+def _shared(check, *args):
+    """A check of zoo.generation_inputs (the rule eager and ONNX generate follow too), its refusal a 400."""
+    try:
+        return check(*args)
+    except AttnzooError as e:
+        raise RequestError(str(e)) from None
+
+
+def _ids(value, name: str, vocab: int) -> np.ndarray:
     if not isinstance(value, list):
         raise RequestError(f"{name} is a {type(value).__name__}; send a list of token ids (integers)")
+    for row in value:  # JSON's true/false would read as ids 1/0, and a 20-digit id would not fit int64
+        for v in row if isinstance(row, list) else (row,):
+            if isinstance(v, bool):
+                raise RequestError(f"{name} holds {str(v).lower()}; token ids are integers")
+            if isinstance(v, int) and not 0 <= v < vocab:
+                raise RequestError(f"token id {v} is outside this model's vocabulary of {vocab} (0..{vocab - 1})")
     try:
         arr = np.asarray(value)
     except (ValueError, OverflowError):
@@ -167,16 +176,6 @@ def _ids(value, name: str) -> np.ndarray:
     return arr
 
 
-def _count(value, name: str, *, required: bool) -> int | None:
-    if value is None:
-        if required:
-            raise RequestError(f"{name} is required: how many tokens to generate, e.g. 16")
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"{name}={value!r} must be an integer")
-    return value
-
-
 def _mask(value, squeeze: bool, shape: tuple[int, int]) -> np.ndarray:
     if not isinstance(value, list):
         raise RequestError(f"attention_mask is a {type(value).__name__}; send a list of 0/1 like input_ids")
@@ -185,14 +184,7 @@ def _mask(value, squeeze: bool, shape: tuple[int, int]) -> np.ndarray:
     except (ValueError, OverflowError):
         raise RequestError("attention_mask is a ragged list; it must be input_ids' shape") from None
     arr = arr[None] if squeeze and arr.ndim == 1 else arr
-    if arr.shape != shape:
-        raise RequestError(f"attention_mask has shape {arr.shape}; it must be input_ids' shape {shape}")
-    if arr.dtype.kind not in "biu" or not np.isin(arr, (0, 1)).all():
-        raise RequestError("attention_mask holds values other than 0 and 1 (1 = a real token)")
-    arr = arr.astype(bool)
-    if not arr[:, -1].all():
-        raise RequestError("attention_mask: pad on the left (every row's last token must be real)")
-    return arr
+    return _shared(left_padded_mask, arr, shape)
 
 
 def encode_tokens(item: GenItem, tokens: np.ndarray) -> bytes:

@@ -95,15 +95,33 @@ def answer_get(path: str, meta: dict, replica: str, post: str):
 
 async def read_body(request, max_body: int) -> bytes:
     """The request's body, refused (413) past max_body bytes: first by its declared length, before
-    reading (a bad header: the body's own length decides), then by the length read."""
+    reading (a bad header: the body's own length decides), then as it arrives, never read past the limit.
+    A body that does not arrive in time (schema.BODY_SECONDS + its size at BODY_RATE) is a 408."""
+    import asyncio
+
+    from . import schema
+
     declared = request.headers.get("content-length") or "0"
     size = int(declared) if declared.isdigit() else 0
     if size > max_body:
         raise RequestError(f"the body is {size} bytes; this server takes at most {max_body}", 413)
-    body = await request.body()
-    if len(body) > max_body:
-        raise RequestError(f"the body is {len(body)} bytes; this server takes at most {max_body}", 413)
-    return body
+    allowed = schema.BODY_SECONDS + (size or max_body) / schema.BODY_RATE
+    try:
+        return await asyncio.wait_for(_read_within(request, max_body), allowed)
+    except asyncio.TimeoutError:
+        raise RequestError(
+            f"the body did not arrive within {allowed:.0f} s ({size} bytes declared); send it whole, at once", 408
+        ) from None
+
+
+async def _read_within(request, max_body: int) -> bytes:
+    parts, got = [], 0
+    async for chunk in request.stream():
+        got += len(chunk)
+        if got > max_body:
+            raise RequestError(f"the body is over {max_body} bytes; this server takes at most {max_body}", 413)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def timing_headers(timing: dict, replica: str) -> dict[str, str]:

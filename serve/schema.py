@@ -18,6 +18,23 @@ FIELDS = ("x", "context", "mask", "head_mask", "past_key", "past_value", "key_ma
 DECODE_FIELDS = ("past_key", "past_value", "key_mask")
 DEFAULT_MAX_TOKENS = 65_536  # b*t per request; 64 x 1024 is a large but sane single request
 DEFAULT_MAX_BODY = 256 * 2**20
+# A body must arrive within BODY_SECONDS plus a second per BODY_RATE bytes it declares (its limit when it
+# declares none): a client that sends part of a body and stalls gives its slot back (408), so stalled
+# uploads cannot hold every one of a replica's max_ongoing_requests.
+BODY_SECONDS = 10.0
+BODY_RATE = 2**20  # bytes a second: slower than any link a request is sent over
+
+
+def generate_body_limit(vocab: int, max_tokens: int) -> int:
+    """The largest body a valid POST /generate can need: at most max_tokens ids, each written in full with
+    its attention_mask entry as `false`, each with a separator, a line break and 10 spaces of indentation
+    (json.dumps(..., indent=2) writes 6), plus 64 KiB of brackets and field names. (65,536 positions of a
+    32,000-token vocabulary: 2.2 MB; not the block server's DEFAULT_MAX_BODY, 256 MiB, which a JSON parser
+    takes seconds and gigabytes to refuse.)"""
+    per_position = len(str(max(vocab - 1, 0))) + len("false") + 2 * (2 + 10)
+    return 64 * 2**10 + max_tokens * per_position
+
+
 PAD_FACTOR = 2.0  # a request is padded to at most twice its length (see length_groups)
 
 

@@ -96,8 +96,6 @@ KEPT_BUILTIN_RAISES = {
     ("cli/interrupt.py", "_on_sigint", "KeyboardInterrupt"): "SIGINT handler",
     ("cli/main.py", "_raise_interrupt", "KeyboardInterrupt"): "SIGTERM handled as Ctrl-C",
     ("cli/main.py", "main", "KeyboardInterrupt"): "a Ctrl-C that an import swallowed, raised again",
-    ("bench/gguf_llama.py", "*", "ValueError"): "runs under llama-cpp-python's python, where attnzoo is not "
-    "importable; its worker turns any exception into the row's one-line error",
 }
 
 

@@ -84,6 +84,11 @@ class HookRun:
                     raise InputError(
                         f"the hook at {name!r} returned {got}; return a tensor of shape {tuple(tensor.shape)} or None"
                     )
+                if new.dtype != tensor.dtype or new.device != tensor.device:
+                    raise InputError(
+                        f"the hook at {name!r} returned a {new.dtype} tensor on {new.device}; return one of the "
+                        f"dtype and device it was given ({tensor.dtype} on {tensor.device}: .to(t)) or None"
+                    )
                 tensor = new
         if self.cache is not None and (self.names is None or loc in self.names):
             self.cache[name] = tensor

@@ -44,6 +44,7 @@ from .attention import MultiHeadAttention, static_step
 from .attention_spec import AttentionSpec
 from .cache import GrowingCache
 from .errors import InputError, InputTypeError, SpecError
+from .generation_inputs import left_padded_mask, new_token_count, token_id
 from .hooks import HookedModel, layer_blocks
 from .limits import check_fits, check_room
 from .lm_parts import ACTIVATIONS, MLP, MLPS, NORMS, Embedding, MoE, Norm
@@ -359,13 +360,17 @@ class DecoderLM(HookedModel, nn.Module):
     ) -> Tensor:
         """Greedy decoding on a static cache of prompt + max_new_tokens: (b, t + n) int64, n <= max_new_tokens.
         With spec.longrope_recompute, the step at cache length spec.recompute_at runs the whole sequence."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-        for name, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.spec.vocab):
-                raise InputError(f"{name}={v!r} must be a token id in 0..{self.spec.vocab - 1} or None")
-        given = self._check_ids(input_ids, attention_mask)
+        max_new_tokens = new_token_count(max_new_tokens)
+        eos_token_id = token_id(eos_token_id, self.spec.vocab, "eos_token_id")
+        pad_token_id = token_id(pad_token_id, self.spec.vocab, "pad_token_id")
+        self._check_ids(input_ids, None)
         b, t = input_ids.shape
+        given = None
+        if attention_mask is not None:  # the one rule of every generate (zoo/generation_inputs.py): 0/1, left
+            if not isinstance(attention_mask, Tensor):
+                raise InputTypeError(f"attention_mask must be a tensor (b t), got {type(attention_mask).__name__}")
+            real = left_padded_mask(attention_mask.detach().cpu().numpy(), (b, t))
+            given = torch.from_numpy(real).to(input_ids.device)
         cache = self.new_cache(b, t + max_new_tokens)
         key_mask = torch.zeros(b, cache.capacity, dtype=torch.bool, device=input_ids.device)
         key_mask[:, :t] = True if given is None else given

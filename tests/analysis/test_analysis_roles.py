@@ -48,9 +48,8 @@ def test_a_day_head(report):
 
 
 def test_the_day_head_reads_the_day_only(report):
-    """Issue 29: the day head reads the day, not whichever field is written (the recipe before,
-    queries from the previous character, gave day 0.63 and year 0.62), and the year head does
-    not read the day."""
+    """The day head reads the day, not whichever field is written (a recipe whose queries come from
+    the previous character gave day 0.63 and year 0.62), and the year head does not read the day."""
     f = report.fields["all"]
     day, year = report.day_head, report.year_head
     assert float(f["day"][day]) >= 0.6

@@ -76,6 +76,8 @@ def test_patching_tiny_dates_and_the_day_swap(dates):
         patching.day_swap("3 August 1958")
     clean, corrupt, metric, what = patching.dates_experiment(dates, n=8)
     assert "day swapped" in what
+    for given, words in ((["23 August 1958"], "1 date given"), (["23 August 1958", "14 May 1907"], "2 dates given")):
+        assert patching.dates_experiment(dates, given)[3].startswith(words)
     restored = patching.patch_heads(dates, clean, corrupt, metric, "z")
     assert restored.shape == (dates.layers, dates.heads)
     shut = torch.tensor(dates.shut_heads())

@@ -82,12 +82,14 @@ def test_int_lists(text, want):
     assert _int_list(text) == want
 
 
-def test_cuda_request_fails_in_one_line_without_cuda(capsys):
+@pytest.mark.parametrize("shape", [["--seq", "8"], ["--decode", "--past", "8"]], ids=["full", "decode"])
+def test_cuda_request_fails_in_one_line_without_cuda(capsys, shape):
+    """Refused before any export or worker starts, with or without --decode."""
     from runtime.session import cuda_status
 
     if cuda_status()[0]:
         pytest.skip("CUDA works here; this checks the message on a machine without it")
-    assert cli_main(["bench", "mha-separate-bias", "--provider", "cuda", "--seq", "8", "--no-progress"]) == 2
+    assert cli_main(["bench", "gpt2-small", "--provider", "cuda", *shape, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnzoo bench: error: --provider cuda:") and "\n" not in err
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import zoo
 from bench.checkpoints import BOS, EOS, PAD, byte_tokenizer, prompt_ids
 from bench.generate import PATHS, benchmark_generate, format_generate_table, memory_floor
 from cli.main import main
@@ -246,7 +247,7 @@ def test_the_gguf_row_order_turns_rotate_half_into_interleaved_pairs(heads, head
 def test_an_odd_head_dim_has_no_rotary_pairs():
     from bench.gguf_llama import rope_interleave_order
 
-    with pytest.raises(ValueError, match="odd"):
+    with pytest.raises(zoo.AttnzooError, match="odd"):
         rope_interleave_order(2, 5)
 
 
@@ -278,7 +279,7 @@ def test_the_gguf_names_are_llama_cpps():
     assert _gguf_name("model.layers.0.mlp.down_proj.weight") == "blk.0.ffn_down.weight"
     assert _gguf_name("model.layers.0.post_attention_layernorm.weight") == "blk.0.ffn_norm.weight"
     assert _gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq") is None
-    with pytest.raises(ValueError, match="no llama.cpp name"):
+    with pytest.raises(zoo.AttnzooError, match="no llama.cpp name"):
         _gguf_name("model.layers.0.self_attn.q_norm.weight")
 
 

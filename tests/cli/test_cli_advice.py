@@ -137,3 +137,27 @@ def test_a_picture_without_matplotlib_is_refused_before_any_work(capsys, monkeyp
         out, err = capsys.readouterr()
         assert not out and "pip install 'attnzoo[plot]'" in err and err.count("\n") == 1, (argv, out, err)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["genrate", "x"], "no command 'genrate'; did you mean generate?"),
+        (["exprot", "x"], "no command 'exprot'; did you mean export?"),
+        (["generate", "models/tiny-stdlib-lama", "--prompt-ids", "1"], "(closest: models/tiny-stdlib-llama)"),
+        (["generate", "tiny-stdlib-lama", "--prompt-ids", "1"], "(closest: tiny-stdlib-llama)"),
+    ],
+)
+def test_a_mistyped_command_or_model_gets_the_closest_names(capsys, argv, words):
+    assert _exit(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_generate_takes_the_shipped_checkpoints_bare_name(tmp_path, monkeypatch):
+    from cli.cmd_generate import SHIPPED, _source
+
+    monkeypatch.chdir(tmp_path)  # wherever the command runs
+    assert _source("tiny-stdlib-llama") == SHIPPED / "tiny-stdlib-llama"
+    (tmp_path / "tiny-stdlib-llama").mkdir()  # a folder of that name here is what it names
+    assert _source("tiny-stdlib-llama") == Path("tiny-stdlib-llama")

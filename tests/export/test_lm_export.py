@@ -338,7 +338,7 @@ def test_refusals_are_one_line(lm_exports, tmp_path):
         export_onnx(lm, tmp_path / "x.onnx", cache="grow")
     with pytest.raises(zoo.InputError, match="vocabulary"):
         sess.generate(torch.tensor([[1, lm_cases.VOCAB]]), 2)
-    with pytest.raises(zoo.ArgumentError, match="max_new_tokens"):
+    with pytest.raises(zoo.InputError, match="max_new_tokens"):
         sess.generate(torch.tensor([[1, 2]]), 0)
     with pytest.raises(zoo.InputError, match="left"):
         sess.generate(torch.tensor([[1, 2]]), 2, attention_mask=torch.tensor([[1, 0]]))
@@ -492,6 +492,47 @@ def test_a_whole_export_refuses_a_tokenizer_path_it_cannot_write_before_exportin
     assert not (tmp_path / "m.onnx").exists()  # refused before the export (the folder has no weights either)
 
 
+@pytest.mark.parametrize("text", ["{", '{"model": 3}', "\udcff"], ids=["truncated", "no-model", "not-utf8"])
+def test_a_whole_export_refuses_a_malformed_tokenizer_before_exporting(tmp_path, capsys, text):
+    from cli.main import main
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(lm_cases.hf_config(DEFAULT).to_dict()))
+    (checkpoint / "tokenizer.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert main(["export", "--checkpoint", str(checkpoint), "--whole", "-o", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.json is not a tokenizer the tokenizers library reads" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "text, ids",
+    [
+        ("1,2,3", [1, 2, 3]),
+        ("1, 2", [1, 2]),
+        ("1 2", [1, 2]),
+        (" 7 ", [7]),
+        ("1,,2", None),
+        ("1,2,", None),
+        (",1", None),
+        ("", None),
+    ],
+)
+def test_prompt_ids_are_read_with_no_empty_place(tmp_path, text, ids):
+    import argparse
+
+    from cli.cmd_generate import _prompt_ids
+    from cli.common import CliError
+
+    args = argparse.Namespace(prompt=None, prompt_ids=text)
+    if ids is not None:
+        assert _prompt_ids(args, None, tmp_path) == ids
+    else:
+        with pytest.raises(CliError, match="--prompt-ids"):
+            _prompt_ids(args, None, tmp_path)
+
+
 @pytest.mark.slow
 def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypatch):
     folder = lm_cases.saved(DEFAULT, tmp_path)
@@ -521,3 +562,64 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
     rc, out, err = _cli(argv, capsys)
     assert rc == 0 and "exporting" in out, (out, err)
     assert out.splitlines()[1] == "tokens " + " ".join(map(str, want[0].tolist())), (out, err)
+
+
+# -- one rule for a generation call's inputs (zoo/generation_inputs.py), in every path ------------------
+
+
+def _generate_paths(lm_exports) -> dict:
+    """Eager DecoderLM.generate, OnnxSession.generate and the server's POST /generate decoder, each as
+    call(ids, max_new_tokens, attention_mask=None, eos_token_id=None)."""
+    from serve.gen_protocol import GenInfo, decode_generate_request
+
+    _, lm, path = lm_exports(DEFAULT)
+    sess = OnnxSession(path, provider="cpu", verbose=False)
+    info = GenInfo(vocab=lm_cases.VOCAB, max_len=MAX_LEN, max_rows=8, max_tokens=4096, max_new_tokens=64)
+
+    def server(ids, new, attention_mask=None, eos_token_id=None):
+        doc = {"input_ids": ids, "max_new_tokens": new, "attention_mask": attention_mask, "eos_token_id": eos_token_id}
+        plain = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in doc.items() if v is not None}
+        return decode_generate_request(json.dumps(plain).encode(), "", info)
+
+    def tensors(call):
+        def run(ids, new, attention_mask=None, eos_token_id=None):
+            mask = None if attention_mask is None else torch.tensor(attention_mask)
+            return call(torch.tensor(ids), new, attention_mask=mask, eos_token_id=eos_token_id)
+
+        return run
+
+    return {"eager": tensors(lm.generate), "onnx": tensors(sess.generate), "server": server}
+
+
+GENERATE_REFUSALS = [
+    ({"eos_token_id": lm_cases.VOCAB}, f"eos_token_id={lm_cases.VOCAB} is outside this model's vocabulary"),
+    ({"eos_token_id": True}, "eos_token_id=True must be a token id"),
+    ({"new": 0}, "max_new_tokens=0 must be an integer >= 1"),
+    ({"attention_mask": [[2, 1, 1], [1, 1, 1]]}, "values other than 0 and 1"),
+    ({"attention_mask": [[0.5, 1, 1], [1, 1, 1]]}, "values other than 0 and 1"),
+    ({"attention_mask": [[1, 1, 1], [1, 1, 0]]}, "row 1 ends in padding: pad on the left"),
+    ({"attention_mask": [[1, 1, 1], [0, 0, 0]]}, "row 1 is all padding: pad on the left"),
+    ({"attention_mask": [[1, 0, 1], [1, 1, 1]]}, "row 0 has padding after a real token"),
+]
+
+
+@pytest.mark.parametrize("path", ["eager", "onnx", "server"])
+@pytest.mark.parametrize("change, words", GENERATE_REFUSALS, ids=[w for _, w in GENERATE_REFUSALS])
+def test_every_generate_refuses_the_same_inputs_in_one_line(lm_exports, path, change, words):
+    call = _generate_paths(lm_exports)[path]
+    args = {"ids": [[5, 6, 7], [8, 9, 10]], "new": 3, **change}
+    with pytest.raises(zoo.AttnzooError) as e:
+        call(args.pop("ids"), args.pop("new"), **args)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_every_generate_takes_numpy_integers(lm_exports):
+    paths = _generate_paths(lm_exports)
+    ids = [[0, 5, 6, 7], [8, 9, 10, 11]]
+    mask = [[0, 1, 1, 1], [1, 1, 1, 1]]
+    want = paths["eager"](ids, 4, attention_mask=mask)
+    eos = np.int64(want[0, -2])  # a token row 0 generates: it ends there
+    want = paths["eager"](ids, np.int64(4), attention_mask=mask, eos_token_id=eos)
+    assert torch.equal(paths["onnx"](ids, np.int64(4), attention_mask=mask, eos_token_id=eos), want)
+    item = paths["server"](ids, np.int64(4), attention_mask=mask, eos_token_id=eos)
+    assert (item.max_new_tokens, item.eos_token_id) == (4, int(eos))

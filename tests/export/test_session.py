@@ -223,3 +223,62 @@ def test_session_arguments_are_checked(exports):
         bad = Path(exports["decomposed"]).with_name("bad.onnx")
         bad.write_bytes(b"\x00not a model")
         OnnxSession(bad, "cpu")
+
+
+@pytest.fixture(scope="module")
+def failing_model(tmp_path_factory) -> Path:
+    """A graph that loads and passes every input check, then fails inside ONNX Runtime: it adds a
+    (3, 4) table to x (b t 4), which broadcasts only where t is 1 or 3."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "table"], ["y"], name="add_table")],
+        "fails_at_run_time",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", 4])],
+        [helper.make_tensor("table", TensorProto.FLOAT, [3, 4], [0.0] * 12)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    helper.set_model_props(model, {"attnzoo.spec": '{"d_model": 4, "heads": 1}'})  # as `attnzoo run` needs
+    path = tmp_path_factory.mktemp("ort_fails") / "fails.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _bound_run(sess: OnnxSession) -> None:
+    x, y = np.zeros((1, 2, 4), np.float32), np.zeros((1, 3, 4), np.float32)  # y as ORT infers it: (b, 3, 4)
+    binding = sess.new_binding()
+    binding.bind_input("x", "cpu", 0, np.float32, x.shape, x.ctypes.data)
+    binding.bind_output("y", "cpu", 0, np.float32, y.shape, y.ctypes.data)
+    sess.run_with_iobinding(binding)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.run(np.zeros((1, 2, 4), np.float32)),
+        lambda s: s.run(torch.zeros(1, 2, 4)),
+        lambda s: OnnxSession(s.path, "cpu", verbose=False, io_binding=True).run(torch.zeros(1, 2, 4)),
+        lambda s: s.run_feeds({"x": np.zeros((1, 2, 4), np.float32)}),
+        _bound_run,
+    ],
+    ids=["numpy", "torch", "torch-bound", "feeds", "iobinding"],
+)
+def test_a_failure_inside_onnx_runtime_is_one_line_naming_the_node(failing_model, call):
+    from export import RunError
+
+    sess = OnnxSession(failing_model, "cpu", verbose=False)
+    with pytest.raises(RunError) as ei:
+        call(sess)
+    said = str(ei.value)
+    assert "\n" not in said and "node add_table (Add)" in said and "fails.onnx" in said, said
+    assert "broadcast" in said and "lowering='decomposed'" in said and "onnxruntime::" not in said, said
+    assert "Non-zero status code" in ei.value.detail  # ONNX Runtime's own text, for --verbose
+
+
+def test_a_failure_inside_onnx_runtime_is_one_line_on_the_command_line(failing_model, capsys):
+    from helpers import one_line_error
+
+    line = one_line_error(capsys, ["run", str(failing_model)])
+    assert "add_table (Add)" in line and "(more with --verbose)" in line, line

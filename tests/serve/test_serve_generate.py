@@ -76,7 +76,7 @@ BAD = [
     (b'{"max_new_tokens": 4}', 400, "input_ids is required"),
     (b'{"input_ids": [1, 2], "temperature": 0.5, "max_new_tokens": 4}', 400, "unknown field"),
     (b'{"input_ids": [1, 2]}', 400, "max_new_tokens is required"),
-    (b'{"input_ids": [1, 2], "max_new_tokens": 0}', 400, "at least 1"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": 0}', 400, "must be an integer >= 1"),
     (b'{"input_ids": [1, 2], "max_new_tokens": 2.5}', 400, "must be an integer"),
     (b'{"input_ids": [1, 2], "max_new_tokens": true}', 400, "must be an integer"),
     (b'{"input_ids": [1, 2], "max_new_tokens": 41}', 413, "at most 40"),
@@ -93,6 +93,13 @@ BAD = [
     (b'{"input_ids": [[5, 6]], "attention_mask": [[1, 0]], "max_new_tokens": 4}', 400, "pad on the left"),
     (b'{"input_ids": [[5, 6]], "attention_mask": [[1, 2]], "max_new_tokens": 4}', 400, "other than 0 and 1"),
     (b'{"input_ids": [[5, 6]], "attention_mask": [[1]], "max_new_tokens": 4}', 400, "input_ids' shape"),
+    (b'{"input_ids": [true, 6], "max_new_tokens": 4}', 400, "input_ids holds true; token ids are integers"),
+    (b'{"input_ids": [[5, false]], "max_new_tokens": 4}', 400, "input_ids holds false"),
+    (b'{"input_ids": [12345678901234567890123], "max_new_tokens": 4}', 400, "token id 12345678901234567890123 is"),
+    (b'{"input_ids": [1, 2], "max_new_tokens": 4, "eos_token_id": true}', 400, "eos_token_id=True must be"),
+    (b'{"input_ids": [[5, 6]], "attention_mask": [[0.5, 1]], "max_new_tokens": 4}', 400, "other than 0 and 1"),
+    (b'{"input_ids": [[5, 6]], "attention_mask": [[0, 0]], "max_new_tokens": 4}', 400, "row 0 is all padding"),
+    (b'{"input_ids": [[4, 5, 6]], "attention_mask": [[1, 0, 1]], "max_new_tokens": 4}', 400, "after a real token"),
 ]
 
 
@@ -228,6 +235,17 @@ def test_cli_serve_refuses_a_folder_before_exporting_it(kind, flags, words, tmp_
 
 
 # -- static batches ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("new", [10**9, 2**62])
+def test_a_generation_past_the_machine_is_refused_before_allocating(sess, new):
+    """(The served export has no max_len, so a call sizes its cache itself.) Refused from the sizes, before
+    the key mask or the tokens' array is allocated (2**62 positions: numpy's MemoryError otherwise)."""
+    import zoo
+
+    with pytest.raises(zoo.ResourceError, match="ask for a smaller size") as e:
+        sess.generate(np.array([[1, 2, 3]]), new)
+    assert "\n" not in str(e.value)
 
 
 def test_left_pad_right_aligns_every_row():
@@ -515,3 +533,86 @@ def _serves_each_request_its_own_tokens(url: str, sess, lm_path, batching: str) 
         assert lv["bad"] == 3 and lv["bad_4xx"] == 3 and lv["5xx"] == 0
         assert lv["new_tokens"] == 9 * 6 and lv["tokens_per_s"] > 0
     client.close()
+
+
+# -- the HTTP front of a replica, without Ray: bodies' size and time limits -------------------------
+
+
+@pytest.fixture(scope="module")
+def plain_http(lm_path):
+    """A GenerateServer replica behind uvicorn in a thread (Ray Serve's own HTTP stack, minus Ray), with
+    the body time limit cut to 1 s (schema.BODY_SECONDS; BODY_RATE so fast a declared size adds nothing)."""
+    import time
+
+    import uvicorn
+
+    from serve import schema
+    from serve.gen_app import GenerateServer
+    from serve.replica import model_files
+
+    server = GenerateServer(model_files(lm_path), lm_path.stem, max_batch=8, max_new_tokens=40, threads=1)
+
+    async def app(scope, receive, send):
+        from starlette.requests import Request
+
+        if scope["type"] == "http":
+            response = await server(Request(scope, receive))
+            await response(scope, receive, send)
+
+    saved = schema.BODY_SECONDS, schema.BODY_RATE
+    schema.BODY_SECONDS, schema.BODY_RATE = 1.0, 2**40
+    port = free_port()
+    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=http.run, daemon=True)
+    thread.start()
+    while not http.started:
+        time.sleep(0.02)
+    yield server, port
+    http.should_exit = True
+    thread.join(10)
+    schema.BODY_SECONDS, schema.BODY_RATE = saved
+
+
+def _raw(port: int, head: bytes, body: bytes = b"", *, read: bool = True) -> socket.socket | bytes:
+    """Send a request's head and (part of) its body on a fresh socket; the answer's status line, or the
+    socket still open when read=False."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(head + body)
+    if not read:
+        return s
+    with s:
+        return s.recv(65536).split(b"\r\n", 1)[0]
+
+
+def _post(length: int) -> bytes:
+    head = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return f"{head}Content-Length: {length}\r\n\r\n".encode()
+
+
+def test_a_generate_body_is_limited_to_what_a_valid_request_can_be(plain_http):
+    from serve.schema import DEFAULT_MAX_BODY, generate_body_limit
+
+    server, port = plain_http
+    limit = server.info.max_body
+    assert limit == generate_body_limit(VOCAB, server.meta["max_tokens"]) < DEFAULT_MAX_BODY // 100
+    biggest = {"input_ids": [[VOCAB - 1] * 4095] * 16, "attention_mask": [[False] + [True] * 4094] * 16}
+    assert len(json.dumps({**biggest, "max_new_tokens": 1}, indent=2)) < limit  # every valid request fits
+    assert b" 413 " in _raw(port, _post(limit + 1))  # refused by its declared length, before reading
+    body = json.dumps({"input_ids": [1, 2, 3], "max_new_tokens": 2}).encode()
+    assert b" 200 " in _raw(port, _post(len(body)), body)
+
+
+def test_stalled_uploads_time_out_and_give_their_slots_back(plain_http):
+    """Clients that declare a body and send one byte of it are answered 408 once the body's time is up,
+    and the server answers others meanwhile."""
+    import time
+
+    _, port = plain_http
+    started = time.perf_counter()
+    stalled = [_raw(port, _post(100_000), b"{", read=False) for _ in range(4)]
+    body = json.dumps({"input_ids": [1, 2, 3], "max_new_tokens": 2}).encode()
+    assert b" 200 " in _raw(port, _post(len(body)), body)
+    for s in stalled:
+        with s:
+            assert s.recv(65536).split(b"\r\n", 1)[0].endswith(b"408 Request Timeout")
+    assert time.perf_counter() - started < 8

@@ -223,6 +223,16 @@ def test_decode_offers_the_locations_for_the_new_positions(name, kind):
     torch.testing.assert_close(cache["result"].sum(2) + bias, y)
 
 
+@pytest.mark.parametrize("loc", ["q", "scores", "pattern", "z", "out"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.long, torch.bool])  # the block runs in float64
+def test_a_hook_returning_another_dtype_is_one_line(loc, dtype):
+    block = _block("mha-causal")
+    x, _, _ = _inputs(block)
+    with pytest.raises(zoo.InputError, match=f"returned a {dtype} tensor on cpu; return one of the dtype") as e:
+        block.run_with_hooks(x, hooks={loc: lambda t, _: t.to(dtype)})
+    assert "\n" not in str(e.value) and block.hook is None
+
+
 def test_hooks_are_removed_after_a_failing_run_and_bad_requests_are_one_line():
     block = _block("mha-causal")
     x, _, _ = _inputs(block)
