@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import PRECISIONS, PROVIDERS
+from export.names import KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
 from .common import CliError, number_in, positive, refuse_broken_cuda
@@ -53,7 +53,7 @@ def _cache_root() -> Path:
     return Path(os.environ.get("ATTNZOO_CACHE") or Path.home() / ".cache" / "attnzoo")
 
 
-def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
+def _export_key(folder: Path, precision: str, max_len: int | None, kv_precision: str = "fp32") -> str:
     h = hashlib.sha256()
     h.update((folder / "config.json").read_bytes())
     if (folder / "generation_config.json").is_file():
@@ -63,6 +63,8 @@ def _export_key(folder: Path, precision: str, max_len: int | None) -> str:
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     cap = max_len if max_len is not None else "stored-tables"  # the default rule (default_max_len)
     h.update(f"{precision}:{cap}:{zoo.__version__}".encode())
+    if kv_precision != "fp32":  # fp32 keeps the keys exports had before the option
+        h.update(f"kv:{kv_precision}".encode())
     return h.hexdigest()[:20]
 
 
@@ -88,25 +90,29 @@ def default_max_len(folder: Path, model, lowering: str = "auto", provider: str =
     return stored_tables_max_len(model, _max_positions(folder), lowering=lowering, provider=provider, dtype=dtype)
 
 
-def exported(folder: str, precision: str, max_len: int | None, check=None) -> Path:
+def exported(folder: str, precision: str, max_len: int | None, check=None, kv_precision: str = "fp32") -> Path:
     """The whole-model export of `folder` at `precision`: made once, then found in the cache folder.
     `check(model)`, when given, may refuse the loaded model before its export."""
     from export.lm_export import export_lm
 
     path = _checkpoint_folder(folder)
-    out = _cache_root() / "lm" / f"{path.resolve().name}-{_export_key(path, precision, max_len)}.onnx"
+    out = _cache_root() / "lm" / f"{path.resolve().name}-{_export_key(path, precision, max_len, kv_precision)}.onnx"
     if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
     model = load_lm(folder)
     if check is not None:
         check(model)
+    lowering = "auto" if kv_precision == "fp32" else "decomposed"  # the lowering the int8 cache takes
     if max_len is None:
-        max_len = default_max_len(path, model)
-    print(f"exporting {folder} ({precision}) to {out} (once)")
+        max_len = default_max_len(path, model, lowering)
+    kv = f", {kv_precision} KV cache" if kv_precision != "fp32" else ""
+    print(f"exporting {folder} ({precision}{kv}) to {out} (once)")
     export_lm(
         model,
         out,
         precision=precision,
+        kv_precision=kv_precision,
+        lowering=lowering,
         max_len=max_len,
         overwrite=True,
         label=str(folder),
@@ -186,7 +192,11 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     to make another."""
     given = [
         f"--{name} {value}"
-        for name, value, unset in (("precision", args.precision, "fp32"), ("max-len", args.max_len, None))
+        for name, value, unset in (
+            ("precision", args.precision, "fp32"),
+            ("kv-precision", args.kv_precision, "fp32"),
+            ("max-len", args.max_len, None),
+        )
         if value != unset
     ]
     if not given:
@@ -247,7 +257,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 f"{needed} cache positions; pass --max-len {needed} or more"
             )
         model_path = exported(
-            args.source, args.precision, args.max_len, lambda model: _check_vocab(args, ids, model.spec.vocab)
+            args.source,
+            args.precision,
+            args.max_len,
+            lambda model: _check_vocab(args, ids, model.spec.vocab),
+            kv_precision=args.kv_precision,
         )
     else:
         model_path = source
@@ -306,6 +320,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "source": args.source,
             "model": str(model_path),
             "precision": sess.metadata.get("attnzoo.precision", "fp32"),
+            "kv_precision": sess.metadata.get("attnzoo.kv_precision", "fp32"),
             "precision_method": sess.precision if "attnzoo.precision.method" in sess.metadata else None,
             "provider": sess.provider,
         }
@@ -341,6 +356,7 @@ def export_whole(args: argparse.Namespace) -> int:
         cache=args.cache,
         max_len=max_len,
         precision=args.precision,
+        kv_precision=args.kv_precision,
         lowering=args.lowering,
         provider=args.target,
         dtype=args.dtype,
@@ -396,6 +412,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids")
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
     sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
+    sp.add_argument(
+        "--kv-precision",
+        default="fp32",
+        choices=KV_PRECISIONS,
+        help="a folder's export: the KV cache's precision (default fp32; int8: a quarter of the cache's bytes, "
+        "lossy, docs/generation.md)",
+    )
     sp.add_argument(
         "--max-len",
         type=positive,

@@ -37,8 +37,8 @@ import numpy as np
 
 from .errors import ExportError
 from .io import LM_PAST, LM_PRESENT, TensorIO
+from .names import KV_PRECISIONS
 
-KV_PRECISIONS = ("fp32", "int8")  # fp32: the cache in the model's dtype (the default)
 # The lowerings whose traced static step the rewrite matches: the folded decomposed graph.
 KV_INT8_LOWERINGS = ("decomposed",)
 SCALE_KINDS = ("key_scale", "value_scale")
