@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import PRECISIONS, PROVIDERS
+from export.names import KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
 from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
@@ -55,7 +55,14 @@ def _cache_root() -> Path:
     return Path(os.environ.get("ATTNZOO_CACHE") or Path.home() / ".cache" / "attnzoo")
 
 
-def _export_key(folder: Path, precision: str, max_len: int | None, target: str = "cpu", dtype: str = "float32") -> str:
+def _export_key(
+    folder: Path,
+    precision: str,
+    max_len: int | None,
+    target: str = "cpu",
+    dtype: str = "float32",
+    kv_precision: str = "fp32",
+) -> str:
     h = hashlib.sha256()
     h.update((folder / "config.json").read_bytes())
     if (folder / "generation_config.json").is_file():
@@ -66,6 +73,8 @@ def _export_key(folder: Path, precision: str, max_len: int | None, target: str =
     cap = max_len if max_len is not None else "stored-tables"  # the default rule (default_max_len)
     # the target and dtype choose the lowering (a CUDA export keeps within its kernels' rules)
     h.update(f"{precision}:{cap}:{target}:{dtype}:{zoo.__version__}".encode())
+    if kv_precision != "fp32":  # fp32 keeps the keys exports had before the option
+        h.update(f"kv:{kv_precision}".encode())
     return h.hexdigest()[:20]
 
 
@@ -92,27 +101,39 @@ def default_max_len(folder: Path, model, lowering: str = "auto", provider: str =
 
 
 def exported(
-    folder: str, precision: str, max_len: int | None, check=None, *, target: str = "cpu", dtype: str = "float32"
+    folder: str,
+    precision: str,
+    max_len: int | None,
+    check=None,
+    *,
+    target: str = "cpu",
+    dtype: str = "float32",
+    kv_precision: str = "fp32",
 ) -> Path:
-    """The whole-model export of `folder` at `precision`, for provider `target` in `dtype`: made once, then
-    found in the cache folder. `check(model)`, when given, may refuse the loaded model before its export."""
+    """The whole-model export of `folder` at `precision` (and `kv_precision` for its cache), for provider
+    `target` in `dtype`: made once, then found in the cache folder. `check(model)`, when given, may refuse
+    the loaded model before its export."""
     from export.lm_export import export_lm
 
     path = _checkpoint_folder(folder)
-    key = _export_key(path, precision, max_len, target, dtype)
+    key = _export_key(path, precision, max_len, target, dtype, kv_precision)
     out = _cache_root() / "lm" / f"{path.resolve().name}-{key}.onnx"
     if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
     model = load_lm(folder)
     if check is not None:
         check(model)
+    lowering = "auto" if kv_precision == "fp32" else "decomposed"  # the lowering the int8 cache takes
     if max_len is None:
-        max_len = default_max_len(path, model, provider=target, dtype=dtype)
-    print(f"exporting {folder} ({precision}, for {target}, {dtype}) to {out} (once)")
+        max_len = default_max_len(path, model, lowering, provider=target, dtype=dtype)
+    kv = f", {kv_precision} KV cache" if kv_precision != "fp32" else ""
+    print(f"exporting {folder} ({precision}{kv}, for {target}, {dtype}) to {out} (once)")
     export_lm(
         model,
         out,
         precision=precision,
+        kv_precision=kv_precision,
+        lowering=lowering,
         max_len=max_len,
         provider=target,
         dtype=dtype,
@@ -199,7 +220,11 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     to make another."""
     given = [
         f"--{name} {value}"
-        for name, value, unset in (("precision", args.precision, "fp32"), ("max-len", args.max_len, None))
+        for name, value, unset in (
+            ("precision", args.precision, "fp32"),
+            ("kv-precision", args.kv_precision, "fp32"),
+            ("max-len", args.max_len, None),
+        )
         if value != unset
     ]
     if not given:
@@ -275,6 +300,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             args.max_len,
             lambda model: _check_vocab(args, ids, model.spec.vocab),
             target=target,
+            kv_precision=args.kv_precision,
         )
     else:
         model_path = source
@@ -335,6 +361,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "source": args.source,
             "model": str(model_path),
             "precision": sess.metadata.get("attnzoo.precision", "fp32"),
+            "kv_precision": sess.metadata.get("attnzoo.kv_precision", "fp32"),
             "precision_method": sess.precision if "attnzoo.precision.method" in sess.metadata else None,
             "provider": sess.provider,
         }
@@ -380,6 +407,7 @@ def export_whole(args: argparse.Namespace) -> int:
         cache=args.cache,
         max_len=max_len,
         precision=args.precision,
+        kv_precision=args.kv_precision,
         lowering=args.lowering,
         provider=args.target,
         dtype=args.dtype,
@@ -470,6 +498,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids")
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
     sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
+    sp.add_argument(
+        "--kv-precision",
+        default="fp32",
+        choices=KV_PRECISIONS,
+        help="a folder's export: the KV cache's precision (default fp32; int8: a quarter of the cache's bytes, "
+        "lossy, docs/generation.md)",
+    )
     sp.add_argument(
         "--max-len",
         type=positive,

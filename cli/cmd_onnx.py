@@ -11,7 +11,17 @@ from pathlib import Path
 
 import zoo
 from export.choice import AUTO_PREFERENCE, TARGETS
-from export.names import CACHE_CHOICES, CACHES, DEFAULT_MAX_LEN, DEVICES, DTYPES, LOWERINGS, PRECISIONS, PROVIDERS
+from export.names import (
+    CACHE_CHOICES,
+    CACHES,
+    DEFAULT_MAX_LEN,
+    DEVICES,
+    DTYPES,
+    KV_PRECISIONS,
+    LOWERINGS,
+    PRECISIONS,
+    PROVIDERS,
+)
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, choice_list, positive, source_of, with_set, with_source, with_tf32
@@ -37,6 +47,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .cmd_generate import export_whole
 
         return export_whole(args)
+    if args.kv_precision != "fp32":
+        raise CliError(f"--kv-precision {args.kv_precision} is a whole model's cache: add --checkpoint DIR --whole")
     source = source_of(args, "name")
     what, overrides, label = args.name, zoo.parse_overrides(args.set), None
     if source != "name":
@@ -329,6 +341,13 @@ def add_commands(sub) -> None:
         help="weight precision (default fp32): int8 / int4 = weight-only 8-bit / 4-bit MatMulNBits (block 32, "
         "accuracy_level 4: activations quantized per row inside the kernel); quantized by onnxruntime.quantization "
         "after the lowering, float32 only",
+    )
+    sp.add_argument(
+        "--kv-precision",
+        default="fp32",
+        choices=KV_PRECISIONS,
+        help="with --whole: the KV cache's precision (default fp32); int8 = int8 keys and values with a scale per "
+        "position and kv head, read by integer products (the decomposed lowering; its error: docs/generation.md)",
     )
     sp.add_argument(
         "--whole",

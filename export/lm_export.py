@@ -34,7 +34,7 @@ from torch import nn
 import zoo
 from runtime.io import LM_PAST, LM_PRESENT, lm_interface
 
-from . import cuda_check, splice
+from . import cuda_check, kv_int8, splice
 from .choice import lm_order, why_not
 from .errors import ExportError
 from .graphs import op_counts
@@ -100,6 +100,7 @@ class LMExportResult:
     notes: list[str] = field(default_factory=list)
     precision: str = "fp32"
     precision_method: str = ""
+    kv_precision: str = "fp32"
     module: nn.Module | None = field(default=None, repr=False)
 
     def summary(self) -> str:
@@ -113,7 +114,7 @@ class LMExportResult:
             f"  model     {self.name}: {self.layers} layers, vocabulary {self.vocab}, {self.parameters:,} parameters",
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
             f"  precision {self.precision_method or self.precision}",
-            f"  cache     static, in place; capacity n {cap}",
+            f"  cache     static, in place, {self.kv_precision}; capacity n {cap}",
             f"  inputs    input_ids, attention_mask, past_len, {per_layer}",
             f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
@@ -226,6 +227,7 @@ def export_lm(
     all_logits: bool = False,
     argmax: bool = True,
     generation_config: dict | None = None,
+    kv_precision: str = "fp32",
     **overrides,
 ) -> LMExportResult:
     """Write `model`'s step as one ONNX graph (see the module docstring); returns what was written.
@@ -235,7 +237,8 @@ def export_lm(
     buffers to its prompt and new tokens. precision int8 / int4 quantizes every projection, MLP and
     the head (MatMulNBits, export/precision.py); the embedding stays fp32. all_logits: logits at
     every position of a call (b t v) instead of the last (b 1 v). argmax: a next_token output.
-    generation_config: the checkpoint's generation_config.json (a dict), recorded for generate's defaults."""
+    generation_config: the checkpoint's generation_config.json (a dict), recorded for generate's defaults.
+    kv_precision "int8": the cache as int8 with a scale per position and kv head (export/kv_int8.py)."""
     from zoo.files import is_special
 
     from .saving import EXTERNAL_DATA_BYTES, output_target, save_atomic
@@ -249,10 +252,20 @@ def export_lm(
     reason = precision_why_not(precision, dtype=dtype, provider=provider, decode=True)
     if reason:
         raise PrecisionError(reason)
+    reason = kv_int8.why_not(kv_precision, lowering, dtype)
+    if reason:
+        raise kv_int8.KVPrecisionError(reason)
     if label is not None and (not isinstance(label, str) or not label.strip()):
         raise zoo.InputTypeError(f"label={label!r} must be a non-empty string")
     specs, vocab = layer_specs(model), vocab_size(model)
     order = candidates(specs, lowering, provider, dtype)
+    if kv_precision != "fp32":
+        order = [lw for lw in order if lw in kv_int8.KV_INT8_LOWERINGS]
+        if not order:
+            raise kv_int8.KVPrecisionError(
+                f"kv_precision={kv_precision!r}: no lowering of {', '.join(kv_int8.KV_INT8_LOWERINGS)} "
+                "can express every layer of this model"
+            )
     path = Path(path)
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file path such as {path / 'model.onnx'}")
@@ -262,6 +275,8 @@ def export_lm(
     for lw in order:
         try:
             onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
+            if kv_precision != "fp32":
+                onnx_model = kv_int8.rewrite(onnx_model, len(specs))
             cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
             quantized, applied = apply_precision(onnx_model, precision, decode=True)
             break
@@ -285,6 +300,7 @@ def export_lm(
         "attnzoo.dtype": dtype,
         "attnzoo.cache": "static",
         **({"attnzoo.max_len": str(max_len)} if max_len else {}),
+        **({"attnzoo.kv_precision": kv_precision} if kv_precision != "fp32" else {}),
         **({"attnzoo.generation_config": json.dumps(generation_config)} if generation_config else {}),
         **({RECOMPUTE_AT: str(model.spec.recompute_at)} if model.spec.recompute_at is not None else {}),
         **applied.metadata(),
@@ -298,6 +314,8 @@ def export_lm(
     limit = EXTERNAL_DATA_BYTES if is_special(target) else 0
     external = save_atomic(quantized, target, model, dtype, overwrite=overwrite, limit=limit)
     spec0 = specs[0]
+    if kv_precision != "fp32":
+        ins, outs = kv_int8.interface(ins, outs)
     return LMExportResult(
         path=path,
         name=meta["attnzoo.name"],
@@ -317,6 +335,7 @@ def export_lm(
         notes=notes,
         precision=precision,
         precision_method=applied.method.describe() if applied.method.tool != "none" else "",
+        kv_precision=kv_precision,
         module=model,
     )
 

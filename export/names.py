@@ -7,6 +7,7 @@ choice reads them from here.
     CACHES      how a decode model keeps its KV cache
     LOWERINGS   how a block becomes an ONNX graph (export/lowerings/ holds one record each)
     PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
+    KV_PRECISIONS  a whole model's KV cache precisions (export/kv_int8.py)
 """
 
 from runtime.names import DEVICES, PROVIDERS  # the run time's; handed on for the command line
@@ -17,5 +18,16 @@ CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the prov
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
 LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
 PRECISIONS = ("fp32", "int8", "int4")  # weight precision of an export (export/precision.py)
+KV_PRECISIONS = ("fp32", "int8")  # a whole model's KV cache: the model's dtype, or int8 (export/kv_int8.py)
 
-__all__ = ["CACHES", "CACHE_CHOICES", "DEFAULT_MAX_LEN", "DEVICES", "DTYPES", "LOWERINGS", "PRECISIONS", "PROVIDERS"]
+__all__ = [
+    "CACHES",
+    "CACHE_CHOICES",
+    "DEFAULT_MAX_LEN",
+    "DEVICES",
+    "DTYPES",
+    "KV_PRECISIONS",
+    "LOWERINGS",
+    "PRECISIONS",
+    "PROVIDERS",
+]

@@ -28,6 +28,7 @@ from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_c
 from zoo.spec_fields import rope_switch_at
 
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from .kv_buffers import buffer_arrays, buffer_bytes
 from .sampling import Sampler, resolve
 from .stopping import Codec, RowText, eos_ids, stop_strings
 from .tensors import from_numpy, is_tensor
@@ -201,8 +202,8 @@ class Generation:
         from zoo.limits import check_fits
 
         prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
-        buffers = [ins for ins in sess._sess.get_inputs() if ins.name.startswith(prefix)]
-        need_bytes = sum(b * int(x.shape[1]) * n * int(x.shape[3]) * 4 for x in buffers)
+        # each buffer in its input's dtype and axes: (b g n d) fp32, or int8 + scales (export/kv_int8.py)
+        need_bytes = buffer_bytes(sess._sess.get_inputs(), b, n, prefix)
         need_bytes += b * n + b * (t + max_new_tokens) * 8  # the key mask and the tokens out
         check_fits(need_bytes, f"a cache of {b} rows x {n} positions for {sess.path.name}")
         return n
@@ -228,7 +229,6 @@ class Generation:
         if prompt_mask is not None:
             key_mask[:, :t] = prompt_mask
         prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
-        buffers = [(i, ins) for i, ins in enumerate(sess._sess.get_inputs()) if ins.name.startswith(prefix)]
 
         binding = sess.new_binding()
         keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
@@ -237,11 +237,12 @@ class Generation:
             keep.append(arr)
             return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
 
-        dtype = np.float16 if "float16" in buffers[0][1].type else np.float32
-        for _, x in buffers:
-            buf = bound(np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype))
-            layer, kv = x.name.split(".")[1:3]
-            binding.bind_ortvalue_input(x.name, buf)
+        logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+        dtype = np.float16 if "float16" in logits_type else np.float32
+        for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, prefix).items():
+            buf = bound(arr)
+            layer, kv = name.split(".")[1:3]
+            binding.bind_ortvalue_input(name, buf)
             binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
         binding.bind_ortvalue_input(ATTENTION_MASK.name, bound(key_mask))
         past_len = np.zeros((), np.int64)

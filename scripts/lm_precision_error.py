@@ -8,6 +8,9 @@ Python standard-library file, `--text` to choose), it states the relative L2 err
 next-token logits, ||q - f|| / ||f||, and the greedy agreement: the share of the 64 new tokens equal to
 fp32's, position by position, until the first divergence (after it the two continue from different
 texts). Prints a Markdown table; the exports are made in a temporary folder.
+
+`--precisions` picks the rows (default int8,int4, the weights'); `kv8` is fp32 weights with the int8 KV cache
+(kv_precision="int8", export/kv_int8.py), against the fp32 export of the same lowering (decomposed).
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ def prompts(folder: Path | None, text_file: Path, count: int, t: int, vocab: int
     return [np.array([ids[i * step : i * step + t]], np.int64) for i in range(count) if len(ids) >= i * step + t]
 
 
+def _prompt_logits(sess, ids: np.ndarray, n: int) -> np.ndarray:
+    """The prompt's next-token logits (1 1 v) in one call into empty buffers of capacity n."""
+    from runtime.kv_buffers import buffer_arrays
+
+    feeds = {"input_ids": ids, "attention_mask": np.ones((1, n), np.bool_), "past_len": np.array(0)}
+    feeds.update(buffer_arrays(sess._sess.get_inputs(), 1, n, "past_key_values."))
+    return sess.run_feeds(feeds)[0]
+
+
 def main() -> None:
     from export import OnnxSession, export_onnx
     from export.precision import rel_l2
@@ -45,6 +57,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new", type=int, default=64)
+    p.add_argument("--precisions", default="int8,int4", help="rows among int8, int4, kv8 (default int8,int4)")
     args = p.parse_args()
     if args.random:
         sys.path.insert(0, str(Path(__file__).parent))
@@ -62,27 +75,34 @@ def main() -> None:
     cases = prompts(folder, Path(args.text), args.prompts, args.prompt_len, vocab)
     tmp = Path(tempfile.mkdtemp(prefix="attnzoo-prec-"))
     sessions = {}
-    for precision in ("fp32", "int8", "int4"):
-        path = export_onnx(lm, tmp / f"{precision}.onnx", precision=precision).path
+    chosen = args.precisions.split(",")
+    # kv8's reference is fp32 in its own lowering, so that the row states the cache's error alone
+    exports = {"fp32": {"lowering": "decomposed"} if "kv8" in chosen else {}}
+    for precision in chosen:
+        exports[precision] = (
+            {"kv_precision": "int8", **exports["fp32"]} if precision == "kv8" else {"precision": precision}
+        )
+    for precision, options in exports.items():
+        path = export_onnx(lm, tmp / f"{precision}.onnx", **options).path
         sessions[precision] = OnnxSession(path, provider="cpu", verbose=False)
     ref = sessions["fp32"]
     rows = []
-    for precision in ("int8", "int4"):
+    for precision in chosen:
         errs, agree = [], []
         for ids in cases:
             n = -(-ids.shape[1] // ROUND) * ROUND
-            feeds = {"input_ids": ids, "attention_mask": np.ones((1, n), np.bool_), "past_len": np.array(0)}
-            for i in ref._sess.get_inputs()[3:]:
-                feeds[i.name] = np.zeros((1, i.shape[1], n, i.shape[3]), np.float32)
-            errs.append(rel_l2(sessions[precision].run_feeds(feeds)[0], ref.run_feeds(feeds)[0]))
-            a = sessions[precision].generate(ids, args.new)[0, ids.shape[1] :]
-            b = ref.generate(ids, args.new)[0, ids.shape[1] :]
+            got, want = (_prompt_logits(sessions[k], ids, n) for k in (precision, "fp32"))
+            errs.append(rel_l2(got, want))
+            a = sessions[precision].generate(ids, args.new, eos_token_id=[])[0, ids.shape[1] :]
+            b = ref.generate(ids, args.new, eos_token_id=[])[0, ids.shape[1] :]
             same = np.cumprod(a == b)
             agree.append(int(same.sum()))
         rows.append(
             (
                 precision,
-                sessions[precision].precision,
+                "int8 KV cache (a scale per position and kv head)"
+                if precision == "kv8"
+                else sessions[precision].precision,
                 float(np.mean(errs)),
                 float(np.max(errs)),
                 float(np.mean(agree)),

@@ -29,6 +29,7 @@ import numpy as np
 
 from runtime.generation import longrope_switch, one_call_prompt_len, prefill_chunk
 from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from runtime.kv_buffers import buffer_arrays
 
 from .gen_batching import end_at_eos
 from .gen_protocol import GenItem
@@ -86,9 +87,9 @@ class _Buffers:
     def __init__(self, sess, b: int, n: int, t: int) -> None:  # sess passed check_continuous (the batcher's)
         self.sess = sess
         prefix = LM_PAST.split("{", 1)[0]
-        ins = [x for x in sess._sess.get_inputs() if x.name.startswith(prefix)]
-        dtype = np.float16 if "float16" in ins[0].type else np.float32
-        self.cache = {x.name: np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), dtype) for x in ins}
+        logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+        dtype = np.float16 if "float16" in logits_type else np.float32
+        self.cache = buffer_arrays(sess._sess.get_inputs(), b, n, prefix)  # fp32, or int8 + scales
         self.mask = np.ones((b, n), np.bool_)
         self.past_len = np.zeros((), np.int64)
         self.ids = np.zeros((b, t), np.int64)
