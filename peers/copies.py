@@ -23,12 +23,30 @@ from .classes import ROWS as FAMILY_ROWS
 from .rows import Check, Row
 from .special_rows import DEEPSEEK_V3, SPECIAL_ROWS
 
+
+def _phimoe_mscales(m: nn.Module) -> str | None:
+    """PhiMoE's rotary scales cos and sin by short_mscale below original_max and long_mscale past it; the
+    zoo's rotary holds one factor (peers/rope.py reads it when the two are equal)."""
+    params = getattr(m.config, "rope_parameters", None) or {}
+    short, long = params.get("short_mscale"), params.get("long_mscale")
+    if params.get("rope_type", "default") != "default" and short is not None and long is not None:
+        if float(short) != float(long):
+            return f"short_mscale={short} and long_mscale={long} differ: the zoo's rotary holds one attention factor"
+    return None
+
+
 # Copies under new class names: the same module as the row they copy (checked by a parity case each,
 # tests/hf_cases_copies.py), and the attention layers of hybrid models beside their state-space layers.
 COPIES: tuple[Row, ...] = (
     _like(LLAMA, family="Arcee", cls="ArceeAttention"),
     _like(LLAMA, family="Seed-OSS", cls="SeedOssAttention"),
-    _like(LLAMA, family="PhiMoE", cls="PhimoeAttention", window="config.sliding_window?"),
+    _like(
+        LLAMA,
+        family="PhiMoE",
+        cls="PhimoeAttention",
+        window="config.sliding_window?",
+        checks=(*LLAMA.checks, Check("short_mscale != long_mscale", _phimoe_mscales)),
+    ),
     _like(LLAMA, family="Granite-MoE", cls="GraniteMoeAttention"),
     _like(LLAMA, family="Granite-MoE-Shared", cls="GraniteMoeSharedAttention"),
     _like(LLAMA, family="GLM-4", cls="Glm4Attention", rope="partial", rope_interleaved=True),

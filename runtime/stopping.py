@@ -28,7 +28,7 @@ def eos_ids(value) -> tuple[int, ...]:
     out = []
     for v in many:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise zoo.ArgumentError(f"eos_token_id={value!r}: give a token id >= 0 or a list of them")
+            raise zoo.InputTypeError(f"eos_token_id={value!r} must be a token id (an integer >= 0) or a list of them")
         out.append(int(v))
     return tuple(out)
 

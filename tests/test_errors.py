@@ -20,7 +20,7 @@ from cli.main import command_parsers, main
 from helpers import REPO, one_line_error
 
 ROOT = REPO
-LAYERS = ("zoo", "peers", "analysis", "export", "bench", "serve", "cli")
+LAYERS = ("zoo", "peers", "analysis", "runtime", "export", "parity", "bench", "serve", "cli")
 PACKAGES = [p for p in LAYERS if (ROOT / p / "__init__.py").exists()]
 BUILTIN_BASES = (ValueError, TypeError, RuntimeError)
 # Optional stacks a module may need (Ray, Triton's client, transformers): skipped where missing.
@@ -87,6 +87,8 @@ KEPT_BUILTIN_RAISES = {
     "peers/config.py turns a missing config key into an HFConversionError",
     ("zoo/__init__.py", "__getattr__", "AttributeError"): "a module __getattr__ (PEP 562) raises AttributeError",
     ("export/__init__.py", "__getattr__", "AttributeError"): "a module __getattr__ (PEP 562) raises AttributeError",
+    ("runtime/__init__.py", "__getattr__", "AttributeError"): "a module __getattr__ (PEP 562) raises AttributeError",
+    ("parity/__init__.py", "__getattr__", "AttributeError"): "a module __getattr__ (PEP 562) raises AttributeError",
     ("export/lowerings/__init__.py", "<module>", "ImportError"): "import-time check of our own tables: a bug of ours",
     ("export/precision.py", "<module>", "ImportError"): "import-time check of our own tables: a bug of ours",
     ("zoo/modifiers/base.py", "Modifier.*", "NotImplementedError"): "abstract methods, defined by each modifier",

@@ -42,7 +42,8 @@ def test_every_operand_order_is_the_same_attention():
             error = np.abs(y - want).max() / np.abs(want).max()
             if order in ("k8", "kv8"):
                 assert feeds["k"].dtype == np.int8 and (feeds["v"].dtype == np.int8) == (order == "kv8")
-                assert 1e-4 < error < (5e-2 if order == "kv8" else 2e-2), (order, error)  # quantized, by its rounding
+                # quantized in 63 levels (dp.INT8_LEVELS: exact products on every x86 host), by its rounding
+                assert 1e-4 < error < (8e-2 if order == "kv8" else 4e-2), (order, error)
             elif order == "qk16":
                 assert feeds["k"].dtype == np.float16 and 1e-5 < error < 5e-3, error  # half precision's rounding
             else:

@@ -269,7 +269,7 @@ def test_parity_with_an_unusable_provider_fails(capsys):
 
 def test_api_checks_skip_an_unusable_provider_alike():
     """Without the CLI's refusal, both parity checks answer SKIP with the same reason."""
-    from export import parity
+    import parity
     from runtime.session import cuda_status
 
     ok, why = cuda_status()

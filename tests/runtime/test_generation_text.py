@@ -53,7 +53,8 @@ def test_the_checkpoints_eos_ids_stop_a_row_unless_the_call_overrides_them(text_
     made = free[0, _ids().shape[1] :].tolist()
     assert len(made) == NEW
     target = made[5]
-    stopped = sess.generate(_ids(), NEW, eos_token_id=[999, target])  # several ids, one of them made
+    unmade = next(i for i in range(256) if i not in made)  # an id of the vocabulary the row never makes
+    stopped = sess.generate(_ids(), NEW, eos_token_id=[unmade, target])  # several ids, one of them made
     assert stopped[0, _ids().shape[1] :].tolist() == made[: made.index(target) + 1]
     recorded = sess.generate(_ids(), NEW, generation_config={"eos_token_id": target})
     assert recorded.tolist() == stopped.tolist()
@@ -138,7 +139,7 @@ def test_bad_generation_options_are_one_line_errors(text_lm):
         ({"top_p": 2.0}, "top_p"),
         ({"seed": [1, 2]}, "one per row"),
     ]:
-        with pytest.raises(zoo.ArgumentError, match=match):
+        with pytest.raises(zoo.AttnzooError, match=match):  # the input rule's InputError or an option's ArgumentError
             sess.generate(_ids(), 2, **kw)
 
 

@@ -23,6 +23,7 @@ HANDED_ON = {
     "lm_from_hf": "peers.lm",
     "encoder_from_checkpoint": "peers.encoder",
     "sentence_encoder": "peers.sentence",
+    "seq2seq_from_checkpoint": "peers.seq2seq",
     "spec_from_config": "peers.config",
     "preset_toml": "peers.preset",
     "from_torch_mha": "peers.torch_mha",
