@@ -120,6 +120,10 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
             label = p + (f", B={b}" if len(batches) > 1 else "")
             ts = [q[0] for q in pts]
             line = ax_t.plot(ts, [q[1] for q in pts], styles[i % 4], marker="o", label=label)[0]
+            # the table's starred figures (other processes used CPUs meanwhile): a hollow red ring round the point
+            busy = [(r["seq"], r["median_ms"]) for r in rows if r["path"] == p and r["batch"] == b and contended(r)]
+            if busy:
+                ax_t.scatter(*zip(*busy), s=160, facecolors="none", edgecolors="red", linewidths=1.5, zorder=5)
             mem = [(q[0], max(q[2], 0.1)) for q in pts if q[2] is not None]
             ax_m.plot(
                 [m[0] for m in mem],
@@ -135,6 +139,8 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> str | None:
         ax.set_xlabel("sequence length T")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
+    if any(contended(r) for r in rows):
+        ax_t.scatter([], [], s=160, facecolors="none", edgecolors="red", label="measured under load (* in the table)")
     ax_t.legend(fontsize=8)
     fig.suptitle(
         f"{cfg['name']}: {cfg['provider']}, {cfg['dtype']}, {cfg['threads']} threads "

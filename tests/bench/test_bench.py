@@ -182,3 +182,31 @@ def test_stale_bench_folders_are_swept(tmp_path, monkeypatch):
     os.utime(old, (hours_ago, hours_ago))
     bench.sweep_stale_temp()
     assert not old.exists() and young.exists()
+
+
+def test_the_plot_rings_the_points_the_table_stars(tmp_path, monkeypatch):
+    """A figure measured while other processes used the CPUs is starred in the table and ringed in red in the
+    picture; the others are not."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from bench.report import plot
+    from bench.timing import CONTENDED
+
+    def row(seq, ms, others):
+        return dict(
+            status="ok", path="eager-sdpa", batch=1, seq=seq, median_ms=ms, peak_added_mb=1.0, others_cpus=others
+        )
+
+    report = {
+        "rows": [row(16, 39.5, CONTENDED + 1), row(64, 0.9, 0.0)],
+        "config": dict(paths=["eager-sdpa"], name="transformer-base", provider="cpu", dtype="float32", threads=2),
+        "machine": {"cpu": "test"},
+    }
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    assert plot(report, tmp_path / "bench.png") is None
+    ax_t = figures[0].axes[0]
+    ringed = [tuple(p) for c in ax_t.collections for p in c.get_offsets() if c.get_edgecolor().size]
+    assert ringed == [(16.0, 39.5)], ringed
+    assert "measured under load" in [t.get_text() for t in ax_t.get_legend().get_texts()][-1]
