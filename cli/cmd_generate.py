@@ -320,6 +320,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         generation_config=config,
         **options(args),
     )
+    if source.is_dir():  # past the positions the model was made for, a rotary or position table extrapolates
+        made_for = _max_positions(source)
+        if made_for is not None and len(ids) + args.max_new_tokens > made_for:
+            print(
+                f"attnzoo generate: warning: {len(ids)} prompt + {args.max_new_tokens} new tokens go past the "
+                f"{made_for} positions {source.name} was made for (max_position_embeddings): expect nonsense there",
+                file=sys.stderr,
+            )
     live = sys.stdout.isatty() if args.stream is None else args.stream
     if live:
         echo = short(tok.decode(ids)) if tok is not None else f"{len(ids)} prompt tokens"
@@ -340,10 +348,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     new = tokens.shape[1] - len(ids)
     timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
     row = tokens[0].tolist()
-    print("tokens", " ".join(map(str, row)))
+    # the new tokens in full; the prompt's ids only at their ends (a long prompt echoed whole drowned them)
+    head = " ".join(map(str, ids[:6])) + (f" ... ({len(ids)} prompt ids)" if len(ids) > 6 else "")
+    print("tokens", head, "->", " ".join(map(str, row[len(ids) :])))
     text = run.texts[0] if tok is not None else None
     if tok is not None and not live:
-        print("text  ", repr(tok.decode(ids)), "->", repr(text))
+        print("text  ", repr(short(tok.decode(ids))), "->", repr(text))
     step = timings["decode_s"] / max(timings["steps"], 1)
     how = "greedy" if not run.params.do_sample else f"sampled, seed {run.seed}"
     print(
@@ -370,63 +380,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_whole(args: argparse.Namespace) -> int:
-    """`attnzoo export --checkpoint DIR --whole -o PATH`: the whole model as one graph."""
-    from export.lm_export import export_lm
-
-    if args.checkpoint is None or args.name is not None or args.config is not None:
-        raise CliError("--whole exports a checkpoint's whole model: give --checkpoint DIR (not NAME or --config)")
-    from . import cmd_seq2seq
-
-    if cmd_seq2seq.is_seq2seq_folder(Path(args.checkpoint)):
-        return cmd_seq2seq.export_whole(args)
-    for flag, given in (
-        ("--layer", args.layer is not None),
-        ("--weights", args.weights),
-        ("--mask", args.mask),
-        ("--head-mask", args.head_mask),
-        ("--set", bool(args.set)),
-    ):
-        if given:
-            raise CliError(f"{flag} is for one block; --whole exports the whole model (its mask input is built in)")
-    from peers.sentence import is_encoder_folder
-
-    if is_encoder_folder(args.checkpoint):  # an encoder or sentence-transformers folder: its embeddings' graph
-        from .cmd_embed import export_encoder_whole
-
-        return export_encoder_whole(args)
-    ensure_writable_parent(args.output)
-    tokenizer = _tokenizer_to_copy(Path(args.checkpoint), Path(args.output))
-    model = load_lm(args.checkpoint)
-    max_len = args.max_len
-    if max_len is None:
-        max_len = default_max_len(Path(args.checkpoint), model, args.lowering, args.target, args.dtype)
-    result = export_lm(
-        model,
-        args.output,
-        cache=args.cache,
-        max_len=max_len,
-        precision=args.precision,
-        kv_precision=args.kv_precision,
-        lowering=args.lowering,
-        provider=args.target,
-        dtype=args.dtype,
-        overwrite=args.force,
-        label=args.checkpoint,
-        generation_config=generation_config(Path(args.checkpoint)),
-    )
-    print(result.summary())
-    if tokenizer is not None:
-        src, dst = tokenizer
-        write_atomic(dst, lambda tmp: tmp.write_bytes(src))
-        print(f"tokenizer: {Path(args.checkpoint) / 'tokenizer.json'} copied to {dst} (generate --prompt reads it)")
-        for name in ("tokenizer_config.json", "chat_template.jinja"):  # the chat template (generate --chat)
-            if (Path(args.checkpoint) / name).is_file():
-                data = (Path(args.checkpoint) / name).read_bytes()
-                write_atomic(dst.with_name(Path(args.output).stem + "." + name), lambda tmp, d=data: tmp.write_bytes(d))
-    return 0
-
-
 SHIPPED = Path(__file__).resolve().parent.parent / "models"  # the checkpoints in the box (tiny-stdlib-llama)
 
 
@@ -450,33 +403,6 @@ def _source(text: str) -> Path:
     close = difflib.get_close_matches(given.name, list(near), n=3, cutoff=0.6)
     hint = f" (closest: {', '.join(near[c] for c in close)})" if close else ""
     raise CliError(f"{text}: no such folder or file{hint}; give a checkpoint folder or a whole-model .onnx")
-
-
-def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] | None:
-    """(the checkpoint's tokenizer.json, where its export's copy goes), checked before the export so that
-    nothing fails after it; None where the checkpoint has none or the export goes to a device or pipe.
-    The copy is the export's own (MODEL.tokenizer.json), replaced as the export is."""
-    from zoo.files import is_special, resolve_output
-
-    src = checkpoint / "tokenizer.json"
-    if not src.is_file() or is_special(resolve_output(onnx_path)):
-        return None
-    dst = tokenizer_beside(onnx_path)
-    resolve_output(dst)  # a folder or a dangling link there: refused now, in one line
-    try:
-        raw = src.read_bytes()
-    except OSError as e:
-        raise CliError(f"cannot read {src}: {e.strerror or e}") from None
-    from tokenizers import Tokenizer
-
-    try:  # read now, as generate --prompt will: a malformed file is refused before the export, not after it
-        Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type (and UnicodeError)
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise CliError(
-            f"{src} is not a tokenizer the tokenizers library reads ({why}); fix or remove it before exporting"
-        ) from None
-    return raw, dst
 
 
 def add_commands(sub) -> None:

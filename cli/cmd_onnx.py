@@ -44,7 +44,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from export.writer import export_onnx
 
     if args.whole:  # the whole model of a checkpoint, one graph (cli/cmd_generate.py)
-        from .cmd_generate import export_whole
+        from .cmd_export_whole import export_whole
 
         return export_whole(args)
     if args.kv_precision != "fp32":

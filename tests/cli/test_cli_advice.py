@@ -161,3 +161,24 @@ def test_generate_takes_the_shipped_checkpoints_bare_name(tmp_path, monkeypatch)
     assert _source("tiny-stdlib-llama") == SHIPPED / "tiny-stdlib-llama"
     (tmp_path / "tiny-stdlib-llama").mkdir()  # a folder of that name here is what it names
     assert _source("tiny-stdlib-llama") == Path("tiny-stdlib-llama")
+
+
+def test_generate_warns_past_the_models_positions_and_echoes_a_long_prompt_short(capsys, tmp_path, monkeypatch):
+    """A call past max_position_embeddings runs (the user asked for it) with a warning naming the positions; the
+    summary shows the new tokens in full and only the ends of the prompt's ids."""
+    import json
+    import shutil
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "models" / "tiny-stdlib-llama", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=12)))
+    monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
+    ids = ",".join(str(100 + i) for i in range(10))
+    argv = ["generate", str(folder), "--prompt-ids", ids, "--max-new-tokens", "4", "--max-len", "32", "--no-stream"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "10 prompt + 4 new tokens go past the 12 positions tiny was made for" in err
+    line = next(ln for ln in out.splitlines() if ln.startswith("tokens "))
+    prompt, new = line.removeprefix("tokens ").split(" -> ")
+    assert prompt == "100 101 102 103 104 105 ... (10 prompt ids)" and len(new.split()) == 4, line
