@@ -164,3 +164,19 @@ def decode_why_not(spec: zoo.AttentionSpec) -> str | None:
     if not spec.causal:
         return "decoding with a KV cache is for causal self-attention; this block has causal=False"
     return None
+
+
+def first_that_exports(order, lowering: str, build, what: str):
+    """(lowering, build(lowering), notes) for the first lowering of `order` whose build(lw) raises no
+    ExportError. A lowering asked for by name raises its own refusal; under "auto" each refusal becomes a
+    note ("auto: skipped LW: why") and the next is tried, the last refusal raised when none exports."""
+    notes, error = [], None
+    for lw in order:
+        try:
+            return lw, build(lw), notes
+        except ExportError as e:
+            if lowering != "auto":
+                raise
+            notes.append(f"auto: skipped {lw}: {e}")
+            error = e
+    raise error or ExportError(f"no lowering could export this {what}")

@@ -26,7 +26,7 @@ from torch import nn
 import zoo
 from runtime.io import TensorIO
 
-from .choice import auto_order, why_not
+from .choice import auto_order, first_that_exports, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .lowerings import record
@@ -198,19 +198,12 @@ def export_encoder(
         raise ExportError(f"{path} is a folder; give a file path such as {path / 'embed.onnx'}")
     target = output_target(path, overwrite)
     ins, outs = encoder_interface(model)
-    notes, error = [], None
-    for lw in order:
-        try:
-            onnx_model = _trace(model, record(lw), dtype, ins, outs, specs[0])
-            quantized, applied = apply_precision(onnx_model, precision)
-            break
-        except ExportError as e:
-            if lowering != "auto":
-                raise
-            notes.append(f"auto: skipped {lw}: {e}")
-            error = e
-    else:
-        raise error or ExportError("no lowering could export this encoder")
+    lw, (quantized, applied), notes = first_that_exports(
+        order,
+        lowering,
+        lambda lw: apply_precision(_trace(model, record(lw), dtype, ins, outs, specs[0]), precision),
+        "encoder",
+    )
     if applied.note():
         notes.append(applied.note())
     sentence = isinstance(model, SentenceEncoder)

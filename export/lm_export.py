@@ -35,7 +35,7 @@ import zoo
 from runtime.io import LM_PAST, LM_PRESENT, lm_interface
 
 from . import cuda_check, kv_int8, splice
-from .choice import lm_order, why_not
+from .choice import first_that_exports, lm_order, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .lm_fusions import fuse_norms
@@ -271,22 +271,15 @@ def export_lm(
         raise ExportError(f"{path} is a folder; give a file path such as {path / 'model.onnx'}")
     target = output_target(path, overwrite)
     ins, outs = lm_interface(specs, vocab, all_logits=all_logits, argmax=argmax)
-    notes, error = [], None
-    for lw in order:
-        try:
-            onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
-            if kv_precision != "fp32":
-                onnx_model = kv_int8.rewrite(onnx_model, len(specs))
-            cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
-            quantized, applied = apply_precision(onnx_model, precision, decode=True)
-            break
-        except ExportError as e:
-            if lowering != "auto":
-                raise
-            notes.append(f"auto: skipped {lw}: {e}")
-            error = e
-    else:
-        raise error or ExportError("no lowering could export this model")
+
+    def build(lw: str):
+        onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
+        if kv_precision != "fp32":
+            onnx_model = kv_int8.rewrite(onnx_model, len(specs))
+        cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
+        return apply_precision(onnx_model, precision, decode=True)
+
+    lw, (quantized, applied), notes = first_that_exports(order, lowering, build, "model")
     if applied.note():
         notes.append(applied.note())
     meta = {

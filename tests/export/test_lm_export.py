@@ -403,6 +403,12 @@ def _cli(argv, capsys):
     return rc, out, err
 
 
+def _new_tokens(out: str) -> list[int]:
+    """The new token ids of `attnzoo generate`'s summary line ("tokens PROMPT'S FIRST IDS ... -> NEW IDS")."""
+    line = next(ln for ln in out.splitlines() if ln.startswith("tokens "))
+    return [int(t) for t in line.split(" -> ", 1)[1].split()]
+
+
 def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monkeypatch):
     _, lm, path = lm_exports(DEFAULT)
     ids = lm_cases.prompt(batch=1)[0].tolist()
@@ -423,13 +429,15 @@ def test_cli_generate_and_its_one_line_errors(lm_exports, tmp_path, capsys, monk
     doc = json.loads((tmp_path / "g.json").read_text())
     want = lm.generate(torch.tensor([ids]), 5)
     assert doc["tokens"] == want.tolist() and doc["timings"]["new_tokens"] == 5
-    assert "tokens/s" in out and out.splitlines()[0] == "tokens " + " ".join(map(str, want[0].tolist()))
+    prompt = " ".join(map(str, ids[:6])) + (f" ... ({len(ids)} prompt ids)" if len(ids) > 6 else "")
+    new = " ".join(map(str, want[0, len(ids) :].tolist()))
+    assert "tokens/s" in out and out.splitlines()[0] == f"tokens {prompt} -> {new}"
     assert doc["precision"] == "fp32" and doc["source"] == doc["model"] == str(path)
     new = want[0, len(ids) :].tolist()
     eos = new[2]  # it stops at the first time it makes this token
     argv = ["generate", str(path), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "5"]
     rc, out, err = _cli([*argv, "--eos-token-id", str(eos)], capsys)
-    assert rc == 0 and out.splitlines()[0].split()[1:] == [str(t) for t in [*ids, *new[: new.index(eos) + 1]]], err
+    assert rc == 0 and _new_tokens(out) == new[: new.index(eos) + 1], err
     folder = lm_cases.saved(DEFAULT, tmp_path)
     capsys.readouterr()  # transformers' progress bars while saving it
     no_config = tmp_path / "empty"
@@ -551,7 +559,7 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
     argv = ["generate", str(folder), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "4"]
     rc, out, err = _cli(argv, capsys)
     want = lm_from_hf(lm_cases.hf_model(DEFAULT)).generate(torch.tensor([ids]), 4)
-    assert rc == 0 and out.splitlines()[1] == "tokens " + " ".join(map(str, want[0].tolist())), (out, err)
+    assert rc == 0 and _new_tokens(out) == want[0, len(ids) :].tolist(), (out, err)
     rc, out, err = _cli(argv, capsys)  # the second run finds the cached export
     assert rc == 0 and "exporting" not in out
     (cached,) = (tmp_path / "cache" / "lm").glob("*.onnx")  # generate's export takes the same default
@@ -561,7 +569,7 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
         data.unlink()  # a graph without its weights (or an export from before they went beside it)
     rc, out, err = _cli(argv, capsys)
     assert rc == 0 and "exporting" in out, (out, err)
-    assert out.splitlines()[1] == "tokens " + " ".join(map(str, want[0].tolist())), (out, err)
+    assert _new_tokens(out) == want[0, len(ids) :].tolist(), (out, err)
 
 
 # -- one rule for a generation call's inputs (zoo/generation_inputs.py), in every path ------------------
