@@ -22,7 +22,7 @@ from torch import nn
 
 from .errors import AnalysisError
 from .importance import evaluate, mask_without
-from .patching import PATCH_LOCATIONS, ablation_hooks
+from .patching import PATCH_LOCATIONS, ablation_hooks, head_name
 from .tasks import Task
 from .training import TRAIN_SEED, train
 
@@ -116,7 +116,7 @@ def run_ablation(
     full = [layer for layer, d in drop.items() if len(set(d)) >= per_layer[layer]]
     if full:
         raise AnalysisError(
-            f"heads {', '.join(f'L{a}H{b}' for a, b in heads)} leave layer {full[0]} with no head "
+            f"heads {', '.join(head_name(model, a, b) for a, b in heads)} leave layer {full[0]} with no head "
             f"(it has {per_layer[full[0]]}); a zoo block keeps at least one"
         )
     n_heads = sum(per_layer)
@@ -228,7 +228,7 @@ def run_ablation(
     n_eval = sum(_batch_len(b) for b in batches)
     result.caption = (
         f"Model {task.name} ({task.description}); heads removed: "
-        f"{', '.join(f'L{layer}H{h}' for layer, h in heads)}. Task and metric: {task.procedure}; "
+        f"{', '.join(head_name(model, layer, h) for layer, h in heads)}. Task and metric: {task.procedure}; "
         f"{n_eval} held-out examples (seed {batches_seed_note()}), the same for every row. Procedure: the "
         f"shipped weights, one run each, no error bars; (c) fine-tunes for {finetune_steps} steps, (d) trains "
         f"for {scratch_steps} steps from seed {TRAIN_SEED} with the shipped model's recipe{_gate_note(task)}. "

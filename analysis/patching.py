@@ -45,6 +45,12 @@ def head_prefix(model) -> str:
     return "X" if getattr(model, "kind", "lm") == "seq2seq" else "L"
 
 
+def head_name(model, layer: int, h: int) -> str:
+    """A head's one name in every output (heads, importance, ablate, patch): "L0H1" for a decoder's
+    self-attention head, "X0H1" for tiny-dates' cross-attention head (the blocks head_mask addresses)."""
+    return f"{head_prefix(model)}{layer}H{h}"
+
+
 def check_location(location: str) -> str:
     if location not in PATCH_LOCATIONS:
         raise AnalysisError(f"location {location!r} is not one of {', '.join(PATCH_LOCATIONS)}")

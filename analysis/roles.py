@@ -245,7 +245,7 @@ def format_dates_heads(r: DatesHeads) -> str:
             layer, h = role.head
             a = r.fields["all"]
             lines.append(
-                f"L{layer}H{h}  "
+                f"X{layer}H{h}  "
                 + "  ".join(f"{float(a[f][layer, h]):>5.2f}" for f in ("day", "month", "year"))
                 + "  "
                 + "  ".join(f"{float(r.fields[fmt]['day'][layer, h]):>18.2f}" for fmt in fmts)
@@ -255,13 +255,13 @@ def format_dates_heads(r: DatesHeads) -> str:
         if head is not None:
             a = r.fields["all"]
             lines.append(
-                f"{what} head: L{head[0]}H{head[1]} (day {float(a['day'][head]):.2f}, month "
+                f"{what} head: X{head[0]}H{head[1]} (day {float(a['day'][head]):.2f}, month "
                 f"{float(a['month'][head]):.2f}, year {float(a['year'][head]):.2f})"
             )
     if r.day_head is not None and r.day_follows:
         layer, h = r.day_head
         lines.append(
-            f"\nday head L{layer}H{h}, while the day is written: weight on the day's span vs on the "
+            f"\nday head X{layer}H{h}, while the day is written: weight on the day's span vs on the "
             "places the day has in the other formats"
         )
         for fmt, v in r.day_follows.items():

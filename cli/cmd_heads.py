@@ -162,7 +162,7 @@ def _heads_dates(model, args: argparse.Namespace) -> int:
             translations,
             args.plot,
             titles=[
-                f"L{layer}H{h}"
+                f"X{layer}H{h}"  # tiny-dates' cross-attention heads, named as every command names them
                 + (f" ({named[(layer, h)]})" if (layer, h) in named else "")
                 + f": {report.roles[layer][h].title()}"
                 for layer, h in flat
@@ -183,6 +183,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
     import analysis
     from analysis import plot
     from analysis.importance import eval_batches, head_importance, pruning_sweep, ranked_heads, remove_half
+    from analysis.patching import head_name
     from analysis.tasks import get_task
 
     _check_picture(args.plot)
@@ -200,11 +201,11 @@ def cmd_importance(args: argparse.Namespace) -> int:
     print(f"loss: {task.loss_name} on {args.batches * args.batch} held-out examples (seed {args.seed})")
     print("head  importance   raw |dL/dxi|")
     for layer, h in reversed(ranked_heads(norm)):
-        print(f"L{layer}H{h}  {float(norm[layer, h]):>10.3f}   {float(raw[layer, h]):>12.3e}")
+        print(f"{head_name(model, layer, h)}  {float(norm[layer, h]):>10.3f}   {float(raw[layer, h]):>12.3e}")
     print(f"\npruning sweep (least important first, by head_mask; stop below 0.9 x start = {sweep.threshold:.3f})")
     print(f"{'pruned':>7}  {task.loss_name:>22}  {task.metric_name:>20}  heads zeroed")
     for f, p, loss, m in zip(sweep.fractions, sweep.pruned, sweep.losses, sweep.metrics):
-        names = ",".join(f"L{a}H{b}" for a, b in p) or "-"
+        names = ",".join(head_name(model, a, b) for a, b in p) or "-"
         print(f"{f:>7.0%}  {loss:>22.3f}  {m:>20.3f}  {names}")
     half, half_loss, half_metric = remove_half(model, task, norm, batches)
     print(
@@ -222,7 +223,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
             ylabel=task.metric_name,
             title=f"{args.name}: pruning by importance",
             threshold=sweep.threshold,
-            point_labels=["+" + ",".join(f"L{a}H{b}" for a, b in heads) if heads else "" for heads in added],
+            point_labels=["+" + ",".join(head_name(model, a, b) for a, b in heads) if heads else "" for heads in added],
             extra=[(100 * len(half) / n, half_metric, f"half the heads zeroed ({len(half)}): {half_metric:.3f}")],
         )
         print(f"wrote {args.plot}")
@@ -246,7 +247,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     import analysis
     from analysis.ablate import format_locations, format_table, location_table, parse_heads, run_ablation
     from analysis.importance import eval_batches, head_importance, ranked_heads
-    from analysis.patching import check_location
+    from analysis.patching import check_location, head_name
     from analysis.tasks import get_task
 
     if args.location != "all":
@@ -260,10 +261,10 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     else:
         norm, _ = head_importance(model, task, batches)
         heads = [ranked_heads(norm)[-1]]
-        print(f"--heads not given: removing the most important head, L{heads[0][0]}H{heads[0][1]}")
+        print(f"--heads not given: removing the most important head, {head_name(model, *heads[0])}")
     if args.location == "all":
         rows = location_table(model, task, heads, batches)
-        names = ", ".join(f"L{a}H{b}" for a, b in heads)
+        names = ", ".join(head_name(model, a, b) for a, b in heads)
         print(f"{args.name}: heads {names} ablated at each location, {args.batches * args.batch} held-out examples")
         print(format_locations(rows, task.metric_name, task.loss_name))
         if args.json:

@@ -137,8 +137,8 @@ def test_dates_picture_marks_the_day_head_and_the_year_head(tmp_path, capsys, sv
     words = svg_text(svg)
     for what in ("day", "year"):
         layer, h = data[f"{what}_head"]
-        assert f"{what} head: L{layer}H{h}" in out  # the text names it; the picture marks the same head
-        assert f"L{layer}H{h} (the {what} head): " in words, words
+        assert f"{what} head: X{layer}H{h}" in out  # the text names it; the picture marks the same head
+        assert f"X{layer}H{h} (the {what} head): " in words, words
         assert words.count(f"the {what} head") == 1, words
 
 
@@ -160,7 +160,7 @@ def test_a_head_that_is_the_day_head_and_the_year_head_says_both(tmp_path, capsy
     layer, h = data["day_head"]
     assert data["year_head"] == data["day_head"]
     words = svg_text(svg)
-    assert f"L{layer}H{h} (the day head and the year head): " in words, words
+    assert f"X{layer}H{h} (the day head and the year head): " in words, words
     assert words.count("the year head") == 1 and words.count("the day head") == 1, words
 
 
