@@ -12,7 +12,7 @@ import zoo
 
 from .errors import ExportError
 from .lowerings import RECORDS, record
-from .names import DEVICES
+from .names import DEVICES, LOWERINGS
 
 # Which lowering "auto" takes, fastest first, per provider and per kind of request, from
 # `attnzoo bench` (README, "Choosing a lowering"); the first that can express it wins.
@@ -164,6 +164,23 @@ def decode_why_not(spec: zoo.AttentionSpec) -> str | None:
     if not spec.causal:
         return "decoding with a KV cache is for causal self-attention; this block has causal=False"
     return None
+
+
+def lowerings_to_try(lowering, order, reason, *, none: str, refused: str) -> list[str]:
+    """The lowerings a model of several layers may take, in order: under "auto" each of `order` whose
+    reason(lw) is None (ExportError `none` when there is none), else the one named (ExportError
+    "lowering=... `refused`: why" when it cannot)."""
+    if lowering == "auto":
+        found = [lw for lw in order if reason(lw) is None]
+        if not found:
+            raise ExportError(none)
+        return found
+    if not isinstance(lowering, str) or lowering not in LOWERINGS:
+        raise ExportError(f"lowering={lowering!r} is not one of {', '.join(('auto', *LOWERINGS))}")
+    why = reason(lowering)
+    if why:
+        raise ExportError(f"lowering={lowering!r} {refused}: {why}")
+    return [lowering]
 
 
 def first_that_exports(order, lowering: str, build, what: str):

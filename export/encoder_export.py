@@ -26,12 +26,12 @@ from torch import nn
 import zoo
 from runtime.io import TensorIO
 
-from .choice import auto_order, first_that_exports, why_not
+from .choice import auto_order, first_that_exports, lowerings_to_try, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .lowerings import record
 from .lowerings.base import EXPECTED_NODES
-from .names import LOWERINGS, PRECISIONS
+from .names import PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
@@ -119,17 +119,13 @@ def _candidates(specs, lowering, provider: str, dtype: str) -> list[str]:
                 return f"layer {i}: {r}"
         return None
 
-    if lowering == "auto":
-        found = [lw for lw in auto_order(provider, specs[0], with_mask=True) if reason(lw) is None]
-        if not found:
-            raise ExportError("no traced lowering can express every layer of this encoder")
-        return found
-    if not isinstance(lowering, str) or lowering not in LOWERINGS:
-        raise ExportError(f"lowering={lowering!r} is not one of {', '.join(('auto', *LOWERINGS))}")
-    r = reason(lowering)
-    if r:
-        raise ExportError(f"lowering={lowering!r} cannot export this encoder: {r}")
-    return [lowering]
+    return lowerings_to_try(
+        lowering,
+        auto_order(provider, specs[0], with_mask=True),
+        reason,
+        none="no traced lowering can express every layer of this encoder",
+        refused="cannot export this encoder",
+    )
 
 
 def _trace(model: nn.Module, rec, dtype: str, ins, outs, spec0):

@@ -35,12 +35,12 @@ import zoo
 from runtime.io import LM_PAST, LM_PRESENT, lm_interface
 
 from . import cuda_check, kv_int8, splice
-from .choice import first_that_exports, lm_order, why_not
+from .choice import first_that_exports, lm_order, lowerings_to_try, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .lm_fusions import fuse_norms
 from .lowerings import record
-from .names import CACHE_CHOICES, LOWERINGS, PRECISIONS
+from .names import CACHE_CHOICES, PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
@@ -153,17 +153,13 @@ def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: s
                 return f"layer {i}: {r}"
         return None
 
-    if lowering == "auto":
-        found = [lw for lw in lm_order(provider) if reason(lw) is None]
-        if not found:
-            raise ExportError("no lowering can express every layer of this model with a static cache")
-        return found
-    if not isinstance(lowering, str) or lowering not in LOWERINGS:
-        raise ExportError(f"lowering={lowering!r} is not one of {', '.join(('auto', *LOWERINGS))}")
-    r = reason(lowering)
-    if r:
-        raise ExportError(f"lowering={lowering!r} cannot export a whole model: {r}")
-    return [lowering]
+    return lowerings_to_try(
+        lowering,
+        lm_order(provider),
+        reason,
+        none="no lowering can express every layer of this model with a static cache",
+        refused="cannot export a whole model",
+    )
 
 
 def stored_tables_max_len(
@@ -203,6 +199,11 @@ def _check_args(decode, cache, max_len, precision, dtype, provider, overwrite, a
         raise ExportError("cache='grow': a whole model keeps a static cache, written in place; pass cache='static'")
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
         raise zoo.ArgumentError(f"max_len={max_len!r} must be a positive int (the most positions a session allocates)")
+    check_precision_and_dtype(precision, dtype, provider)
+
+
+def check_precision_and_dtype(precision, dtype, provider: str) -> None:
+    """A whole model's weight precision and float type, for `provider` (decoders and encoder-decoder pairs)."""
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if dtype == "float16" and provider == "cpu":

@@ -40,11 +40,9 @@ from zoo.seq2seq import Seq2SeqLM
 from .choice import why_not
 from .errors import ExportError
 from .graphs import op_counts
-from .lm_export import FP16_CPU
+from .lm_export import check_precision_and_dtype
 from .lm_fusions import fuse_norms
 from .lowerings import record
-from .names import PRECISIONS
-from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .tracing import DTYPES, check_interface, configured, trace
 
@@ -224,12 +222,7 @@ def export_seq2seq(
     started = time.perf_counter()
     if not isinstance(model, Seq2SeqLM):
         raise zoo.InputTypeError(f"export_seq2seq takes a zoo Seq2SeqLM, got {type(model).__name__}")
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
-    if dtype == "float16" and provider == "cpu":
-        raise ExportError(FP16_CPU)
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    check_precision_and_dtype(precision, dtype, provider)
     if lowering == "auto":
         lowering = LOWERINGS[0]
     if lowering not in LOWERINGS:
