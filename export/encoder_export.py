@@ -41,7 +41,7 @@ EXAMPLE_B, EXAMPLE_T = 2, 7  # different, both >= 2: none is baked in
 IDS = TensorIO("input_ids", ("b", "t"), "int64", "token ids, right-padded")
 MASK = TensorIO("attention_mask", ("b", "t"), "int64", "1 = a real token, 0 = padding")
 TYPES = TensorIO("token_type_ids", ("b", "t"), "int64", "segment ids (0 for one text)")
-ENCODER_METADATA = ("max_seq_length", "prompts", "default_prompt_name", "pad_id", "do_lower_case", "dim")
+ENCODER_METADATA = ("max_seq_length", "prompts", "default_prompt_name", "pad_id", "do_lower_case", "dim", "vocab")
 
 
 def is_encoder(obj) -> bool:
@@ -212,6 +212,7 @@ def export_encoder(
         "attnzoo.lowering": lw,
         "attnzoo.dtype": dtype,
         "attnzoo.pad_id": str(model.spec.pad_id if pad_id is None else pad_id),
+        "attnzoo.vocab": str(model.spec.vocab),  # a server checks token ids against it
         "attnzoo.do_lower_case": json.dumps(bool(do_lower_case)),
         "attnzoo.token_types": json.dumps(len(ins) == 3),
         **applied.metadata(),
