@@ -33,7 +33,8 @@ def test_logits_equal_transformers(case, seq2seq_root):
     folder, hf = seq2seq_cases.checkpoint(case, seq2seq_root)
     model = seq2seq_from_checkpoint(folder)
     ids, mask = seq2seq_cases.batch()
-    dec = torch.randint(3, seq2seq_cases.VOCAB, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
+    top = seq2seq_cases.decoder_vocab(hf)
+    dec = torch.randint(3, top, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
         got = model(ids, dec, mask)
@@ -54,6 +55,21 @@ def test_generation_settings_read_generation_config(seq2seq_root):
     assert (bart["decoder_start_token_id"], bart["eos_token_id"], bart["forced_eos_token_id"]) == (2, 2, 2)
     mbart = generation_settings(seq2seq_cases.checkpoint("mbart", seq2seq_root)[0])
     assert mbart["decoder_start_token_id"] == mbart["bos_token_id"] == 0  # unset: transformers starts at bos
+
+
+def test_generation_settings_keep_several_eos_ids(seq2seq_root, tmp_path):
+    """A list eos_token_id keeps every id (each ends a row); single-token bad_words_ids join suppress_tokens."""
+    folder = _copy(seq2seq_cases.checkpoint("marian", seq2seq_root)[0], tmp_path / "eos")
+    gen = json.loads((folder / "generation_config.json").read_text())
+    gen.update(eos_token_id=[1, 5], forced_eos_token_id=[5, 1], bad_words_ids=[[63], [3, 4]], suppress_tokens=[9])
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    got = generation_settings(folder)
+    assert (got["eos_token_id"], got["forced_eos_token_id"]) == ([1, 5], [5, 1])
+    assert (got["suppress_tokens"], got["bad_sequences"], got["pad_token_id"]) == ([9, 63], [[3, 4]], 63)
+    gen["eos_token_id"] = [1, "x"]
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    with pytest.raises(zoo.CheckpointError, match=r"eos_token_id=\[1, 'x'\]"):
+        generation_settings(folder)
 
 
 def _copy(folder, dst):
