@@ -215,7 +215,7 @@ def _marian_fields(cfg: dict) -> dict:
 
 
 _MARIAN_ROW = Seq2SeqRow(
-    "as BART, but fixed sinusoidal positions (sin | cos halves), no LayerNorm on the embeddings; one token table "
+    "as BART, but fixed sinusoidal positions (sin, then cos, halves), no LayerNorm on the embeddings; one token table "
     "or one per stack (share_encoder_decoder_embeddings=False, decoder_vocab_size), the head tied to the decoder's",
     _marian_fields,
     _bart_attention,

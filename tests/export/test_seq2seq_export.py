@@ -51,6 +51,8 @@ def cases() -> list:
 
 
 def hf_generate(hf, ids, mask, **kw) -> torch.Tensor:
+    if not seq2seq_cases.cached_generate_ok(hf):  # transformers' cache is wrong for it: its uncached loop
+        kw.setdefault("use_cache", False)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, num_beams=1, do_sample=False, **kw)

@@ -46,6 +46,9 @@ def _config(name: str):
             tie_word_embeddings=False,
             decoder_start_token_id=0,
         ),
+        # more decoder layers than encoder layers: transformers 5.25's generate fails on it (its cache has
+        # num_layers entries); compare with generate(use_cache=False), the model's own loop (cached_generate_ok)
+        "t5-deep-decoder": lambda: tf.T5Config(**common, **_T5, num_decoder_layers=3, decoder_start_token_id=0),
         "bart": lambda: tf.BartConfig(**common, **_BART),
         "mbart": lambda: tf.MBartConfig(**common, **_BART, scale_embedding=True),
         "marian": lambda: tf.MarianConfig(**common, **_MARIAN, pad_token_id=63, decoder_start_token_id=63),
@@ -60,7 +63,7 @@ def _config(name: str):
     }[name]()
 
 
-CASES = ("t5", "t5-gated", "bart", "mbart", "marian", "marian-unshared")
+CASES = ("t5", "t5-gated", "t5-deep-decoder", "bart", "mbart", "marian", "marian-unshared")
 
 
 @functools.cache
@@ -81,6 +84,14 @@ def hf_model(name: str):
     if model.config.model_type == "marian":  # as Helsinki-NLP's generation_config.json: pad is never made
         model.generation_config.bad_words_ids = [[model.config.pad_token_id]]
     return model
+
+
+def cached_generate_ok(model) -> bool:  # noqa: ANN001 - a transformers model
+    """Whether transformers' generate with its cache runs this model: transformers 5.25 sizes a T5's
+    DynamicCache from num_hidden_layers (T5Config maps it to num_layers, the encoder's), so with more decoder
+    layers generate raises IndexError (docs/seq2seq.md has the repro)."""
+    cfg = model.config
+    return cfg.model_type not in ("t5", "mt5") or cfg.num_decoder_layers <= cfg.num_layers
 
 
 def decoder_vocab(model) -> int:  # noqa: ANN001 - a transformers model

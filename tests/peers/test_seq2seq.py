@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import zoo
 from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
 from peers.seq2seq_rows import SEQ2SEQ_FAMILIES
+from zoo.seq2seq import SinusoidalPositions
 
 REL = 1e-5
 
@@ -103,6 +104,33 @@ def test_a_family_without_a_row_is_one_line(seq2seq_root, tmp_path):
     (folder / "config.json").write_text(json.dumps({**data, "model_type": "pegasus"}))
     with pytest.raises(zoo.HFConversionError, match="model_type='pegasus'.*t5, mt5, bart, mbart"):
         seq2seq_from_checkpoint(folder)
+
+
+def test_docs_families_table_is_the_commands():
+    from cli.cmd_seq2seq import families_markdown
+    from helpers import REPO
+
+    assert families_markdown() in (REPO / "docs" / "seq2seq.md").read_text(), "docs/seq2seq.md's table differs"
+
+
+def test_sinusoidal_positions_are_marians():
+    """sin of every frequency in the first half of the channels, cos in the second (transformers' layout)."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    for dim in (32, 7):
+        want = MarianSinusoidalPositionalEmbedding(20, dim).create_weight()
+        got = SinusoidalPositions(20, dim).weight
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_spec_refuses_a_shared_table_of_two_sizes():
+    a = zoo.AttentionSpec(d_model=32, heads=4)
+    causal = zoo.AttentionSpec(d_model=32, heads=4, causal=True)
+    cross = zoo.AttentionSpec(d_model=32, heads=4, d_context=32)
+    kw = dict(vocab=10, d_model=32, encoder=(a,), decoder=(causal,), cross=(cross,), d_ff=8, decoder_vocab=6)
+    with pytest.raises(zoo.SpecError, match="decoder_vocab=6 differs from vocab=10.*shared_tokens=False"):
+        zoo.Seq2SeqSpec(**kw)
+    assert zoo.Seq2SeqLM(zoo.Seq2SeqSpec(**kw, shared_tokens=False)).head.out_features == 6
 
 
 def test_spec_refuses_a_causal_encoder():
