@@ -106,6 +106,14 @@ def test_a_family_without_a_row_is_one_line(seq2seq_root, tmp_path):
         seq2seq_from_checkpoint(folder)
 
 
+def test_families_lists_every_seq2seq_row(capsys):
+    from cli.main import main
+
+    assert main(["families"]) == 0
+    out = capsys.readouterr().out.split("Whole encoder-decoder models", 1)[1]
+    assert all(f"| `{kind}` |" in out for kind in SEQ2SEQ_FAMILIES), out
+
+
 def test_docs_families_table_is_the_commands():
     from cli.cmd_seq2seq import families_markdown
     from helpers import REPO
