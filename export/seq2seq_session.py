@@ -93,6 +93,9 @@ class Seq2SeqSession:
                 f"bad_words_ids of several tokens {self.generation['bad_sequences']} are not honoured here "
                 "(single-token ones are)"
             )
+        if self.generation.get("unhonoured"):
+            asked = ", ".join(f"{k}={v}" for k, v in self.generation["unhonoured"].items())
+            notes.append(f"the checkpoint's generation settings {asked} are not applied here")
         self.note = "; ".join(notes) or None
 
     def encode(self, input_ids, attention_mask=None) -> list[np.ndarray]:

@@ -73,6 +73,19 @@ def test_generation_settings_keep_several_eos_ids(seq2seq_root, tmp_path):
         generation_settings(folder)
 
 
+def test_generation_settings_name_what_greedy_does_not_apply(seq2seq_root, tmp_path):
+    """A checkpoint asking what this greedy loop does not do (BART-CNN's min_length, no_repeat_ngram_size) has it
+    listed as `unhonoured`, for the session's note; neutral values (repetition_penalty 1.0) are not listed."""
+    folder = _copy(seq2seq_cases.checkpoint("bart", seq2seq_root)[0], tmp_path / "cnn")
+    assert generation_settings(folder)["unhonoured"] is None
+    gen = json.loads((folder / "generation_config.json").read_text())
+    gen.update(min_length=56, no_repeat_ngram_size=3, repetition_penalty=1.0, num_beams=4)
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    got = generation_settings(folder)
+    assert got["unhonoured"] == {"min_length": 56, "no_repeat_ngram_size": 3}
+    assert got["num_beams"] == 4
+
+
 def _copy(folder, dst):
     dst.mkdir()
     for f in folder.iterdir():
