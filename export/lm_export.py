@@ -44,7 +44,7 @@ from .names import CACHE_CHOICES, PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, check_interface, configured, trace
+from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
 # The example the model is traced at: all sizes >= 2 and different, so none is baked in.
 EXAMPLE_B, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 5, 11, 3
@@ -208,6 +208,8 @@ def check_precision_and_dtype(precision, dtype, provider: str) -> None:
         raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if dtype == "float16" and provider == "cpu":
         raise ExportError(FP16_CPU)
+    if dtype == "bfloat16" and provider == "cpu":
+        raise ExportError(BF16_CPU)
     if dtype not in DTYPES:
         raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
 

@@ -12,7 +12,7 @@ choice reads them from here.
 
 from runtime.names import DEVICES, PROVIDERS  # the run time's; handed on for the command line
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each step, or buffers written in place
 CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the provider (export/choice.py DECODE_CACHE)
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
