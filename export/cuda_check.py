@@ -22,9 +22,11 @@ from onnx import helper
 from .errors import ExportError
 from .lowerings import LOWERING_LIST
 from .lowerings.kernel_rules import KernelRules, NodeFacts
+from .precision import NBITS_CUDA_RULES
 
-# op ("domain::Op") -> its CUDA rules, from every record that writes it
+# op ("domain::Op") -> its CUDA rules, from every record that writes it, and the weight precisions' MatMulNBits
 RULES: dict[str, KernelRules] = {rules.op: rules for lw in LOWERING_LIST for rules in lw.cuda}
+RULES[NBITS_CUDA_RULES.op] = NBITS_CUDA_RULES
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_ROUNDS = 4096  # rounds of shape inference, each resolving the next com.microsoft nodes (two a layer)
 
@@ -96,6 +98,10 @@ def _types(proto: onnx.ModelProto) -> dict[str, tuple[str | None, tuple | None]]
                 if out and out not in infos:
                     rank = len(first.shape.dim) if first.HasField("shape") and i == 0 else None
                     shape = None if rank is None else [f"{out}_{a}" for a in range(rank)]
+                    n = next((a.i for a in node.attribute if a.name == "N"), None)
+                    if shape and node.op_type == "MatMulNBits" and n:  # A (.. K) -> Y (.. N): a projection
+                        dims = first.shape.dim
+                        shape = [d.dim_value or d.dim_param or shape[a] for a, d in enumerate(dims)][:-1] + [n]
                     proto.graph.value_info.append(helper.make_tensor_value_info(out, first.elem_type, shape))
                     added = True
         if not added:

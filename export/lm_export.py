@@ -279,8 +279,9 @@ def export_lm(
         onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
         if kv_precision != "fp32":
             onnx_model = kv_int8.rewrite(onnx_model, len(specs))
-        cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
-        return apply_precision(onnx_model, precision, decode=True)
+        quantized, applied = apply_precision(onnx_model, precision, decode=True)
+        cuda_check.check(quantized, provider)  # every attention and MatMulNBits node within the CUDA kernels' rules
+        return quantized, applied
 
     lw, (quantized, applied), notes = first_that_exports(order, lowering, build, "model")
     if applied.note():

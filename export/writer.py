@@ -199,8 +199,8 @@ def export_onnx(
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
                 model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask, locations)
-            cuda_check.check(model, provider)  # every attention node within the CUDA kernels' rules
             quantized, applied = apply_precision(model, precision, decode=decode)
+            cuda_check.check(quantized, provider)  # every attention and MatMulNBits node within the CUDA rules
         except ExportError as e:
             if lowering != "auto":
                 raise

@@ -62,6 +62,8 @@ class KernelRules:
     pairs: tuple[tuple[str, str], ...] = ()  # inputs present together or not at all
     # attribute-made features: feature -> (attribute, its default); on when the node sets another value
     attribute_features: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    # attribute -> the values the kernel takes (a node setting another is refused)
+    attribute_values: Mapping[str, tuple] = field(default_factory=dict)
     # features the kernel refuses, alone or together, each with the kernel's own words
     refused: tuple[tuple[tuple[str, ...], str], ...] = ()
     requires: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # feature -> inputs it needs
@@ -71,6 +73,7 @@ class KernelRules:
     max_heads: int = 1024  # num_heads <= the device's maxThreadsPerBlock (1024 on every NVIDIA GPU)
     max_outputs: int = 3  # more outputs (the QK scores) is the feature "output_qk"
     padding: str = ""  # how a padded batch reaches the kernel, in a few words
+    attention: bool = True  # an attention op (heads, a QK output); False for a projection (MatMulNBits)
     # the fast kernels in the order the kernel tries them (the unfused one last, not listed), and which
     # features rule each out: a node runs the first kernel left
     fast_kernels: tuple[str, ...] = ()
@@ -126,6 +129,10 @@ class KernelRules:
         for a, b in self.pairs:
             if (a in facts.inputs) != (b in facts.inputs):
                 out.append(f"inputs {a} and {b} must be given together (only {a if a in facts.inputs else b} is)")
+        for attr, allowed in self.attribute_values.items():
+            value = facts.attributes.get(attr)
+            if value is not None and value not in allowed:
+                out.append(f"attribute {attr}={value}: the CUDA kernel takes {', '.join(map(str, allowed))}")
         on = self.features(facts)
         for together, why in self.refused:
             if all(f in on for f in together):
@@ -158,6 +165,7 @@ class KernelRules:
             *(f"- `{n}`: rank {' or '.join(map(str, r))}" for n, r in self.ranks.items()),
             *(f"- `{n}` axis {a}: 1 or num_heads" for n, a in self.heads_axis.items()),
             *(f"- `{a}` and `{b}` together or neither" for a, b in self.pairs),
+            *(f"- `{a}` one of {', '.join(map(str, v))}" for a, v in self.attribute_values.items()),
             *(f"- refused: {' with '.join(f)}: {why}" for f, why in self.refused),
             *(f"- `{f}` needs {', '.join(n)}" for f, n in self.requires.items()),
         ]
@@ -166,7 +174,8 @@ class KernelRules:
                 f"- head size a multiple of {self.head_multiple}"
                 + "".join(f"; of {m} with {f}" for f, m in self.head_multiple_with.items())
             )
-        lines.append(f"- at most {self.max_outputs} outputs (no QK output); num_heads <= {self.max_heads}")
+        if self.attention:
+            lines.append(f"- at most {self.max_outputs} outputs (no QK output); num_heads <= {self.max_heads}")
         if self.padding:
             lines.append(f"- padding: {self.padding}")
         if self.fast_kernels:
