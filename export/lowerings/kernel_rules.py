@@ -179,7 +179,8 @@ class KernelRules:
         if self.padding:
             lines.append(f"- padding: {self.padding}")
         if self.fast_kernels:
-            lines.append(f"- fast kernels, in the kernel's order: {', '.join(self.fast_kernels)}; then unfused")
+            rest = "unfused" if self.attention else "the generic kernels"
+            lines.append(f"- fast kernels, in the kernel's order: {', '.join(self.fast_kernels)}; then {rest}")
             lines += [f"  - `{f}` rules out {', '.join(k)}" for f, k in self.disqualifies.items()]
         lines += [f"- at run time: {r}" for r in self.run_time]
         lines.append(f"- read from: {', '.join(f'`{s}`' for s in self.sources)}")
