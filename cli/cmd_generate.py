@@ -237,11 +237,11 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     except SessionError:  # not an ONNX file: OnnxSession says so after this
         meta = {}
     made = (
-        f" ({meta.get('attnzoo.precision', 'fp32')}, {meta.get('attnzoo.dtype', 'float32')}, "
-        f"max_len {meta.get('attnzoo.max_len', 'per call')})"
+        f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')}, "
+        f"{meta.get('attnzoo.dtype', 'float32')})"
     )
     raise CliError(
-        f"{' and '.join(given)}: {source} is an export with its own precision, dtype and max_len"
+        f"{' and '.join(given)}: {source} is an export with its own precision, max_len and dtype"
         f"{made if meta else ''}; "
         f"for others, export the checkpoint again: attnzoo export --checkpoint DIR --whole {' '.join(given)} "
         "-o NEW.onnx"
