@@ -24,6 +24,7 @@ from export.cuda_check import RULES, attention_nodes, cuda_refusal, cuda_refusal
 from export.errors import ExportError
 from export.lm_export import candidates
 from export.lowerings import LOWERING_LIST, record
+from export.names import DTYPES, PRECISIONS
 from helpers import ALL_NAMES, REPO, small_overrides
 from peers.lm_rows import LM_FAMILIES
 
@@ -280,7 +281,7 @@ def test_checker_reads_multiheadattention_and_the_onnx_attention_op():
     assert cuda_refusals(masked) == [] and "Flash" not in fast_kernels(masked)["probe"]
 
 
-def test_generate_caches_one_export_per_target_and_dtype(tmp_path):
+def test_generate_caches_one_export_per_precision_target_and_dtype(tmp_path):
     """`attnzoo generate FOLDER --provider cuda` must not run the export made for the CPU."""
     from cli.cmd_generate import _export_key
 
@@ -288,6 +289,6 @@ def test_generate_caches_one_export_per_target_and_dtype(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama"}')
     (folder / "model.safetensors").write_bytes(b"weights")
-    keys = {_export_key(folder, "fp32", None, t, d) for t in ("cpu", "cuda") for d in ("float32", "float16")}
-    assert len(keys) == 4
+    combos = [(p, t, d) for p in PRECISIONS for t in ("cpu", "cuda") for d in DTYPES]
+    assert len({_export_key(folder, p, None, t, d) for p, t, d in combos}) == len(combos)
     assert _export_key(folder, "fp32", None) == _export_key(folder, "fp32", None, "cpu", "float32")
