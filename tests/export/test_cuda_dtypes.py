@@ -192,12 +192,16 @@ def test_bfloat16_is_refused_on_the_cpu_in_one_line(provider, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
-@pytest.mark.parametrize("name", ["llama-3-8b", "gemma-2-9b"])
-def test_bfloat16_static_block_for_cuda_is_within_the_kernels_rules(name, tmp_path):
+@pytest.mark.parametrize("name, precision", [("llama-3-8b", "fp32"), ("gemma-2-9b", "fp32"), ("llama-3-8b", "int4")])
+def test_bfloat16_static_block_for_cuda_is_within_the_kernels_rules(name, precision, tmp_path):
     r = export_onnx(name, tmp_path / "b.onnx", provider="cuda", dtype="bfloat16", decode=True, with_mask=True,
-                    cache="static", max_len=32, **small_overrides(name))  # fmt: skip
+                    cache="static", max_len=32, precision=precision, **small_overrides(name))  # fmt: skip
     assert r.lowering == "ort-gqa" and cuda_refusals(r.path) == []
-    assert [f.dtype("query") for f in attention_nodes(r.path)] == ["bfloat16"]
+    nodes = attention_nodes(r.path)
+    assert [f.dtype("query") for f in nodes if f.op.endswith("GroupQueryAttention")] == ["bfloat16"]
+    nbits = [f for f in nodes if f.op == NBITS_CUDA_RULES.op]
+    assert len(nbits) == (2 if precision == "int4" else 0)  # Q|K|V packed, and W_O
+    assert all(f.dtype("A") == "bfloat16" and f.attributes["bits"] == 4 for f in nbits)
 
 
 # -- int8 / int4 weights with float16 / bfloat16 activations -----------------------------------------------
