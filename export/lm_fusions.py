@@ -19,6 +19,40 @@ the eager model adds) in front of it, so each norm runs in fp32 with kernels CUD
 from __future__ import annotations
 
 from .graphs import quiet
+from .lowerings.kernel_rules import KernelRules
+
+# What ONNX Runtime's CUDA kernels of the fused norms accept, read from its source (a main snapshot):
+# SimplifiedLayerNormalization is LayerNorm<T, U=float, V, simplified> instantiated for (X, scale) =
+# (float, float), (float16, float16), (float, float16), (float16, float), (bfloat16, bfloat16)
+# (core/providers/cuda/nn/layer_norm.cc): no bfloat16 input with an fp32 scale. SkipSimplifiedLayerNormalization
+# binds input, skip, gamma and bias to one T (float, float16, bfloat16; contrib_ops/cuda/bert/skip_layer_norm.cc).
+SIMPLIFIED_NORM_CUDA_RULES = KernelRules(
+    op="SimplifiedLayerNormalization",
+    sources=("onnxruntime/core/providers/cuda/nn/layer_norm.cc",),
+    inputs=("X", "scale"),
+    dtypes=("float32", "float16", "bfloat16"),
+    t_input="X",
+    typed_pairs={
+        "scale": (
+            ("float32", "float32"),
+            ("float16", "float16"),
+            ("float32", "float16"),
+            ("float16", "float32"),
+            ("bfloat16", "bfloat16"),
+        )
+    },
+    attention=False,
+)
+SKIP_NORM_CUDA_RULES = KernelRules(
+    op="com.microsoft::SkipSimplifiedLayerNormalization",
+    sources=("onnxruntime/contrib_ops/cuda/bert/skip_layer_norm.cc",),
+    inputs=("input", "skip", "gamma", "bias"),
+    dtypes=("float32", "float16", "bfloat16"),
+    t_input="input",
+    typed={"skip": "T", "gamma": "T", "bias": "T"},
+    attention=False,
+    max_outputs=4,
+)
 
 
 def fuse_norms(model):

@@ -55,6 +55,8 @@ class KernelRules:
     t_input: str = "query"  # the input whose element type is T
     # input -> the element type it must have ("T": the node's T)
     typed: Mapping[str, str] = field(default_factory=dict)
+    # input -> the (T, its type) pairs the kernels are registered for, where its type may differ from T
+    typed_pairs: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     # input -> its allowed ranks
     ranks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # input -> the axis that must be 1 or the node's num_heads (a bias broadcast over heads, or one per head)
@@ -116,6 +118,12 @@ class KernelRules:
                 out.append(
                     f"input {name} is {got}: it must be {need}" + (" (T, the query's type)" if want == "T" else "")
                 )
+        for name, pairs in self.typed_pairs.items():
+            got = facts.dtype(name)
+            if t is not None and got is not None and (t, got) not in pairs:
+                listed = ", ".join(f"({a}, {b})" for a, b in pairs)
+                which = f"({self.t_input}, {name})"
+                out.append(f"input {name} is {got} with {self.t_input} {t}: the CUDA kernels take {which} in {listed}")
         for name, allowed in self.ranks.items():
             shape = facts.shape(name)
             if shape is not None and len(shape) not in allowed:
@@ -162,6 +170,10 @@ class KernelRules:
         lines = [
             f"- element type T: {', '.join(self.dtypes)}",
             *(f"- `{n}`: {'T' if w == 'T' else w}" for n, w in self.typed.items()),
+            *(
+                f"- (`{self.t_input}`, `{n}`): " + ", ".join(f"({a}, {b})" for a, b in p)
+                for n, p in self.typed_pairs.items()
+            ),
             *(f"- `{n}`: rank {' or '.join(map(str, r))}" for n, r in self.ranks.items()),
             *(f"- `{n}` axis {a}: 1 or num_heads" for n, a in self.heads_axis.items()),
             *(f"- `{a}` and `{b}` together or neither" for a, b in self.pairs),

@@ -269,3 +269,16 @@ def test_generate_passes_dtype_to_the_folders_export(capsys, tmp_path, monkeypat
     said = one_line_error(capsys, ["generate", str(folder), "--prompt-ids", "5,6,7", "--dtype", "bfloat16"])
     assert "dtype='bfloat16' is refused on the CPU" in said or "--dtype bfloat16 is refused" in said, said
     assert not list((tmp_path / "cache").rglob("*.onnx"))
+
+
+def test_norm_rules_refuse_a_bfloat16_input_with_an_fp32_scale():
+    """What the RMS fusion made of Gemma's fp32 norm in a bf16 model before it was unmixed: no CUDA kernel."""
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["b", "t", 64])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [64])
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], name="probe", axis=-1, epsilon=1e-6)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", 64])
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x, w], [y]), opset_imports=[helper.make_opsetid("", 18)], ir_version=10
+    )
+    said = cuda_refusals(model)
+    assert len(said) == 1 and "scale is float32 with X bfloat16" in said[0], said
