@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import KV_PRECISIONS, PRECISIONS, PROVIDERS
+from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
 from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
@@ -216,13 +216,14 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
 
 
 def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
-    """--precision and --max-len choose a folder's export; a .onnx was made with its own: say which, and how
-    to make another."""
+    """--precision, --dtype and --max-len choose a folder's export; a .onnx was made with its own: say which,
+    and how to make another."""
     given = [
         f"--{name} {value}"
         for name, value, unset in (
             ("precision", args.precision, "fp32"),
             ("kv-precision", args.kv_precision, "fp32"),
+            ("dtype", args.dtype, "float32"),
             ("max-len", args.max_len, None),
         )
         if value != unset
@@ -235,9 +236,13 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
         meta = onnx_metadata(source)
     except SessionError:  # not an ONNX file: OnnxSession says so after this
         meta = {}
-    made = f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')})"
+    made = (
+        f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')}, "
+        f"{meta.get('attnzoo.dtype', 'float32')})"
+    )
     raise CliError(
-        f"{' and '.join(given)}: {source} is an export with its own precision and max_len{made if meta else ''}; "
+        f"{' and '.join(given)}: {source} is an export with its own precision, max_len and dtype"
+        f"{made if meta else ''}; "
         f"for others, export the checkpoint again: attnzoo export --checkpoint DIR --whole {' '.join(given)} "
         "-o NEW.onnx"
     )
@@ -269,6 +274,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     # an encoder-decoder pair is named by its base PATH (PATH.encoder.onnx, PATH.decoder.onnx) or either file
     if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
+        if args.dtype != "float32":
+            raise CliError(f"--dtype {args.dtype} is for decoder-only folders; an encoder-decoder pair runs float32")
         key = _export_key(source, args.precision, None) if source.is_dir() else ""
         cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
         return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
@@ -300,6 +307,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             args.max_len,
             lambda model: _check_vocab(args, ids, model.spec.vocab),
             target=target,
+            dtype=args.dtype,
             kv_precision=args.kv_precision,
         )
     else:
@@ -424,6 +432,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids")
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
     sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
+    sp.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="a folder's export: the activations' float type (default float32; float16 and bfloat16 are for "
+        "--provider cuda, with --precision fp32, int8 or int4)",
+    )
     sp.add_argument(
         "--kv-precision",
         default="fp32",

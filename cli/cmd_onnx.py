@@ -21,6 +21,7 @@ from export.names import (
     LOWERINGS,
     PRECISIONS,
     PROVIDERS,
+    SESSION_DTYPES,
 )
 from zoo.files import ensure_writable_parent, write_atomic
 
@@ -301,7 +302,8 @@ def add_commands(sub) -> None:
         "--dtype",
         default="float32",
         choices=DTYPES,
-        help="the graph's float type (default float32; float16 runs where the provider has the kernels)",
+        help="the graph's float type (default float32; float16 runs where the provider has the kernels; bfloat16 "
+        "is for --target cuda)",
     )
     sp.add_argument("--weights", action="store_true", help="also output the attention weights (decomposed only)")
     sp.add_argument("--mask", action="store_true", help="add a bool mask input (b, t, s), True = may attend")
@@ -402,7 +404,7 @@ def add_commands(sub) -> None:
         choices=[*DEVICES, "auto"],
         help="repeatable; default cpu. cuda fails where CUDA does not work; auto adds it only where it does",
     )
-    sp.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default float32")
+    sp.add_argument("--dtype", action="append", choices=SESSION_DTYPES, help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
     sp.add_argument(
         "--precision",

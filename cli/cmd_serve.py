@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import DTYPES, PROVIDERS
+from export.names import PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
@@ -404,7 +404,7 @@ def add_commands(sub) -> None:
     sp.add_argument("--decode", action="store_true", help="when exporting a name: the token-by-token model")
     sp.add_argument("--duration", type=_nonneg, default=None, help="stop after this many seconds (default: Ctrl-C)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help="when exporting a name")
-    sp.add_argument("--dtype", default="float32", choices=DTYPES, help="when exporting a name")
+    sp.add_argument("--dtype", default="float32", choices=SESSION_DTYPES, help="when exporting a name")
     with_set(sp)
     sp.set_defaults(func=cmd_serve)
 
@@ -421,7 +421,7 @@ def add_commands(sub) -> None:
     )
     sp.add_argument("--mask", action="store_true", help="export with the bool mask input (b, t, s)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS])
-    sp.add_argument("--dtype", default="float32", choices=DTYPES)
+    sp.add_argument("--dtype", default="float32", choices=SESSION_DTYPES)
     sp.add_argument("--force", action="store_true", help="replace existing model folders")
     with_set(sp)
     sp.set_defaults(func=cmd_triton)

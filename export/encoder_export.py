@@ -35,7 +35,7 @@ from .names import PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, check_interface, configured, trace
+from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
 EXAMPLE_B, EXAMPLE_T = 2, 7  # different, both >= 2: none is baked in
 IDS = TensorIO("input_ids", ("b", "t"), "int64", "token ids, right-padded")
@@ -184,6 +184,8 @@ def export_encoder(
         raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if dtype not in DTYPES:
         raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and provider == "cpu":
+        raise ExportError(BF16_CPU)
     reason = precision_why_not(precision, dtype=dtype, provider=provider)
     if reason:
         raise PrecisionError(reason)

@@ -45,6 +45,7 @@ HEAD_MULTIPLE = 8  # "head_size must be a multiple of 8", at run time
 _ONNX_TYPE = {
     "float32": TensorProto.FLOAT,
     "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
     "int32": TensorProto.INT32,
     "int64": TensorProto.INT64,
     "bool": TensorProto.BOOL,

@@ -44,7 +44,7 @@ from .names import CACHE_CHOICES, PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, check_interface, configured, trace
+from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
 # The example the model is traced at: all sizes >= 2 and different, so none is baked in.
 EXAMPLE_B, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 5, 11, 3
@@ -208,6 +208,8 @@ def check_precision_and_dtype(precision, dtype, provider: str) -> None:
         raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if dtype == "float16" and provider == "cpu":
         raise ExportError(FP16_CPU)
+    if dtype == "bfloat16" and provider == "cpu":
+        raise ExportError(BF16_CPU)
     if dtype not in DTYPES:
         raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
 
@@ -277,8 +279,9 @@ def export_lm(
         onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
         if kv_precision != "fp32":
             onnx_model = kv_int8.rewrite(onnx_model, len(specs))
-        cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
-        return apply_precision(onnx_model, precision, decode=True)
+        quantized, applied = apply_precision(onnx_model, precision, decode=True)
+        cuda_check.check(quantized, provider)  # every attention and MatMulNBits node within the CUDA kernels' rules
+        return quantized, applied
 
     lw, (quantized, applied), notes = first_that_exports(order, lowering, build, "model")
     if applied.note():

@@ -4,6 +4,7 @@ choice reads them from here.
     DEVICES     where a model runs (runtime/names.py spells it)
     PROVIDERS   what a session may be asked for (runtime/names.py spells it)
     DTYPES      the element types a model is exported in
+    SESSION_DTYPES  those a session here feeds (numpy has no bfloat16)
     CACHES      how a decode model keeps its KV cache
     LOWERINGS   how a block becomes an ONNX graph (export/lowerings/ holds one record each)
     PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
@@ -12,7 +13,9 @@ choice reads them from here.
 
 from runtime.names import DEVICES, PROVIDERS  # the run time's; handed on for the command line
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")  # bfloat16: for CUDA only (export/tracing.py, BF16_CPU)
+# the dtypes a session here feeds and reads with numpy, which has no bfloat16: parity, bench and serve
+SESSION_DTYPES = ("float32", "float16")
 CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each step, or buffers written in place
 CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the provider (export/choice.py DECODE_CACHE)
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
@@ -30,4 +33,5 @@ __all__ = [
     "LOWERINGS",
     "PRECISIONS",
     "PROVIDERS",
+    "SESSION_DTYPES",
 ]

@@ -80,7 +80,7 @@ def translation_table() -> dict:
         inputs=[param(name, t) for name, t in zip(PLACEHOLDER_INPUTS, ("T", "B", "I", "T", "T"))],
         outputs=[param(name, "T") for name in PLACEHOLDER_OUTPUTS],
         type_constraints=[
-            ("T", ["tensor(float)", "tensor(float16)"], "activations and caches"),
+            ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations and caches"),
             ("B", ["tensor(bool)"], "key mask"),
             ("I", ["tensor(int64)"], "positions written"),
         ],
