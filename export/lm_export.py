@@ -122,7 +122,7 @@ class LMExportResult:
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
             f"  precision {self.precision_method or self.precision}",
             f"  cache     static, in place, {self.kv_precision}; capacity n {cap}",
-            f"  inputs    input_ids, attention_mask, past_len, {per_layer}",
+            f"  inputs    {', '.join(n for n, _, _ in self.inputs[:3])}, {per_layer}",
             f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
             f"  took      {self.seconds:.1f} s",
