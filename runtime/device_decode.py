@@ -148,11 +148,10 @@ class _DeviceBuffers:
 
         self.on_device = on_device
         self.on_host = lambda arr: ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-        self.host = {}  # the host arrays behind CPU OrtValues
-        self.caches = {}
-        for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, PREFIX).items():
-            self.host[name] = arr
-            self.caches[name] = on_device(arr)  # zeroed once: slots past a row's length are never read
+        # zeroed once, then never cleared: slots past a row's length are not read (a CPU OrtValue keeps its array)
+        self.caches = {
+            name: on_device(arr) for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, PREFIX).items()
+        }
         self.ids_host, self.seqlens_host = np.zeros((b, 1), np.int64), np.zeros((b,), np.int32)
         self.total_host = np.array(n, np.int32)
         self.ids, self.seqlens = on_device(self.ids_host), on_device(self.seqlens_host)

@@ -7,7 +7,9 @@ The per-layer buffers (b g n d), sized to the call (prompt + new tokens, rounded
 the exported max_len), are bound ONCE, each as past_key_values.i.* and as present.i.*, so every step
 writes its keys in place. The step's other inputs (input_ids (b 1), past_len) and outputs (logits
 (b 1 v), next_token (b)) are preallocated arrays bound once too: a step writes a token id and a
-position into them and reads b int64 back; nothing of the cache's size is allocated or copied.
+position into them and reads b int64 back; nothing of the cache's size is allocated or copied. A packed-rows
+export (docs/generation.md, "The padding rule") is fed each row from slot 0 with its length, everything on the
+session's device, its decode step replayable as a CUDA graph (runtime/device_decode.py: both drivers).
 
 Left padding: attention_mask (b t) marks the real prompt tokens; it becomes the key mask over the
 capacity, and each row's positions count its real tokens only (DecoderLM.step), so a row's tokens
