@@ -355,18 +355,16 @@ def build(
 
 
 def _packed_rows(g: _Graph, b: str, t: str) -> tuple:
-    """Packed rows: the op's own rule. A first prompt (t == total) starts every row at slot 0, a later call
-    writes each row at seqlens_k + 1 - t; so a row's first slot is max(seqlens_k + 1 - t, 0) (a right-padded
-    prompt row has seqlens_k + 1 <= t), and its slots are its positions. (seqlens, total, total_i32, q_pos,
-    key_mask, key_real) as _left_padded_rows, with no key mask."""
+    """Packed rows: each token's position is given (position_ids (b t), its cache slot; the op writes a row at
+    seqlens_k + 1 - t, or from 0 on a first prompt, the same slots). Only the host-side total and shapes are
+    read on the host; nothing goes from the host to the device (a captured CUDA graph refuses that). ->
+    (seqlens, total, total_i32, q_pos, key_mask, key_real) as _left_padded_rows, with no key mask."""
     seqlens, total_i32 = "seqlens_k", "total_sequence_length"
     total = g.cast(total_i32, "int64")
-    row_past = g.op("Max", g.op("Sub", g.op("Add", g.cast(seqlens, "int64"), g.ints(1)), t), g.ints(0))
     all_pos = g.op("Range", g.ints(0), total, g.ints(1))  # (s,) int64
     k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
-    q_pos = g.op("Add", g.op("Unsqueeze", row_past, g.ints([1])), g.op("Range", g.ints(0), t, g.ints(1)))
-    g.place(all_pos, q_pos, k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
-    return seqlens, total, total_i32, q_pos, None, None
+    g.place(all_pos, "position_ids", k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
+    return seqlens, total, total_i32, "position_ids", None, None
 
 
 def _left_padded_rows(g: _Graph, names: set[str], b: str, t: str, decode: bool) -> tuple:

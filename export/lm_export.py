@@ -21,7 +21,8 @@ norms are then fused (export/lm_fusions.py).
 
 Padding (docs/generation.md, "The padding rule"): a spliced GroupQueryAttention graph may take packed rows
 (padding="packed"; "auto" packs for provider="cuda"): io.lm_interface(packed=True), input_ids (b t),
-seqlens_k (b) int32, total_sequence_length () int32, each row's tokens from slot 0 and no attention_bias,
+position_ids (b t), seqlens_k (b) int32, total_sequence_length () int32, each row's tokens from slot 0
+and no attention_bias,
 which is what CUDA's fast kernels, sinks and CUDA graphs need. The traced step is the same DecoderLM.step,
 with each row's first slot as its past_len and each row's last real token's logits (_Step).
 """
@@ -114,7 +115,8 @@ class LMExportResult:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.op_counts.items(), key=lambda kv: -kv[1])[:8])
         size = self.file_bytes + (self.external_data.stat().st_size if self.external_data else 0)
         weights_note = f", weights in {self.external_data.name}" if self.external_data else ""
-        per_layer = f"{self.inputs[3][0]} .. (b g n d) per layer" if len(self.inputs) > 3 else ""
+        caches = [n for n, _, _ in self.inputs if n.startswith(LM_PAST[:5])]
+        per_layer = f"{caches[0]} .. (b g n d) per layer" if caches else ""
         cap = f"at most {self.max_len} positions" if self.max_len else "sized per call"
         lines = [
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
@@ -122,7 +124,7 @@ class LMExportResult:
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
             f"  precision {self.precision_method or self.precision}",
             f"  cache     static, in place, {self.kv_precision}; capacity n {cap}",
-            f"  inputs    {', '.join(n for n, _, _ in self.inputs[:3])}, {per_layer}",
+            f"  inputs    {', '.join(n for n, _, _ in self.inputs if n not in caches)}, {per_layer}",
             f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
             f"  took      {self.seconds:.1f} s",
@@ -152,16 +154,16 @@ class _Step(nn.Module):
 
 
 class _PackedStep(_Step):
-    """The packed-rows step (io.lm_interface(packed=True)): a row's first slot is max(seqlens_k + 1 - t, 0),
-    GroupQueryAttention's own rule (a first prompt's rows start at 0), and its logits are those of its last
-    real token, seqlens_k - that slot (a right-padded prompt row's last token is not the call's last)."""
+    """The packed-rows step (io.lm_interface(packed=True)): positions are given (a row's slots), and a row's
+    logits are those of its last real token, seqlens_k - its first position (a right-padded prompt row's last
+    token is not the call's last). Nothing here computes from a shape: a captured CUDA graph refuses a value
+    that goes from the host to the device inside it (ONNX Runtime's Memcpy nodes)."""
 
-    def forward(self, input_ids, seqlens_k, total_sequence_length, caches):
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, caches):
         keys, values = list(caches[0::2]), list(caches[1::2])
-        lengths = seqlens_k.long() + 1
-        first = (lengths - input_ids.shape[1]).clamp(min=0)
-        last = None if self.all_logits else lengths - 1 - first
-        rows = (seqlens_k, total_sequence_length)
+        first = position_ids[:, 0]
+        last = None if self.all_logits else seqlens_k.long() - first
+        rows = (position_ids, seqlens_k, total_sequence_length)
         out = self.lm.step(
             input_ids, keys, values, first, None, in_place=False, all_logits=self.all_logits, rows=rows, last=last
         )
@@ -392,17 +394,19 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
     b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_N
     vocab = outs[0].axes[-1]
     caches = []
-    for io in ins[3:]:
+    for io in (io for io in ins if io.name.startswith(LM_PAST.split("{", 1)[0])):
         shape = [b if a == "b" else n if a == "n" else a for a in io.axes]
         caches.append(torch.randn(shape).to(torch_dtype))
     dim_b, dim_t, dim_n = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("n")
     example = {"input_ids": torch.randint(0, vocab, (b, t))}
     dynamic = {"input_ids": {0: dim_b, 1: dim_t}}
-    packed = ins[1].name == SEQLENS_K.name
+    packed = any(io.name == SEQLENS_K.name for io in ins)
     if packed:  # rows of different lengths after a past, so no branch on them is taken
-        example["seqlens_k"] = torch.tensor([EXAMPLE_PAST + t - 1, EXAMPLE_PAST + t], dtype=torch.int32)
+        first = torch.tensor([[EXAMPLE_PAST], [EXAMPLE_PAST + 1]])
+        example["position_ids"] = first + torch.arange(t)
+        example["seqlens_k"] = (first[:, 0] + t - 1).to(torch.int32)
         example["total_sequence_length"] = torch.tensor(n, dtype=torch.int32)
-        dynamic.update(seqlens_k={0: dim_b}, total_sequence_length={})
+        dynamic.update(position_ids={0: dim_b, 1: dim_t}, seqlens_k={0: dim_b}, total_sequence_length={})
     else:
         mask = torch.ones(b, n, dtype=torch.bool)
         mask[0, :2] = False  # left padding in the example, so no branch on it is taken

@@ -6,8 +6,8 @@ node, then replaced by the graph the lowering's record builds for that block.
                 kernel for shapes); the dynamo exporter translates it to one node
                 attnzoo.splice::Attention(x, key_mask, past_len, past_key, past_value) -> (y, present_key,
                 present_value), its `layer` an attribute; a packed-rows model's (StaticBuffers.rows)
-                attnzoo::spliced_packed_attention, attnzoo.splice::PackedAttention(x, seqlens_k,
-                total_sequence_length, past_key, past_value).
+                attnzoo::spliced_packed_attention, attnzoo.splice::PackedAttention(x, position_ids,
+                seqlens_k, total_sequence_length, past_key, past_value).
     splice():   each placeholder becomes `rec.build(block, dtype, *static_interface)`, the same graph a
                 static-cache block export of that lowering writes (export/gqa.py for ort-gqa), its values
                 renamed under "L{layer}/" and wired to the placeholder's inputs and outputs. Constants
@@ -32,6 +32,7 @@ from runtime.io import (
     CACHE_PRESENT_VALUE,
     CACHE_VALUE,
     PAST_LEN,
+    POSITION_IDS,
     SEQLENS_K,
     TOTAL_SEQUENCE_LENGTH,
     X,
@@ -46,7 +47,14 @@ OP_TYPE = "Attention"
 PACKED_OP_TYPE = "PackedAttention"  # a packed-rows layer (io.static_interface(packed=True))
 # The placeholder's inputs and outputs, in order, by the names the built graphs use (io.static_interface).
 PLACEHOLDER_INPUTS = (X.name, CACHE_KEY_MASK.name, PAST_LEN.name, CACHE_KEY.name, CACHE_VALUE.name)
-PACKED_INPUTS = (X.name, SEQLENS_K.name, TOTAL_SEQUENCE_LENGTH.name, CACHE_KEY.name, CACHE_VALUE.name)
+PACKED_INPUTS = (
+    X.name,
+    POSITION_IDS.name,
+    SEQLENS_K.name,
+    TOTAL_SEQUENCE_LENGTH.name,
+    CACHE_KEY.name,
+    CACHE_VALUE.name,
+)
 INPUTS = {OP_TYPE: PLACEHOLDER_INPUTS, PACKED_OP_TYPE: PACKED_INPUTS}
 PLACEHOLDER_OUTPUTS = (Y.name, CACHE_PRESENT_KEY.name, CACHE_PRESENT_VALUE.name)
 # Initializers up to this many elements are merged when equal (positions, masks' constants, rotary tables).
@@ -76,6 +84,7 @@ def _(x, key_mask, past_len, past_key, past_value, layer, width):
 @torch.library.custom_op("attnzoo::spliced_packed_attention", mutates_args=())
 def spliced_packed_attention(
     x: Tensor,
+    position_ids: Tensor,
     seqlens_k: Tensor,
     total_sequence_length: Tensor,
     past_key: Tensor,
@@ -91,7 +100,7 @@ def spliced_packed_attention(
 
 
 @spliced_packed_attention.register_fake
-def _(x, seqlens_k, total_sequence_length, past_key, past_value, layer, width):
+def _(x, position_ids, seqlens_k, total_sequence_length, past_key, past_value, layer, width):
     return (
         x.new_empty((*x.shape[:-1], width)),
         past_key.new_empty(past_key.shape),
@@ -126,13 +135,18 @@ def translation_table() -> dict:
         ("T", "B", "I", "T", "T"),
         [("B", ["tensor(bool)"], "key mask"), ("I", ["tensor(int64)"], "positions written")],
     )
-    packed = _op(onnxscript, PACKED_OP_TYPE, ("T", "J", "J", "T", "T"), [("J", ["tensor(int32)"], "row lengths")])
+    packed = _op(
+        onnxscript,
+        PACKED_OP_TYPE,
+        ("T", "I", "J", "J", "T", "T"),
+        [("I", ["tensor(int64)"], "positions"), ("J", ["tensor(int32)"], "row lengths")],
+    )
 
     def translate(x, key_mask, past_len, past_key, past_value, layer: int, width: int):
         return op(x, key_mask, past_len, past_key, past_value, layer=layer)
 
-    def translate_packed(x, seqlens_k, total_sequence_length, past_key, past_value, layer: int, width: int):
-        return packed(x, seqlens_k, total_sequence_length, past_key, past_value, layer=layer)
+    def translate_packed(x, position_ids, seqlens_k, total, past_key, past_value, layer: int, width: int):
+        return packed(x, position_ids, seqlens_k, total, past_key, past_value, layer=layer)
 
     return {
         torch.ops.attnzoo.spliced_attention.default: translate,

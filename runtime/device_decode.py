@@ -10,17 +10,20 @@ Both keep the public rule, transformers' left padding (attention_mask (b t)); th
   row's real tokens are moved to start at cache slot 0 (a right-padded prompt of the longest row's width), so
   its slots are its positions; every call gives each row's length as seqlens_k (its length after the call - 1)
   and total_sequence_length: the prompt's width on a first call (GroupQueryAttention's "first prompt"), the
-  capacity n on every later one (constant, as a captured CUDA graph needs: ort-cuda-kernels.md 1a, 1d).
+  capacity n on every later one (constant, as a captured CUDA graph needs: ort-cuda-kernels.md 1a, 1d), with
+  position_ids (b t), each token's slot (the graph computes nothing from a shape on the device: a captured
+  graph refuses a host-to-device copy inside it).
   Everything lives on the session's device (OrtValues allocated there; CPU OrtValues on the CPU, which is how
   it is tested), bound once per (batch, capacity) and reused by later calls:
     prefill  one run per prompt chunk (one row: chunks of PREFILL_CHUNK; a batch: one run), in a binding of its
              own (input_ids of the chunk's width), run option gpu_graph_id -1: never captured (genai's way);
-    decode   one binding made once: input_ids (b 1) and seqlens_k (b) on the device, written in place before
-             each run (update_inplace: b int64 and b int32 go up), total_sequence_length = n on the host (the op
-             reads it there), the caches, logits (b 1 v) and next_token (b) on the device; with cuda_graph, run
-             option gpu_graph_id = this binding's id: ONNX Runtime runs it twice, captures the third run and
-             replays it from then on. Only next_token (b int64) comes back each step; a sampling call reads
-             the logits back too (no sampling in the graph: ids-only is greedy's).
+    decode   one binding made once: input_ids (b 1), position_ids (b 1) and seqlens_k (b) on the device,
+             written in place before each run (update_inplace: 2 b int64 and b int32 go up),
+             total_sequence_length = n on the host (the op reads it there), the caches, logits (b 1 v) and
+             next_token (b) on the device; with cuda_graph, run option gpu_graph_id = this binding's id:
+             ONNX Runtime runs it twice, captures the third run and replays it from then on. Only
+             next_token (b int64) comes back each step; a sampling call reads the logits back too (no
+             sampling in the graph: ids-only is greedy's).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .io import (
     LOGITS,
     NEXT_TOKEN,
     PAST_LEN,
+    POSITION_IDS,
     SEQLENS_K,
     TOTAL_SEQUENCE_LENGTH,
 )
@@ -152,17 +156,21 @@ class _DeviceBuffers:
         self.caches = {
             name: on_device(arr) for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, PREFIX).items()
         }
-        self.ids_host, self.seqlens_host = np.zeros((b, 1), np.int64), np.zeros((b,), np.int32)
-        self.total_host = np.array(n, np.int32)
-        self.ids, self.seqlens = on_device(self.ids_host), on_device(self.seqlens_host)
+        self.ids_host, self.pos_host = np.zeros((b, 1), np.int64), np.zeros((b, 1), np.int64)
+        self.seqlens_host, self.total_host = np.zeros((b,), np.int32), np.array(n, np.int32)
+        self.ids, self.pos, self.seqlens = (
+            on_device(self.ids_host),
+            on_device(self.pos_host),
+            on_device(self.seqlens_host),
+        )
         self.total = self.on_host(self.total_host)  # GroupQueryAttention reads it on the host
         vocab = int(sess.metadata["attnzoo.vocab"])
         self.logits_host = np.zeros((b, 1, vocab), _logits_dtype(sess))
         self.next_host = np.zeros((b,), np.int64)
         self.logits, self.next_token = on_device(self.logits_host), on_device(self.next_host)
-        self.binding = self.bind(sess, self.ids, self.seqlens, self.total, self.logits)
+        self.binding = self.bind(sess, self.ids, self.pos, self.seqlens, self.total, self.logits)
 
-    def bind(self, sess: RuntimeSession, ids, seqlens, total, logits):
+    def bind(self, sess: RuntimeSession, ids, positions, seqlens, total, logits):
         """A binding of the caches (each as past and present), next_token and the given step tensors."""
         binding = sess.new_binding()
         for name, buf in self.caches.items():
@@ -170,6 +178,7 @@ class _DeviceBuffers:
             binding.bind_ortvalue_input(name, buf)
             binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
         binding.bind_ortvalue_input(INPUT_IDS.name, ids)
+        binding.bind_ortvalue_input(POSITION_IDS.name, positions)
         binding.bind_ortvalue_input(SEQLENS_K.name, seqlens)
         binding.bind_ortvalue_input(TOTAL_SEQUENCE_LENGTH.name, total)
         if logits is None:
@@ -214,9 +223,11 @@ class PackedRows:
         for start in range(0, w, chunk):
             end = min(start + chunk, w)
             seqlens = (np.minimum(lengths, end) - 1).astype(np.int32)
+            positions = np.broadcast_to(np.arange(start, end, dtype=np.int64), (ids.shape[0], end - start)).copy()
             total = np.array(end - start if start == 0 else self.n, np.int32)  # a first prompt: total == its width
             # held until the run: a CPU OrtValue wraps its array, which the binding alone does not keep alive
-            held = (buf.on_device(np.ascontiguousarray(ids[:, start:end])), buf.on_device(seqlens), buf.on_host(total))
+            chunk_ids = np.ascontiguousarray(ids[:, start:end])
+            held = (buf.on_device(chunk_ids), buf.on_device(positions), buf.on_device(seqlens), buf.on_host(total))
             binding = buf.bind(self.sess, *held, None)
             self.sess.run_with_iobinding(binding, self.uncaptured)
         if self.argmax:
@@ -243,9 +254,10 @@ class PackedRows:
         """Decode step i: each row's token at its own slot, lengths[r] + i -> the next token."""
         buf = self.buf
         buf.ids_host[:, 0] = token
+        buf.pos_host[:, 0] = self.lengths + i  # the slot it is written at, its position
         buf.seqlens_host[:] = self.lengths + i
-        buf.ids.update_inplace(buf.ids_host)
-        buf.seqlens.update_inplace(buf.seqlens_host)
+        for value, host in ((buf.ids, buf.ids_host), (buf.pos, buf.pos_host), (buf.seqlens, buf.seqlens_host)):
+            value.update_inplace(host)
         self.sess.run_with_iobinding(buf.binding, self.captured)
         if self.argmax:
             return buf.next_token.numpy().copy()

@@ -95,6 +95,12 @@ CACHE_PRESENT_VALUE = TensorIO(
 # Packed rows (a whole model's GroupQueryAttention graph, docs/generation.md "The padding rule"): each row's
 # tokens sit from cache slot 0, so a row's slots are its positions; its length is all the graph needs, as
 # GroupQueryAttention reads it (no attention_bias: the op's fast kernels, sinks and CUDA graphs take none).
+POSITION_IDS = TensorIO(
+    "position_ids",
+    ("b", "t"),
+    "int64",
+    "each token's position, which is its cache slot (a pad's: past its row's length)",
+)
 SEQLENS_K = TensorIO(
     "seqlens_k", ("b",), "int32", "per row, its length after this call - 1 (its tokens fill slots 0..seqlens_k)"
 )
@@ -111,9 +117,10 @@ def static_interface(
 ) -> tuple[list[TensorIO], list[TensorIO]]:
     """(inputs, outputs) of a static-cache decode model: x, past_key, past_value, past_len
     [, key_mask] -> y, present_key, present_value, the presents being the buffers written in place.
-    packed: a whole model's packed-rows layer, x, past_key, past_value, seqlens_k, total_sequence_length."""
+    packed: a whole model's packed-rows layer, x, past_key, past_value, position_ids, seqlens_k,
+    total_sequence_length."""
     if packed:
-        ins = [X, CACHE_KEY, CACHE_VALUE, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
+        ins = [X, CACHE_KEY, CACHE_VALUE, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
     else:
         ins = [X, CACHE_KEY, CACHE_VALUE, PAST_LEN] + ([CACHE_KEY_MASK] if with_key_mask else [])
     return ins, [Y, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE]
@@ -139,9 +146,11 @@ def lm_interface(
     layers: list[zoo.AttentionSpec], vocab: int, *, all_logits: bool = False, argmax: bool = True, packed: bool = False
 ) -> tuple[list[TensorIO], list[TensorIO]]:
     """(inputs, outputs) of a whole-model static-cache graph: input_ids, attention_mask, past_len (packed rows:
-    input_ids, seqlens_k, total_sequence_length), then past_key_values.i.key / .value per layer -> logits
+    input_ids, position_ids, seqlens_k, total_sequence_length), then past_key_values.i.key / .value per layer -> logits
     [, next_token], then present.i.key / .value."""
-    first = [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if packed else [INPUT_IDS, ATTENTION_MASK, PAST_LEN]
+    first = (
+        [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if packed else [INPUT_IDS, ATTENTION_MASK, PAST_LEN]
+    )
     ins, outs = first, [ALL_LOGITS if all_logits else LOGITS]
     outs = [TensorIO(o.name, tuple(vocab if a == "v" else a for a in o.axes), o.kind, o.doc) for o in outs]
     if argmax:

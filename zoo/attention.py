@@ -323,7 +323,7 @@ def static_step(
     key_mask: Tensor | None = None,
     *,
     in_place: bool,
-    rows: tuple[Tensor, Tensor] | None = None,
+    rows: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """x (b t c) at cache indices past_len..past_len+t-1 -> y (b t c), the caches with this call's
     keys and values written (the same tensors when in_place): the step the static-cache graph traces.

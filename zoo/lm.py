@@ -299,15 +299,15 @@ class DecoderLM(HookedModel, nn.Module):
         *,
         in_place: bool,
         all_logits: bool = False,
-        rows: tuple[Tensor, Tensor] | None = None,
+        rows: tuple[Tensor, Tensor, Tensor] | None = None,
         last: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
         """input_ids (b t) at cache indices past_len..past_len+t-1 -> (logits (b 1 vocab), or (b t vocab) with
         all_logits; the keys and values written: the same tensors when in_place).
 
-        Traced packed rows (export/lm_export.py): past_len (b) each row's first slot, which is its position,
-        rows = (seqlens_k, total_sequence_length) for the spliced layers, last (b) the index in the call of
-        each row's last real token, whose logits are returned."""
+        Traced packed rows (export/lm_export.py): rows = (position_ids (b t), seqlens_k, total_sequence_length),
+        the positions for the embedding and all three for the spliced layers; past_len (b) each row's first
+        slot; last (b) the index in the call of each row's last real token, whose logits are returned."""
         if len(keys) != len(self.layers) or len(values) != len(self.layers):
             raise InputError(
                 f"keys and values need one buffer per layer ({len(self.layers)}), got {len(keys)}, {len(values)}"
@@ -319,7 +319,9 @@ class DecoderLM(HookedModel, nn.Module):
                 raise InputTypeError(f"past_len must be a 0-d int64 tensor, got {past_len!r}")
             check_room(n, int(past_len), t, fix="make the cache with a larger max_len")
         idx = (past_len.unsqueeze(-1) + torch.arange(t, device=input_ids.device)).clamp(0, n - 1)  # (t) | (b t)
-        if key_mask is None:
+        if rows is not None:
+            pos = rows[0]
+        elif key_mask is None:
             pos = idx if idx.dim() == 2 else idx[None]
         else:
             pos = key_positions(key_mask).index_select(1, idx)

@@ -643,9 +643,6 @@ def test_a_sinks_model_keeps_groupqueryattention_on_cuda_only_with_packed_rows(t
     lm = lm_cases.randomize(zoo.DecoderLM(zoo.LMSpec(vocab=lm_cases.VOCAB, d_model=64, attention=(spec,), d_ff=64)))
     kw = dict(provider="cuda", dtype="float16", max_len=32)
     packed = export_onnx(lm, tmp_path / "packed.onnx", **kw)
-    assert packed.lowering == "ort-gqa" and [n for n, _, _ in packed.inputs[:3]] == [
-        "input_ids",
-        "seqlens_k",
-        "total_sequence_length",
-    ]
+    names = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+    assert packed.lowering == "ort-gqa" and [n for n, _, _ in packed.inputs[:4]] == names
     assert export_onnx(lm, tmp_path / "left.onnx", padding="left", **kw).lowering == "decomposed"

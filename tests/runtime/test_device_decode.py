@@ -54,7 +54,8 @@ def padded_prompt():
 def test_a_packed_graph_takes_row_lengths_and_gives_its_attention_no_bias(exports):
     _, paths = exports
     model = onnx.load(paths["packed"], load_external_data=False)
-    assert [i.name for i in model.graph.input[:3]] == ["input_ids", "seqlens_k", "total_sequence_length"]
+    names = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+    assert [i.name for i in model.graph.input[:4]] == names
     gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(gqa) == 2 and all(len(n.input) <= 10 or n.input[10] == "" for n in gqa)  # 10: attention_bias
     assert {p.key: p.value for p in model.metadata_props}["attnzoo.padding"] == "packed"
@@ -81,9 +82,9 @@ def test_a_packed_prompts_logits_are_each_rows_alone(exports):
     ids, mask = padded_prompt()
     packed, lengths = pack(ids.numpy(), mask.numpy().astype(bool))
     sess = ort.InferenceSession(str(paths["packed"]), providers=[CPU])
-    feeds = {"input_ids": packed, "seqlens_k": (lengths - 1).astype(np.int32)}
-    feeds["total_sequence_length"] = np.array(packed.shape[1], np.int32)
-    for x in sess.get_inputs()[3:]:
+    feeds = {"input_ids": packed, "position_ids": np.tile(np.arange(packed.shape[1]), (3, 1))}
+    feeds.update(seqlens_k=(lengths - 1).astype(np.int32), total_sequence_length=np.array(packed.shape[1], np.int32))
+    for x in sess.get_inputs()[4:]:
         feeds[x.name] = np.zeros([3 if d == "b" else 16 if d == "n" else d for d in x.shape], np.float32)
     logits = sess.run(["logits"], feeds)[0]
     with torch.no_grad():
@@ -110,7 +111,8 @@ def test_pack_moves_each_rows_real_tokens_to_slot_0():
 def test_the_cuda_graph_driver_binds_once_and_replays_one_graph_per_shape(exports, monkeypatch):
     """What a CUDA session would capture, run on the CPU (the run option is ignored there): the prompt in its
     own binding, never captured (-1); every decode step the one binding, graph id 1, at the same addresses,
-    lengths written in place, total_sequence_length the capacity; the next call of that shape reuses it all."""
+    lengths and positions written in place, total_sequence_length the capacity; the next call of that shape
+    reuses it all."""
     _, paths = exports
     sess = OnnxSession(paths["packed"], provider="cpu", cuda_graph=True)
     runs = []
@@ -125,6 +127,7 @@ def test_the_cuda_graph_driver_binds_once_and_replays_one_graph_per_shape(export
                 graph=run_options.get_run_config_entry(GRAPH_ID),
                 outputs={o.data_ptr() for o in binding.get_outputs()},
                 seqlens=buf.seqlens.numpy().tolist() if binding is buf.binding else None,
+                positions=buf.pos.numpy()[:, 0].tolist() if binding is buf.binding else None,
             )
         )
 
@@ -142,6 +145,7 @@ def test_the_cuda_graph_driver_binds_once_and_replays_one_graph_per_shape(export
     assert {c.data_ptr() for c in buf.caches.values()} <= prompt["outputs"]  # the prompt writes the same caches
     lengths = np.array([9 - p for p in PADS])
     assert [s["seqlens"] for s in steps] == [(lengths + i).tolist() for i in range(NEW - 1)]
+    assert [s["positions"] for s in steps] == [s["seqlens"] for s in steps]  # each row's new slot
     assert int(buf.total.numpy()) == MAX_LEN
     runs.clear()
     sess.generate(ids, 3, attention_mask=mask)
