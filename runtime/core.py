@@ -87,7 +87,7 @@ class RuntimeSession:
             raise zoo.ArgumentError(
                 f"cuda_graph=True replays a whole model's decode step, which needs a packed-rows export (its "
                 f"lengths on the device, no bias); {self.path.name} is not one: export it with padding='packed' "
-                "(CLI: export --whole --target cuda)"
+                "(CLI: export --whole --target cuda --dtype float16: GroupQueryAttention has no fp32 CUDA kernel)"
             )
         use_cuda, self.note = choose(provider)
         if self.note and verbose:
