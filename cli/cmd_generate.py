@@ -315,7 +315,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stop and tok is None:
         raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
     sess = OnnxSession(
-        model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu", tf32=args.tf32
+        model_path,
+        provider=args.provider,
+        threads=args.threads,
+        verbose=args.provider != "cpu",
+        tf32=args.tf32,
+        cuda_graph=args.cuda_graph,
     )
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
@@ -462,6 +467,12 @@ def add_commands(sub) -> None:
         help="where ONNX Runtime runs (default cpu; cuda fails in one line where it does not work; auto says which)",
     )
     with_tf32(sp)
+    sp.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="capture the decode step as a CUDA graph and replay it (a packed-rows export: a folder's export for "
+        "--provider cuda is one; docs/gpu.md)",
+    )
     sp.add_argument(
         "--eos-token-id",
         type=number_in(int, 0),

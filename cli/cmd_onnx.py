@@ -48,8 +48,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .cmd_export_whole import export_whole
 
         return export_whole(args)
-    if args.kv_precision != "fp32":
-        raise CliError(f"--kv-precision {args.kv_precision} is a whole model's cache: add --checkpoint DIR --whole")
+    if args.kv_precision != "fp32" or args.padding != "auto":
+        flag = f"--kv-precision {args.kv_precision}" if args.kv_precision != "fp32" else f"--padding {args.padding}"
+        raise CliError(f"{flag} is a whole model's: add --checkpoint DIR --whole")
     source = source_of(args, "name")
     what, overrides, label = args.name, zoo.parse_overrides(args.set), None
     if source != "name":
@@ -350,6 +351,14 @@ def add_commands(sub) -> None:
         choices=KV_PRECISIONS,
         help="with --whole: the KV cache's precision (default fp32); int8 = int8 keys and values with a scale per "
         "position and kv head, read by integer products (the decomposed lowering; its error: docs/generation.md)",
+    )
+    sp.add_argument(
+        "--padding",
+        default="auto",
+        choices=("auto", "left", "packed"),
+        help="with --whole: the graph's rows (default auto: packed for --target cuda where GroupQueryAttention is "
+        "spliced, else left); packed = each row from cache slot 0, lengths through seqlens_k, no attention bias "
+        "(docs/generation.md, the padding rule)",
     )
     sp.add_argument(
         "--whole",
