@@ -69,13 +69,22 @@ def last_logits(model: onnx.ModelProto | Path, ids: torch.Tensor) -> np.ndarray:
     """The prompt's last-position logits (b v) from a whole-model graph under ONNX Runtime's CPU provider."""
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     sess = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-    b = ids.shape[0]
-    feeds = {"input_ids": ids.numpy(), "attention_mask": np.ones((b, N), bool), "past_len": np.array(0, np.int64)}
+    b, t = ids.shape
+    names = {i.name for i in sess.get_inputs()}
+    if "seqlens_k" in names:  # packed rows (the CUDA default): each row's slots from 0, a first prompt
+        feeds = {
+            "input_ids": ids.numpy(),
+            "position_ids": np.broadcast_to(np.arange(t, dtype=np.int64), (b, t)).copy(),
+            "seqlens_k": np.full(b, t - 1, np.int32),
+            "total_sequence_length": np.array(t, np.int32),
+        }
+    else:
+        feeds = {"input_ids": ids.numpy(), "attention_mask": np.ones((b, N), bool), "past_len": np.array(0, np.int64)}
     for i in sess.get_inputs():
         if i.name.startswith("past_key_values"):
             shape = [b if d == "b" else N if d == "n" else d for d in i.shape]
             feeds[i.name] = np.zeros(shape, _ORT_DTYPES[i.type])
-    return sess.run(["logits"], feeds)[0][:, -1].astype(np.float32)
+    return sess.run(["logits"], feeds)[0][:, -1].astype(np.float32)  # packed: (b 1 v), each row's last
 
 
 @pytest.fixture(scope="session")
