@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import zoo
-from export.names import DTYPES, PRECISIONS
+from export.names import PRECISIONS, SESSION_DTYPES
 from zoo import files
 
 from .jobs import (
@@ -299,7 +299,7 @@ def _check_request(provider: str, dtype: str, paths: Sequence[str]) -> None:
         raise BenchError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
     if not paths:
         raise BenchError(f"no path to run; choose from {', '.join(PATHS)}")
-    if dtype not in DTYPES:
+    if dtype not in SESSION_DTYPES:
         raise BenchError(f"dtype={dtype!r} is not float32 or float16")
     if provider not in ROOFLINE_SIZE:
         raise BenchError(f"provider={provider!r} is not cpu or cuda")

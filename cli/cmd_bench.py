@@ -20,7 +20,7 @@ from bench.jobs import (  # the vocabulary only: what measures (torch, onnxrunti
     Budget,
 )
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
-from export.names import DEVICES, DTYPES, PRECISIONS
+from export.names import DEVICES, PRECISIONS, SESSION_DTYPES
 
 from .common import choice_list, int_list, with_set, with_tf32
 
@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_set(parser)
     parser.add_argument("--provider", choices=DEVICES, default="cpu", help="where to run (default cpu)")
     with_tf32(parser)
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the block's float type (default float32)")
+    parser.add_argument(
+        "--dtype", choices=SESSION_DTYPES, default="float32", help="the block's float type (default float32)"
+    )
     parser.add_argument(
         "--precision",
         type=choice_list(DECODE_PRECISIONS),

@@ -45,6 +45,54 @@ def export_encoder_whole(args: argparse.Namespace) -> int:
     return 0
 
 
+def exported_encoder(folder: str) -> Path:
+    """The sentence-embedding export of an encoder or sentence-transformers folder (fp32, for the CPU) with its
+    tokenizer beside it (MODEL.tokenizer.json): made once, then found in the cache folder, as `attnzoo serve`
+    finds a decoder's (cmd_generate.exported); a change to the folder's files makes a new one."""
+    import hashlib
+
+    import zoo
+    from export.encoder_export import export_encoder
+    from peers.sentence import sentence_encoder, tokenizer_facts
+    from runtime.embedding import tokenizer_beside
+    from zoo.files import write_atomic
+
+    from .cmd_generate import _cache_root
+
+    root = Path(folder)
+    h = hashlib.sha256(f"{zoo.__version__}".encode())
+    for f in sorted(root.rglob("*")):
+        if f.suffix == ".json":
+            h.update(str(f.relative_to(root)).encode() + f.read_bytes())
+        elif f.suffix == ".safetensors":
+            h.update(f"{f.relative_to(root)}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    out = _cache_root() / "embed" / f"{root.resolve().name}-{h.hexdigest()[:20]}.onnx"
+    tok_out = tokenizer_beside(out)
+    if out.is_file() and tok_out.is_file():  # the tokenizer is written last
+        return out
+    tok, pad, lower = tokenizer_facts(root)
+    model = sentence_encoder(root)
+    print(f"exporting {folder} (fp32, sentence embeddings) to {out} (once)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    export_encoder(model, out, overwrite=True, label=str(folder), pad_id=pad, do_lower_case=lower)
+    data = tok.read_bytes()
+    write_atomic(tok_out, lambda tmp: tmp.write_bytes(data))
+    return out
+
+
+def serve_hints(url: str, auth: str, path: Path) -> list[str]:
+    """The lines `attnzoo serve` prints for a sentence encoder's server: a curl and an openai call."""
+    from runtime.session import OnnxSession
+
+    label = OnnxSession(path, provider="cpu", verbose=False).metadata.get("attnzoo.name") or "SentenceEncoder"
+    model = path.stem if label == "SentenceEncoder" else Path(label).name
+    body = f'{{"model": "{model}", "input": ["hello world", "the cat sat"]}}'
+    return [
+        f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {url}v1/embeddings",
+        f'  OpenAI(base_url="{url}v1", api_key=...).embeddings.create(model="{model}", input=["hello world"])',
+    ]
+
+
 def _eager(folder: Path, texts: list[str], prompt_name: str | None, batch: int):
     """(embeddings (n e), label) of a model folder, eager, tokenized as the exported graph's session does."""
     import numpy as np

@@ -51,6 +51,7 @@ def export_whole(args: argparse.Namespace) -> int:
         max_len=max_len,
         precision=args.precision,
         kv_precision=args.kv_precision,
+        padding=args.padding,
         lowering=args.lowering,
         provider=args.target,
         dtype=args.dtype,

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import KV_PRECISIONS, PRECISIONS, PROVIDERS
+from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
 from . import interrupt
@@ -217,13 +217,14 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
 
 
 def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
-    """--precision and --max-len choose a folder's export; a .onnx was made with its own: say which, and how
-    to make another."""
+    """--precision, --dtype and --max-len choose a folder's export; a .onnx was made with its own: say which,
+    and how to make another."""
     given = [
         f"--{name} {value}"
         for name, value, unset in (
             ("precision", args.precision, "fp32"),
             ("kv-precision", args.kv_precision, "fp32"),
+            ("dtype", args.dtype, "float32"),
             ("max-len", args.max_len, None),
         )
         if value != unset
@@ -236,9 +237,13 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
         meta = onnx_metadata(source)
     except SessionError:  # not an ONNX file: OnnxSession says so after this
         meta = {}
-    made = f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')})"
+    made = (
+        f" ({meta.get('attnzoo.precision', 'fp32')}, max_len {meta.get('attnzoo.max_len', 'per call')}, "
+        f"{meta.get('attnzoo.dtype', 'float32')})"
+    )
     raise CliError(
-        f"{' and '.join(given)}: {source} is an export with its own precision and max_len{made if meta else ''}; "
+        f"{' and '.join(given)}: {source} is an export with its own precision, max_len and dtype"
+        f"{made if meta else ''}; "
         f"for others, export the checkpoint again: attnzoo export --checkpoint DIR --whole {' '.join(given)} "
         "-o NEW.onnx"
     )
@@ -265,6 +270,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     # an encoder-decoder pair is named by its base PATH (PATH.encoder.onnx, PATH.decoder.onnx) or either file
     if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
+        if args.dtype != "float32":
+            raise CliError(f"--dtype {args.dtype} is for decoder-only folders; an encoder-decoder pair runs float32")
         key = _export_key(source, args.precision, None) if source.is_dir() else ""
         cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
         return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
@@ -301,6 +308,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             args.max_len,
             lambda model: _check_vocab(args, ids, model.spec.vocab),
             target=target,
+            dtype=args.dtype,
             kv_precision=args.kv_precision,
         )
     else:
@@ -308,7 +316,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stop and tok is None:
         raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
     sess = OnnxSession(
-        model_path, provider=args.provider, threads=args.threads, verbose=args.provider != "cpu", tf32=args.tf32
+        model_path,
+        provider=args.provider,
+        threads=args.threads,
+        verbose=args.provider != "cpu",
+        tf32=args.tf32,
+        cuda_graph=args.cuda_graph,
     )
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
@@ -427,6 +440,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--max-new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
     sp.add_argument("--precision", default="fp32", choices=PRECISIONS, help="a folder's export precision")
     sp.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="a folder's export: the activations' float type (default float32; float16 and bfloat16 are for "
+        "--provider cuda, with --precision fp32, int8 or int4)",
+    )
+    sp.add_argument(
         "--kv-precision",
         default="fp32",
         choices=KV_PRECISIONS,
@@ -449,6 +469,12 @@ def add_commands(sub) -> None:
         help="where ONNX Runtime runs (default cpu; cuda fails in one line where it does not work; auto says which)",
     )
     with_tf32(sp)
+    sp.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="capture the decode step as a CUDA graph and replay it (a packed-rows export: a folder's export for "
+        "--provider cuda is one; docs/gpu.md)",
+    )
     sp.add_argument(
         "--eos-token-id",
         type=number_in(int, 0),

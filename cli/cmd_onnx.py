@@ -21,6 +21,7 @@ from export.names import (
     LOWERINGS,
     PRECISIONS,
     PROVIDERS,
+    SESSION_DTYPES,
 )
 from zoo.files import ensure_writable_parent, write_atomic
 
@@ -47,8 +48,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .cmd_export_whole import export_whole
 
         return export_whole(args)
-    if args.kv_precision != "fp32":
-        raise CliError(f"--kv-precision {args.kv_precision} is a whole model's cache: add --checkpoint DIR --whole")
+    if args.kv_precision != "fp32" or args.padding != "auto":
+        flag = f"--kv-precision {args.kv_precision}" if args.kv_precision != "fp32" else f"--padding {args.padding}"
+        raise CliError(f"{flag} is a whole model's: add --checkpoint DIR --whole")
     source = source_of(args, "name")
     what, overrides, label = args.name, zoo.parse_overrides(args.set), None
     if source != "name":
@@ -275,7 +277,7 @@ def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progres
 
 
 def _bounds() -> str:
-    from export.precision import ERROR_BOUNDS
+    from export.names import ERROR_BOUNDS  # export.precision reads the lowerings' records (torch)
 
     return ", ".join(f"{ERROR_BOUNDS[p]:.0%} ({p})" for p in PRECISIONS if p != "fp32").replace("%", "%%")  # argparse
 
@@ -301,7 +303,8 @@ def add_commands(sub) -> None:
         "--dtype",
         default="float32",
         choices=DTYPES,
-        help="the graph's float type (default float32; float16 runs where the provider has the kernels)",
+        help="the graph's float type (default float32; float16 runs where the provider has the kernels; bfloat16 "
+        "is for --target cuda)",
     )
     sp.add_argument("--weights", action="store_true", help="also output the attention weights (decomposed only)")
     sp.add_argument("--mask", action="store_true", help="add a bool mask input (b, t, s), True = may attend")
@@ -348,6 +351,14 @@ def add_commands(sub) -> None:
         choices=KV_PRECISIONS,
         help="with --whole: the KV cache's precision (default fp32); int8 = int8 keys and values with a scale per "
         "position and kv head, read by integer products (the decomposed lowering; its error: docs/generation.md)",
+    )
+    sp.add_argument(
+        "--padding",
+        default="auto",
+        choices=("auto", "left", "packed"),
+        help="with --whole: the graph's rows (default auto: packed for --target cuda where GroupQueryAttention is "
+        "spliced, else left); packed = each row from cache slot 0, lengths through seqlens_k, no attention bias "
+        "(docs/generation.md, the padding rule)",
     )
     sp.add_argument(
         "--whole",
@@ -402,7 +413,7 @@ def add_commands(sub) -> None:
         choices=[*DEVICES, "auto"],
         help="repeatable; default cpu. cuda fails where CUDA does not work; auto adds it only where it does",
     )
-    sp.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default float32")
+    sp.add_argument("--dtype", action="append", choices=SESSION_DTYPES, help="repeatable; default float32")
     sp.add_argument("--case", action="append", choices=["plain", "masked"], help="repeatable; default both")
     sp.add_argument(
         "--precision",

@@ -1,4 +1,4 @@
-"""Encoder-decoder models (T5, BART, mBART) in `attnzoo export --checkpoint DIR --whole` and `attnzoo
+"""Encoder-decoder models (T5, BART, mBART, Marian) in `attnzoo export --checkpoint DIR --whole` and `attnzoo
 generate`: the pair of graphs export/seq2seq_export.py writes (PATH -> PATH.encoder.onnx, PATH.decoder.onnx)
 and greedy tokens from them (export/seq2seq_session.py). cmd_generate hands a source here when it is one."""
 

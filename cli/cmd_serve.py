@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import DTYPES, PROVIDERS
+from export.names import PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
@@ -34,6 +34,12 @@ def _model_path(
     if path.is_dir():
         if overrides or decode:
             raise CliError("--set and --decode apply to a zoo name, not to a checkpoint folder")
+        from peers.sentence import is_encoder_folder
+
+        if is_encoder_folder(path):  # sentence embeddings: POST /v1/embeddings
+            from .cmd_embed import exported_encoder
+
+            return exported_encoder(target)
         from serve.gen_continuous import check_continuous_layers
 
         from .cmd_generate import exported
@@ -119,7 +125,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
             print(f"  curl -s {dep.url}healthz; curl -s {auth}{dep.url}metadata")
             width = _width(path)
-            if width is None:  # a whole model: token ids in, greedy tokens out; OpenAI's API under /v1
+            if width == "embed":  # a sentence encoder: OpenAI's POST /v1/embeddings
+                from .cmd_embed import serve_hints
+
+                print("\n".join(serve_hints(dep.url, auth, path)))
+            elif width is None:  # a whole model: token ids in, greedy tokens out; OpenAI's API under /v1
                 body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
                 print(f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
                 print(f"  OpenAI's API: {dep.url}v1 (GET /v1/models; POST /v1/completions, /v1/chat/completions)")
@@ -187,12 +197,14 @@ def _interrupt(signum, frame) -> None:
 
 
 def _width(path: Path) -> int | str | None:
-    """The block's d_model for the example request; None for a whole-model export."""
+    """The block's d_model for the example request; None for a whole-model export, "embed" for a sentence encoder."""
     from runtime.session import OnnxSession
 
     sess = OnnxSession(path, provider="cpu", verbose=False)
     if sess.is_lm:
         return None
+    if sess.metadata.get("attnzoo.kind") == "sentence_encoder":
+        return "embed"
     return sess.spec.d_model if sess.spec else "C"
 
 
@@ -343,13 +355,16 @@ def add_commands(sub) -> None:
     from export.names import LOWERINGS
 
     sp = sub.add_parser(
-        "serve", help="serve an exported block (POST /predict) or whole model (POST /generate) with Ray Serve"
+        "serve",
+        help="serve an exported block (POST /predict), whole model (POST /generate, /v1) or sentence encoder "
+        "(POST /v1/embeddings) with Ray Serve",
     )
     sp.add_argument(
         "model",
         metavar="PATH_OR_NAME",
-        help="an .onnx file (a block, or a whole model: attnzoo export --checkpoint DIR --whole), a checkpoint "
-        "folder (exported whole, fp32), or a zoo name (exported with --mask first)",
+        help="an .onnx file (a block, a whole model or a sentence encoder: attnzoo export --checkpoint DIR --whole), a "
+        "checkpoint folder (exported whole, fp32; an encoder or sentence-transformers folder is served on "
+        "/v1/embeddings), or a zoo name (exported with --mask first)",
     )
     sp.add_argument("--replicas", type=positive, default=1)
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
@@ -390,7 +405,7 @@ def add_commands(sub) -> None:
     sp.add_argument("--decode", action="store_true", help="when exporting a name: the token-by-token model")
     sp.add_argument("--duration", type=_nonneg, default=None, help="stop after this many seconds (default: Ctrl-C)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help="when exporting a name")
-    sp.add_argument("--dtype", default="float32", choices=DTYPES, help="when exporting a name")
+    sp.add_argument("--dtype", default="float32", choices=SESSION_DTYPES, help="when exporting a name")
     with_set(sp)
     sp.set_defaults(func=cmd_serve)
 
@@ -407,7 +422,7 @@ def add_commands(sub) -> None:
     )
     sp.add_argument("--mask", action="store_true", help="export with the bool mask input (b, t, s)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS])
-    sp.add_argument("--dtype", default="float32", choices=DTYPES)
+    sp.add_argument("--dtype", default="float32", choices=SESSION_DTYPES)
     sp.add_argument("--force", action="store_true", help="replace existing model folders")
     with_set(sp)
     sp.set_defaults(func=cmd_triton)

@@ -51,7 +51,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             seq=args.seq,
             ctx_seq=args.ctx_seq,
             description=description,
-            itemsize=2 if args.dtype == "float16" else 4,
+            itemsize=2 if args.dtype in ("float16", "bfloat16") else 4,
         )
     )
     return 0

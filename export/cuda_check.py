@@ -20,11 +20,15 @@ import onnx
 from onnx import helper
 
 from .errors import ExportError
+from .lm_fusions import SIMPLIFIED_NORM_CUDA_RULES, SKIP_NORM_CUDA_RULES
 from .lowerings import LOWERING_LIST
 from .lowerings.kernel_rules import KernelRules, NodeFacts
+from .precision import NBITS_CUDA_RULES
 
-# op ("domain::Op") -> its CUDA rules, from every record that writes it
+# op ("domain::Op") -> its CUDA rules, from every record that writes it, and the weight precisions' MatMulNBits
 RULES: dict[str, KernelRules] = {rules.op: rules for lw in LOWERING_LIST for rules in lw.cuda}
+for _rules in (NBITS_CUDA_RULES, SIMPLIFIED_NORM_CUDA_RULES, SKIP_NORM_CUDA_RULES):
+    RULES[_rules.op] = _rules
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_ROUNDS = 4096  # rounds of shape inference, each resolving the next com.microsoft nodes (two a layer)
 
@@ -96,6 +100,10 @@ def _types(proto: onnx.ModelProto) -> dict[str, tuple[str | None, tuple | None]]
                 if out and out not in infos:
                     rank = len(first.shape.dim) if first.HasField("shape") and i == 0 else None
                     shape = None if rank is None else [f"{out}_{a}" for a in range(rank)]
+                    n = next((a.i for a in node.attribute if a.name == "N"), None)
+                    if shape and node.op_type == "MatMulNBits" and n:  # A (.. K) -> Y (.. N): a projection
+                        dims = first.shape.dim
+                        shape = [d.dim_value or d.dim_param or shape[a] for a, d in enumerate(dims)][:-1] + [n]
                     proto.graph.value_info.append(helper.make_tensor_value_info(out, first.elem_type, shape))
                     added = True
         if not added:
@@ -152,4 +160,4 @@ def check(model: Any, provider: str) -> None:
 
 def fast_kernels(model: Any) -> dict[str, tuple[str, ...]]:
     """node name -> the fast CUDA kernels its features leave it (() = the unfused kernel only)."""
-    return {f.name: RULES[f.op].kernels_left(f) for f in attention_nodes(model)}
+    return {f.name: RULES[f.op].kernels_left(f) for f in attention_nodes(model) if RULES[f.op].attention}

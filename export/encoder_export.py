@@ -35,13 +35,13 @@ from .names import PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, check_interface, configured, trace
+from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
 EXAMPLE_B, EXAMPLE_T = 2, 7  # different, both >= 2: none is baked in
 IDS = TensorIO("input_ids", ("b", "t"), "int64", "token ids, right-padded")
 MASK = TensorIO("attention_mask", ("b", "t"), "int64", "1 = a real token, 0 = padding")
 TYPES = TensorIO("token_type_ids", ("b", "t"), "int64", "segment ids (0 for one text)")
-ENCODER_METADATA = ("max_seq_length", "prompts", "default_prompt_name", "pad_id", "do_lower_case", "dim")
+ENCODER_METADATA = ("max_seq_length", "prompts", "default_prompt_name", "pad_id", "do_lower_case", "dim", "vocab")
 
 
 def is_encoder(obj) -> bool:
@@ -184,6 +184,8 @@ def export_encoder(
         raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if dtype not in DTYPES:
         raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and provider == "cpu":
+        raise ExportError(BF16_CPU)
     reason = precision_why_not(precision, dtype=dtype, provider=provider)
     if reason:
         raise PrecisionError(reason)
@@ -212,6 +214,7 @@ def export_encoder(
         "attnzoo.lowering": lw,
         "attnzoo.dtype": dtype,
         "attnzoo.pad_id": str(model.spec.pad_id if pad_id is None else pad_id),
+        "attnzoo.vocab": str(model.spec.vocab),  # a server checks token ids against it
         "attnzoo.do_lower_case": json.dumps(bool(do_lower_case)),
         "attnzoo.token_types": json.dumps(len(ins) == 3),
         **applied.metadata(),

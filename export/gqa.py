@@ -45,6 +45,7 @@ HEAD_MULTIPLE = 8  # "head_size must be a multiple of 8", at run time
 _ONNX_TYPE = {
     "float32": TensorProto.FLOAT,
     "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
     "int32": TensorProto.INT32,
     "int64": TensorProto.INT64,
     "bool": TensorProto.BOOL,
@@ -248,38 +249,11 @@ def build(
     b = g.op("Gather", shape, g.ints([0]), axis=0)  # (1,)
     t = g.op("Gather", shape, g.ints(1), axis=0)  # scalar
     decode = "past_key" in names
-    # A static cache (io.static_interface): the buffers hold capacity n, past_len says how many
-    # positions are written; the op writes this call's keys at past_len into its present, which the
-    # session binds to the same buffer as the past (the op then skips its past -> present copy).
-    static = "past_len" in names
-    if static:
-        # The graph's guard: another runtime may feed any past_len. Outside 0..n-t it becomes n + 1,
-        # which the op refuses (total n + 1 + t is neither within the buffer nor past + t), so a bad
-        # past_len never writes: without it -1 with t = 1 asked the op for 0 keys, and n for a grown present.
-        n_cap = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0)
-        bad = g.op("Or", g.op("Less", "past_len", g.ints(0)), g.op("Greater", g.op("Add", "past_len", t), n_cap))
-        past_len = g.op("Where", bad, g.op("Add", n_cap, g.ints(1)), "past_len")
-    else:
-        past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
-    total = g.op("Add", past_len, t) if decode else t
-    seqlens = g.op("Expand", g.cast(g.op("Sub", total, g.ints(1)), "int32"), b)
-    total_i32 = g.cast(total, "int32")
-    all_pos = g.op("Range", g.ints(0), total, g.ints(1))  # (s,) int64
-
-    def last_t(k_pos: str) -> str:  # the new positions: k_pos[:, p:s]
-        start, end = g.op("Unsqueeze", past_len, g.ints([0])), g.op("Unsqueeze", total, g.ints([0]))
-        return g.op("Slice", k_pos, start, end, g.ints([1]))
-
-    key_mask = "key_mask" if "key_mask" in names else None
-    if key_mask and static:  # (b n) over the capacity: the op sees the first p + t keys
-        key_mask = g.op("Slice", key_mask, g.ints([0]), g.op("Unsqueeze", total, g.ints([0])), g.ints([1]))
-    if key_mask:
-        k_pos = g.op("Sub", g.op("CumSum", g.cast(key_mask, "int64"), g.ints(1)), g.ints(1))
-        q_pos = last_t(k_pos)
-    else:
-        k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
-        q_pos = last_t(k_pos) if decode else k_pos
-    g.place(all_pos, q_pos, k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
+    # Packed rows (io.static_interface(packed=True), a whole model's layer): each row's tokens from slot 0,
+    # its length through seqlens_k, no bias (docs/generation.md, "The padding rule").
+    packed = "seqlens_k" in names
+    rows = _packed_rows(g, b, t) if packed else _left_padded_rows(g, names, b, t, decode)
+    seqlens, total, total_i32, q_pos, key_mask, key_real = rows
 
     # The modifiers' nodes on Q, K, V (rotary, QK-norm, clip, temperature), after the positions: a piece
     # may read them. In a whole model the last of them may be the op's own (gqa_inside), which it
@@ -335,18 +309,24 @@ def build(
         inputs.pop()
     z = g._name("groupqueryattention")
     # A static cache: the op's presents are the graph's outputs, no Identity between them and the buffers.
+    static = "past_len" in names or packed
     presents = ["present_key", "present_value"] if static else [g._name("present_key"), g._name("present_value")]
     g.nodes.append(helper.make_node("GroupQueryAttention", inputs, [z, *presents], domain=MS_DOMAIN, **attrs))
     if decode and not static:
         g.op("Identity", presents[0], name="present_key")
         g.op("Identity", presents[1], name="present_value")
 
+    if in_model and packed:
+        # A right-padded prompt's pad queries (slots at or past the row's length): zeroed, as a left-padded
+        # row's below, so they stay finite; the op reads no key past a row's length.
+        real = g.op("Less", q_pos, g.op("Unsqueeze", g.op("Add", g.cast(seqlens, "int64"), g.ints(1)), g.ints([1])))
+        z = g.op("Where", g.op("Unsqueeze", real, g.ints([2])), z, g.const(0.0, "zero"))
     if in_model and key_mask:
         # A pad query row (left padding) has no real key. Without a logit cap (the op's tanh) the op gives
         # such a row 0, but with one it gives NaN (onnxruntime 1.31.1 CPU), which becomes the next layer's keys
         # and values at the pad slots, where 0 weight * NaN makes every real row NaN. A real query always sees
         # itself, so a query slot has a real key when its own key is real.
-        z = g.op("Where", g.op("Unsqueeze", last_t(key_mask), g.ints([2])), z, g.const(0.0, "zero"))
+        z = g.op("Where", g.op("Unsqueeze", key_real, g.ints([2])), z, g.const(0.0, "zero"))
     if masked and not in_model:
         # A query row with no allowed key (user mask & causal & the modifiers' terms) gets Z = 0, as in eager torch.
         allowed = g.op("And", user_mask, g.op("GreaterOrEqual", g.distance(), g.const(0.0, "zero", "float32")))
@@ -373,3 +353,57 @@ def build(
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)], ir_version=10
     )
+
+
+def _packed_rows(g: _Graph, b: str, t: str) -> tuple:
+    """Packed rows: each token's position is given (position_ids (b t), its cache slot; the op writes a row at
+    seqlens_k + 1 - t, or from 0 on a first prompt, the same slots). Only the host-side total and shapes are
+    read on the host; nothing goes from the host to the device (a captured CUDA graph refuses that). ->
+    (seqlens, total, total_i32, q_pos, key_mask, key_real) as _left_padded_rows, with no key mask."""
+    seqlens, total_i32 = "seqlens_k", "total_sequence_length"
+    total = g.cast(total_i32, "int64")
+    all_pos = g.op("Range", g.ints(0), total, g.ints(1))  # (s,) int64
+    k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
+    g.place(all_pos, "position_ids", k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
+    return seqlens, total, total_i32, "position_ids", None, None
+
+
+def _left_padded_rows(g: _Graph, names: set[str], b: str, t: str, decode: bool) -> tuple:
+    """Lengths and positions, rows left-padded through a key mask. Full sequence: s = t keys at positions
+    0..t-1. Decode: the cache holds p positions, this call adds t, so s = p + t; with a key_mask (left
+    padding) a row's positions count its real keys. seqlens_k = s - 1 per row; GQA right-aligns the t
+    queries on the s keys. -> (seqlens (b) int32, total, total_i32, q_pos, key_mask (b s) | None, key_real
+    (b t): whether each query's own key is real, | None)."""
+    # A static cache (io.static_interface): the buffers hold capacity n, past_len says how many
+    # positions are written; the op writes this call's keys at past_len into its present, which the
+    # session binds to the same buffer as the past (the op then skips its past -> present copy).
+    static = "past_len" in names
+    if static:
+        # The graph's guard: another runtime may feed any past_len. Outside 0..n-t it becomes n + 1,
+        # which the op refuses (total n + 1 + t is neither within the buffer nor past + t), so a bad
+        # past_len never writes: without it -1 with t = 1 asked the op for 0 keys, and n for a grown present.
+        n_cap = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0)
+        bad = g.op("Or", g.op("Less", "past_len", g.ints(0)), g.op("Greater", g.op("Add", "past_len", t), n_cap))
+        past_len = g.op("Where", bad, g.op("Add", n_cap, g.ints(1)), "past_len")
+    else:
+        past_len = g.op("Gather", g.op("Shape", "past_key"), g.ints(2), axis=0) if decode else None
+    total = g.op("Add", past_len, t) if decode else t
+    seqlens = g.op("Expand", g.cast(g.op("Sub", total, g.ints(1)), "int32"), b)
+    all_pos = g.op("Range", g.ints(0), total, g.ints(1))  # (s,) int64
+
+    def last_t(k_pos: str) -> str:  # the new positions: k_pos[:, p:s]
+        start, end = g.op("Unsqueeze", past_len, g.ints([0])), g.op("Unsqueeze", total, g.ints([0]))
+        return g.op("Slice", k_pos, start, end, g.ints([1]))
+
+    key_mask = "key_mask" if "key_mask" in names else None
+    if key_mask and static:  # (b n) over the capacity: the op sees the first p + t keys
+        key_mask = g.op("Slice", key_mask, g.ints([0]), g.op("Unsqueeze", total, g.ints([0])), g.ints([1]))
+    if key_mask:
+        k_pos = g.op("Sub", g.op("CumSum", g.cast(key_mask, "int64"), g.ints(1)), g.ints(1))
+        q_pos = last_t(k_pos)
+    else:
+        k_pos = g.op("Unsqueeze", all_pos, g.ints([0]))  # (1 s)
+        q_pos = last_t(k_pos) if decode else k_pos
+    g.place(all_pos, q_pos, k_pos, g.op("Concat", b, g.op("Unsqueeze", t, g.ints([0])), axis=0))
+    key_real = last_t(key_mask) if key_mask else None
+    return seqlens, total, g.cast(total, "int32"), q_pos, key_mask, key_real

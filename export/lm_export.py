@@ -18,6 +18,13 @@ Every attention layer takes the chosen lowering through the mechanism a block ex
 the module is traced once); a lowering whose record builds the graph by hand (ort-gqa) is spliced in
 per layer (export/splice.py). `auto` takes choice.LM_PREFERENCE's first that every layer allows. The
 norms are then fused (export/lm_fusions.py).
+
+Padding (docs/generation.md, "The padding rule"): a spliced GroupQueryAttention graph may take packed rows
+(padding="packed"; "auto" packs for provider="cuda"): io.lm_interface(packed=True), input_ids (b t),
+position_ids (b t), seqlens_k (b) int32, total_sequence_length () int32, each row's tokens from slot 0
+and no attention_bias,
+which is what CUDA's fast kernels, sinks and CUDA graphs need. The traced step is the same DecoderLM.step,
+with each row's first slot as its past_len and each row's last real token's logits (_Step).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 from torch import nn
 
 import zoo
-from runtime.io import LM_PAST, LM_PRESENT, lm_interface
+from runtime.io import LM_PAST, LM_PRESENT, SEQLENS_K, lm_interface
 
 from . import cuda_check, kv_int8, splice
 from .choice import first_that_exports, lm_order, lowerings_to_try, why_not
@@ -44,8 +51,9 @@ from .names import CACHE_CHOICES, PRECISIONS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, check_interface, configured, trace
+from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
+PADDINGS = ("auto", "left", "packed")
 # The example the model is traced at: all sizes >= 2 and different, so none is baked in.
 EXAMPLE_B, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 5, 11, 3
 # The lowerings whose static step a whole model takes; fp16 on the CPU: see FP16_CPU.
@@ -107,7 +115,8 @@ class LMExportResult:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.op_counts.items(), key=lambda kv: -kv[1])[:8])
         size = self.file_bytes + (self.external_data.stat().st_size if self.external_data else 0)
         weights_note = f", weights in {self.external_data.name}" if self.external_data else ""
-        per_layer = f"{self.inputs[3][0]} .. (b g n d) per layer" if len(self.inputs) > 3 else ""
+        caches = [n for n, _, _ in self.inputs if n.startswith(LM_PAST[:5])]
+        per_layer = f"{caches[0]} .. (b g n d) per layer" if caches else ""
         cap = f"at most {self.max_len} positions" if self.max_len else "sized per call"
         lines = [
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
@@ -115,7 +124,7 @@ class LMExportResult:
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
             f"  precision {self.precision_method or self.precision}",
             f"  cache     static, in place, {self.kv_precision}; capacity n {cap}",
-            f"  inputs    input_ids, attention_mask, past_len, {per_layer}",
+            f"  inputs    {', '.join(n for n, _, _ in self.inputs if n not in caches)}, {per_layer}",
             f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
             f"  took      {self.seconds:.1f} s",
@@ -132,23 +141,52 @@ class _Step(nn.Module):
 
     def forward(self, input_ids, attention_mask, past_len, caches):
         keys, values = list(caches[0::2]), list(caches[1::2])
-        logits, keys, values = self.lm.step(
+        out = self.lm.step(
             input_ids, keys, values, past_len, attention_mask, in_place=False, all_logits=self.all_logits
         )
+        return self.outputs(*out)
+
+    def outputs(self, logits, keys, values) -> tuple:
         outs = [logits] + ([logits[:, -1].argmax(-1)] if self.argmax else [])
         for k, v in zip(keys, values):
             outs += [k, v]
         return tuple(outs)
 
 
-def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: str) -> list[str]:
+class _PackedStep(_Step):
+    """The packed-rows step (io.lm_interface(packed=True)): positions are given (a row's slots), and a row's
+    logits are those of its last real token, seqlens_k - its first position (a right-padded prompt row's last
+    token is not the call's last). Nothing here computes from a shape: a captured CUDA graph refuses a value
+    that goes from the host to the device inside it (ONNX Runtime's Memcpy nodes)."""
+
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, caches):
+        keys, values = list(caches[0::2]), list(caches[1::2])
+        first = position_ids[:, 0]
+        last = None if self.all_logits else seqlens_k.long() - first
+        rows = (position_ids, seqlens_k, total_sequence_length)
+        out = self.lm.step(
+            input_ids, keys, values, first, None, in_place=False, all_logits=self.all_logits, rows=rows, last=last
+        )
+        return self.outputs(*out)
+
+
+def packs(lowering: str, padding: str, provider: str) -> bool:
+    """Whether a whole model exported with `lowering` takes packed rows (io.lm_interface(packed=True)): a
+    lowering built by hand and spliced (ort-gqa) with padding "packed", or "auto" on CUDA."""
+    return not record(lowering).traced and (padding == "packed" or (padding == "auto" and provider == "cuda"))
+
+
+def candidates(specs: list[zoo.AttentionSpec], lowering, provider: str, dtype: str, padding: str = "left") -> list[str]:
     """The lowerings to try, each able to express every layer with a static cache, or ExportError."""
-    # every whole model is fed an attention_mask (io.lm_interface): a bias in each attention node
-    request = {"decode": True, "cache": "static", "dtype": dtype, "provider": provider, "masked": True}
+    # a left-padded model is fed an attention_mask (io.lm_interface): a bias in each attention node; packed
+    # rows have none
+    request = {"decode": True, "cache": "static", "dtype": dtype, "provider": provider}
 
     def reason(lw: str) -> str | None:
+        if padding == "packed" and record(lw).traced:
+            return f"padding='packed' takes a lowering built by hand (ort-gqa); {lw} is traced and takes left padding"
         for i, spec in enumerate(specs):
-            r = why_not(lw, spec, **request)
+            r = why_not(lw, spec, masked=not packs(lw, padding, provider), **request)
             if r:
                 return f"layer {i}: {r}"
         return None
@@ -208,6 +246,8 @@ def check_precision_and_dtype(precision, dtype, provider: str) -> None:
         raise PrecisionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if dtype == "float16" and provider == "cpu":
         raise ExportError(FP16_CPU)
+    if dtype == "bfloat16" and provider == "cpu":
+        raise ExportError(BF16_CPU)
     if dtype not in DTYPES:
         raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
 
@@ -229,6 +269,7 @@ def export_lm(
     argmax: bool = True,
     generation_config: dict | None = None,
     kv_precision: str = "fp32",
+    padding: str = "auto",
     **overrides,
 ) -> LMExportResult:
     """Write `model`'s step as one ONNX graph (see the module docstring); returns what was written.
@@ -239,7 +280,9 @@ def export_lm(
     the head (MatMulNBits, export/precision.py); the embedding stays fp32. all_logits: logits at
     every position of a call (b t v) instead of the last (b 1 v). argmax: a next_token output.
     generation_config: the checkpoint's generation_config.json (a dict), recorded for generate's defaults.
-    kv_precision "int8": the cache as int8 with a scale per position and kv head (export/kv_int8.py)."""
+    kv_precision "int8": the cache as int8 with a scale per position and kv head (export/kv_int8.py).
+    padding: "packed" (rows from slot 0, lengths through seqlens_k: a spliced lowering), "left" (a key mask),
+    or "auto" (packed on CUDA where the lowering is spliced, else left); recorded as attnzoo.padding."""
     from zoo.files import is_special
 
     from .saving import EXTERNAL_DATA_BYTES, output_target, save_atomic
@@ -258,8 +301,10 @@ def export_lm(
         raise kv_int8.KVPrecisionError(reason)
     if label is not None and (not isinstance(label, str) or not label.strip()):
         raise zoo.InputTypeError(f"label={label!r} must be a non-empty string")
+    if not isinstance(padding, str) or padding not in PADDINGS:
+        raise ExportError(f"padding={padding!r} is not one of {', '.join(PADDINGS)}")
     specs, vocab = layer_specs(model), vocab_size(model)
-    order = candidates(specs, lowering, provider, dtype)
+    order = candidates(specs, lowering, provider, dtype, padding)
     if kv_precision != "fp32":
         order = [lw for lw in order if lw in kv_int8.KV_INT8_LOWERINGS]
         if not order:
@@ -271,14 +316,19 @@ def export_lm(
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file path such as {path / 'model.onnx'}")
     target = output_target(path, overwrite)
-    ins, outs = lm_interface(specs, vocab, all_logits=all_logits, argmax=argmax)
+    interfaces = {
+        packed: lm_interface(specs, vocab, all_logits=all_logits, argmax=argmax, packed=packed)
+        for packed in (False, True)
+    }
 
     def build(lw: str):
+        ins, outs = interfaces[packs(lw, padding, provider)]
         onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
         if kv_precision != "fp32":
             onnx_model = kv_int8.rewrite(onnx_model, len(specs))
-        cuda_check.check(onnx_model, provider)  # every attention node within the CUDA kernels' rules
-        return apply_precision(onnx_model, precision, decode=True)
+        quantized, applied = apply_precision(onnx_model, precision, decode=True)
+        cuda_check.check(quantized, provider)  # every attention and MatMulNBits node within the CUDA kernels' rules
+        return quantized, applied
 
     lw, (quantized, applied), notes = first_that_exports(order, lowering, build, "model")
     if applied.note():
@@ -293,6 +343,7 @@ def export_lm(
         "attnzoo.lowering": lw,
         "attnzoo.dtype": dtype,
         "attnzoo.cache": "static",
+        "attnzoo.padding": "packed" if packs(lw, padding, provider) else "left",
         **({"attnzoo.max_len": str(max_len)} if max_len else {}),
         **({"attnzoo.kv_precision": kv_precision} if kv_precision != "fp32" else {}),
         **({"attnzoo.generation_config": json.dumps(generation_config)} if generation_config else {}),
@@ -308,6 +359,7 @@ def export_lm(
     limit = EXTERNAL_DATA_BYTES if is_special(target) else 0
     external = save_atomic(quantized, target, model, dtype, overwrite=overwrite, limit=limit)
     spec0 = specs[0]
+    ins, outs = interfaces[packs(lw, padding, provider)]
     if kv_precision != "fp32":
         ins, outs = kv_int8.interface(ins, outs)
     return LMExportResult(
@@ -345,27 +397,30 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
     b, t, n = EXAMPLE_B, EXAMPLE_T, EXAMPLE_N
     vocab = outs[0].axes[-1]
     caches = []
-    for io in ins[3:]:
+    for io in (io for io in ins if io.name.startswith(LM_PAST.split("{", 1)[0])):
         shape = [b if a == "b" else n if a == "n" else a for a in io.axes]
         caches.append(torch.randn(shape).to(torch_dtype))
-    mask = torch.ones(b, n, dtype=torch.bool)
-    mask[0, :2] = False  # left padding in the example, so no branch on it is taken
-    example = {
-        "input_ids": torch.randint(0, vocab, (b, t)),
-        "attention_mask": mask,
-        "past_len": torch.tensor(EXAMPLE_PAST),
-        "caches": caches,
-    }
     dim_b, dim_t, dim_n = torch.export.Dim("b"), torch.export.Dim("t"), torch.export.Dim("n")
-    dynamic = {
-        "input_ids": {0: dim_b, 1: dim_t},
-        "attention_mask": {0: dim_b, 1: dim_n},
-        "past_len": {},
-        "caches": [{0: dim_b, 2: dim_n} for _ in caches],
-    }
+    example = {"input_ids": torch.randint(0, vocab, (b, t))}
+    dynamic = {"input_ids": {0: dim_b, 1: dim_t}}
+    packed = any(io.name == SEQLENS_K.name for io in ins)
+    if packed:  # rows of different lengths after a past, so no branch on them is taken
+        first = torch.tensor([[EXAMPLE_PAST], [EXAMPLE_PAST + 1]])
+        example["position_ids"] = first + torch.arange(t)
+        example["seqlens_k"] = (first[:, 0] + t - 1).to(torch.int32)
+        example["total_sequence_length"] = torch.tensor(n, dtype=torch.int32)
+        dynamic.update(position_ids={0: dim_b, 1: dim_t}, seqlens_k={0: dim_b}, total_sequence_length={})
+    else:
+        mask = torch.ones(b, n, dtype=torch.bool)
+        mask[0, :2] = False  # left padding in the example, so no branch on it is taken
+        example.update(attention_mask=mask, past_len=torch.tensor(EXAMPLE_PAST))
+        dynamic.update(attention_mask={0: dim_b, 1: dim_n}, past_len={})
+    example["caches"] = caches
+    dynamic["caches"] = [{0: dim_b, 2: dim_n} for _ in caches]
     with torch.no_grad():
         translations = None if blocks is None else splice.translation_table()
-        onnx_model = trace(_Step(lm, all_logits, argmax).eval(), example, dynamic, rec, outs, translations)
+        step = (_PackedStep if packed else _Step)(lm, all_logits, argmax).eval()
+        onnx_model = trace(step, example, dynamic, rec, outs, translations)
     if blocks is not None:
         onnx_model = splice.splice(onnx_model, rec, blocks, dtype, max_len)
     onnx_model, _ = fuse_norms(onnx_model)
@@ -377,4 +432,14 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
     return onnx_model
 
 
-__all__ = ["LM_PAST", "LM_PRESENT", "LMExportResult", "export_lm", "is_lm", "layer_specs", "stored_tables_max_len"]
+__all__ = [
+    "LM_PAST",
+    "LM_PRESENT",
+    "PADDINGS",
+    "LMExportResult",
+    "export_lm",
+    "is_lm",
+    "layer_specs",
+    "packs",
+    "stored_tables_max_len",
+]

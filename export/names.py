@@ -4,6 +4,7 @@ choice reads them from here.
     DEVICES     where a model runs (runtime/names.py spells it)
     PROVIDERS   what a session may be asked for (runtime/names.py spells it)
     DTYPES      the element types a model is exported in
+    SESSION_DTYPES  those a session here feeds (numpy has no bfloat16)
     CACHES      how a decode model keeps its KV cache
     LOWERINGS   how a block becomes an ONNX graph (export/lowerings/ holds one record each)
     PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from runtime.names import DEVICES, PROVIDERS  # the run time's; handed on for the command line
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")  # bfloat16: for CUDA only (export/tracing.py, BF16_CPU)
+# the dtypes a session here feeds and reads with numpy, which has no bfloat16: parity, bench and serve
+SESSION_DTYPES = ("float32", "float16")
 CACHES = ("grow", "static")  # a decode model's KV cache: returned grown each step, or buffers written in place
 CACHE_CHOICES = ("auto", *CACHES)  # auto: the measured-faster kind for the provider (export/choice.py DECODE_CACHE)
 DEFAULT_MAX_LEN = 4096  # a static cache's capacity when export_onnx is not given max_len
@@ -24,6 +27,7 @@ LOWERINGS = ("decomposed", "onnx-attention", "ort-mha", "ort-gqa")
 STATIC_CACHE_LOWERINGS = ("decomposed", "ort-gqa")  # those whose decode graph can keep a static cache
 PRECISIONS = ("fp32", "int8", "int4")  # weight precision of an export (export/precision.py)
 KV_PRECISIONS = ("fp32", "int8")  # a whole model's KV cache: the model's dtype, or int8 (export/kv_int8.py)
+ERROR_BOUNDS = {"int8": 0.04, "int4": 0.22}  # a precision's relative L2 error bound (why: export/precision.py)
 ENCODER_SUFFIX, DECODER_SUFFIX = ".encoder.onnx", ".decoder.onnx"
 
 
@@ -42,6 +46,7 @@ def seq2seq_paths(path: str | os.PathLike) -> tuple[Path, Path]:
 __all__ = [
     "DECODER_SUFFIX",
     "ENCODER_SUFFIX",
+    "ERROR_BOUNDS",
     "CACHES",
     "CACHE_CHOICES",
     "DEFAULT_MAX_LEN",
@@ -51,6 +56,7 @@ __all__ = [
     "LOWERINGS",
     "PRECISIONS",
     "PROVIDERS",
+    "SESSION_DTYPES",
     "STATIC_CACHE_LOWERINGS",
     "seq2seq_paths",
 ]

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from .errors import ExportError
 from .graphs import op_counts, quiet
-from .names import PRECISIONS
+from .lowerings.kernel_rules import KernelRules
+from .names import ERROR_BOUNDS, PRECISIONS
 
 BLOCK_SIZE = 32  # MatMulNBits: weights per scale along K
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations in the dot products (AVX-512 VNNI / AVX2 on the CPU)
@@ -43,7 +44,8 @@ ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations in the dot products (AVX-512
 # int4 transformers worst, 17.1% (gemma3-sliding), is the earlier measurement (int4 did not change).
 # README, "Weight precision". int8 keeps more than 2x headroom: only one CPU kind measured it, and
 # ONNX Runtime's int8 kernels for MatMulNBits differ between AVX-512 VNNI and AVX2.
-ERROR_BOUNDS = {"int8": 0.04, "int4": 0.22}  # fp32 keeps parity's elementwise tolerances
+# The bounds are spelled in export/names.py (ERROR_BOUNDS), where the command line's help reads them
+# without the lowerings' records (torch, onnx).
 
 
 def rel_l2(got, ref) -> float:
@@ -113,6 +115,38 @@ if {p for p, _ in METHODS} != set(PRECISIONS):
     raise ImportError(f"export/precision.py METHODS {sorted(METHODS)} do not cover PRECISIONS {PRECISIONS}")
 
 
+# What ONNX Runtime's CUDA MatMulNBits accepts, read from its source (a main snapshot; the 1.31.1 binary's
+# strings agree on T and bits: ../shared/gpu/ort-cuda-kernels.md 5): kernels registered for T (A, scales,
+# bias, Y) float, float16 and bfloat16, B uint8, zero points uint8 or T (we write none: symmetric);
+# CheckInputs: bits 2, 4 or 8, block_size a power of 2 >= 16; accuracy_level is not read on CUDA (the
+# CPU's int8-activation path; CUDA multiplies in T). export_onnx checks every MatMulNBits node against
+# these rules (export/cuda_check.py) and refuses a request outside them before exporting (why_not).
+NBITS_CUDA_RULES = KernelRules(
+    op="com.microsoft::MatMulNBits",
+    sources=(
+        "onnxruntime/contrib_ops/cuda/quantization/matmul_nbits.cc",
+        "onnxruntime/contrib_ops/cuda/quantization/matmul_nbits.h",
+        "onnxruntime/contrib_ops/cpu/quantization/matmul_nbits_helper.h",
+    ),
+    inputs=("A", "B", "scales", "zero_points", "g_idx", "bias"),
+    dtypes=("float32", "float16", "bfloat16"),
+    t_input="A",
+    typed={"B": "uint8", "scales": "T", "g_idx": "int32", "bias": "T"},
+    ranks={"B": (3,), "scales": (1, 2), "g_idx": (1,), "bias": (1,)},
+    attribute_values={"bits": (2, 4, 8), "block_size": tuple(2**i for i in range(4, 13))},
+    attention=False,
+    max_outputs=1,
+    fast_kernels=("fpA_intB",),
+    disqualifies={"float32": ("fpA_intB",), "g_idx": ("fpA_intB",)},
+    run_time=(
+        "bfloat16 needs compute capability >= 8.0 (NOT_IMPLEMENTED below)",
+        "fpA_intB (CUTLASS GEMM / GEMV, prepacked weights) only with ORT_FPA_INTB_GEMM=1 or session config "
+        "ep.cuda.fpa_intb_gemm=1, bits 4 or 8, block_size 32/64/128, N % 64 == 0 (4 bits) or % 32 (8 bits), "
+        "K % block_size == 0; otherwise a GEMV for small M, else dequantize + cuBLAS GEMM in T",
+    ),
+)
+
+
 class PrecisionError(ExportError):
     """A precision this export cannot have (unknown, with fp16, on a provider without its kernels)."""
 
@@ -129,13 +163,24 @@ def why_not(precision: str, *, dtype: str, provider: str | None, decode: bool = 
     m = method(precision, decode=decode)
     if m.tool == "none":
         return None
+    if provider == "cuda":
+        if m.cuda:
+            return f"precision={precision!r} cannot run on cuda: {m.cuda}; use precision='int4' or 'fp32' there"
+        rules = NBITS_CUDA_RULES
+        asked = {"bits": m.bits, "block_size": m.block_size}
+        for attr, value in asked.items():
+            allowed = rules.attribute_values[attr]
+            if value not in allowed:
+                return f"precision={precision!r}: CUDA's MatMulNBits takes {attr} in {allowed}, not {value}"
+        if dtype not in rules.dtypes:
+            return f"precision={precision!r}: CUDA's MatMulNBits has {'/'.join(rules.dtypes)} kernels, not {dtype}"
+        return None
     if dtype != "float32":
         return (
-            f"precision={precision!r} quantizes the fp32 weights and keeps fp32 activations; "
-            f"dtype={dtype!r} cannot be combined with it: export with dtype='float32'"
+            f"precision={precision!r} keeps fp32 activations on the {provider or 'cpu'} provider; "
+            f"dtype={dtype!r} cannot be combined with it there: export with dtype='float32' "
+            "(float16 and bfloat16 activations with int8/int4 weights are for provider='cuda')"
         )
-    if provider == "cuda" and m.cuda:
-        return f"precision={precision!r} cannot run on cuda: {m.cuda}; use precision='int4' or 'fp32' there"
     return None
 
 
@@ -257,4 +302,14 @@ def _nbits(proto, m: Method, targets):
     return q.model.model
 
 
-__all__ = ["ACCURACY_LEVEL", "BLOCK_SIZE", "ERROR_BOUNDS", "METHODS", "Applied", "Method", "PrecisionError", "rel_l2"]
+__all__ = [
+    "ACCURACY_LEVEL",
+    "BLOCK_SIZE",
+    "ERROR_BOUNDS",
+    "METHODS",
+    "NBITS_CUDA_RULES",
+    "Applied",
+    "Method",
+    "PrecisionError",
+    "rel_l2",
+]

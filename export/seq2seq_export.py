@@ -70,7 +70,7 @@ def interfaces(model: Seq2SeqLM) -> tuple[list[TensorIO], list[TensorIO], list[T
         TensorIO("past_len", (), "int64", "decoder positions already in the buffers"),
     ]
     dec_out = [
-        TensorIO("logits", ("b", 1, s.vocab), "float", "next-token logits"),
+        TensorIO("logits", ("b", 1, s.decoder_vocab_), "float", "next-token logits"),
         TensorIO("next_token", ("b",), "int64", "argmax of the logits (greedy)"),
     ]
     for i, a in enumerate(s.decoder):  # the self-attention buffers of every layer, then the cross ones
@@ -161,7 +161,7 @@ def _example(model: Seq2SeqLM, dtype: torch.dtype):
             torch.randn(b, c.kv_heads_, src, c.d_v_).to(dtype),
         ]
     dec = {
-        "input_ids": torch.randint(0, s.vocab, (b, t)),
+        "input_ids": torch.randint(0, s.decoder_vocab_, (b, t)),
         "encoder_attention_mask": mask,
         "past_len": torch.tensor(EXAMPLE_PAST),
         "caches": caches,
@@ -236,6 +236,7 @@ def export_seq2seq(
     meta = {
         "attnzoo.name": label or type(model).__name__,
         "attnzoo.vocab": str(s.vocab),
+        "attnzoo.decoder_vocab": str(s.decoder_vocab_),
         "attnzoo.layers": str(len(s.decoder)),
         "attnzoo.seq2seq": json.dumps({"describe": s.describe()}),
         "attnzoo.generation": json.dumps(generation or {}, sort_keys=True),

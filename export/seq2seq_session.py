@@ -9,10 +9,12 @@ tokens rounded up to ROUND, are bound once as past and present, so each step wri
 
 The tokens are transformers' generate(num_beams=1, do_sample=False): the row starts with
 decoder_start_token_id; forced_bos_token_id is the first new token, forced_eos_token_id the last one a
-max_new_tokens budget allows; a row that produced eos is padded (pad_token_id, default eos) while others
-go on, and the loop stops once every row has ended. The ids default to what the checkpoint's
-generation_config.json says (kept in the export's metadata). Beam search is not done here: an export
-whose generation_config.json asks num_beams > 1 says so in `note`, and generates greedily.
+max_new_tokens budget allows (the lowest of several, as transformers' argmax over their tie takes it);
+suppress_tokens are never made (the single-token bad_words_ids too: Marian bans its pad id so); a row that
+produced an eos id (eos_token_id may list several: each ends a row) is padded (pad_token_id, default the first
+eos id) while others go on, and the loop stops once every row has ended. The ids default to what the
+checkpoint's generation_config.json says (kept in the export's metadata). Beam search is not done here: an
+export whose generation_config.json asks num_beams > 1 says so in `note`, and generates greedily.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import zoo
 from runtime.core import RuntimeSession
 from runtime.generation import ROUND
 from runtime.providers import SessionError
+from runtime.stopping import eos_ids
 from runtime.tensors import from_numpy, is_tensor
 
 from .seq2seq_export import CROSS_PAST, ENCODER_MASK, SELF_PAST, SELF_PRESENT, seq2seq_paths
@@ -37,7 +40,9 @@ TOKEN_IDS = (
     "pad_token_id",
     "forced_bos_token_id",
     "forced_eos_token_id",
+    "suppress_tokens",
 )
+MANY = ("eos_token_id", "forced_eos_token_id", "suppress_tokens")  # a token id or a list of them
 _UNSET = object()
 
 
@@ -71,17 +76,27 @@ class Seq2SeqSession:
         if kinds != ("seq2seq-encoder", "seq2seq-decoder"):
             raise SessionError(f"{enc_path} and {dec_path} are not an attnzoo encoder-decoder export (kinds {kinds})")
         meta = self.decoder.metadata
-        self.vocab = int(meta["attnzoo.vocab"])
+        self.vocab = int(meta["attnzoo.vocab"])  # the encoder's (input_ids)
+        self.decoder_vocab = int(meta.get("attnzoo.decoder_vocab") or self.vocab)  # the logits' width
         self.layers = int(meta["attnzoo.layers"])
         self.generation = json.loads(meta.get("attnzoo.generation") or "{}")
         self.provider = self.decoder.provider
         beams = self.generation.get("num_beams")
-        self.note = (
-            f"the checkpoint's generation_config.json asks num_beams={beams}; beam search is not done here: "
-            "these tokens are greedy (num_beams=1)"
-            if isinstance(beams, int) and beams > 1
-            else None
-        )
+        notes = []
+        if isinstance(beams, int) and beams > 1:
+            notes.append(
+                f"the checkpoint's generation_config.json asks num_beams={beams}; beam search is not done here: "
+                "these tokens are greedy (num_beams=1)"
+            )
+        if self.generation.get("bad_sequences"):
+            notes.append(
+                f"bad_words_ids of several tokens {self.generation['bad_sequences']} are not honoured here "
+                "(single-token ones are)"
+            )
+        if self.generation.get("unhonoured"):
+            asked = ", ".join(f"{k}={v}" for k, v in self.generation["unhonoured"].items())
+            notes.append(f"the checkpoint's generation settings {asked} are not applied here")
+        self.note = "; ".join(notes) or None
 
     def encode(self, input_ids, attention_mask=None) -> list[np.ndarray]:
         """encoder_hidden_states (b s c) then each layer's cross key and value (b g s d), as numpy."""
@@ -110,6 +125,7 @@ class Seq2SeqSession:
         pad_token_id=_UNSET,
         forced_bos_token_id=_UNSET,
         forced_eos_token_id=_UNSET,
+        suppress_tokens=_UNSET,
         timings: dict | None = None,
     ):
         """(b, 1 + k) int64: decoder_start_token_id then k <= max_new_tokens greedy tokens (the module
@@ -124,11 +140,17 @@ class Seq2SeqSession:
             pad_token_id=pad_token_id,
             forced_bos_token_id=forced_bos_token_id,
             forced_eos_token_id=forced_eos_token_id,
+            suppress_tokens=suppress_tokens,
         )
         ids_ = {k: self.generation.get(k) if v is _UNSET else v for k, v in given.items()}
+        last = self.decoder_vocab - 1
         for k, v in ids_.items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.vocab):
-                raise zoo.ArgumentError(f"{k}={v!r} must be a token id in 0..{self.vocab - 1} or None")
+            many = k in MANY and isinstance(v, (list, tuple, np.ndarray))
+            for x in v if many else [v]:
+                token = not isinstance(x, bool) and isinstance(x, (int, np.integer)) and 0 <= x <= last
+                if x is not None and not token:
+                    lists = " or a list of them" if k in MANY else ""
+                    raise zoo.ArgumentError(f"{k}={v!r} must be a token id in 0..{last}{lists}, or None")
         start = ids_["decoder_start_token_id"]
         if start is None:
             raise zoo.ArgumentError("decoder_start_token_id is not set (nor in the export): give one")
@@ -164,11 +186,15 @@ class Seq2SeqSession:
         binding.bind_ortvalue_input("input_ids", bound(step_ids))
         next_token = np.zeros((b,), np.int64)
         binding.bind_ortvalue_output("next_token", bound(next_token))
-        binding.bind_ortvalue_output("logits", bound(np.zeros((b, 1, self.vocab), enc[0].dtype)))
+        logits = np.zeros((b, 1, self.decoder_vocab), enc[0].dtype)
+        binding.bind_ortvalue_output("logits", bound(logits))
         encoded = time.perf_counter()
 
-        eos, forced_bos, forced_eos = ids_["eos_token_id"], ids_["forced_bos_token_id"], ids_["forced_eos_token_id"]
-        pad = ids_["pad_token_id"] if ids_["pad_token_id"] is not None else eos
+        eos = np.array(eos_ids(ids_["eos_token_id"]), np.int64)
+        forced_bos, forced_eos = ids_["forced_bos_token_id"], eos_ids(ids_["forced_eos_token_id"])
+        forced_eos = min(forced_eos) if forced_eos else None  # several tie at 0 over -inf: argmax takes the lowest
+        suppress = list(eos_ids(ids_["suppress_tokens"]))
+        pad = ids_["pad_token_id"] if ids_["pad_token_id"] is not None else (int(eos[0]) if len(eos) else None)
         out = np.full((b, 1 + max_new_tokens), start, np.int64)
         done = np.zeros(b, np.bool_)
         length = 1
@@ -176,18 +202,23 @@ class Seq2SeqSession:
         while length < max_length:
             past_len[()] = length - 1
             self.decoder.run_with_iobinding(binding)
-            token = next_token.copy()
+            if suppress:  # the graph's argmax may be a banned id: take it again over the rest
+                scores = logits[:, 0].copy()
+                scores[:, suppress] = -np.inf
+                token = scores.argmax(-1)
+            else:
+                token = next_token.copy()
             if forced_bos is not None and length == 1:
                 token[:] = forced_bos
             if forced_eos is not None and length == max_length - 1:
                 token[:] = forced_eos
-            if eos is not None:
+            if len(eos):
                 token = np.where(done, pad, token)
-                done |= token == eos
+                done |= np.isin(token, eos)
             out[:, length] = token
             length += 1
             step_ids[:, 0] = token
-            if eos is not None and done.all():
+            if len(eos) and done.all():
                 break
         if timings is not None:
             end = time.perf_counter()

@@ -5,7 +5,9 @@ node, then replaced by the graph the lowering's record builds for that block.
                 attnzoo::spliced_attention (a placeholder torch.export carries through, with a fake
                 kernel for shapes); the dynamo exporter translates it to one node
                 attnzoo.splice::Attention(x, key_mask, past_len, past_key, past_value) -> (y, present_key,
-                present_value), its `layer` an attribute.
+                present_value), its `layer` an attribute; a packed-rows model's (StaticBuffers.rows)
+                attnzoo::spliced_packed_attention, attnzoo.splice::PackedAttention(x, position_ids,
+                seqlens_k, total_sequence_length, past_key, past_value).
     splice():   each placeholder becomes `rec.build(block, dtype, *static_interface)`, the same graph a
                 static-cache block export of that lowering writes (export/gqa.py for ort-gqa), its values
                 renamed under "L{layer}/" and wired to the placeholder's inputs and outputs. Constants
@@ -30,6 +32,9 @@ from runtime.io import (
     CACHE_PRESENT_VALUE,
     CACHE_VALUE,
     PAST_LEN,
+    POSITION_IDS,
+    SEQLENS_K,
+    TOTAL_SEQUENCE_LENGTH,
     X,
     Y,
     static_interface,
@@ -39,8 +44,18 @@ from .errors import ExportError
 
 DOMAIN = "attnzoo.splice"
 OP_TYPE = "Attention"
+PACKED_OP_TYPE = "PackedAttention"  # a packed-rows layer (io.static_interface(packed=True))
 # The placeholder's inputs and outputs, in order, by the names the built graphs use (io.static_interface).
 PLACEHOLDER_INPUTS = (X.name, CACHE_KEY_MASK.name, PAST_LEN.name, CACHE_KEY.name, CACHE_VALUE.name)
+PACKED_INPUTS = (
+    X.name,
+    POSITION_IDS.name,
+    SEQLENS_K.name,
+    TOTAL_SEQUENCE_LENGTH.name,
+    CACHE_KEY.name,
+    CACHE_VALUE.name,
+)
+INPUTS = {OP_TYPE: PLACEHOLDER_INPUTS, PACKED_OP_TYPE: PACKED_INPUTS}
 PLACEHOLDER_OUTPUTS = (Y.name, CACHE_PRESENT_KEY.name, CACHE_PRESENT_VALUE.name)
 # Initializers up to this many elements are merged when equal (positions, masks' constants, rotary tables).
 SHARED_CONSTANT_ELEMENTS = 1 << 20
@@ -66,32 +81,80 @@ def _(x, key_mask, past_len, past_key, past_value, layer, width):
     )
 
 
-def translation_table() -> dict:
-    """The exporter's custom_translation_table for the placeholder: an onnxscript function writing one
-    node of DOMAIN."""
-    import onnxscript
+@torch.library.custom_op("attnzoo::spliced_packed_attention", mutates_args=())
+def spliced_packed_attention(
+    x: Tensor,
+    position_ids: Tensor,
+    seqlens_k: Tensor,
+    total_sequence_length: Tensor,
+    past_key: Tensor,
+    past_value: Tensor,
+    layer: int,
+    width: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The placeholder of a packed-rows layer (tracing only, as spliced_attention)."""
+    raise ExportError(
+        f"attnzoo::spliced_packed_attention (layer {layer}) is a placeholder for exporting a whole model; it has "
+        "no eager kernel: run the zoo block itself"
+    )
+
+
+@spliced_packed_attention.register_fake
+def _(x, position_ids, seqlens_k, total_sequence_length, past_key, past_value, layer, width):
+    return (
+        x.new_empty((*x.shape[:-1], width)),
+        past_key.new_empty(past_key.shape),
+        past_value.new_empty(past_value.shape),
+    )
+
+
+def _op(onnxscript, op_type: str, kinds: tuple[str, ...], constraints: list):
     from onnx.defs import OpSchema
 
     param = OpSchema.FormalParameter
     schema = OpSchema(
-        OP_TYPE,
+        op_type,
         DOMAIN,
         1,
-        inputs=[param(name, t) for name, t in zip(PLACEHOLDER_INPUTS, ("T", "B", "I", "T", "T"))],
+        inputs=[param(name, t) for name, t in zip(INPUTS[op_type], kinds)],
         outputs=[param(name, "T") for name in PLACEHOLDER_OUTPUTS],
         type_constraints=[
-            ("T", ["tensor(float)", "tensor(float16)"], "activations and caches"),
-            ("B", ["tensor(bool)"], "key mask"),
-            ("I", ["tensor(int64)"], "positions written"),
+            ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations and caches"),
+            *constraints,
         ],
         attributes=[OpSchema.Attribute("layer", OpSchema.AttrType.INT, "the layer whose graph is spliced here")],
     )
-    op = onnxscript.values.Op(onnxscript.values.Opset(DOMAIN, 1), OP_TYPE, schema)
+    return onnxscript.values.Op(onnxscript.values.Opset(DOMAIN, 1), op_type, schema)
+
+
+def translation_table() -> dict:
+    """The exporter's custom_translation_table for the placeholders: onnxscript functions writing one
+    node of DOMAIN each."""
+    import onnxscript
+
+    op = _op(
+        onnxscript,
+        OP_TYPE,
+        ("T", "B", "I", "T", "T"),
+        [("B", ["tensor(bool)"], "key mask"), ("I", ["tensor(int64)"], "positions written")],
+    )
+    packed = _op(
+        onnxscript,
+        PACKED_OP_TYPE,
+        ("T", "I", "J", "J", "T", "T"),
+        [("I", ["tensor(int64)"], "positions"), ("J", ["tensor(int32)"], "row lengths")],
+    )
 
     def translate(x, key_mask, past_len, past_key, past_value, layer: int, width: int):
         return op(x, key_mask, past_len, past_key, past_value, layer=layer)
 
-    return {torch.ops.attnzoo.spliced_attention.default: translate}
+    def translate_packed(x, position_ids, seqlens_k, total, past_key, past_value, layer: int, width: int):
+        return packed(x, position_ids, seqlens_k, total, past_key, past_value, layer=layer)
+
+    return {
+        torch.ops.attnzoo.spliced_attention.default: translate,
+        torch.ops.attnzoo.spliced_packed_attention.default: translate_packed,
+    }
 
 
 class _Placeholder(nn.Module):
@@ -102,6 +165,10 @@ class _Placeholder(nn.Module):
         self.spec, self.layer = block.spec, layer
 
     def step(self, x: Tensor, cache) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001 - a zoo.cache.StaticBuffers
+        if cache.rows is not None:  # packed rows: each row's length, no key mask
+            return torch.ops.attnzoo.spliced_packed_attention(
+                x, *cache.rows, cache.key, cache.value, self.layer, self.spec.d_model
+            )
         if cache.key_mask is None:
             raise ExportError("a spliced layer needs the model's key mask (attention_mask) in its step")
         return torch.ops.attnzoo.spliced_attention(
@@ -127,18 +194,17 @@ def splice(model, rec, blocks: list[zoo.MultiHeadAttention], dtype: str, max_len
     import onnx_ir as ir
 
     graph = model.graph
-    found = [node for node in graph if node.domain == DOMAIN and node.op_type == OP_TYPE]
+    found = [node for node in graph if node.domain == DOMAIN and node.op_type in INPUTS]
     if len(found) != len(blocks):
         raise ExportError(f"the traced model holds {len(found)} attention placeholders for {len(blocks)} layers")
     opsets: dict = {}
     # the inputs shaped alike in every layer -> the first layer's Shape of it
-    shapes = {
-        name: None for k, name in enumerate(PLACEHOLDER_INPUTS) if len({str(n.inputs[k].shape) for n in found}) == 1
-    }
+    names = INPUTS[found[0].op_type] if found else PLACEHOLDER_INPUTS
+    shapes = {name: None for k, name in enumerate(names) if len({str(n.inputs[k].shape) for n in found}) == 1}
     for node in found:
         layer = node.attributes["layer"].as_int()
         spec = blocks[layer].spec
-        ins, outs = static_interface(spec, with_key_mask=True)
+        ins, outs = static_interface(spec, with_key_mask=True, packed=node.op_type == PACKED_OP_TYPE)
         fits = max_len is not None and max_len * (spec.d_k_ // 2) <= SHARED_CONSTANT_ELEMENTS
         rows = max_len if fits else None
         built = ir.from_proto(rec.build(blocks[layer], dtype, ins, outs, in_model=True, max_positions=rows))
@@ -159,7 +225,7 @@ def _inline(graph, node, sub, prefix: str, shapes: dict) -> None:
     sizes (positions, masks, rotary tables) is one computation that subexpression elimination merges."""
     import onnx_ir as ir
 
-    by_name = dict(zip(PLACEHOLDER_INPUTS, node.inputs))
+    by_name = dict(zip(INPUTS[node.op_type], node.inputs))
     for n in list(sub):
         source = n.inputs[0] if n.op_type == "Shape" and n.domain == "" and len(n.inputs) == 1 else None
         if source is None or n.attributes or not source.is_graph_input() or source.name not in shapes:

@@ -21,7 +21,13 @@ from .graphs import quiet
 from .lowerings import Lowering, record
 from .names import DTYPES as DTYPE_NAMES
 
-DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16)))
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16)))
+# bfloat16 graphs are for CUDA: ONNX Runtime 1.31's CPU provider registers no bfloat16 MatMul (measured: the
+# session refuses to load, "Could not find an implementation for MatMul(13)").
+BF16_CPU = (
+    "dtype='bfloat16' is refused on the CPU: ONNX Runtime's CPU provider has no bfloat16 kernels for the graph's "
+    "MatMul (the session cannot load); export it for CUDA (provider='cuda', CLI --target cuda) or use float32"
+)
 # Example sizes for tracing: all >= 2 and all different, so no axis is specialised to a
 # constant (an example dim of 1, or two equal example dims, can be baked into the graph).
 EXAMPLE_B, EXAMPLE_T, EXAMPLE_S = 2, 5, 7

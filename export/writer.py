@@ -27,7 +27,7 @@ from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
-from .tracing import DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, lower, lower_decode, lower_static_decode
+from .tracing import BF16_CPU, DTYPES, EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, lower, lower_decode, lower_static_decode
 
 EXTERNAL_DATA_BYTES = saving.EXTERNAL_DATA_BYTES  # read at each save (a test lowers it)
 
@@ -199,8 +199,8 @@ def export_onnx(
                 model, ins, outs = lower_decode(module, lw, dtype, with_mask)
             else:
                 model, ins, outs = lower(module, lw, dtype, need_weights, with_mask, with_head_mask, locations)
-            cuda_check.check(model, provider)  # every attention node within the CUDA kernels' rules
             quantized, applied = apply_precision(model, precision, decode=decode)
+            cuda_check.check(quantized, provider)  # every attention and MatMulNBits node within the CUDA rules
         except ExportError as e:
             if lowering != "auto":
                 raise
@@ -300,6 +300,8 @@ def _check_export_args(path, lowering, dtype, provider, need_weights, with_mask,
     ):
         if not isinstance(value, str) or value not in choices:
             raise ExportError(f"{arg}={value!r} is not one of {', '.join(choices)}")
+    if dtype == "bfloat16" and provider == "cpu":
+        raise ExportError(BF16_CPU)
 
 
 def _check_cache_args(decode: bool, cache: str, max_len: int | None, *, lowering: Any = "auto") -> int | None:

@@ -202,10 +202,17 @@ def future_moved(now: torch.Tensor, then: torch.Tensor, t: int, where: str) -> s
 def new_row(
     name: str, lowering: str, provider: str, dtype: str, case: str, precision: str, tf32: bool = False
 ) -> ParityRow:
-    """A SKIP row for the request; an unknown precision is refused here, before any work."""
+    """A SKIP row for the request; an unknown precision or a dtype no session here feeds is refused here,
+    before any work."""
+    from export.names import SESSION_DTYPES
     from export.precision import method
 
     method(precision)  # PrecisionError naming the choices
+    if dtype not in SESSION_DTYPES:  # numpy has no bfloat16: a session here can neither feed nor read one
+        raise zoo.ArgumentError(
+            f"dtype={dtype!r} is not one parity runs: one of {', '.join(SESSION_DTYPES)} (a bfloat16 export "
+            "is checked by export.cuda_check and against its float32 twin: docs/gpu.md)"
+        )
     bound = ERROR_BOUNDS[precision] if precision != "fp32" else float("nan")
     if not isinstance(tf32, bool):
         raise zoo.ArgumentError(f"tf32={tf32!r} must be True or False")

@@ -7,6 +7,10 @@ makes, and which checkpoint tensor fills each parameter of the zoo's Seq2SeqLM.
     bart         LayerNorm (eps 1e-5), post-norm, learned positions (offset 2), a LayerNorm on the
                  embeddings, biases everywhere, GELU MLP, final_logits_bias, tied head
     mbart        as BART, pre-norm, a final LayerNorm after each stack
+    marian       as BART, but fixed sinusoidal positions (sin in the first half of the channels, cos in the
+                 second; not saved in the checkpoint) and no LayerNorm on the embeddings; the encoder and
+                 decoder share one token table, or each has its own (share_encoder_decoder_embeddings=False,
+                 the decoder's vocabulary decoder_vocab_size); the head is tied to the decoder's table
 
 A row is data: `fields(cfg)` (the spec's non-attention fields), `attention(cfg)` (the three specs of a
 layer: encoder self, decoder self, cross) and `names(cfg, model)` (zoo parameter -> checkpoint tensor).
@@ -110,9 +114,16 @@ def _t5_names(cfg: dict, model) -> dict[str, str]:  # noqa: ANN001 - a zoo.seq2s
 # -- BART, mBART -------------------------------------------------------------------------------------
 
 
+def _ffn(cfg: dict) -> int:
+    enc, dec = int(cfg.get("encoder_ffn_dim", 4096)), int(cfg.get("decoder_ffn_dim", 4096))
+    if enc != dec:
+        raise ValueError(f"encoder_ffn_dim={enc} and decoder_ffn_dim={dec} differ; the zoo's model has one d_ff")
+    return enc
+
+
 def _bart_fields(cfg: dict, *, pre_norm: bool) -> dict:
     return dict(
-        d_ff=int(cfg.get("encoder_ffn_dim", 4096)),
+        d_ff=_ffn(cfg),
         norm="layer",
         norm_eps=1e-5,
         norm_bias=True,
@@ -145,6 +156,9 @@ def _bart_layers(cfg: dict) -> tuple[int, int]:
 
 def _bart_names(cfg: dict, model) -> dict[str, str]:  # noqa: ANN001 - a zoo.seq2seq.Seq2SeqLM
     out = {"tokens.weight": "model.shared.weight", "logits_bias": "final_logits_bias"}
+    if model.dec_tokens is not None:  # Marian with a table per stack
+        out["tokens.weight"] = "model.encoder.embed_tokens.weight"
+        out["dec_tokens.weight"] = "model.decoder.embed_tokens.weight"
 
     def add(ours: str, theirs: str, bias: bool = True) -> None:
         out[f"{ours}.weight"] = f"{theirs}.weight"
@@ -153,8 +167,10 @@ def _bart_names(cfg: dict, model) -> dict[str, str]:  # noqa: ANN001 - a zoo.seq
 
     for stack, short in (("encoder", "enc"), ("decoder", "dec")):
         base = f"model.{stack}."
-        add(f"{short}_positions", base + "embed_positions", bias=False)
-        add(f"{short}_embed_norm", base + "layernorm_embedding")
+        if not model.spec.sinusoidal:
+            add(f"{short}_positions", base + "embed_positions", bias=False)
+        if model.spec.embed_norm:
+            add(f"{short}_embed_norm", base + "layernorm_embedding")
         if model.spec.final_norm:
             add(f"{short}_norm", base + "layer_norm")
         for i in range(len(getattr(model, stack))):
@@ -183,6 +199,38 @@ def _bart_row(covers: str, *, pre_norm: bool) -> Seq2SeqRow:
     )
 
 
+# -- Marian ------------------------------------------------------------------------------------------
+
+
+def _marian_shared(cfg: dict) -> bool:
+    return cfg.get("share_encoder_decoder_embeddings", True) is not False
+
+
+def _marian_fields(cfg: dict) -> dict:
+    out = _bart_fields(cfg, pre_norm=False)
+    out.update(position_offset=0, sinusoidal=True, embed_norm=False)
+    if not _marian_shared(cfg):
+        out.update(shared_tokens=False, decoder_vocab=int(cfg.get("decoder_vocab_size") or cfg["vocab_size"]))
+    return out
+
+
+_MARIAN_ROW = Seq2SeqRow(
+    "as BART, but fixed sinusoidal positions (sin, then cos, halves), no LayerNorm on the embeddings; one token table "
+    "or one per stack (share_encoder_decoder_embeddings=False, decoder_vocab_size), the head tied to the decoder's",
+    _marian_fields,
+    _bart_attention,
+    _bart_layers,
+    _bart_names,
+    # copies of tied tables, and the fixed position tables older files saved (the zoo makes them)
+    ignored=(
+        "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight",
+        "lm_head.weight",
+        "model.encoder.embed_positions.weight",
+        "model.decoder.embed_positions.weight",
+    ),
+)
+
 _T5_ROW = Seq2SeqRow(
     "RMSNorm, pre-norm, relative buckets (bidirectional encoder, causal decoder), no scaling, no bias; ReLU or "
     "gated GELU MLP; decoder output * d_model**-0.5 before the tied head (v1.0)",
@@ -202,6 +250,7 @@ SEQ2SEQ_FAMILIES: dict[str, Seq2SeqRow] = {
         pre_norm=False,
     ),
     "mbart": _bart_row("as BART, pre-norm, a final LayerNorm after each stack", pre_norm=True),
+    "marian": _MARIAN_ROW,
 }
 
 __all__ = ["SEQ2SEQ_FAMILIES", "Seq2SeqRow"]

@@ -52,6 +52,7 @@ class RuntimeSession:
         io_binding: bool | None = None,
         spin: bool | None = None,
         tf32: bool = False,
+        cuda_graph: bool = False,
     ) -> None:
         """io_binding: bind torch tensors in place; None = on CUDA only (on the CPU a plain run
         over zero-copy numpy views measured as fast or a little faster at decode sizes).
@@ -59,7 +60,9 @@ class RuntimeSession:
         (a generation loop runs ORT alone; a block shares the process with torch).
         verbose: say `note` (what "auto" chose, and why) on stdout; the CLI prints it its own way.
         tf32: on CUDA, let fp32 MatMul/Gemm run in TF32 (faster, ~1e-3 relative error a product:
-        runtime/providers.py TF32_TOLERANCE); False (the default) passes use_tf32=0, so fp32 is fp32."""
+        runtime/providers.py TF32_TOLERANCE); False (the default) passes use_tf32=0, so fp32 is fp32.
+        cuda_graph: a whole model's decode step captured as a CUDA graph and replayed (enable_cuda_graph; a
+        packed-rows export, runtime/device_decode.py); on the CPU the same fixed-buffer driver runs, uncaptured."""
         if not isinstance(provider, str) or provider not in PROVIDERS:
             raise zoo.ArgumentError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}")
         if not isinstance(path, (str, os.PathLike)):
@@ -69,7 +72,9 @@ class RuntimeSession:
             raise zoo.ArgumentError(f"threads={threads!r} must be an integer in 1..1024, or None")
         if not isinstance(tf32, bool):
             raise zoo.ArgumentError(f"tf32={tf32!r} must be True or False")
-        self.tf32 = tf32
+        if not isinstance(cuda_graph, bool):
+            raise zoo.ArgumentError(f"cuda_graph={cuda_graph!r} must be True or False")
+        self.tf32, self.cuda_graph = tf32, cuda_graph
         self.path = Path(path)
         if self.path.is_dir():
             raise SessionError(f"{self.path} is a folder; give the path of an .onnx file")
@@ -78,6 +83,12 @@ class RuntimeSession:
                 f"{self.path}: no such file; export one with `attnzoo export NAME -o {self.path}`"
             )
         self.metadata = self._read_metadata()
+        if cuda_graph and self.metadata.get("attnzoo.padding") != "packed":
+            raise zoo.ArgumentError(
+                f"cuda_graph=True replays a whole model's decode step, which needs a packed-rows export (its "
+                f"lengths on the device, no bias); {self.path.name} is not one: export it with padding='packed' "
+                "(CLI: export --whole --target cuda --dtype float16: GroupQueryAttention has no fp32 CUDA kernel)"
+            )
         use_cuda, self.note = choose(provider)
         if self.note and verbose:
             announce(self.note)
@@ -88,7 +99,9 @@ class RuntimeSession:
         self.spinning = spin
         opts = session_options(threads, profile=profile, spin=spin)
         try:
-            self._sess = ort().InferenceSession(str(self.path), opts, providers=providers_for(use_cuda, tf32=tf32))
+            self._sess = ort().InferenceSession(
+                str(self.path), opts, providers=providers_for(use_cuda, tf32=tf32, cuda_graph=cuda_graph)
+            )
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SessionError(f"ONNX Runtime cannot load {self.path}: {first}") from None
@@ -102,11 +115,14 @@ class RuntimeSession:
         self._inputs = {i.name: i for i in self._sess.get_inputs()}
         self._outputs = [o.name for o in self._sess.get_outputs()]
         self.spec = self._read_spec()
+        self._graphs: dict = {}  # cuda_graph: the device buffers and graph id per (batch, capacity)
 
     def _check_cuda_options(self) -> None:
         """The CUDA provider runs with the options asked for (use_tf32 above all): read back from ONNX Runtime."""
         got = self._sess.get_provider_options().get(CUDA, {})
-        wrong = {k: (v, got.get(k)) for k, v in cuda_options(self.tf32).items() if str(got.get(k)) != v}
+        wrong = {
+            k: (v, got.get(k)) for k, v in cuda_options(self.tf32, self.cuda_graph).items() if str(got.get(k)) != v
+        }
         if wrong:
             raise SessionError(f"the CUDA provider of {self.path} ignored options (asked, got): {wrong}")
 
@@ -241,10 +257,11 @@ class RuntimeSession:
         """A fresh onnxruntime IOBinding of this session (bind inputs/outputs once, run many times)."""
         return self._sess.io_binding()
 
-    def run_with_iobinding(self, binding) -> None:
-        """Run with a binding from new_binding(); the outputs stay where they were bound."""
+    def run_with_iobinding(self, binding, run_options=None) -> None:
+        """Run with a binding from new_binding(); the outputs stay where they were bound. run_options: an
+        onnxruntime.RunOptions (a CUDA graph's gpu_graph_id, runtime/device_decode.py)."""
         try:
-            self._sess.run_with_iobinding(binding)
+            self._sess.run_with_iobinding(binding, run_options)
         except Exception as e:  # noqa: BLE001 - ORT's own exception types
             raise run_failure(e, self.path.name, self.provider) from e
 

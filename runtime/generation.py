@@ -7,7 +7,9 @@ The per-layer buffers (b g n d), sized to the call (prompt + new tokens, rounded
 the exported max_len), are bound ONCE, each as past_key_values.i.* and as present.i.*, so every step
 writes its keys in place. The step's other inputs (input_ids (b 1), past_len) and outputs (logits
 (b 1 v), next_token (b)) are preallocated arrays bound once too: a step writes a token id and a
-position into them and reads b int64 back; nothing of the cache's size is allocated or copied.
+position into them and reads b int64 back; nothing of the cache's size is allocated or copied. A packed-rows
+export (docs/generation.md, "The padding rule") is fed each row from slot 0 with its length, everything on the
+session's device, its decode step replayable as a CUDA graph (runtime/device_decode.py: both drivers).
 
 Left padding: attention_mask (b t) marks the real prompt tokens; it becomes the key mask over the
 capacity, and each row's positions count its real tokens only (DecoderLM.step), so a row's tokens
@@ -27,8 +29,9 @@ import zoo
 from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
-from .io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
-from .kv_buffers import buffer_arrays, buffer_bytes
+from .device_decode import LeftRows, PackedRows, is_packed
+from .io import LM_PAST, NEXT_TOKEN
+from .kv_buffers import buffer_bytes
 from .sampling import Sampler, resolve
 from .stopping import Codec, RowText, eos_ids, stop_strings
 from .tensors import from_numpy, is_tensor
@@ -199,6 +202,8 @@ class Generation:
             )
         n = -(-need // ROUND) * ROUND
         n = min(n, cap) if cap is not None else n
+        if sess.cuda_graph and cap is not None:  # one capacity, so one captured graph per batch size
+            n = cap
         from zoo.limits import check_fits
 
         prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
@@ -219,61 +224,22 @@ class Generation:
         return [r.text for r in self.rows] if self.rows else None
 
     def __iter__(self):
-        import onnxruntime as ort
-
         sess, ids, max_new_tokens = self.sess, self.ids, self.max_new_tokens
         b, t = ids.shape
-        n = self.n
-        key_mask = np.ones((b, n), np.bool_)
-        prompt_mask = self._prompt_mask()
-        if prompt_mask is not None:
-            key_mask[:, :t] = prompt_mask
-        prefix = LM_PAST.split("{", 1)[0]  # "past_key_values."
-
-        binding = sess.new_binding()
-        keep = []  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
-
-        def bound(arr: np.ndarray):
-            keep.append(arr)
-            return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-
-        logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
-        dtype = np.float16 if "float16" in logits_type else np.float32
-        for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, prefix).items():
-            buf = bound(arr)
-            layer, kv = name.split(".")[1:3]
-            binding.bind_ortvalue_input(name, buf)
-            binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
-        binding.bind_ortvalue_input(ATTENTION_MASK.name, bound(key_mask))
-        past_len = np.zeros((), np.int64)
-        binding.bind_ortvalue_input(PAST_LEN.name, bound(past_len))
         # the graph's argmax is the token unless the choice reads the logits (sampling, a repetition penalty)
-        has_argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits
-        if has_argmax:
-            next_token = np.zeros((b,), np.int64)
-            binding.bind_ortvalue_output(NEXT_TOKEN.name, bound(next_token))
-        step_logits = np.zeros((b, 1, lm_vocab(sess)), dtype)
-        step_ids = np.zeros((b, 1), np.int64)
-        choose = self.sampler.choose
+        argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits
+        # runtime/device_decode.py: what the prompt and each step bind and run
+        if is_packed(sess):
+            driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, self.sampler.choose)
+        else:
+            driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, self.sampler.choose)
 
         out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
         done = np.zeros(b, np.bool_)
         started = time.perf_counter()
-        # the prefill: the prompt at positions 0..t-1, its logits into a fresh (b t|1 v) output, in chunks
-        # for one row (prefill_chunk)
-        chunk = prefill_chunk(sess, b, t)
-        binding.bind_output(LOGITS.name, "cpu")
-        for start in range(0, t, chunk):
-            binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(ids[:, start : start + chunk])))
-            past_len[()] = start
-            sess.run_with_iobinding(binding)
-        if has_argmax:
-            token = next_token.copy()
-        else:  # the logits are the one (b t|1 v) output; the presents are 4-d, next_token 1-d
-            token = choose(next(o for o in binding.get_outputs() if len(o.shape()) == 3).numpy()[:, -1])
+        # the prefill: the prompt at slots 0..t-1, in chunks for one row (prefill_chunk)
+        token = driver.prefill(ids, prefill_chunk(sess, b, t))
         prefill = time.perf_counter() - started
-        binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
-        binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
         again = recompute_at(sess)
         for i in range(max_new_tokens):
             if pad is not None:
@@ -296,23 +262,11 @@ class Generation:
             if last:
                 break
             if t + i == again:  # the whole sequence as one call from slot 0, as DecoderLM.generate does
-                binding.bind_ortvalue_input(INPUT_IDS.name, bound(np.ascontiguousarray(out[:, : t + i + 1])))
-                binding.bind_output(LOGITS.name, "cpu")
-                past_len[()] = 0
-                sess.run_with_iobinding(binding)
-                if has_argmax:
-                    token = next_token.copy()
-                else:
-                    token = choose(next(o for o in binding.get_outputs() if len(o.shape()) == 3).numpy()[:, -1])
-                binding.bind_ortvalue_input(INPUT_IDS.name, bound(step_ids))
-                binding.bind_ortvalue_output(LOGITS.name, bound(step_logits))
+                token = driver.recompute(np.ascontiguousarray(out[:, : t + i + 1]))
                 continue
-            step_ids[:, 0] = token
-            past_len[()] = t + i
-            sess.run_with_iobinding(binding)
-            token = next_token.copy() if has_argmax else choose(step_logits[:, -1])
+            token = driver.step(token, i)
         decode = time.perf_counter() - started - prefill
-        self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=n)
+        self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=self.n)
         if self.seed is not None:
             self.timings["seed"] = self.seed
 

@@ -21,7 +21,7 @@ import zoo
 class TensorIO:
     name: str
     axes: tuple[str | int, ...]  # "b", "t", "s", "p", "n" are dynamic; others are resolved from the spec
-    kind: str  # "float" (the model's dtype), "bool" or "int64"
+    kind: str  # "float" (the model's dtype), "bool", "int64" or "int32"
     doc: str
 
     def summary(self, spec: zoo.AttentionSpec, dtype: str) -> tuple[str, str, tuple[int | str, ...]]:
@@ -92,10 +92,37 @@ CACHE_PRESENT_VALUE = TensorIO(
 )
 
 
-def static_interface(spec: zoo.AttentionSpec, *, with_key_mask: bool) -> tuple[list[TensorIO], list[TensorIO]]:
+# Packed rows (a whole model's GroupQueryAttention graph, docs/generation.md "The padding rule"): each row's
+# tokens sit from cache slot 0, so a row's slots are its positions; its length is all the graph needs, as
+# GroupQueryAttention reads it (no attention_bias: the op's fast kernels, sinks and CUDA graphs take none).
+POSITION_IDS = TensorIO(
+    "position_ids",
+    ("b", "t"),
+    "int64",
+    "each token's position, which is its cache slot (a pad's: past its row's length)",
+)
+SEQLENS_K = TensorIO(
+    "seqlens_k", ("b",), "int32", "per row, its length after this call - 1 (its tokens fill slots 0..seqlens_k)"
+)
+TOTAL_SEQUENCE_LENGTH = TensorIO(
+    "total_sequence_length",
+    (),
+    "int32",
+    "the prompt's width t on a first call (rows right-padded to it), else the capacity n (constant: a CUDA graph)",
+)
+
+
+def static_interface(
+    spec: zoo.AttentionSpec, *, with_key_mask: bool, packed: bool = False
+) -> tuple[list[TensorIO], list[TensorIO]]:
     """(inputs, outputs) of a static-cache decode model: x, past_key, past_value, past_len
-    [, key_mask] -> y, present_key, present_value, the presents being the buffers written in place."""
-    ins = [X, CACHE_KEY, CACHE_VALUE, PAST_LEN] + ([CACHE_KEY_MASK] if with_key_mask else [])
+    [, key_mask] -> y, present_key, present_value, the presents being the buffers written in place.
+    packed: a whole model's packed-rows layer, x, past_key, past_value, position_ids, seqlens_k,
+    total_sequence_length."""
+    if packed:
+        ins = [X, CACHE_KEY, CACHE_VALUE, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
+    else:
+        ins = [X, CACHE_KEY, CACHE_VALUE, PAST_LEN] + ([CACHE_KEY_MASK] if with_key_mask else [])
     return ins, [Y, CACHE_PRESENT_KEY, CACHE_PRESENT_VALUE]
 
 
@@ -106,7 +133,9 @@ INPUT_IDS = TensorIO("input_ids", ("b", "t"), "int64", "token ids at cache indic
 ATTENTION_MASK = TensorIO(
     "attention_mask", ("b", "n"), "bool", "True = a real token, over the whole capacity (left padding False)"
 )
-LOGITS = TensorIO("logits", ("b", 1, "v"), "float", "next-token logits, the call's last position")
+LOGITS = TensorIO(
+    "logits", ("b", 1, "v"), "float", "next-token logits, the call's last position (packed: each row's last)"
+)
 ALL_LOGITS = TensorIO("logits", ("b", "t", "v"), "float", "logits at every position of the call")
 NEXT_TOKEN = TensorIO("next_token", ("b",), "int64", "argmax of the last position's logits (greedy; first of ties)")
 LM_PAST = "past_key_values.{i}.{kv}"  # kv: "key" | "value"
@@ -114,11 +143,15 @@ LM_PRESENT = "present.{i}.{kv}"
 
 
 def lm_interface(
-    layers: list[zoo.AttentionSpec], vocab: int, *, all_logits: bool = False, argmax: bool = True
+    layers: list[zoo.AttentionSpec], vocab: int, *, all_logits: bool = False, argmax: bool = True, packed: bool = False
 ) -> tuple[list[TensorIO], list[TensorIO]]:
-    """(inputs, outputs) of a whole-model static-cache graph: input_ids, attention_mask, past_len, then
-    past_key_values.i.key / .value per layer -> logits [, next_token], then present.i.key / .value."""
-    ins, outs = [INPUT_IDS, ATTENTION_MASK, PAST_LEN], [ALL_LOGITS if all_logits else LOGITS]
+    """(inputs, outputs) of a whole-model static-cache graph: input_ids, attention_mask, past_len (packed rows:
+    input_ids, position_ids, seqlens_k, total_sequence_length), then past_key_values.i.key / .value per layer -> logits
+    [, next_token], then present.i.key / .value."""
+    first = (
+        [INPUT_IDS, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if packed else [INPUT_IDS, ATTENTION_MASK, PAST_LEN]
+    )
+    ins, outs = first, [ALL_LOGITS if all_logits else LOGITS]
     outs = [TensorIO(o.name, tuple(vocab if a == "v" else a for a in o.axes), o.kind, o.doc) for o in outs]
     if argmax:
         outs.append(NEXT_TOKEN)

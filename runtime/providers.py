@@ -143,15 +143,18 @@ def announce(note: str) -> None:
 TF32_TOLERANCE = (2e-3, 2e-3)
 
 
-def cuda_options(tf32: bool = False) -> dict[str, str]:
-    """The CUDA provider's options a session passes, set explicitly (never the provider's defaults)."""
-    return {"use_tf32": "1" if tf32 else "0"}
+def cuda_options(tf32: bool = False, cuda_graph: bool = False) -> dict[str, str]:
+    """The CUDA provider's options a session passes, set explicitly (never the provider's defaults).
+    cuda_graph: `enable_cuda_graph` (cuda_provider_options.h), which captures a run's kernels once and replays
+    them; ONNX Runtime captures a graph id's third run (two plain runs first: min_num_runs_before_cuda_graph_capture_)
+    and runs whose run option gpu_graph_id is -1 are never captured (runtime/device_decode.py feeds both)."""
+    return {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
 
 
-def providers_for(use_cuda: bool, *, tf32: bool = False) -> list:
+def providers_for(use_cuda: bool, *, tf32: bool = False, cuda_graph: bool = False) -> list:
     """The provider list a session is created with, in priority order (the CPU always last); CUDA comes
-    with its options, cuda_options(tf32)."""
-    return ([(CUDA, cuda_options(tf32))] if use_cuda else []) + [CPU]
+    with its options, cuda_options(tf32, cuda_graph)."""
+    return ([(CUDA, cuda_options(tf32, cuda_graph))] if use_cuda else []) + [CPU]
 
 
 def device_of(used: list[str]) -> str:

@@ -15,9 +15,10 @@
 #         gqa-probe.txt (what the CUDA GroupQueryAttention kernel accepts: total_sequence_length against the
 #         bias's last axis, a shared or separate cache buffer, fp32, sinks and smooth softmax with a bias);
 #         cuda-tests.log (the CUDA-marked parity tests at fp32 tolerances, use_tf32 off: a sample);
-#         generate.txt + lm-cuda.json (whole-model generation on CUDA in fp16 and fp32 against transformers'
-#         generate on the same GPU, the 156M-parameter random LLaMA at prompt 128).
-# Call 2: generate-more.txt + lm-cuda.json (bf16 and int4 weights, prompt 128 and 1024); kernels.txt (which
+#         generate.txt + lm-cuda.json (whole-model generation on CUDA in fp16, packed rows, without and with
+#         the decode step captured as a CUDA graph, against transformers' generate on the same GPU: the
+#         156M-parameter random LLaMA, B 1, 64 new tokens, prompts 128 and 1024).
+# Call 2: generate-more.txt + lm-cuda.json (fp32, bf16 and int4 weights, prompt 128 and 1024); kernels.txt (which
 #         attention kernel each lowering ran: ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO); prefill.md (fp16,
 #         T 2048..16384 against eager SDPA); decode.md (fp16 per-token decode of the llama-3-8b block).
 set -uo pipefail
@@ -80,14 +81,14 @@ PY
         2>&1 | tee "$OUT/cuda-tests.log" | tail -12
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
-    step "4. whole-model generation on CUDA, fp16 and fp32, against transformers on the same GPU (prompt 128)"
-    PROVIDER=cuda SHAPE=${GPU_CHECK_SHAPE:-mid} PROMPTS=128 NEW=64 OUT="$OUT" EXPORTS=float16:fp32,float32:fp32 CACHES=dynamic,static GUARD=60 \
-        timeout 170 $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate.txt" | tail -10
+    step "4. whole-model generation on CUDA, fp16, without and with a CUDA graph, against transformers (prompts 128, 1024)"
+    PROVIDER=cuda SHAPE=${GPU_CHECK_SHAPE:-mid} PROMPTS=128,1024 NEW=64 OUT="$OUT" EXPORTS=float16:fp32 GRAPHS=off,on \
+        CACHES=dynamic,static GUARD=60 timeout 170 $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate.txt" | tail -12
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 else
-    step "5. whole-model generation on CUDA in bf16 and with int4 weights (prompts 128 and 1024)"
-    PROVIDER=cuda SHAPE=${GPU_CHECK_SHAPE:-mid} PROMPTS=128,1024 NEW=64 OUT="$OUT" EXPORTS=bfloat16:fp32,float16:int4,float16:fp32 \
-        CACHES=dynamic GUARD=40 timeout 110 $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate-more.txt" | tail -10
+    step "5. whole-model generation on CUDA in fp32, bf16 and with int4 weights (prompts 128 and 1024)"
+    PROVIDER=cuda SHAPE=${GPU_CHECK_SHAPE:-mid} PROMPTS=128,1024 NEW=64 OUT="$OUT" EXPORTS=float32:fp32,bfloat16:fp32,float16:int4 \
+        GRAPHS=off,on CACHES=dynamic GUARD=40 timeout 110 $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate-more.txt" | tail -12
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
     step "6. which attention kernel each lowering ran (fp16, T 4096)"

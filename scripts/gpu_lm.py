@@ -5,7 +5,9 @@ Run from the project root with PYTHONPATH set.
 Env: PROVIDER (cuda|cpu), SHAPE (small|mid: the mid one is the 156M-parameter LLaMA of the first H200 run),
 OUT (folder for lm-PROVIDER.json), PROMPTS (e.g. 128,1024), NEW (new tokens), EXPORTS (dtype:precision pairs,
 e.g. float16:fp32,float32:fp32,bfloat16:fp32,float16:int4), CACHES (transformers' caches: dynamic,static),
-GUARD (seconds for the transformers rows)."""
+GUARD (seconds for the transformers rows), GRAPHS (off,on: attnzoo without and with the decode step captured
+as a CUDA graph, OnnxSession(cuda_graph=True); "on" needs a packed-rows export: --target cuda's fp16/bf16
+GroupQueryAttention, or PADDING=packed), PADDING (export --padding: auto|left|packed)."""
 
 import json
 import os
@@ -89,6 +91,8 @@ for dtype, precision in EXPORTS:
         precision,
         "--max-len",
         str(maxlen),
+        "--padding",
+        os.environ.get("PADDING", "auto"),
         "-o",
         path,
         "--force",
@@ -114,47 +118,50 @@ CACHES = os.environ.get("CACHES", "dynamic,static").split(",")
 from runtime.generation import generate  # noqa: E402
 from runtime.session import OnnxSession  # noqa: E402
 
+GRAPHS = [g == "on" for g in os.environ.get("GRAPHS", "off").split(",")]
 for (dtype, precision), path in exports.items():
-    try:
-        t = time.perf_counter()
-        sess = OnnxSession(path, provider=PROVIDER, verbose=False)
-        load = time.perf_counter() - t
-        for P in PROMPTS:
-            ids = np.array([prompt_ids(ck, P)], np.int64)
-            generate(sess, ids, 4)
-            best, tim = 1e9, {}
-            for _ in range(3):
-                tm = {}
-                t = time.perf_counter()
-                out = generate(sess, ids, NEW, timings=tm)
-                el = time.perf_counter() - t
-                if el < best:
-                    best, tim = el, tm
-            toks = out[0, P:].tolist()
-            az_tokens[(dtype, precision, P)] = toks
-            agree = None
-            row = dict(
-                path="attnzoo",
-                dtype=dtype,
-                precision=precision,
-                prompt=P,
-                s=best,
-                tok_s=NEW / best,
-                provider=sess.provider,
-                load_s=load,
-                prefill_s=tim.get("prefill_s"),
-                decode_s=tim.get("decode_s"),
-                agree=agree,
-                tokens=toks,
-            )
-            res["rows"].append(row)
-            print({k: v for k, v in row.items() if k != "tokens"}, flush=True)
+    for graph in GRAPHS:
+        try:
+            t = time.perf_counter()
+            sess = OnnxSession(path, provider=PROVIDER, verbose=False, cuda_graph=graph)
+            load = time.perf_counter() - t
+            for P in PROMPTS:
+                ids = np.array([prompt_ids(ck, P)], np.int64)
+                generate(sess, ids, 4)
+                best, tim = 1e9, {}
+                for _ in range(3):
+                    tm = {}
+                    t = time.perf_counter()
+                    out = generate(sess, ids, NEW, timings=tm)
+                    el = time.perf_counter() - t
+                    if el < best:
+                        best, tim = el, tm
+                toks = out[0, P:].tolist()
+                az_tokens[(dtype, precision, P, graph)] = toks
+                agree = None
+                row = dict(
+                    path="attnzoo-graph" if graph else "attnzoo",
+                    padding=sess.metadata.get("attnzoo.padding"),
+                    dtype=dtype,
+                    precision=precision,
+                    prompt=P,
+                    s=best,
+                    tok_s=NEW / best,
+                    provider=sess.provider,
+                    load_s=load,
+                    prefill_s=tim.get("prefill_s"),
+                    decode_s=tim.get("decode_s"),
+                    agree=agree,
+                    tokens=toks,
+                )
+                res["rows"].append(row)
+                print({k: v for k, v in row.items() if k != "tokens"}, flush=True)
+                save()
+            del sess
+        except Exception:  # noqa: BLE001
+            res["errors"].append(f"attnzoo {dtype} {precision} graph={graph}: " + traceback.format_exc()[-1200:])
+            print(res["errors"][-1], flush=True)
             save()
-        del sess
-    except Exception:  # noqa: BLE001
-        res["errors"].append(f"attnzoo {dtype} {precision}: " + traceback.format_exc()[-1200:])
-        print(res["errors"][-1], flush=True)
-        save()
 
 # transformers on the device: the dynamic cache first, then the static cache (compiled by generate on CUDA),
 # under a time guard
@@ -213,11 +220,15 @@ except Exception:  # noqa: BLE001
     save()
 
 for r in res["rows"]:
-    if r["path"] == "attnzoo":
+    if r["path"].startswith("attnzoo"):
         # fp32 rows against transformers' fp32; fp16, bf16 and int4 rows against its fp16 (the agreement stated)
         ref_dtype = "float32" if r["dtype"] == "float32" and r["precision"] == "fp32" else "float16"
         ref = ref_tokens.get((ref_dtype, r["prompt"], "dynamic")) or ref_tokens.get(("float32", r["prompt"], "dynamic"))
-        toks = az_tokens.get((r["dtype"], r["precision"], r["prompt"]))
+        graph = r["path"] == "attnzoo-graph"
+        toks = az_tokens.get((r["dtype"], r["precision"], r["prompt"], graph))
+        plain = az_tokens.get((r["dtype"], r["precision"], r["prompt"], False))
+        if graph and plain is not None:
+            r["same_as_uncaptured"] = toks == plain  # a replayed graph must give the uncaptured run's tokens
         if ref is not None and toks is not None:
             lead = 0
             while lead < min(len(ref), len(toks)) and ref[lead] == toks[lead]:

@@ -9,8 +9,10 @@ The open question it answers (issue "CUDA for real"): the CPU kernel accepts a b
 graph ("attention_bias dimension 3 must be equal to total_sequence_length, got 9"). The cases cross what
 decides it: the scalar fed as total (past + S, or N), the bias's last axis, whether past and present are one
 buffer (bound to the same device OrtValue, as a CUDA-graph step must be) or not, and the dtypes; then the
-feature combinations the CUDA source refuses with a bias (head_sink, smooth_softmax). Needs onnxruntime and
-numpy only.
+feature combinations the CUDA source refuses with a bias (head_sink, smooth_softmax); then the packed rows a
+whole model's graph feeds (docs/generation.md, "The padding rule"): two rows of different lengths, no bias, a
+right-padded first prompt (total = its width) and a decode step at each row's own length (total = N), each
+row's y against the row run alone. Needs onnxruntime and numpy only.
 """
 
 from __future__ import annotations
@@ -84,7 +86,10 @@ def run_case(
     shared: bool,
     sink: bool = False,
     smooth: bool = False,
+    lengths: tuple[int, ...] | None = None,
 ) -> str:
+    """One case's answer. lengths: packed rows, each row's total length after the call (past = length - s
+    for a decode step, 0 for a first prompt), checked against each row alone."""
     np_t = {"float16": np.float16, "float32": np.float32, "bfloat16": np.float16}[dtype]
     if dtype == "bfloat16":
         return "skipped: numpy has no bfloat16 (the CUDA run answers it through the whole-model export)"
@@ -100,21 +105,23 @@ def run_case(
     if provider == "cuda" and "CUDAExecutionProvider" not in sess.get_providers():
         return "no CUDA provider here (fell back to the CPU): nothing to learn"
     rng = np.random.default_rng(0)
-    b = 1
+    b = 1 if lengths is None else len(lengths)
     feeds = {
         "query": rng.standard_normal((b, s, H * D)).astype(np_t),
         "key": rng.standard_normal((b, s, KV * D)).astype(np_t),
         "value": rng.standard_normal((b, s, KV * D)).astype(np_t),
-        "seqlens_k": np.full((b,), past + s - 1, np.int32),
+        "seqlens_k": np.full((b,), past + s - 1, np.int32) if lengths is None else np.array(lengths, np.int32) - 1,
         "total_sequence_length": np.array(total, np.int32),
     }
     if bias_last is not None:
         feeds["attention_bias"] = np.zeros((b, 1, s, bias_last), np_t)
     if sink:
         feeds["head_sink"] = np.zeros((H,), np_t)
-    cache = [np.zeros((b, KV, n, D), np_t) for _ in range(2)]
+    cache = [rng.standard_normal((b, KV, n, D)).astype(np_t) for _ in range(2)]  # a past in every slot
     device = "cuda" if provider == "cuda" else "cpu"
     try:
+        if lengths is not None:
+            return _packed_rows(sess, device, feeds, cache, lengths, s, total == s)
         binding = sess.io_binding()
         for name, arr in feeds.items():
             binding.bind_cpu_input(name, arr)
@@ -131,6 +138,34 @@ def run_case(
         return f"ran; present {tuple(present)}"
     except Exception as e:  # noqa: BLE001
         return "refused: " + _words(e)
+
+
+def _packed_rows(sess, device: str, feeds: dict, cache: list, lengths, s: int, first: bool) -> str:
+    """Each row of a packed batch against the row alone (its own length, its real tokens only)."""
+
+    def run(feeds, cache):
+        binding = sess.io_binding()
+        for name, arr in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(arr))
+        binding.bind_output("y", device)
+        for name, arr in zip(("key", "value"), cache):
+            ov = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, 0)
+            binding.bind_ortvalue_input(f"past_{name}", ov)
+            binding.bind_ortvalue_output(f"present_{name}", ov)
+        sess.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy().astype(np.float32)
+
+    y = run(feeds, cache)
+    worst = 0.0
+    for r, length in enumerate(lengths):
+        t = length if first else s  # a first prompt's row holds `length` real tokens of the padded s
+        alone = {k: v[r : r + 1, :t] for k, v in feeds.items() if k in ("query", "key", "value")}
+        alone.update(
+            seqlens_k=feeds["seqlens_k"][r : r + 1],
+            total_sequence_length=np.array(t if first else feeds["total_sequence_length"], np.int32),
+        )
+        worst = max(worst, float(np.abs(run(alone, [c[r : r + 1] for c in cache]) - y[r : r + 1, :t]).max()))
+    return f"ran; each row against itself alone: max |dy| {worst:.2e}"
 
 
 def cases(n: int = 16) -> list[tuple[str, dict]]:
@@ -162,6 +197,11 @@ def cases(n: int = 16) -> list[tuple[str, dict]]:
                 dict(dtype="float16", n=n, past=8, s=1, total=n, bias_last=None, shared=True, **{feature: True}),
             )
         )
+    for dtype in ("float16", "float32"):  # packed rows, no bias: a right-padded first prompt, then a decode step
+        first = dict(dtype=dtype, n=n, past=0, s=9, total=9, bias_last=None, shared=True, lengths=(9, 5))
+        out.append((f"{dtype:8s} shared packed rows 9, 5: first prompt S 9 total=S no bias", first))
+        step = dict(dtype=dtype, n=n, past=0, s=1, total=n, bias_last=None, shared=True, lengths=(10, 6))
+        out.append((f"{dtype:8s} shared packed rows 10, 6: decode S 1 total=N no bias", step))
     return out
 
 

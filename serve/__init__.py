@@ -16,8 +16,12 @@ A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generat
 request a run for an export with longrope layers, whose runs requests cannot share). The same server speaks
 OpenAI's API under /v1 (completions and chat, streamed or not), on continuous batching.
 
-Everything except `start`/`OnnxServer`/`GenerateServer` works without Ray (the decoding and batching are plain
-numpy, and `Client` uses the standard library only).
+A sentence encoder's export (export_encoder) is served on OpenAI's POST /v1/embeddings: texts or token ids in,
+the embeddings out (float or base64), equal to SentenceTransformer.encode; the requests of a window are run
+together in length-sorted padded runs.
+
+Everything except `start`/`OnnxServer`/`GenerateServer`/`EmbeddingServer` works without Ray (the decoding and
+batching are plain numpy, and `Client` uses the standard library only).
 
 The package, split by job:
 
@@ -33,6 +37,9 @@ The package, split by job:
     gen_app.py   the Ray Serve replica of a whole model
     openai_protocol.py  OpenAI's API: /v1 request checks (Ask), answers, chunks, errors in its format
     openai_run.py  the /v1 routes of a whole model on continuous batching (OpenAIFront, TextRun)
+    embed_protocol.py  /v1/embeddings requests checked (EmbedAsk) and answered, in OpenAI's format
+    embed_batching.py  their rows (tokenized, truncated), length-sorted padded runs across requests
+    embed_app.py  the Ray Serve replica of a sentence encoder (EmbeddingServer)
     auth.py      the optional API key (a Bearer token, compared in constant time)
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
@@ -46,6 +53,7 @@ Depends on `zoo` and `export`.
 from .app import Deployment, OnnxServer, check_options, check_port_free, init_local_ray, replica_states, start
 from .batching import length_groups, pad_batch, run_batch
 from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
+from .embed_app import EmbeddingServer
 from .gen_app import GenerateServer
 from .gen_batching import StaticBatcher, run_generate_batch
 from .gen_continuous import ContinuousBatcher
@@ -72,6 +80,7 @@ __all__ = [
     "ClientOptionError",
     "ContinuousBatcher",
     "Deployment",
+    "EmbeddingServer",
     "GenInfo",
     "GenItem",
     "GenerateServer",

@@ -16,6 +16,7 @@ from zoo import MissingFileError
 
 from .auth import authorized, key_digest, refusal
 from .batching import run_batch
+from .embed_app import EmbeddingServer, embed_files, is_sentence_encoder
 from .gen_app import GenerateServer
 from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
@@ -34,6 +35,7 @@ from .protocol import (
 )
 from .replica import (
     answer_get,
+    check_port_free,
     files_digest,
     model_files,
     open_session,
@@ -246,7 +248,9 @@ def start(
     tokenizer and chat template from `text_from`, a checkpoint folder or an .onnx, default `model`: the
     copies beside it); a block on POST /predict. api_key: every route but /healthz asks for it as a Bearer
     token (serve/auth.py). tf32: each replica's session runs fp32 products in TF32 on CUDA
-    (OnnxSession(tf32=True)); off by default.
+    (OnnxSession(tf32=True)); off by default. A sentence encoder's export (export_encoder) is served on OpenAI's
+    POST /v1/embeddings (serve/embed_app.py: its tokenizer the MODEL.tokenizer.json beside it, requests batched
+    across clients up to `max_batch` rows, at most `max_tokens` tokens a request).
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -278,6 +282,8 @@ def start(
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
         extra["text"] = text_files(text_from if text_from is not None else path)
+    elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embed_app.py), with the export's tokenizer
+        server, extra = EmbeddingServer, {"text": embed_files(path)}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
     del probe
@@ -411,24 +417,6 @@ def ray_on_loopback() -> bool:
         return ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback
     except ValueError:
         return False
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Refuse (ServeError) a host:port this machine cannot listen on: a port something else holds (pick
-    another --port), or a host that is not one of this machine's addresses (pick another --host)."""
-    import errno
-    import socket
-
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # IPv6 hosts bind AF_INET6
-    except socket.gaierror as e:
-        raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --host") from None
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            fix = "--port" if e.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
-            raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another {fix}") from None
 
 
 def replica_states(app: str = "attnzoo") -> dict[str, int]:

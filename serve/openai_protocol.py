@@ -23,6 +23,7 @@ from zoo import AttnzooError
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MODELS = "/v1/models"
+EMBEDDINGS = "/v1/embeddings"  # a sentence encoder's server (serve/embed_protocol.py)
 SAMPLING = ("temperature", "top_p", "seed")
 EXTRAS = ("top_k", "min_p", "repetition_penalty")  # beyond OpenAI's fields, as vLLM takes them (extra_body)
 COMMON = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", *SAMPLING, *EXTRAS)
@@ -79,7 +80,7 @@ class Ask:
         return self.route == CHAT
 
 
-def _number(doc: dict, name: str, low: float, high: float | None = None, *, integer: bool = False):
+def number(doc: dict, name: str, low: float, high: float | None = None, *, integer: bool = False):
     v = doc.get(name)
     if v is None:
         return None
@@ -91,8 +92,8 @@ def _number(doc: dict, name: str, low: float, high: float | None = None, *, inte
     return v
 
 
-def parse(route: str, body: bytes, model: str) -> Ask:
-    """Check one /v1 body for `route` (COMPLETIONS or CHAT) on the server of `model`; OpenAIError otherwise."""
+def json_object(body: bytes, route: str, fields) -> dict:
+    """A /v1 body as a JSON object holding only `fields`; OpenAIError (400) otherwise."""
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -101,9 +102,14 @@ def parse(route: str, body: bytes, model: str) -> Ask:
         raise OpenAIError("the JSON body nests too deeply") from None
     if not isinstance(doc, dict):
         raise OpenAIError(f"the JSON body is a {type(doc).__name__}; send an object")
-    extra = sorted(set(doc) - set(FIELDS[route]))
+    extra = sorted(set(doc) - set(fields))
     if extra:
         raise OpenAIError(f"unknown field(s) {extra} for {route}", param=extra[0])
+    return doc
+
+
+def check_model(doc: dict, model: str) -> None:
+    """A request's `model` must be the served one: 404 model_not_found for another name, 400 for none."""
     if doc.get("model") != model:
         raise OpenAIError(
             f"model={doc.get('model')!r}: this server runs {model!r} (GET /v1/models)",
@@ -111,7 +117,13 @@ def parse(route: str, body: bytes, model: str) -> Ask:
             "model",
             "model_not_found",
         )
-    n = _number(doc, "n", 1, integer=True)
+
+
+def parse(route: str, body: bytes, model: str) -> Ask:
+    """Check one /v1 body for `route` (COMPLETIONS or CHAT) on the server of `model`; OpenAIError otherwise."""
+    doc = json_object(body, route, FIELDS[route])
+    check_model(doc, model)
+    n = number(doc, "n", 1, integer=True)
     if n not in (None, 1):
         raise OpenAIError(f"n={n}: this server makes one choice per request (n=1)", param="n")
     if doc.get("best_of") not in (None, 1):
@@ -127,16 +139,16 @@ def parse(route: str, body: bytes, model: str) -> Ask:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise OpenAIError(f"stream_options={options!r}: only {{'include_usage': bool}}", param="stream_options")
     key = "max_completion_tokens" if doc.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(doc, key, 1, integer=True)
+    max_tokens = number(doc, key, 1, integer=True)
     if max_tokens is None and route == COMPLETIONS:
         max_tokens = DEFAULT_COMPLETION_TOKENS
     knobs = {
-        "temperature": _number(doc, "temperature", 0, 2),
-        "top_p": _number(doc, "top_p", 0, 1),
-        "seed": _number(doc, "seed", 0, 2**63 - 1, integer=True),
-        "top_k": _number(doc, "top_k", 0, integer=True),
-        "min_p": _number(doc, "min_p", 0, 1),
-        "repetition_penalty": _number(doc, "repetition_penalty", 0),
+        "temperature": number(doc, "temperature", 0, 2),
+        "top_p": number(doc, "top_p", 0, 1),
+        "seed": number(doc, "seed", 0, 2**63 - 1, integer=True),
+        "top_k": number(doc, "top_k", 0, integer=True),
+        "min_p": number(doc, "min_p", 0, 1),
+        "repetition_penalty": number(doc, "repetition_penalty", 0),
     }
     if knobs["top_p"] == 0:
         raise OpenAIError("top_p=0 keeps no token; give a value in (0, 1]", param="top_p")
@@ -163,11 +175,11 @@ def _logprobs(route: str, doc: dict) -> int | None:
     true with `top_logprobs` N (0..20, only with it)."""
     most = MAX_LOGPROBS[route]
     if route == COMPLETIONS:
-        return None if doc.get("logprobs") is False else _number(doc, "logprobs", 0, most, integer=True)
+        return None if doc.get("logprobs") is False else number(doc, "logprobs", 0, most, integer=True)
     on = doc.get("logprobs")
     if on is not None and not isinstance(on, bool):  # 1 == True: a number is refused by its type
         raise OpenAIError(f"logprobs={on!r} must be true or false (top_logprobs N for alternatives)", param="logprobs")
-    top = _number(doc, "top_logprobs", 0, most, integer=True)
+    top = number(doc, "top_logprobs", 0, most, integer=True)
     if top is not None and not on:
         raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
     return (top or 0) if on else None
@@ -304,6 +316,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
 
+async def read_limited(request, limit: int) -> bytes:
+    """A /v1 request's body, refused (413) past `limit` bytes: by its declared length first, then as read."""
+    declared = request.headers.get("content-length") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        raise OpenAIError(f"the body is {declared} bytes; this endpoint takes at most {limit}", 413)
+    body = await request.body()
+    if len(body) > limit:
+        raise OpenAIError(f"the body is {len(body)} bytes; this endpoint takes at most {limit}", 413)
+    return body
+
+
 def error_chunk(e: OpenAIError) -> bytes:
     return b"data: " + e.body() + b"\n\n"
 
@@ -320,14 +343,19 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "DONE",
+    "EMBEDDINGS",
     "MODELS",
     "Answer",
     "Ask",
     "OpenAIError",
     "TokenLogprob",
+    "check_model",
     "error_chunk",
+    "json_object",
     "max_body",
     "models_list",
+    "number",
     "parse",
+    "read_limited",
     "usage",
 ]

@@ -37,6 +37,7 @@ from .openai_protocol import (
     CHAT,
     COMPLETIONS,
     DONE,
+    EMBEDDINGS,
     MODELS,
     Answer,
     Ask,
@@ -46,6 +47,7 @@ from .openai_protocol import (
     max_body,
     models_list,
     parse,
+    read_limited,
     usage,
 )
 from .schema import JSON
@@ -158,10 +160,16 @@ class OpenAIFront:
                 return Response(models_list(self.name, self.created), media_type=JSON)
             route = next((r for r in (CHAT, COMPLETIONS) if path.endswith(r)), None)
             if route is None:
-                raise OpenAIError(f"no such path {path}; POST {COMPLETIONS} or {CHAT}, GET {MODELS}", 404)
+                made = "text, not embeddings (a sentence encoder's server has /v1/embeddings)"
+                what = (
+                    f"runs the language model {self.name!r}, which makes {made}: " if path.endswith(EMBEDDINGS) else ""
+                )
+                raise OpenAIError(
+                    f"no such path {path}; this server {what}POST {COMPLETIONS} or {CHAT}, GET {MODELS}", 404
+                )
             if request.method != "POST":
                 raise OpenAIError(f"{route} answers POST", 405)
-            body = await _body(request, self.max_body)
+            body = await read_limited(request, self.max_body)
             ask = parse(route, body, self.name)
             ids = self._prompt_ids(ask)
             return await self._run(ask, ids)
@@ -268,16 +276,6 @@ class OpenAIFront:
                     run.cancelled = True
 
         return StreamingResponse(events(), media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
-
-
-async def _body(request, limit: int) -> bytes:
-    declared = request.headers.get("content-length") or "0"
-    if declared.isdigit() and int(declared) > limit:
-        raise OpenAIError(f"the body is {declared} bytes; this endpoint takes at most {limit}", 413)
-    body = await request.body()
-    if len(body) > limit:
-        raise OpenAIError(f"the body is {len(body)} bytes; this endpoint takes at most {limit}", 413)
-    return body
 
 
 def _load_text(files: dict[str, bytes]):

@@ -1,7 +1,8 @@
 """What every Ray Serve replica of ours does: open its session from the model's bytes, keep its own gRPC
 server on loopback when Ray runs there, and read a request the same way (its path below the route
-prefix, GET /healthz and /metadata, a body within the size limit, timing headers). Imported by the
-replicas in app.py (blocks) and gen_app.py (whole models)."""
+prefix, GET /healthz and /metadata, a body within the size limit, timing headers); and, before any of them
+starts, whether this machine can listen on the host and port asked for. Imported by the replicas in app.py
+(blocks), gen_app.py (whole models) and embed_app.py (sentence encoders)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .schema import RequestError
+from .schema import RequestError, ServeError
 
 
 def model_files(path: Path) -> dict[str, bytes]:
@@ -129,3 +130,21 @@ def timing_headers(timing: dict, replica: str) -> dict[str, str]:
     headers = {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in timing.items()}
     headers["x-attnzoo-replica"] = replica
     return headers
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse (ServeError) a host:port this machine cannot listen on: a port something else holds (pick
+    another --port), or a host that is not one of this machine's addresses (pick another --host)."""
+    import errno
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # IPv6 hosts bind AF_INET6
+    except socket.gaierror as e:
+        raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --host") from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            fix = "--port" if e.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+            raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); pick another {fix}") from None

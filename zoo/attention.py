@@ -323,14 +323,15 @@ def static_step(
     key_mask: Tensor | None = None,
     *,
     in_place: bool,
+    rows: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """x (b t c) at cache indices past_len..past_len+t-1 -> y (b t c), the caches with this call's
     keys and values written (the same tensors when in_place): the step the static-cache graph traces.
 
     past_len is a 0-d int64 tensor; key_mask (b n) bool over the whole capacity (entries at or
-    past past_len + t are not read).
+    past past_len + t are not read). rows: a traced whole model's packed rows (StaticBuffers.rows).
     """
-    return block.step(x, StaticBuffers(cache_key, cache_value, past_len, key_mask, in_place=in_place))
+    return block.step(x, StaticBuffers(cache_key, cache_value, past_len, key_mask, in_place=in_place, rows=rows))
 
 
 def _head_scale(head_mask: Tensor, z: Tensor) -> Tensor:

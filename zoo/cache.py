@@ -223,6 +223,9 @@ class StaticBuffers:
     past_len: Tensor
     key_mask: Tensor | None = None
     in_place: bool = True
+    # a traced whole model's packed rows (position_ids (b t) int64, seqlens_k (b) int32, total_sequence_length
+    # () int32), which only a spliced layer reads (export/splice.py); past_len is then each row's (b), key_mask None
+    rows: tuple[Tensor, Tensor, Tensor] | None = None
     folded: ClassVar[bool] = True
 
     def place(self, t: int, device: torch.device) -> Placement:

@@ -299,9 +299,15 @@ class DecoderLM(HookedModel, nn.Module):
         *,
         in_place: bool,
         all_logits: bool = False,
+        rows: tuple[Tensor, Tensor, Tensor] | None = None,
+        last: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
         """input_ids (b t) at cache indices past_len..past_len+t-1 -> (logits (b 1 vocab), or (b t vocab) with
-        all_logits; the keys and values written: the same tensors when in_place)."""
+        all_logits; the keys and values written: the same tensors when in_place).
+
+        Traced packed rows (export/lm_export.py): rows = (position_ids (b t), seqlens_k, total_sequence_length),
+        the positions for the embedding and all three for the spliced layers; past_len (b) each row's first
+        slot; last (b) the index in the call of each row's last real token, whose logits are returned."""
         if len(keys) != len(self.layers) or len(values) != len(self.layers):
             raise InputError(
                 f"keys and values need one buffer per layer ({len(self.layers)}), got {len(keys)}, {len(values)}"
@@ -312,14 +318,21 @@ class DecoderLM(HookedModel, nn.Module):
             if not isinstance(past_len, Tensor) or past_len.dim() != 0 or past_len.dtype != torch.long:
                 raise InputTypeError(f"past_len must be a 0-d int64 tensor, got {past_len!r}")
             check_room(n, int(past_len), t, fix="make the cache with a larger max_len")
-        idx = (past_len + torch.arange(t, device=input_ids.device)).clamp(0, n - 1)
-        pos = idx[None] if key_mask is None else key_positions(key_mask).index_select(1, idx)
+        idx = (past_len.unsqueeze(-1) + torch.arange(t, device=input_ids.device)).clamp(0, n - 1)  # (t) | (b t)
+        if rows is not None:
+            pos = rows[0]
+        elif key_mask is None:
+            pos = idx if idx.dim() == 2 else idx[None]
+        else:
+            pos = key_positions(key_mask).index_select(1, idx)
         h = self.embed(input_ids, pos)
         new_k: list[Tensor] = []
         new_v: list[Tensor] = []
 
         def attend(x: Tensor, i: int) -> Tensor:
-            y, k, v = static_step(self.layers[i].attn, x, keys[i], values[i], past_len, key_mask, in_place=in_place)
+            y, k, v = static_step(
+                self.layers[i].attn, x, keys[i], values[i], past_len, key_mask, in_place=in_place, rows=rows
+            )
             new_k.append(k)
             new_v.append(v)
             return y
@@ -329,7 +342,7 @@ class DecoderLM(HookedModel, nn.Module):
             h = layer(h, lambda x, i=i: attend(x, i))
             h = self.resid(f"L{i}.resid_post", h)
         if not all_logits:
-            h = h[:, -1:]
+            h = h[:, -1:] if last is None else h.gather(1, last.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
         return self.logits(h), tuple(new_k), tuple(new_v)
 
     def new_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> LMCache:

@@ -15,8 +15,11 @@ the encoder output and the MLP. Every attention is a zoo.MultiHeadAttention: T5'
     logits = model(input_ids, decoder_input_ids, attention_mask=None)    (b t vocab), = transformers' logits
 
 The head: T5 multiplies the decoder output by d_model**-0.5 before its tied head (`head_scale`); BART adds
-final_logits_bias. Padding of the encoder input is on the right (the seq2seq norm); attention_mask (b s)
-hides the padded keys from the encoder's self-attention and from every cross-attention.
+final_logits_bias. Positions: none (T5's buckets), a learned table (BART) or Marian's fixed sinusoidal table
+(`sinusoidal`: sin in the first half of the channels, cos in the second). The decoder may have a token table
+and vocabulary of its own (Marian's share_encoder_decoder_embeddings=False: `shared_tokens`, `decoder_vocab`).
+Padding of the encoder input is on the right (the seq2seq norm); attention_mask (b s) hides the padded keys
+from the encoder's self-attention and from every cross-attention.
 """
 
 from __future__ import annotations
@@ -52,14 +55,17 @@ class Seq2SeqSpec:
     act: str = "gelu"
     mlp_bias: bool = True
     pre_norm: bool = False  # T5, mBART: h += f(norm(h)); BART, Marian: h = norm(h + f(h))
-    max_positions: int | None = None  # learned absolute positions (BART); None: none (T5's buckets)
+    max_positions: int | None = None  # absolute positions (BART learned, Marian sinusoidal); None: none (T5)
+    sinusoidal: bool = False  # Marian: the max_positions rows are a fixed sin|cos table, not learned
     position_offset: int = 0  # BART's tables start 2 rows in
     embed_scale: float = 1.0  # sqrt(d_model) with scale_embedding
     embed_norm: bool = False  # BART's layernorm_embedding, in the encoder and the decoder
     final_norm: bool = False  # a norm after the last layer of each stack (T5, mBART)
     head_scale: float = 1.0  # T5: d_model ** -0.5 on the decoder output before the tied head
     logits_bias: bool = False  # BART's final_logits_bias
-    tied: bool = True  # the head reads the shared token embedding
+    tied: bool = True  # the head reads the decoder's token embedding
+    shared_tokens: bool = True  # one token table for the encoder and the decoder (Marian may keep two)
+    decoder_vocab: int | None = None  # the decoder's vocabulary when it has a table of its own; None: vocab
 
     def __post_init__(self) -> None:
         for name in ("vocab", "d_model", "d_ff"):
@@ -88,6 +94,21 @@ class Seq2SeqSpec:
                 raise SpecError(f"{name}={v!r} must be a positive finite number")
         if self.max_positions is not None and (isinstance(self.max_positions, bool) or self.max_positions < 1):
             raise SpecError(f"max_positions={self.max_positions!r} must be a positive integer or None")
+        if self.sinusoidal and self.max_positions is None:
+            raise SpecError("sinusoidal=True needs max_positions (the rows of the fixed table)")
+        dv = self.decoder_vocab
+        if dv is not None and (isinstance(dv, bool) or not isinstance(dv, int) or dv < 1):
+            raise SpecError(f"decoder_vocab={dv!r} must be a positive integer or None")
+        if self.shared_tokens and self.decoder_vocab_ != self.vocab:
+            raise SpecError(
+                f"decoder_vocab={dv} differs from vocab={self.vocab}: one shared token table cannot hold both; "
+                "set shared_tokens=False"
+            )
+
+    @property
+    def decoder_vocab_(self) -> int:
+        """The decoder's vocabulary (the logits' width): decoder_vocab, or vocab where it is None."""
+        return self.vocab if self.decoder_vocab is None else self.decoder_vocab
 
     def describe(self) -> str:
         """One line, e.g. 'vocab=100 d_model=32 encoder=2 decoder=2 d_ff=64 rms gated/gelu_tanh pre-norm tied'."""
@@ -95,8 +116,28 @@ class Seq2SeqSpec:
         parts += [f"decoder={len(self.decoder)}", f"d_ff={self.d_ff}", self.norm, f"{self.mlp}/{self.act}"]
         parts += ["pre-norm" if self.pre_norm else "post-norm", "tied" if self.tied else "untied"]
         if self.max_positions:
-            parts.append(f"max_positions={self.max_positions}")
+            parts.append(f"{'sinusoidal' if self.sinusoidal else 'max'}_positions={self.max_positions}")
+        if not self.shared_tokens:
+            parts.append(f"decoder_vocab={self.decoder_vocab_}")
         return " ".join(parts)
+
+
+class SinusoidalPositions(nn.Module):
+    """Marian's fixed position table (transformers' MarianSinusoidalPositionalEmbedding), `weight` (n c): row p
+    holds sin(p * w_k) in its first ceil(c/2) channels and cos(p * w_k) in the rest, w_k = 10000**(-2k/c);
+    made in float64, kept in the model's dtype. Called as an nn.Embedding: positions (b t) -> (b t c)."""
+
+    def __init__(self, num_embeddings: int, dim: int) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        pos = torch.arange(num_embeddings, dtype=torch.float64)[:, None]
+        k = torch.arange(dim, dtype=torch.float64) // 2
+        angle = pos / torch.pow(torch.tensor(10000.0, dtype=torch.float64), 2 * k / dim)  # (n c), pairs share w
+        table = torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], dim=1)
+        self.register_buffer("weight", table.to(torch.float32), persistent=False)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return nn.functional.embedding(positions, self.weight)
 
 
 class Seq2SeqLayer(nn.Module):
@@ -146,10 +187,15 @@ class Seq2SeqLM(nn.Module):
         if not isinstance(spec, Seq2SeqSpec):
             raise InputTypeError(f"spec must be a Seq2SeqSpec, got {type(spec).__name__}")
         self.spec = s = spec
-        self.tokens = nn.Embedding(s.vocab, s.d_model)
+        self.tokens = nn.Embedding(s.vocab, s.d_model)  # the encoder's, and the decoder's when shared
+        self.dec_tokens = None if s.shared_tokens else nn.Embedding(s.decoder_vocab_, s.d_model)
 
-        def table() -> nn.Embedding | None:
-            return nn.Embedding(s.max_positions + s.position_offset, s.d_model) if s.max_positions else None
+        def table() -> nn.Module | None:
+            if not s.max_positions:
+                return None
+            if s.sinusoidal:
+                return SinusoidalPositions(s.max_positions + s.position_offset, s.d_model)
+            return nn.Embedding(s.max_positions + s.position_offset, s.d_model)
 
         def norm(flag: bool) -> Norm | None:
             return Norm(s.norm, s.d_model, s.norm_eps, s.norm_bias) if flag else None
@@ -159,10 +205,15 @@ class Seq2SeqLM(nn.Module):
         self.encoder = nn.ModuleList(Seq2SeqLayer(s, a, None) for a in s.encoder)
         self.decoder = nn.ModuleList(Seq2SeqLayer(s, a, c) for a, c in zip(s.decoder, s.cross))
         self.enc_norm, self.dec_norm = norm(s.final_norm), norm(s.final_norm)
-        self.head = nn.Linear(s.d_model, s.vocab, bias=False)
+        self.head = nn.Linear(s.d_model, s.decoder_vocab_, bias=False)
         if s.tied:
-            self.head.weight = self.tokens.weight
-        self.logits_bias = nn.Parameter(torch.zeros(s.vocab)) if s.logits_bias else None
+            self.head.weight = self.decoder_tokens.weight
+        self.logits_bias = nn.Parameter(torch.zeros(s.decoder_vocab_)) if s.logits_bias else None
+
+    @property
+    def decoder_tokens(self) -> nn.Embedding:
+        """The decoder's token table: its own (dec_tokens) or the shared one."""
+        return self.tokens if self.dec_tokens is None else self.dec_tokens
 
     def extra_repr(self) -> str:
         return self.spec.describe()
@@ -171,8 +222,10 @@ class Seq2SeqLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.tokens.weight.dtype
 
-    def _embed(self, ids: Tensor, positions: Tensor, table: nn.Embedding | None, norm: Norm | None) -> Tensor:
-        h = self.tokens(ids)
+    def _embed(
+        self, tokens: nn.Embedding, ids: Tensor, positions: Tensor, table: nn.Module | None, norm: Norm | None
+    ) -> Tensor:
+        h = tokens(ids)
         if self.spec.embed_scale != 1.0:
             h = h * self.spec.embed_scale
         if table is not None:
@@ -189,9 +242,8 @@ class Seq2SeqLM(nn.Module):
     def encoder_output(self, input_ids: Tensor, allowed: Tensor | None) -> Tensor:
         """encode() without its checks (what the export traces): allowed (b 1 1 s) bool or None."""
         s = input_ids.shape[1]
-        h = self._embed(
-            input_ids, torch.arange(s, device=input_ids.device)[None], self.enc_positions, self.enc_embed_norm
-        )
+        pos = torch.arange(s, device=input_ids.device)[None]
+        h = self._embed(self.tokens, input_ids, pos, self.enc_positions, self.enc_embed_norm)
         for layer in self.encoder:
             h = layer(h, lambda x, blk=layer.attn: blk(x, mask=allowed))
         return self.enc_norm(h) if self.enc_norm is not None else h
@@ -230,7 +282,7 @@ class Seq2SeqLM(nn.Module):
             raise InputError(f"keys, values, cross_keys and cross_values need one tensor per decoder layer ({n})")
         t = input_ids.shape[1]
         pos = (past_len + torch.arange(t, device=input_ids.device))[None]
-        h = self._embed(input_ids, pos, self.dec_positions, self.dec_embed_norm)
+        h = self._embed(self.decoder_tokens, input_ids, pos, self.dec_positions, self.dec_embed_norm)
         allowed = None if encoder_mask is None else rearrange(encoder_mask.to(torch.bool), "b s -> b 1 1 s")
         out_k, out_v = [], []
         for i, layer in enumerate(self.decoder):
@@ -261,7 +313,7 @@ class Seq2SeqLM(nn.Module):
     def forward(self, input_ids: Tensor, decoder_input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """input_ids (b s), decoder_input_ids (b t) int64 -> logits (b t vocab), as transformers' model(...)
         gives them; attention_mask (b s) marks the real encoder tokens."""
-        _check_ids(decoder_input_ids, self.spec.vocab, "decoder_input_ids")
+        _check_ids(decoder_input_ids, self.spec.decoder_vocab_, "decoder_input_ids")
         if decoder_input_ids.shape[0] != input_ids.shape[0]:
             raise InputError(
                 f"decoder_input_ids has {decoder_input_ids.shape[0]} rows, input_ids {input_ids.shape[0]}: one each"
@@ -295,4 +347,12 @@ def _check_ids(ids: Tensor, vocab: int, name: str) -> None:
         raise InputError(f"{name}: token id {int(ids[bad][0])} is outside the vocabulary of {vocab} (0..{vocab - 1})")
 
 
-__all__ = ["Seq2SeqLM", "Seq2SeqLayer", "Seq2SeqSpec", "cross_attend", "cross_kv", "encoder_keys"]
+__all__ = [
+    "Seq2SeqLM",
+    "Seq2SeqLayer",
+    "Seq2SeqSpec",
+    "SinusoidalPositions",
+    "cross_attend",
+    "cross_kv",
+    "encoder_keys",
+]

@@ -55,6 +55,8 @@ class KernelRules:
     t_input: str = "query"  # the input whose element type is T
     # input -> the element type it must have ("T": the node's T)
     typed: Mapping[str, str] = field(default_factory=dict)
+    # input -> the (T, its type) pairs the kernels are registered for, where its type may differ from T
+    typed_pairs: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     # input -> its allowed ranks
     ranks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # input -> the axis that must be 1 or the node's num_heads (a bias broadcast over heads, or one per head)
@@ -62,6 +64,8 @@ class KernelRules:
     pairs: tuple[tuple[str, str], ...] = ()  # inputs present together or not at all
     # attribute-made features: feature -> (attribute, its default); on when the node sets another value
     attribute_features: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    # attribute -> the values the kernel takes (a node setting another is refused)
+    attribute_values: Mapping[str, tuple] = field(default_factory=dict)
     # features the kernel refuses, alone or together, each with the kernel's own words
     refused: tuple[tuple[tuple[str, ...], str], ...] = ()
     requires: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # feature -> inputs it needs
@@ -71,6 +75,7 @@ class KernelRules:
     max_heads: int = 1024  # num_heads <= the device's maxThreadsPerBlock (1024 on every NVIDIA GPU)
     max_outputs: int = 3  # more outputs (the QK scores) is the feature "output_qk"
     padding: str = ""  # how a padded batch reaches the kernel, in a few words
+    attention: bool = True  # an attention op (heads, a QK output); False for a projection (MatMulNBits)
     # the fast kernels in the order the kernel tries them (the unfused one last, not listed), and which
     # features rule each out: a node runs the first kernel left
     fast_kernels: tuple[str, ...] = ()
@@ -113,6 +118,12 @@ class KernelRules:
                 out.append(
                     f"input {name} is {got}: it must be {need}" + (" (T, the query's type)" if want == "T" else "")
                 )
+        for name, pairs in self.typed_pairs.items():
+            got = facts.dtype(name)
+            if t is not None and got is not None and (t, got) not in pairs:
+                listed = ", ".join(f"({a}, {b})" for a, b in pairs)
+                which = f"({self.t_input}, {name})"
+                out.append(f"input {name} is {got} with {self.t_input} {t}: the CUDA kernels take {which} in {listed}")
         for name, allowed in self.ranks.items():
             shape = facts.shape(name)
             if shape is not None and len(shape) not in allowed:
@@ -126,6 +137,10 @@ class KernelRules:
         for a, b in self.pairs:
             if (a in facts.inputs) != (b in facts.inputs):
                 out.append(f"inputs {a} and {b} must be given together (only {a if a in facts.inputs else b} is)")
+        for attr, allowed in self.attribute_values.items():
+            value = facts.attributes.get(attr)
+            if value is not None and value not in allowed:
+                out.append(f"attribute {attr}={value}: the CUDA kernel takes {', '.join(map(str, allowed))}")
         on = self.features(facts)
         for together, why in self.refused:
             if all(f in on for f in together):
@@ -155,9 +170,14 @@ class KernelRules:
         lines = [
             f"- element type T: {', '.join(self.dtypes)}",
             *(f"- `{n}`: {'T' if w == 'T' else w}" for n, w in self.typed.items()),
+            *(
+                f"- (`{self.t_input}`, `{n}`): " + ", ".join(f"({a}, {b})" for a, b in p)
+                for n, p in self.typed_pairs.items()
+            ),
             *(f"- `{n}`: rank {' or '.join(map(str, r))}" for n, r in self.ranks.items()),
             *(f"- `{n}` axis {a}: 1 or num_heads" for n, a in self.heads_axis.items()),
             *(f"- `{a}` and `{b}` together or neither" for a, b in self.pairs),
+            *(f"- `{a}` one of {', '.join(map(str, v))}" for a, v in self.attribute_values.items()),
             *(f"- refused: {' with '.join(f)}: {why}" for f, why in self.refused),
             *(f"- `{f}` needs {', '.join(n)}" for f, n in self.requires.items()),
         ]
@@ -166,11 +186,13 @@ class KernelRules:
                 f"- head size a multiple of {self.head_multiple}"
                 + "".join(f"; of {m} with {f}" for f, m in self.head_multiple_with.items())
             )
-        lines.append(f"- at most {self.max_outputs} outputs (no QK output); num_heads <= {self.max_heads}")
+        if self.attention:
+            lines.append(f"- at most {self.max_outputs} outputs (no QK output); num_heads <= {self.max_heads}")
         if self.padding:
             lines.append(f"- padding: {self.padding}")
         if self.fast_kernels:
-            lines.append(f"- fast kernels, in the kernel's order: {', '.join(self.fast_kernels)}; then unfused")
+            rest = "unfused" if self.attention else "the generic kernels"
+            lines.append(f"- fast kernels, in the kernel's order: {', '.join(self.fast_kernels)}; then {rest}")
             lines += [f"  - `{f}` rules out {', '.join(k)}" for f, k in self.disqualifies.items()]
         lines += [f"- at run time: {r}" for r in self.run_time]
         lines.append(f"- read from: {', '.join(f'`{s}`' for s in self.sources)}")

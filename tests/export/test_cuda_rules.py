@@ -4,7 +4,8 @@ reads each attention node of a graph against them statically (input by input: el
 attributes, which optional inputs are present), and the checker fails hand-made graphs that break a rule.
 
 The registry's blocks (at small_overrides' widths) and the whole-model families (tests/peers/lm_cases.py)
-are exported in float16, as CUDA runs them; the default run takes a sample, the rest runs under -m slow.
+are exported in float16 (the families in bfloat16 too), as CUDA runs them; the default run takes a sample, the
+rest runs under -m slow.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from export.cuda_check import RULES, attention_nodes, cuda_refusal, cuda_refusal
 from export.errors import ExportError
 from export.lm_export import candidates
 from export.lowerings import LOWERING_LIST, record
+from export.names import DTYPES, PRECISIONS
 from helpers import ALL_NAMES, REPO, small_overrides
 from peers.lm_rows import LM_FAMILIES
 
@@ -50,22 +52,23 @@ def _param(name: str, kind: str):
 
 @pytest.fixture(scope="session")
 def cuda_exports(tmp_path_factory):
-    """(what, kind) -> (lowering auto took, the loaded graph), each exported once for --target cuda in float16."""
+    """(what, kind[, dtype]) -> (lowering auto took, the loaded graph), each exported once for --target cuda
+    (float16 unless asked)."""
     folder = tmp_path_factory.mktemp("cuda-rules")
     made: dict = {}
 
-    def get(what: str, kind: str):
-        if (what, kind) not in made:
-            path = folder / f"{what}-{kind}.onnx"
+    def get(what: str, kind: str, dtype: str = "float16"):
+        if (what, kind, dtype) not in made:
+            path = folder / f"{what}-{kind}-{dtype}.onnx"
             if kind == "lm":
                 from peers.lm import lm_from_hf
 
                 model = lm_from_hf(lm_cases.hf_model(what))
-                r = export_onnx(model, path, provider="cuda", dtype="float16", max_len=32)
+                r = export_onnx(model, path, provider="cuda", dtype=dtype, max_len=32)
             else:
-                r = export_onnx(what, path, provider="cuda", dtype="float16", **KINDS[kind], **small_overrides(what))
-            made[what, kind] = (r.lowering, onnx.load(path))
-        return made[what, kind]
+                r = export_onnx(what, path, provider="cuda", dtype=dtype, **KINDS[kind], **small_overrides(what))
+            made[what, kind, dtype] = (r.lowering, onnx.load(path))
+        return made[what, kind, dtype]
 
     return get
 
@@ -92,24 +95,25 @@ def test_auto_block_for_cuda_is_within_the_kernels_rules(name, kind, cuda_export
     _assert_within_rules(lowering, model)
 
 
-# A float16 whole-model export that fails before any rule is read (on main too, 2026-12): gemma2's fused
-# norms mix float16 and float32 (SkipSimplifiedLayerNormalization's T bound to both; export/lm_fusions.py).
-FP16_EXPORT_BUG = {"gemma2": "SkipSimplifiedLayerNormalization gets float16 and float32 inputs in float16"}
+# The whole-model families in the two float types CUDA's GroupQueryAttention runs; the default run takes
+# llama in both (the spliced layers) and gemma2 in float16 (its fp32 norms: export/lm_fusions.py).
+WHOLE_DTYPES = ("float16", "bfloat16")
+DEFAULT_WHOLE = {(DEFAULT_FAMILY, "float16"), (DEFAULT_FAMILY, "bfloat16"), ("gemma2", "float16")}
 
 
-def _family(f: str):
-    marks = [] if f == DEFAULT_FAMILY else [pytest.mark.slow]
-    if f in FP16_EXPORT_BUG:
-        marks.append(pytest.mark.xfail(raises=ExportError, strict=True, reason=FP16_EXPORT_BUG[f]))
-    return pytest.param(f, marks=marks)
+def _family(f: str, dtype: str):
+    marks = [] if (f, dtype) in DEFAULT_WHOLE else [pytest.mark.slow]
+    return pytest.param(f, dtype, marks=marks, id=f"{f}-{dtype}")
 
 
-@pytest.mark.parametrize("family", [_family(f) for f in LM_FAMILIES])
-def test_auto_whole_model_for_cuda_is_within_the_kernels_rules(family, cuda_exports):
-    lowering, model = cuda_exports(family, "lm")
+@pytest.mark.parametrize("family, dtype", [_family(f, d) for f in LM_FAMILIES for d in WHOLE_DTYPES])
+def test_auto_whole_model_for_cuda_is_within_the_kernels_rules(family, dtype, cuda_exports):
+    lowering, model = cuda_exports(family, "lm", dtype)
     _assert_within_rules(lowering, model)
-    if family == DEFAULT_FAMILY:  # GroupQueryAttention spliced into every layer, in float16
-        assert lowering == "ort-gqa" and len(attention_nodes(model)) == lm_cases.BASE["num_hidden_layers"]
+    if family == DEFAULT_FAMILY:  # GroupQueryAttention spliced into every layer, in the export's dtype
+        gqa = [f for f in attention_nodes(model) if f.op.endswith("GroupQueryAttention")]
+        assert lowering == "ort-gqa" and len(gqa) == lm_cases.BASE["num_hidden_layers"]
+        assert all(f.dtype("query") == dtype for f in gqa)
 
 
 def test_auto_for_cuda_never_takes_groupqueryattention_in_fp32():
@@ -277,7 +281,7 @@ def test_checker_reads_multiheadattention_and_the_onnx_attention_op():
     assert cuda_refusals(masked) == [] and "Flash" not in fast_kernels(masked)["probe"]
 
 
-def test_generate_caches_one_export_per_target_and_dtype(tmp_path):
+def test_generate_caches_one_export_per_precision_target_and_dtype(tmp_path):
     """`attnzoo generate FOLDER --provider cuda` must not run the export made for the CPU."""
     from cli.cmd_generate import _export_key
 
@@ -285,6 +289,6 @@ def test_generate_caches_one_export_per_target_and_dtype(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama"}')
     (folder / "model.safetensors").write_bytes(b"weights")
-    keys = {_export_key(folder, "fp32", None, t, d) for t in ("cpu", "cuda") for d in ("float32", "float16")}
-    assert len(keys) == 4
+    combos = [(p, t, d) for p in PRECISIONS for t in ("cpu", "cuda") for d in DTYPES]
+    assert len({_export_key(folder, p, None, t, d) for p, t, d in combos}) == len(combos)
     assert _export_key(folder, "fp32", None) == _export_key(folder, "fp32", None, "cpu", "float32")

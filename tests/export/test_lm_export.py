@@ -190,12 +190,14 @@ def test_every_modifier_of_the_spliced_graph_is_in_a_padded_layer():
     assert carried <= {mod.name for spec in specs for mod in zoo.modifiers.active(spec)}
 
 
+@pytest.mark.parametrize("padding", ["left", "packed"])
 @pytest.mark.parametrize("softcap", [5.0, pytest.param(None, marks=pytest.mark.slow)])
-def test_left_padded_rows_generate_as_alone_through_every_spliced_modifier(softcap, tmp_path):
+def test_left_padded_rows_generate_as_alone_through_every_spliced_modifier(softcap, padding, tmp_path):
+    """Both graphs a spliced model takes: a key mask (left) and packed rows (each row from slot 0)."""
     layers = [dict(kw, softcap=softcap) for kw in SPLICED_LAYERS]
     specs = tuple(zoo.AttentionSpec(d_model=64, heads=4, kv_heads=2, d_k=16, causal=True, **kw) for kw in layers)
     lm = lm_cases.randomize(zoo.DecoderLM(zoo.LMSpec(vocab=lm_cases.VOCAB, d_model=64, attention=specs, d_ff=64)))
-    r = export_onnx(lm, tmp_path / "m.onnx", lowering="ort-gqa", max_len=32)
+    r = export_onnx(lm, tmp_path / "m.onnx", lowering="ort-gqa", max_len=32, padding=padding)
     assert r.op_counts["com.microsoft::GroupQueryAttention"] == len(layers)
     _padded_rows_generate_as_alone(lm, OnnxSession(r.path, provider="cpu"), lm_cases.prompt(batch=3, t=9))
 
@@ -631,3 +633,16 @@ def test_every_generate_takes_numpy_integers(lm_exports):
     assert torch.equal(paths["onnx"](ids, np.int64(4), attention_mask=mask, eos_token_id=eos), want)
     item = paths["server"](ids, np.int64(4), attention_mask=mask, eos_token_id=eos)
     assert (item.max_new_tokens, item.eos_token_id) == (4, int(eos))
+
+
+def test_a_sinks_model_keeps_groupqueryattention_on_cuda_only_with_packed_rows(tmp_path):
+    """CUDA's GroupQueryAttention refuses an attention_bias with head sinks (gpt-oss): a left-padded graph's key
+    mask is one, so auto falls to decomposed; packed rows (the CUDA target's default) carry none, and the
+    export passes the CUDA kernel's rules (export/cuda_check.py, run by every CUDA export)."""
+    spec = zoo.AttentionSpec(d_model=64, heads=4, kv_heads=2, d_k=16, causal=True, rope_theta=1e4, sinks=True)
+    lm = lm_cases.randomize(zoo.DecoderLM(zoo.LMSpec(vocab=lm_cases.VOCAB, d_model=64, attention=(spec,), d_ff=64)))
+    kw = dict(provider="cuda", dtype="float16", max_len=32)
+    packed = export_onnx(lm, tmp_path / "packed.onnx", **kw)
+    names = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+    assert packed.lowering == "ort-gqa" and [n for n, _, _ in packed.inputs[:4]] == names
+    assert export_onnx(lm, tmp_path / "left.onnx", padding="left", **kw).lowering == "decomposed"

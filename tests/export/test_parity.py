@@ -323,3 +323,12 @@ def test_t5_bucket_edges_under_onnx_runtime(tmp_path):
         y = m(x)
     err = (torch.as_tensor(OnnxSession(str(path), "cpu").run(x)) - y).abs().max().item()
     assert err <= TOLERANCE["float32"].atol, f"max abs err {err:.2e}"
+
+
+@pytest.mark.parametrize("kind", ["check", "check_decode"])
+def test_parity_refuses_a_dtype_no_session_feeds(kind):
+    """bfloat16 exports exist (for CUDA) but numpy has none: parity names the dtypes it runs, before any work."""
+    import parity
+
+    with pytest.raises(zoo.ArgumentError, match=r"dtype='bfloat16' .* float32, float16"):
+        getattr(parity, kind)("llama-3-8b", "decomposed", dtype="bfloat16")

@@ -3,8 +3,8 @@
 right-padded batch, with the checkpoint's decoder start and forced eos, an eos that ends rows early, and a
 forced bos; the pair's names; the CLI's export --whole and generate on a folder made here.
 
-T5 v1.1 (gated, buckets) and BART export in the default run (one session-scoped export each); T5 v1.0 and
-mBART under -m slow."""
+T5 v1.1 (gated, buckets), BART and Marian (sinusoidal positions, its pad id banned) export in the default run
+(one session-scoped export each); T5 v1.0, mBART and Marian with a decoder vocabulary of its own under -m slow."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from export.seq2seq_session import Seq2SeqSession
 from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
 
 NEW = 12
-FAST = ("t5-gated", "bart")
+FAST = ("t5-gated", "bart", "marian")
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +51,8 @@ def cases() -> list:
 
 
 def hf_generate(hf, ids, mask, **kw) -> torch.Tensor:
+    if not seq2seq_cases.cached_generate_ok(hf):  # transformers' cache is wrong for it: its uncached loop
+        kw.setdefault("use_cache", False)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, num_beams=1, do_sample=False, **kw)
@@ -70,6 +72,36 @@ def test_greedy_tokens_equal_transformers(case, pairs):
     got = sess.generate(ids, NEW, mask, eos_token_id=eos, forced_eos_token_id=None, forced_bos_token_id=7)
     assert torch.equal(got, want), f"{case} (eos {eos}, forced bos 7):\n{got}\n{want}"
     assert (got[:, 1] == 7).all()
+
+
+def test_every_listed_eos_id_ends_a_row(pairs):
+    """eos_token_id may be a list (generation_config.json): each id ends a row, as in transformers' generate."""
+    _, hf, path = pairs("marian")
+    ids, mask = seq2seq_cases.batch()
+    free = hf_generate(hf, ids, mask, forced_eos_token_id=None)
+    first = int(free[0, 2])
+    other = next(int(t) for t in free[1:, 1:].flatten() if t != first)
+    kw = dict(eos_token_id=[first, other], forced_eos_token_id=None)
+    want = hf_generate(hf, ids, mask, **kw)
+    got = Seq2SeqSession(path).generate(ids, NEW, mask, **kw)
+    assert torch.equal(got, want), f"eos {[first, other]}:\n{got}\n{want}"
+    stops = {int(t) for row in got for t in row[1:] if t in (first, other)}
+    assert stops == {first, other}, f"rows ended at {stops}: each listed id should end one here"
+    assert (got[:, 2:] == hf.config.pad_token_id).any()  # an ended row is padded while others go on
+
+
+def test_suppressed_tokens_are_never_made(pairs):
+    """Marian's generation_config bans its pad id (bad_words_ids [[pad]]); a banned id is never generated and the
+    next best token is taken, as transformers' generate does."""
+    _, hf, path = pairs("marian")
+    sess = Seq2SeqSession(path)
+    assert sess.generation["suppress_tokens"] == [hf.config.pad_token_id]
+    ids, mask = seq2seq_cases.batch()
+    free = sess.generate(ids, NEW, mask, suppress_tokens=None)
+    banned = int(free[1, 2])
+    want = hf_generate(hf, ids, mask, bad_words_ids=[[banned]])
+    got = sess.generate(ids, NEW, mask, suppress_tokens=[banned])
+    assert torch.equal(got, want) and not (got[:, 1:] == banned).any(), f"banned {banned}:\n{got}\n{want}"
 
 
 def test_bart_forces_eos_at_the_budget(pairs):

@@ -1,5 +1,6 @@
-"""Small random encoder-decoders, one per row of peers.seq2seq_rows.SEQ2SEQ_FAMILIES (and T5 in both of its
-feed-forward kinds), saved with save_pretrained and a word-level tokenizer.json; no download.
+"""Small random encoder-decoders, one per row of peers.seq2seq_rows.SEQ2SEQ_FAMILIES (T5 in both of its
+feed-forward kinds, Marian with one token table and with one per stack), saved with save_pretrained and a
+word-level tokenizer.json; no download.
 
 `checkpoint(name, root)` writes a case once per folder and returns (folder, the transformers model)."""
 
@@ -20,7 +21,11 @@ _BART = dict(
     encoder_ffn_dim=48,
     decoder_ffn_dim=48,
     max_position_embeddings=64,
+    init_std=0.5,  # so that greedy tokens differ between rows and steps (0.02 makes one token everywhere)
 )
+# Marian as the Helsinki-NLP checkpoints have it: pad is the last id and the decoder's start, swish, scaled
+# embeddings; the unshared case keeps a decoder table of its own, of another size
+_MARIAN = dict(_BART, scale_embedding=True, activation_function="swish", eos_token_id=1, forced_eos_token_id=1)
 _T5 = dict(
     d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16
 )
@@ -39,12 +44,24 @@ def _config(name: str):
             tie_word_embeddings=False,
             decoder_start_token_id=0,
         ),
+        # more decoder layers than encoder layers: transformers 5.25's generate fails on it (its cache has
+        # num_layers entries); compare with generate(use_cache=False), the model's own loop (cached_generate_ok)
+        "t5-deep-decoder": lambda: tf.T5Config(**common, **_T5, num_decoder_layers=3, decoder_start_token_id=0),
         "bart": lambda: tf.BartConfig(**common, **_BART),
         "mbart": lambda: tf.MBartConfig(**common, **_BART, scale_embedding=True),
+        "marian": lambda: tf.MarianConfig(**common, **_MARIAN, pad_token_id=63, decoder_start_token_id=63),
+        "marian-unshared": lambda: tf.MarianConfig(
+            **common,
+            **_MARIAN,
+            share_encoder_decoder_embeddings=False,
+            decoder_vocab_size=48,
+            pad_token_id=47,
+            decoder_start_token_id=47,
+        ),
     }[name]()
 
 
-CASES = ("t5", "t5-gated", "bart", "mbart")
+CASES = ("t5", "t5-gated", "t5-deep-decoder", "bart", "mbart", "marian", "marian-unshared")
 
 
 @functools.cache
@@ -58,10 +75,26 @@ def hf_model(name: str):
         model = tf.AutoModelForSeq2SeqLM.from_config(_config(name)).eval()
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+            if p.requires_grad:  # Marian's sinusoidal positions are fixed (and not saved)
+                p.add_(torch.randn_like(p) * 0.05)
         if hasattr(model, "final_logits_bias"):
-            model.final_logits_bias.normal_()
+            model.final_logits_bias.normal_(std=0.1)  # std 1 outweighs the head: one token everywhere
+    if model.config.model_type == "marian":  # as Helsinki-NLP's generation_config.json: pad is never made
+        model.generation_config.bad_words_ids = [[model.config.pad_token_id]]
     return model
+
+
+def cached_generate_ok(model) -> bool:  # noqa: ANN001 - a transformers model
+    """Whether transformers' generate with its cache runs this model: transformers 5.25 sizes a T5's
+    DynamicCache from num_hidden_layers (T5Config maps it to num_layers, the encoder's), so with more decoder
+    layers generate raises IndexError (docs/seq2seq.md has the repro)."""
+    cfg = model.config
+    return cfg.model_type not in ("t5", "mt5") or cfg.num_decoder_layers <= cfg.num_layers
+
+
+def decoder_vocab(model) -> int:  # noqa: ANN001 - a transformers model
+    """The decoder's vocabulary: Marian's decoder_vocab_size where it has one, else the shared VOCAB."""
+    return getattr(model.config, "decoder_vocab_size", None) or VOCAB
 
 
 def save_tokenizer(folder: Path) -> None:

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import zoo
 from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
 from peers.seq2seq_rows import SEQ2SEQ_FAMILIES
+from zoo.seq2seq import SinusoidalPositions
 
 REL = 1e-5
 
@@ -33,7 +34,8 @@ def test_logits_equal_transformers(case, seq2seq_root):
     folder, hf = seq2seq_cases.checkpoint(case, seq2seq_root)
     model = seq2seq_from_checkpoint(folder)
     ids, mask = seq2seq_cases.batch()
-    dec = torch.randint(3, seq2seq_cases.VOCAB, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
+    top = seq2seq_cases.decoder_vocab(hf)
+    dec = torch.randint(3, top, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
         got = model(ids, dec, mask)
@@ -54,6 +56,34 @@ def test_generation_settings_read_generation_config(seq2seq_root):
     assert (bart["decoder_start_token_id"], bart["eos_token_id"], bart["forced_eos_token_id"]) == (2, 2, 2)
     mbart = generation_settings(seq2seq_cases.checkpoint("mbart", seq2seq_root)[0])
     assert mbart["decoder_start_token_id"] == mbart["bos_token_id"] == 0  # unset: transformers starts at bos
+
+
+def test_generation_settings_keep_several_eos_ids(seq2seq_root, tmp_path):
+    """A list eos_token_id keeps every id (each ends a row); single-token bad_words_ids join suppress_tokens."""
+    folder = _copy(seq2seq_cases.checkpoint("marian", seq2seq_root)[0], tmp_path / "eos")
+    gen = json.loads((folder / "generation_config.json").read_text())
+    gen.update(eos_token_id=[1, 5], forced_eos_token_id=[5, 1], bad_words_ids=[[63], [3, 4]], suppress_tokens=[9])
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    got = generation_settings(folder)
+    assert (got["eos_token_id"], got["forced_eos_token_id"]) == ([1, 5], [5, 1])
+    assert (got["suppress_tokens"], got["bad_sequences"], got["pad_token_id"]) == ([9, 63], [[3, 4]], 63)
+    gen["eos_token_id"] = [1, "x"]
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    with pytest.raises(zoo.CheckpointError, match=r"eos_token_id=\[1, 'x'\]"):
+        generation_settings(folder)
+
+
+def test_generation_settings_name_what_greedy_does_not_apply(seq2seq_root, tmp_path):
+    """A checkpoint asking what this greedy loop does not do (BART-CNN's min_length, no_repeat_ngram_size) has it
+    listed as `unhonoured`, for the session's note; neutral values (repetition_penalty 1.0) are not listed."""
+    folder = _copy(seq2seq_cases.checkpoint("bart", seq2seq_root)[0], tmp_path / "cnn")
+    assert generation_settings(folder)["unhonoured"] is None
+    gen = json.loads((folder / "generation_config.json").read_text())
+    gen.update(min_length=56, no_repeat_ngram_size=3, repetition_penalty=1.0, num_beams=4)
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    got = generation_settings(folder)
+    assert got["unhonoured"] == {"min_length": 56, "no_repeat_ngram_size": 3}
+    assert got["num_beams"] == 4
 
 
 def _copy(folder, dst):
@@ -87,6 +117,41 @@ def test_a_family_without_a_row_is_one_line(seq2seq_root, tmp_path):
     (folder / "config.json").write_text(json.dumps({**data, "model_type": "pegasus"}))
     with pytest.raises(zoo.HFConversionError, match="model_type='pegasus'.*t5, mt5, bart, mbart"):
         seq2seq_from_checkpoint(folder)
+
+
+def test_families_lists_every_seq2seq_row(capsys):
+    from cli.main import main
+
+    assert main(["families"]) == 0
+    out = capsys.readouterr().out.split("Whole encoder-decoder models", 1)[1]
+    assert all(f"| `{kind}` |" in out for kind in SEQ2SEQ_FAMILIES), out
+
+
+def test_docs_families_table_is_the_commands():
+    from cli.cmd_seq2seq import families_markdown
+    from helpers import REPO
+
+    assert families_markdown() in (REPO / "docs" / "seq2seq.md").read_text(), "docs/seq2seq.md's table differs"
+
+
+def test_sinusoidal_positions_are_marians():
+    """sin of every frequency in the first half of the channels, cos in the second (transformers' layout)."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    for dim in (32, 7):
+        want = MarianSinusoidalPositionalEmbedding(20, dim).create_weight()
+        got = SinusoidalPositions(20, dim).weight
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_spec_refuses_a_shared_table_of_two_sizes():
+    a = zoo.AttentionSpec(d_model=32, heads=4)
+    causal = zoo.AttentionSpec(d_model=32, heads=4, causal=True)
+    cross = zoo.AttentionSpec(d_model=32, heads=4, d_context=32)
+    kw = dict(vocab=10, d_model=32, encoder=(a,), decoder=(causal,), cross=(cross,), d_ff=8, decoder_vocab=6)
+    with pytest.raises(zoo.SpecError, match="decoder_vocab=6 differs from vocab=10.*shared_tokens=False"):
+        zoo.Seq2SeqSpec(**kw)
+    assert zoo.Seq2SeqLM(zoo.Seq2SeqSpec(**kw, shared_tokens=False)).head.out_features == 6
 
 
 def test_spec_refuses_a_causal_encoder():

@@ -398,6 +398,9 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert e.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4o", prompt="a")
+    with pytest.raises(openai.NotFoundError) as e:  # a sentence encoder's route on a language model's server
+        client.embeddings.create(model=MODEL, input="a")
+    assert "language model" in e.value.body["message"] and "/v1/completions" in e.value.body["message"]
     with pytest.raises(openai.AuthenticationError) as e:
         openai.OpenAI(base_url=url + "v1", api_key="wrong", max_retries=0).models.list()
     assert e.value.body["code"] == "invalid_api_key"
