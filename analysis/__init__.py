@@ -11,46 +11,46 @@ analysis.WholeModel(zoo.lm_from_checkpoint(DIR), vocab)   # a whole model's head
 Depends on `zoo`; never imported by it; does not import `export`.
 """
 
-from .dates import DatesConfig, DatesModel
-from .errors import AnalysisError
-from .lm import LMConfig, TinyLM
-from .patching import logit_attribution, patch_heads
-from .scores import (
-    SCORE_NAMES,
-    best_scores,
-    encoder_scores,
-    field_scores,
-    format_scores,
-    head_scores,
-    punctuation_ids,
-    scores_from_maps,
-)
-from .store import load, save, weight_path
-from .tasks import TASKS, get_task
-from .training import train
-from .whole import WholeModel
+import importlib
+from typing import Any
 
-__all__ = [
-    "SCORE_NAMES",
-    "TASKS",
-    "AnalysisError",
-    "DatesConfig",
-    "DatesModel",
-    "LMConfig",
-    "TinyLM",
-    "WholeModel",
-    "best_scores",
-    "encoder_scores",
-    "field_scores",
-    "format_scores",
-    "get_task",
-    "head_scores",
-    "logit_attribution",
-    "patch_heads",
-    "load",
-    "punctuation_ids",
-    "save",
-    "scores_from_maps",
-    "train",
-    "weight_path",
-]
+# name -> the analysis module that defines it, imported on first use: `import analysis` imports no
+# torch, so the command line's help (which reads analysis/names.py) stays fast.
+_LAZY = {
+    "DatesConfig": "analysis.dates",
+    "DatesModel": "analysis.dates",
+    "AnalysisError": "analysis.errors",
+    "LMConfig": "analysis.lm",
+    "TinyLM": "analysis.lm",
+    "logit_attribution": "analysis.patching",
+    "patch_heads": "analysis.patching",
+    "SCORE_NAMES": "analysis.scores",
+    "best_scores": "analysis.scores",
+    "encoder_scores": "analysis.scores",
+    "field_scores": "analysis.scores",
+    "format_scores": "analysis.scores",
+    "head_scores": "analysis.scores",
+    "punctuation_ids": "analysis.scores",
+    "scores_from_maps": "analysis.scores",
+    "load": "analysis.store",
+    "save": "analysis.store",
+    "weight_path": "analysis.store",
+    "TASKS": "analysis.tasks",
+    "get_task": "analysis.tasks",
+    "train": "analysis.training",
+    "WholeModel": "analysis.whole",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # bound once imported: later lookups are plain attribute reads
+        return value
+    raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -34,8 +34,8 @@ from torch import Tensor
 from zoo.hooks import HEAD_AXIS
 
 from .errors import AnalysisError
+from .names import PATCH_LOCATIONS  # spelled in names.py, for the command line's help
 
-PATCH_LOCATIONS = ("q", "k", "v", "scores", "pattern", "z", "result")
 MODES = ("zero", "mean")
 Metric = Callable[[Tensor], Tensor]
 

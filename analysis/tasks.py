@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from . import dates
 from .errors import AnalysisError
 from .lm import LMConfig, TinyLM
+from .names import TASK_NAMES
 
 __all__ = [
     "GATES",
@@ -304,6 +305,9 @@ TASKS: dict[str, Task] = {
         "source formats; greedy decoding, exact match of all 10 characters",
     ),
 }
+
+if tuple(TASKS) != TASK_NAMES:  # names.py spells them for the command line's help
+    raise ImportError(f"analysis/names.py TASK_NAMES {TASK_NAMES} != analysis/tasks.py TASKS {tuple(TASKS)}")
 
 
 def get_task(name: str) -> Task:

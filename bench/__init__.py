@@ -46,30 +46,42 @@ Depends on `zoo` and `export`; the command line (`attnzoo bench`, cli/cmd_bench.
 
 from __future__ import annotations
 
-from .jobs import BASELINE, DEFAULT_NAME, DEFAULT_SEQ, LOWERING_OF, PATHS, BenchError, Budget, Job
-from .machine import default_threads, machine_info, versions
-from .measure import run_worker
-from .plan import benchmark
-from .report import format_table, plot, write_json
-from .worker import measure, spawn
+import importlib
+from typing import Any
 
-__all__ = [
-    "BASELINE",
-    "DEFAULT_NAME",
-    "DEFAULT_SEQ",
-    "LOWERING_OF",
-    "PATHS",
-    "BenchError",
-    "Budget",
-    "Job",
-    "benchmark",
-    "default_threads",
-    "format_table",
-    "machine_info",
-    "measure",
-    "plot",
-    "run_worker",
-    "spawn",
-    "versions",
-    "write_json",
-]
+# name -> the bench module that defines it, imported on first use: `import bench` (and the command
+# line's help, which reads bench.jobs) imports no torch, onnx or onnxruntime.
+_LAZY = {
+    "BASELINE": "bench.jobs",
+    "DEFAULT_NAME": "bench.jobs",
+    "DEFAULT_SEQ": "bench.jobs",
+    "LOWERING_OF": "bench.jobs",
+    "PATHS": "bench.jobs",
+    "BenchError": "bench.jobs",
+    "Budget": "bench.jobs",
+    "Job": "bench.jobs",
+    "default_threads": "bench.machine",
+    "machine_info": "bench.machine",
+    "versions": "bench.machine",
+    "run_worker": "bench.measure",
+    "benchmark": "bench.plan",
+    "format_table": "bench.report",
+    "plot": "bench.report",
+    "write_json": "bench.report",
+    "measure": "bench.worker",
+    "spawn": "bench.worker",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # bound once imported: later lookups are plain attribute reads
+        return value
+    raise AttributeError(f"module 'bench' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -34,7 +34,9 @@ from .jobs import (
     BASELINE,
     DECODE_EXPORTS,
     DECODE_PATHS,
+    DECODE_PRECISIONS,
     EAGER_DECODE_PATHS,
+    EAGER_PRECISIONS,
     STEPS,
     BenchError,
     Budget,
@@ -43,12 +45,6 @@ from .jobs import (
 )
 from .machine import default_threads, machine_info, versions
 from .worker import measure
-
-# Precisions of the decode bench: the ONNX paths' weight precisions (export/precision.py), and the
-# half-precision eager rows (this CPU family has avx512_bf16); each applies to one kind of path.
-ONNX_PRECISIONS = ("fp32", "int8", "int4")
-EAGER_PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}  # -> the eager job's dtype
-DECODE_PRECISIONS = tuple(dict.fromkeys((*ONNX_PRECISIONS, *EAGER_PRECISIONS)))
 
 
 def benchmark_decode(

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import zoo
-from export.lowerings import LOWERING_LIST
+from export.names import LOWERINGS, STATIC_CACHE_LOWERINGS
 
 
 def ort_path(lowering: str) -> str:
@@ -15,8 +15,9 @@ def ort_path(lowering: str) -> str:
     return lowering if lowering.startswith("ort-") else f"ort-{lowering}"
 
 
-# path -> lowering, one ONNX Runtime path per record (export/lowerings/), in the records' order.
-LOWERING_OF = {ort_path(lw.name): lw.name for lw in LOWERING_LIST}
+# path -> lowering, one ONNX Runtime path per record (export/lowerings/), in the records' order (LOWERINGS
+# spells their names, so the command line's help needs no records).
+LOWERING_OF = {ort_path(name): name for name in LOWERINGS}
 
 
 PATHS = ("eager-explicit", "eager-sdpa", *LOWERING_OF)
@@ -116,7 +117,7 @@ def _decode_paths(path: str, static: bool) -> tuple[str, ...]:
 
 DECODE_PATHS = (
     *EAGER_DECODE_PATHS,
-    *(p for lw in LOWERING_LIST for p in _decode_paths(ort_path(lw.name), lw.static_cache is None)),
+    *(p for name in LOWERINGS for p in _decode_paths(ort_path(name), name in STATIC_CACHE_LOWERINGS)),
 )
 # An ONNX decode path -> (lowering, cache kind).
 DECODE_EXPORTS = {
@@ -125,6 +126,11 @@ DECODE_EXPORTS = {
     if path not in EAGER_DECODE_PATHS
 }
 DEFAULT_PAST = (128, 1024, 4096, 16384)
+# Precisions of the decode bench: the ONNX paths' weight precisions (export/precision.py), and the
+# half-precision eager rows (this CPU family has avx512_bf16); each applies to one kind of path.
+ONNX_PRECISIONS = ("fp32", "int8", "int4")
+EAGER_PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}  # -> the eager job's dtype
+DECODE_PRECISIONS = tuple(dict.fromkeys((*ONNX_PRECISIONS, *EAGER_PRECISIONS)))
 STEPS = 16  # single-token steps per timed call
 
 

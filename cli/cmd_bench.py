@@ -9,9 +9,16 @@ import sys
 from pathlib import Path
 
 import zoo
-from bench.decode import DECODE_PRECISIONS
-from bench.jobs import CONTENDED, DECODE_PATHS, DEFAULT_NAME, DEFAULT_SEQ, PATHS, BenchError, Budget
-from bench.plan import benchmark
+from bench.jobs import (  # the vocabulary only: what measures (torch, onnxruntime) is imported when it runs
+    CONTENDED,
+    DECODE_PATHS,
+    DECODE_PRECISIONS,
+    DEFAULT_NAME,
+    DEFAULT_SEQ,
+    PATHS,
+    BenchError,
+    Budget,
+)
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
 from export.names import DEVICES, PRECISIONS, SESSION_DTYPES
 
@@ -225,6 +232,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     eager_only = sorted(set(args.precision or []) - set(PRECISIONS))
     if eager_only:
         raise BenchError(f"--precision {','.join(eager_only)}: eager half-precision rows are a --decode option")
+    from bench.plan import benchmark
+
     report = benchmark(
         args.name,
         overrides=zoo.parse_overrides(args.set),

@@ -22,6 +22,7 @@ import zoo
 from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, weights_file, write_atomic
 
+from . import interrupt
 from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
 from .generate_flags import add_generation_flags, chat_prompt, options, short
 
@@ -261,11 +262,6 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import sys
 
-    import numpy as np
-
-    from runtime.generation import Generation, lm_vocab, positions_needed
-    from runtime.session import OnnxSession
-
     if args.json:
         ensure_writable_parent(Path(args.json))
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
@@ -280,6 +276,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
         return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
     source = _source(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
+    import numpy as np
+
+    from runtime.generation import Generation, lm_vocab, positions_needed
+    from runtime.session import OnnxSession
+
     args.source = str(source)
     config = None
     if source.is_dir():
@@ -351,6 +352,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if live:
                 print(run.pieces[0] if tok is not None else f"{int(token[0])} ", end="", flush=True)
     except KeyboardInterrupt:
+        interrupt.handled()
         print(f"\nattnzoo generate: interrupted after {run.made} new tokens", file=sys.stderr)
         return 130
     total = time.perf_counter() - started

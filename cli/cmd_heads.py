@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from zoo.files import ensure_writable_parent, write_atomic
 
 from .common import CliError, number_in, one_model, seed
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_EXAMPLES = 4096  # held-out examples per batch: more says nothing new and only costs memory
 MAX_BATCHES = 1024
@@ -59,6 +61,8 @@ def _bar(total: int, desc: str, quiet: bool):
 def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str] | None]:
     """(b t) tokens and their labels: --tokens ids, --text ASCII characters (vocab 128 = ASCII),
     or held-out repeated blocks."""
+    import torch
+
     from analysis import AnalysisError
 
     if args.tokens is not None:
@@ -83,12 +87,12 @@ def _lm_tokens(model, args: argparse.Namespace) -> tuple[torch.Tensor, list[str]
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
+    one_model(args)  # the one-line mistakes first: they cost no torch
+    _check_picture(args.plot)
+    _check_out(args.json)
     import analysis
     from analysis import AnalysisError, plot, scores
 
-    one_model(args)
-    _check_picture(args.plot)
-    _check_out(args.json)
     if args.checkpoint is not None:
         from .checkpoint_heads import load_whole, whole_tokens
 
@@ -130,6 +134,8 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def _heads_dates(model, args: argparse.Namespace) -> int:
+    import torch
+
     from analysis import AnalysisError, dates, plot, roles
     from analysis.tasks import get_task
 
@@ -312,10 +318,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register heads, importance and ablate on the `attnzoo` subparsers."""
-    from analysis.tasks import TASKS
-    from analysis.training import EVAL_SEED
+    from analysis.names import EVAL_SEED, TASK_NAMES
 
-    names = ", ".join(sorted(TASKS))
+    names = ", ".join(sorted(TASK_NAMES))
     examples = number_in(int, 1, below=MAX_EXAMPLES + 1)
     batches = number_in(int, 1, below=MAX_BATCHES + 1)
     steps0, steps = number_in(int, 0, below=MAX_STEPS + 1), number_in(int, 1, below=MAX_STEPS + 1)

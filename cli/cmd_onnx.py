@@ -277,7 +277,7 @@ def _checkpoint_parity(block, args, lowerings, providers, dtypes, cases, progres
 
 
 def _bounds() -> str:
-    from export.precision import ERROR_BOUNDS
+    from export.names import ERROR_BOUNDS  # export.precision reads the lowerings' records (torch)
 
     return ", ".join(f"{ERROR_BOUNDS[p]:.0%} ({p})" for p in PRECISIONS if p != "fp32").replace("%", "%%")  # argparse
 

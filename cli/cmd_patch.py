@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from .cmd_heads import _check_out, _check_picture, _write_json
 from .common import number_in, one_model, seed
 from .lm_inputs import lm_pair
@@ -21,10 +19,12 @@ def _dates_pair(model, args: argparse.Namespace):
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
+    one_model(args)  # before the imports: this mistake costs no torch
+    import torch
+
     import analysis
     from analysis import patching, plot, scores
 
-    one_model(args)
     patching.check_location(args.location)
     _check_picture(args.plot)
     _check_out(args.json)
@@ -92,12 +92,10 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    from analysis.patching import PATCH_LOCATIONS
-    from analysis.tasks import TASKS
-    from analysis.training import EVAL_SEED
+    from analysis.names import EVAL_SEED, PATCH_LOCATIONS, TASK_NAMES
 
     sp = sub.add_parser("patch", help="activation patching per head at a named location, and direct logit attribution")
-    sp.add_argument("name", nargs="?", help=f"a trained model: {', '.join(sorted(TASKS))} (or --checkpoint DIR)")
+    sp.add_argument("name", nargs="?", help=f"a trained model: {', '.join(sorted(TASK_NAMES))} (or --checkpoint DIR)")
     sp.add_argument(
         "--checkpoint",
         metavar="DIR",

@@ -24,15 +24,17 @@ def _config(folder: Path) -> dict | None:
 
 def is_seq2seq_folder(folder: Path) -> bool:
     """A checkpoint folder of a family whose whole encoder-decoder model the zoo reads."""
+    data = _config(folder) if folder.is_dir() else None
+    if data is None:  # not a folder: no import of torch to say so
+        return False
     from peers.seq2seq import is_seq2seq
 
-    data = _config(folder) if folder.is_dir() else None
-    return data is not None and is_seq2seq(data)
+    return is_seq2seq(data)
 
 
 def is_seq2seq_export(source: Path) -> bool:
     """PATH (its pair written), PATH.encoder.onnx or PATH.decoder.onnx."""
-    from export.seq2seq_export import seq2seq_paths
+    from export.names import seq2seq_paths
 
     enc, dec = seq2seq_paths(source)
     named = source.name.endswith((".encoder.onnx", ".decoder.onnx"))
@@ -41,7 +43,7 @@ def is_seq2seq_export(source: Path) -> bool:
 
 def _tokenizer_path(base: Path) -> Path:
     """Where an export's tokenizer goes: PATH -> PATH.tokenizer.json (the pair's stem)."""
-    from export.seq2seq_export import seq2seq_paths
+    from export.names import seq2seq_paths
 
     enc, _ = seq2seq_paths(base)
     return enc.with_name(enc.name.removesuffix(".encoder.onnx") + ".tokenizer.json")

@@ -15,6 +15,7 @@ import zoo
 from export.names import PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
+from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
 
 
@@ -141,7 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             while ends is None or time.monotonic() < ends:
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            pass
+            interrupt.handled()  # the stop below imports: nothing to raise again there
         finally:
             print("stopping", flush=True)
             dep.shutdown()

@@ -5,14 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 import zoo
 from export.names import DTYPES
 
 from .common import CliError, number_in, positive, seed, source_of, with_set, with_source
-
-parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/attention_spec.py)
 
 
 def _is_pattern(text: str) -> bool:
@@ -36,15 +32,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    source = source_of(args, "name")  # a mistake costs no import
     from zoo.report import show_spec
 
-    if source_of(args, "name") == "config":
+    if source == "config":
         layer = args.layer or 0
         spec = zoo.spec_from_config(args.config, layer=layer)
-        spec = spec.replace(**parse_overrides(args.set)) if args.set else spec
+        spec = spec.replace(**zoo.parse_overrides(args.set)) if args.set else spec
         label, description = f"{args.config} layer {layer}", "the spec of a transformers config (spec_from_config)"
     else:
-        spec = zoo.spec(args.name, **parse_overrides(args.set))
+        spec = zoo.spec(args.name, **zoo.parse_overrides(args.set))
         label, description = args.name, _description(args.name, spec)
     print(
         show_spec(
@@ -92,6 +89,8 @@ def _description(name: str, spec: zoo.AttentionSpec) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    import torch
+
     from zoo.audit import format_audit, run_audit
 
     names = zoo.names(args.name) if _is_pattern(args.name) else [args.name]
@@ -99,9 +98,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise CliError(f"no attention block matches {args.name!r}")
     failed = 0
     for i, name in enumerate(names):
-        _check_audit_fits(zoo.spec(name, **parse_overrides(args.set)), args)
+        _check_audit_fits(zoo.spec(name, **zoo.parse_overrides(args.set)), args)
         torch.manual_seed(args.seed)  # the block's weights too: one seed, one report
-        m = zoo.create(name, **parse_overrides(args.set))
+        m = zoo.create(name, **zoo.parse_overrides(args.set))
         steps = run_audit(m, batch=args.batch, seq=args.seq, ctx_seq=args.ctx_seq, seed=args.seed)
         if i:
             print()

@@ -1,5 +1,6 @@
-"""The `attnzoo` console script: the CLI's imports (torch, onnx) take seconds, so they run
-under the same Ctrl-C rule as the commands: one line on stderr, exit status 130."""
+"""The `attnzoo` console script. The CLI's own imports run under the same Ctrl-C rule as the
+commands (one line on stderr, exit status 130); torch, onnx and the rest wait until a command
+runs, so `attnzoo --help` takes a fraction of a second (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = interrupt.install()
     try:
         try:
-            import numpy  # noqa: F401  # before torch, whose C init would swallow a Ctrl-C here
-
             from .main import main as cli_main
         except KeyboardInterrupt:
             print("attnzoo: interrupted", file=sys.stderr)

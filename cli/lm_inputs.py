@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import argparse
 import re
-
-import torch
+from typing import TYPE_CHECKING
 
 from .common import CliError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def token_ids(model, text: str) -> torch.Tensor:
     """--tokens: ids separated by commas or spaces -> (1 t), each within the model's vocabulary."""
+    import torch
+
     from analysis import AnalysisError
 
     parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
@@ -40,6 +44,8 @@ def lm_pair(model, args: argparse.Namespace, encode=None, unit: str = "character
     if encode is None:
 
         def encode(text: str, flag: str) -> torch.Tensor:
+            import torch
+
             return model.check_tokens(torch.tensor([[ord(ch) for ch in text]]))
 
     clean, corrupt = encode(args.clean, "--clean"), encode(args.corrupt, "--corrupt")

@@ -18,8 +18,6 @@ import zoo
 from . import interrupt
 from .common import CliError
 
-parse_overrides = zoo.parse_overrides  # spec overrides are parsed next to the spec (zoo/attention_spec.py)
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
@@ -161,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags: frozenset[str] = frozenset()
     old_term = _sigterm_as_interrupt()
     try:
-        parser = build_parser()  # imports the command modules (onnx, onnxruntime, ...)
+        parser = build_parser()  # the command modules: their heavy imports wait until a command runs
         if interrupt.seen():  # a Ctrl-C that some import swallowed
             raise KeyboardInterrupt
         args, extra = parser.parse_known_args(argv)
@@ -176,8 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             owner = parser if before else parser.commands[args.command]  # `attnzoo --bogus list`: the top level's
             owner.error(f"unrecognized arguments: {' '.join(extra)}")
         verbose = bool(getattr(args, "verbose", False))
+        import numpy  # noqa: F401  # before any torch, whose C init would swallow a Ctrl-C in its numpy import
+
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
+        interrupt.handled()
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -3,7 +3,8 @@ export/lowerings/), and the measured order `auto` tries them in, per provider an
 
 The preference tables hold only orders, as measured (CUDA: one expected order per table until a GPU
 measures the kinds apart); what a lowering can do comes from its record (a static cache's candidates
-are the tables' lowerings whose record keeps one). A lowering no measurement has placed has no row,
+are the tables' lowerings whose record keeps one: export/names.py's STATIC_CACHE_LOWERINGS, checked
+against the records). A lowering no measurement has placed has no row,
 and `auto` does not take it."""
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import zoo
 
 from .errors import ExportError
-from .lowerings import RECORDS, record
-from .names import DEVICES, LOWERINGS
+from .names import DEVICES, LOWERINGS, STATIC_CACHE_LOWERINGS
+
+# The records (export/lowerings/: torch and onnx) are imported where a rule reads one, so that the
+# command line's help reads these tables without them.
 
 # Which lowering "auto" takes, fastest first, per provider and per kind of request, from
 # `attnzoo bench` (README, "Choosing a lowering"); the first that can express it wins.
@@ -60,6 +63,8 @@ def why_not(
 
     The lowering's record (export/lowerings/) says what it cannot express, per modifier too.
     """
+    from .lowerings import record
+
     rec = record(lowering)
     if decode and cache == "static" and rec.static_cache is not None:
         return f"{rec.name} cannot keep a static cache: {rec.static_cache}"
@@ -108,6 +113,8 @@ DECODE_CACHE = {"cpu": "static", "cuda": "grow"}
 def decode_cache(provider: str, lowering: str, max_len: int | None) -> str:
     """What cache="auto" means for an export: static where the provider's measurements prefer it
     (or max_len asks for it) and the lowering can keep one, else the growing cache."""
+    from .lowerings import record
+
     want = "static" if max_len is not None else DECODE_CACHE.get(provider, "grow")
     if want == "static" and lowering != "auto" and record(lowering).static_cache is not None:
         return "grow"
@@ -136,8 +143,8 @@ _UNKNOWN = {
     for table in (AUTO_PREFERENCE, DECODE_PREFERENCE, STATIC_DECODE_PREFERENCE, LM_PREFERENCE)
     for order in table.values()
     for lw in order
-} - set(RECORDS)
-if _UNKNOWN:  # a preference names only records (export/lowerings/)
+} - set(LOWERINGS)
+if _UNKNOWN:  # a preference names only records (export/lowerings/; LOWERINGS spells their names)
     raise ExportError(f"export/choice.py's preference tables name {sorted(_UNKNOWN)}, which no record is")
 
 
@@ -146,7 +153,7 @@ def decode_order(provider: str, spec: zoo.AttentionSpec, *, cache: str = "grow")
     if provider not in TARGETS:
         raise ExportError(f"provider={provider!r} is not one of {', '.join(TARGETS)}")
     if cache == "static":
-        return tuple(lw for lw in STATIC_DECODE_PREFERENCE[provider] if record(lw).static_cache is None)
+        return tuple(lw for lw in STATIC_DECODE_PREFERENCE[provider] if lw in STATIC_CACHE_LOWERINGS)
     return DECODE_PREFERENCE[(provider, "gqa" if spec.group_size > 1 else "mha")]
 
 

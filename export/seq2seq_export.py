@@ -43,10 +43,10 @@ from .graphs import op_counts
 from .lm_export import check_precision_and_dtype
 from .lm_fusions import fuse_norms
 from .lowerings import record
+from .names import seq2seq_paths
 from .precision import apply as apply_precision
 from .tracing import DTYPES, check_interface, configured, trace
 
-ENCODER_SUFFIX, DECODER_SUFFIX = ".encoder.onnx", ".decoder.onnx"
 SELF_PAST, SELF_PRESENT = "past_key_values.{i}.decoder.{kv}", "present.{i}.decoder.{kv}"
 CROSS_PAST, CROSS_PRESENT = "past_key_values.{i}.encoder.{kv}", "present.{i}.encoder.{kv}"
 ENCODER_HIDDEN = "encoder_hidden_states"
@@ -54,18 +54,6 @@ ENCODER_MASK = "encoder_attention_mask"
 LOWERINGS = ("decomposed", "onnx-attention")  # the traced ones that take a bias and cross-attention
 # example sizes: all >= 2 and different, so none is baked in
 EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 7, 3, 11, 4
-
-
-def seq2seq_paths(path: str | os.PathLike) -> tuple[Path, Path]:
-    """PATH -> (its encoder graph, its decoder graph): `m.onnx` -> `m.encoder.onnx`, `m.decoder.onnx`; a
-    path that names one of the pair gives the pair."""
-    p = Path(path)
-    name = p.name
-    for suffix in (ENCODER_SUFFIX, DECODER_SUFFIX, ".onnx"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return p.with_name(name + ENCODER_SUFFIX), p.with_name(name + DECODER_SUFFIX)
 
 
 def interfaces(model: Seq2SeqLM) -> tuple[list[TensorIO], list[TensorIO], list[TensorIO], list[TensorIO]]:

@@ -109,6 +109,13 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """(... v) -> (... v) float64: the model's log-probabilities, as torch.log_softmax (no knob applied)."""
+    x = np.asarray(logits, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
 def warp(scores: np.ndarray, p: Sampling) -> np.ndarray:
     """The warpers of a sampling call in transformers' order (temperature, top_k, top_p, min_p); removed
     tokens get -inf. scores (b v) float64 -> (b v)."""
@@ -207,4 +214,4 @@ class Sampler:
             self.seen[np.arange(len(tokens)), tokens] = True
 
 
-__all__ = ["DEFAULTS", "KNOBS", "Sampler", "Sampling", "distribution", "penalize", "resolve", "warp"]
+__all__ = ["DEFAULTS", "KNOBS", "Sampler", "Sampling", "distribution", "log_softmax", "penalize", "resolve", "warp"]

@@ -32,6 +32,7 @@ FIELDS = {
     CHAT: (*COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs"),
 }
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: as many as fit
+MAX_LOGPROBS = {COMPLETIONS: 5, CHAT: 20}  # the most alternatives per token: OpenAI's limits
 MAX_MESSAGES = 1024
 BYTES_PER_POSITION = 128  # a token's text in JSON, escaped, is far below this: a body's size from the positions
 
@@ -72,6 +73,7 @@ class Ask:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    logprobs: int | None = None  # the alternatives listed per token (0: the chosen one only); None: no logprobs
 
     @property
     def chat(self) -> bool:
@@ -126,11 +128,8 @@ def parse(route: str, body: bytes, model: str) -> Ask:
         raise OpenAIError(f"n={n}: this server makes one choice per request (n=1)", param="n")
     if doc.get("best_of") not in (None, 1):
         raise OpenAIError(f"best_of={doc['best_of']!r}: only 1", param="best_of")
-    for name in ("echo", "logprobs"):
-        if doc.get(name) not in (None, False):  # logprobs 0 (completions) is False too
-            raise OpenAIError(f"{name}={doc[name]!r} is not served here; leave it out", param=name)
-    if doc.get("top_logprobs") is not None:
-        raise OpenAIError("top_logprobs is not served here; leave it out", param="top_logprobs")
+    if doc.get("echo") not in (None, False):
+        raise OpenAIError(f"echo={doc['echo']!r} is not served here; leave it out", param="echo")
     if doc.get("suffix") is not None:
         raise OpenAIError("suffix is not served here; leave it out", param="suffix")
     stream = doc.get("stream") or False
@@ -162,12 +161,28 @@ def parse(route: str, body: bytes, model: str) -> Ask:
         stop=_stop(doc.get("stop")),
         stream=stream,
         include_usage=bool(options and options.get("include_usage")),
+        logprobs=_logprobs(route, doc),
     )
     if route == CHAT:
         ask.messages = _messages(doc.get("messages"))
     else:
         ask.prompt, ask.prompt_ids = _prompt(doc.get("prompt"))
     return ask
+
+
+def _logprobs(route: str, doc: dict) -> int | None:
+    """How many alternatives to list per token, or None: completions' `logprobs` N (0..5), chat's `logprobs`
+    true with `top_logprobs` N (0..20, only with it)."""
+    most = MAX_LOGPROBS[route]
+    if route == COMPLETIONS:
+        return None if doc.get("logprobs") is False else number(doc, "logprobs", 0, most, integer=True)
+    on = doc.get("logprobs")
+    if on is not None and not isinstance(on, bool):  # 1 == True: a number is refused by its type
+        raise OpenAIError(f"logprobs={on!r} must be true or false (top_logprobs N for alternatives)", param="logprobs")
+    top = number(doc, "top_logprobs", 0, most, integer=True)
+    if top is not None and not on:
+        raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
+    return (top or 0) if on else None
 
 
 def _stop(value) -> tuple[str, ...]:
@@ -216,6 +231,19 @@ def _messages(value) -> list[dict]:
 # -- answers ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One new token's log-probability and its most likely alternatives (text, logprob), best first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def _chat_entry(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
 class Answer:
     """The ids, times and names one request's answer and chunks share."""
 
@@ -223,6 +251,30 @@ class Answer:
         self.ask, self.model, self.fingerprint, self.seed = ask, model, fingerprint, seed
         self.id = ("chatcmpl-" if ask.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.offset = 0  # completions' text_offset: where the next token's text starts in the answer
+
+    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict | None:
+        """OpenAI's logprobs object for these tokens (None where the request asked for none)."""
+        if self.ask.logprobs is None:
+            return None
+        entries = entries or []
+        if self.ask.chat:
+            content = [
+                {**_chat_entry(e.token, e.logprob), "top_logprobs": [_chat_entry(t, lp) for t, lp in e.top]}
+                for e in entries
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offset)
+            self.offset += len(e.token)
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            # the N most likely and always the chosen one, as OpenAI lists them (up to N + 1)
+            "top_logprobs": [{**dict(e.top), e.token: e.logprob} for e in entries],
+            "text_offset": offsets,
+        }
 
     def _head(self, chunk: bool) -> dict:
         kind = "chat.completion" if self.ask.chat else "text_completion"
@@ -232,21 +284,25 @@ class Answer:
             head["seed"] = self.seed  # the request's, or the fresh one drawn for it: rerun it with this
         return head
 
-    def _choice(self, text: str | None, finish: str | None, chunk: bool, first: bool = False) -> dict:
+    def _choice(self, text, finish, chunk: bool, first: bool = False, entries=None) -> dict:
+        logprobs = None if first else self._logprobs(entries)
         if not self.ask.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if chunk:
             delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         message = {"role": "assistant", "content": text, "refusal": None}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
-    def whole(self, text: str, finish: str, usage: dict) -> bytes:
-        doc = {**self._head(False), "choices": [self._choice(text, finish, False)], "usage": usage}
+    def whole(self, text: str, finish: str, usage: dict, entries: list[TokenLogprob] | None = None) -> bytes:
+        doc = {**self._head(False), "choices": [self._choice(text, finish, False, entries=entries)], "usage": usage}
         return json.dumps(doc).encode()
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> bytes:
-        doc = {**self._head(True), "choices": [self._choice(text, finish, True, first)]}
+    def chunk(
+        self, text: str | None, finish: str | None = None, first: bool = False, entries: list | None = None
+    ) -> bytes:
+        """One stream chunk: its piece of text and the logprobs of the tokens made since the last chunk."""
+        doc = {**self._head(True), "choices": [self._choice(text, finish, True, first, entries)]}
         if self.ask.include_usage:
             doc["usage"] = None
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
@@ -292,6 +348,7 @@ __all__ = [
     "Answer",
     "Ask",
     "OpenAIError",
+    "TokenLogprob",
     "check_model",
     "error_chunk",
     "json_object",

@@ -8,6 +8,12 @@ the request's knobs, export/sampling.py; a seed of its own, the request's or a f
 answer), stops at the checkpoint's eos ids, at `stop` strings (text ends before them) or at max_tokens, and
 hands each piece of text to the request's stream. A stream whose client leaves marks its run cancelled: its
 row is given back before the next step.
+
+`logprobs` (completions: N; chat: true with top_logprobs N) lists each new token's log-probability and its N
+most likely alternatives: the log-softmax of the model's own logits at that step, before the request's
+temperature, top-k, top-p, min-p or repetition penalty (what OpenAI's API and vLLM's default return). Every
+export the /v1 routes serve returns its logits each step (the continuous batch binds them), so every /v1
+request can ask for them. The tokens listed are those made, an eos id that ended the run excepted.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import numpy as np
 
 from runtime.chat import ChatTemplate, ChatTemplateError
 from runtime.generation import generation_defaults, lm_vocab
-from runtime.sampling import Sampler, resolve
+from runtime.sampling import Sampler, log_softmax, resolve
 from runtime.stopping import Codec, RowText, eos_ids
 from zoo import AttnzooError
 
@@ -36,6 +42,7 @@ from .openai_protocol import (
     Answer,
     Ask,
     OpenAIError,
+    TokenLogprob,
     error_chunk,
     max_body,
     models_list,
@@ -66,15 +73,28 @@ def text_files(source: str | Path) -> dict[str, bytes]:
 class TextRun:
     """One request's row in the continuous batch (the ContinuousBatcher calls choose, then add, per token)."""
 
-    def __init__(self, sampler: Sampler, eos: tuple[int, ...], row: RowText, max_tokens: int, emit) -> None:
+    def __init__(
+        self, sampler: Sampler, eos: tuple[int, ...], row: RowText, max_tokens: int, emit, logprobs: int | None = None
+    ) -> None:
         self.sampler, self.eos, self.row, self.max_tokens = sampler, eos, row, max_tokens
         self.emit = emit  # emit(piece, finish_reason or None), from the batch's thread
         self.cancelled = False
         self.finish: str | None = None
         self.made = 0
+        self.logprobs = logprobs  # alternatives per token, or None: no logprobs
+        self.entries: list[TokenLogprob] = []  # one per token made (an ending eos excepted), when asked
+        self._step_logprobs: np.ndarray | None = None
 
     def choose(self, logits: np.ndarray, argmax: np.ndarray) -> np.ndarray:
+        if self.logprobs is not None:  # the model's distribution at this step, before any knob
+            self._step_logprobs = log_softmax(logits[0])
         return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
+
+    def _entry(self, token: int) -> TokenLogprob:
+        lp, n = self._step_logprobs, self.logprobs
+        best = np.argsort(-lp, kind="stable")[:n] if n else []
+        text = self.row.codec.decode
+        return TokenLogprob(text([token]), float(lp[token]), tuple((text([int(i)]), float(lp[i])) for i in best))
 
     def add(self, tokens: np.ndarray) -> bool:
         """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
@@ -82,6 +102,8 @@ class TextRun:
         token = int(tokens[0])
         self.made += 1
         self.sampler.observe(tokens)
+        if self.logprobs is not None and token not in self.eos:
+            self.entries.append(self._entry(token))
         if token in self.eos:
             self.finish, piece = "stop", self.row.finish()
         else:
@@ -208,10 +230,10 @@ class OpenAIFront:
         pieces: asyncio.Queue = asyncio.Queue()
 
         def emit(piece: str, finish: str | None) -> None:
-            if ask.stream:
-                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish))
+            if ask.stream:  # with the count of logprob entries made so far: the chunk takes those not yet sent
+                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, len(run.entries)))
 
-        run = TextRun(sampler, self.eos, RowText(self.codec, ask.stop), ask.max_tokens, emit)
+        run = TextRun(sampler, self.eos, RowText(self.codec, ask.stop), ask.max_tokens, emit, ask.logprobs)
         item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
         batcher = self._batcher()
         if not ask.stream:
@@ -222,12 +244,13 @@ class OpenAIFront:
                 raise
             if isinstance(tokens, Exception):
                 raise OpenAIError(f"the model run failed: {type(tokens).__name__}: {tokens}", 500)
-            body = answer.whole(run.row.text, run.finish or "length", usage(len(ids), run.made))
+            body = answer.whole(run.row.text, run.finish or "length", usage(len(ids), run.made), run.entries)
             return Response(body, media_type=JSON)
 
         task = asyncio.ensure_future(batcher.submit(item))
 
         async def events():
+            sent = 0  # logprob entries already in a chunk
             try:
                 yield answer.chunk("", first=True) if ask.chat else answer.chunk("")
                 while True:
@@ -239,9 +262,10 @@ class OpenAIFront:
                         err = tokens if isinstance(tokens, Exception) else RuntimeError("the run ended early")
                         yield error_chunk(OpenAIError(f"the model run failed: {err}", 500))
                         break
-                    piece, finish = get.result()
-                    if piece or finish:
-                        yield answer.chunk(piece or None, finish)
+                    piece, finish, made = get.result()
+                    if piece or finish:  # a token whose text is held back sends its logprobs with the next piece
+                        yield answer.chunk(piece or None, finish, entries=run.entries[sent:made])
+                        sent = made
                     if finish:
                         if ask.include_usage:
                             yield answer.usage_chunk(usage(len(ids), run.made))

@@ -7,7 +7,7 @@ import zoo
 from runtime.lowering_facts import RUN_FACTS
 
 from ..errors import ExportError
-from ..names import LOWERINGS
+from ..names import LOWERINGS, STATIC_CACHE_LOWERINGS
 from .base import Limit, Lowering
 from .decomposed import LOWERING as DECOMPOSED
 from .onnx_attention import LOWERING as ONNX_ATTENTION
@@ -19,6 +19,9 @@ LOWERING_LIST: tuple[Lowering, ...] = (DECOMPOSED, ONNX_ATTENTION, ORT_MHA, ORT_
 RECORDS = {lw.name: lw for lw in LOWERING_LIST}
 if tuple(RECORDS) != LOWERINGS:  # export/names.py spells the vocabulary for the CLI and the API
     raise ImportError(f"export/names.py LOWERINGS {LOWERINGS} != the records {tuple(RECORDS)}")
+_STATIC = tuple(lw.name for lw in LOWERING_LIST if lw.static_cache is None)
+if _STATIC != STATIC_CACHE_LOWERINGS:  # the same, for the lowerings that keep a static cache
+    raise ImportError(f"export/names.py STATIC_CACHE_LOWERINGS {STATIC_CACHE_LOWERINGS} != the records' {_STATIC}")
 if set(RUN_FACTS) != set(LOWERINGS):  # what a session knows of each lowering (runtime/lowering_facts.py)
     raise ImportError(f"runtime/lowering_facts.py RUN_FACTS {sorted(RUN_FACTS)} != LOWERINGS {sorted(LOWERINGS)}")
 

@@ -47,13 +47,9 @@ KEY = "test-key-0123"
 
 
 @pytest.fixture(scope="module")
-def lm_path(tmp_path_factory) -> Path:
-    """chat.onnx with its chat.tokenizer.json and chat.tokenizer_config.json beside it (as export --whole
-    writes them)."""
+def hf_lm():
+    """The random LLaMA the server runs, in transformers (the eager reference for logprobs)."""
     transformers = pytest.importorskip("transformers")
-    from export.lm_export import export_lm
-    from peers.lm import lm_from_hf
-
     config = transformers.LlamaConfig(
         vocab_size=259,
         hidden_size=64,
@@ -65,7 +61,17 @@ def lm_path(tmp_path_factory) -> Path:
         tie_word_embeddings=False,
     )
     config._attn_implementation = "eager"
-    hf = lm_cases.randomize(transformers.LlamaForCausalLM(config), seed=0)
+    return lm_cases.randomize(transformers.LlamaForCausalLM(config), seed=0).eval()
+
+
+@pytest.fixture(scope="module")
+def lm_path(tmp_path_factory, hf_lm) -> Path:
+    """chat.onnx with its chat.tokenizer.json and chat.tokenizer_config.json beside it (as export --whole
+    writes them)."""
+    from export.lm_export import export_lm
+    from peers.lm import lm_from_hf
+
+    hf = hf_lm
     folder = tmp_path_factory.mktemp("openai")
     out = folder / f"{MODEL}.onnx"
     export_lm(lm_from_hf(hf).eval(), out, generation_config={"pad_token_id": 258})
@@ -108,7 +114,9 @@ BAD = [
     (b'{"model": "chat", "prompt": "a", "stop": ""}', 400, "stop", None),
     (b'{"model": "chat", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop", None),
     (b'{"model": "chat", "prompt": "a", "stream": "yes"}', 400, "stream", None),
-    (b'{"model": "chat", "prompt": "a", "logprobs": 2}', 400, "logprobs", None),
+    (b'{"model": "chat", "prompt": "a", "logprobs": 6}', 400, "logprobs", None),
+    (b'{"model": "chat", "prompt": "a", "logprobs": true}', 400, "logprobs", None),
+    (b'{"model": "chat", "prompt": "a", "echo": true}', 400, "echo", None),
     (b'{"model": "chat", "prompt": "a", "frequency_penalty": 1}', 400, "frequency_penalty", None),
     (b'{"model": "chat", "prompt": ["a", "b"]}', 400, "prompt", None),
     (b'{"model": "chat", "prompt": ""}', 400, "prompt", None),
@@ -119,6 +127,13 @@ BAD_CHAT = [
     (b'{"model": "chat", "messages": [{"content": "a"}]}', 400, "messages"),
     (b'{"model": "chat", "messages": [{"role": "user", "content": 5}]}', 400, "messages"),
     (b'{"model": "chat", "prompt": "a", "messages": []}', 400, "prompt"),
+    (b'{"model": "chat", "messages": [{"role": "user", "content": "a"}], "logprobs": 1}', 400, "logprobs"),
+    (b'{"model": "chat", "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}', 400, "top_logprobs"),
+    (
+        b'{"model": "chat", "messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21}',
+        400,
+        "top_logprobs",
+    ),
 ]
 
 
@@ -149,6 +164,18 @@ def test_a_request_parses_to_its_fields():
     assert ask.messages[0]["content"] == "a" and ask.max_tokens == 7 and ask.stream and ask.include_usage
     assert parse(CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": "a"}]}', MODEL).max_tokens is None
     assert max_body(1000, 10**9) == 64 * 1024 + 128 * 1000 and max_body(10**6, 5000) == 5000
+    # logprobs: the alternatives per token, None for none (completions: N; chat: true, with top_logprobs N)
+    user = '"messages": [{"role": "user", "content": "a"}]'
+    for route, fields, want in [
+        (COMPLETIONS, '"prompt": "a"', None),
+        (COMPLETIONS, '"prompt": "a", "logprobs": 0', 0),
+        (COMPLETIONS, '"prompt": "a", "logprobs": 5', 5),
+        (COMPLETIONS, '"prompt": "a", "logprobs": false', None),
+        (CHAT, user + ', "logprobs": false', None),
+        (CHAT, user + ', "logprobs": true', 0),
+        (CHAT, user + ', "logprobs": true, "top_logprobs": 20', 20),
+    ]:
+        assert parse(route, ('{"model": "chat", ' + fields + "}").encode(), MODEL).logprobs == want, fields
 
 
 def test_text_files_are_the_exports_own_copies_else_the_folders(lm_path, tmp_path):
@@ -167,11 +194,12 @@ def _submit_all(batcher, runs):
     return asyncio.run(main())
 
 
-def _text_item(sess, codec, ids, max_tokens, stop=(), eos=(), **knobs):
+def _text_item(sess, codec, ids, max_tokens, stop=(), eos=(), logprobs=None, **knobs):
     params = resolve(knobs, {"pad_token_id": 258})
     pieces: list[str] = []
     sampler = Sampler(params, np.asarray([ids]), None, 259)
-    run = TextRun(sampler, eos, RowText(codec, stop), max_tokens, lambda piece, finish: pieces.append(piece))
+    emit = lambda piece, finish: pieces.append(piece)  # noqa: E731
+    run = TextRun(sampler, eos, RowText(codec, stop), max_tokens, emit, logprobs)
     return GenItem(ids=np.asarray([ids], np.int64), max_new_tokens=max_tokens, decoder=run), pieces
 
 
@@ -196,6 +224,48 @@ def test_each_text_request_in_a_batch_gets_its_text_alone(sess, codec):
         assert (run.row.text, run.finish, run.made) == (text, finish, made), (knobs, stop)
         assert "".join(pieces) == text and tokens.shape[1] == len(ids) + made
     assert items[3][0].decoder.finish == "stop" and items[0][0].decoder.finish == "length"
+
+
+def _eager_logprobs(hf_lm, ids: list[int], new: list[int]) -> np.ndarray:
+    """(new vocab): transformers' log_softmax of its logits at each new token's step (float64)."""
+    import torch
+
+    with torch.no_grad():
+        logits = hf_lm(torch.tensor([ids + new])).logits[0].double()
+    return torch.log_softmax(logits, -1)[len(ids) - 1 : len(ids) - 1 + len(new)].numpy()
+
+
+def _check_logprobs(hf_lm, codec, ids, new, chosen, top=None, n=0):
+    """chosen[i] (text, logprob) and top[i] [(text, logprob)] of each new token against transformers'."""
+    want = _eager_logprobs(hf_lm, ids, new)
+    assert len(chosen) == len(new)
+    for i, token in enumerate(new):
+        assert chosen[i][0] == codec.decode([token])  # the chosen token is listed, by its text
+        assert abs(chosen[i][1] - want[i, token]) < 1e-4, (i, chosen[i], want[i, token])
+        if top is None:
+            continue
+        best = np.sort(want[i])[::-1][:n]
+        assert len(top[i]) == n and np.allclose([lp for _, lp in top[i]], best, atol=1e-4, rtol=0), (top[i], best)
+
+
+def test_logprobs_are_the_models_log_softmax_before_the_knobs(sess, codec, hf_lm):
+    """Sampled at temperature 1.3 with top_k, in a batch beside another request: each token's logprob and its
+    three alternatives are transformers' log_softmax of the model's logits (the knobs change the draw, not
+    the logprobs); an eos that ends the run is not listed."""
+    ids = codec.encode("def main(")
+    sampled, _ = _text_item(sess, codec, ids, 8, logprobs=3, temperature=1.3, top_k=40, seed=3)
+    beside, _ = _text_item(sess, codec, codec.encode("import os\n"), 12)
+    tokens, _ = _submit_all(ContinuousBatcher(sess, max_rows=2, capacity=64), [sampled, beside])[0]
+    new = tokens[0, len(ids) :].tolist()
+    run = sampled.decoder
+    chosen, top = [(e.token, e.logprob) for e in run.entries], [e.top for e in run.entries]
+    _check_logprobs(hf_lm, codec, ids, new, chosen, top, 3)
+    assert beside.decoder.entries == []  # asked for none
+
+    ends, _ = _text_item(sess, codec, ids, 8, eos=(new[2],), logprobs=0, temperature=1.3, top_k=40, seed=3)
+    _submit_all(ContinuousBatcher(sess, max_rows=1, capacity=64), [ends])
+    assert ends.decoder.made == 3 and [e.token for e in ends.decoder.entries] == [codec.decode([t]) for t in new[:2]]
+    assert all(e.top == () for e in ends.decoder.entries)
 
 
 def test_an_eos_id_ends_a_text_request(sess, codec):
@@ -256,7 +326,7 @@ def server(lm_path):
         proc.wait()
 
 
-def test_the_openai_client_against_a_server(server, sess, codec, lm_path, capsys, monkeypatch):
+def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm, capsys, monkeypatch):
     """One test for the one server (pytest-xdist keeps it on one worker): models, completions and chat equal to
     each request alone, streaming (the pieces join to the text, usage last), a bad request and a wrong key as
     the client's own exceptions, an open /healthz, a stream that leaves giving its row back long before its
@@ -303,6 +373,22 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, capsys
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want[1]
     pieces = [c.choices[0].text for c in client.completions.create(model=MODEL, prompt=ids, max_tokens=12, stream=True)]
     assert "".join(pieces) == text
+
+    # logprobs: transformers' log_softmax of the logits (to 1e-4), the chosen token always listed
+    new = Generation(sess, [ids], 6).run()[0, len(ids) :].tolist()
+    lp = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, logprobs=2).choices[0].logprobs
+    _check_logprobs(hf_lm, codec, ids, new, list(zip(lp.tokens, lp.token_logprobs)))
+    assert all(top[t] == v and len(top) <= 3 for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs))
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    sampled = Generation(sess, [chat_ids], 10, temperature=0.8, seed=7).run()[0, len(chat_ids) :].tolist()
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=10, temperature=0.8, seed=7, stream=True, logprobs=True,
+        top_logprobs=2,
+    )  # fmt: skip
+    entries = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    top = [[(t.token, t.logprob) for t in e.top_logprobs] for e in entries]
+    _check_logprobs(hf_lm, codec, chat_ids, sampled, [(e.token, e.logprob) for e in entries], top, 2)
+    assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).choices[0].logprobs is None
 
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=messages, n=2)
