@@ -28,6 +28,7 @@ import numpy as np
 from .encoder_peers import RESULT_MARK
 from .jobs import BenchError
 from .machine import default_threads
+from .side_by_side import facts_line as _facts
 from .side_by_side import machine, machine_line, spawn, stats
 
 PATHS = ("attnzoo", "sentence-transformers", "transformers", "sentence-transformers-onnx")
@@ -202,7 +203,7 @@ def format_table(report: dict[str, Any], command: str) -> str:
         lines.append(f"| | | {sk['path']} | skipped: {sk['why']} | | | | |")
     lines += ["", "Paths:"]
     for path, f in report["paths"].items():
-        lines.append(f"- {path}: " + ", ".join(f"{k} {v}" for k, v in f.items()))
+        lines.append(f"- {path}: " + _facts(f))
     v = report["versions"]
     lines += [
         f"- this environment: torch {v.get('torch')}, onnxruntime {v.get('onnxruntime')}, onnx {v.get('onnx')}",

@@ -66,6 +66,11 @@ def machine_line(report: dict[str, Any]) -> str:
     )
 
 
+def facts_line(facts: dict[str, Any]) -> str:
+    """A path's facts (build seconds, lowering, versions) as one line: floats to 0.1."""
+    return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in facts.items())
+
+
 def write(report: dict[str, Any], table: str, out: str | os.PathLike) -> tuple[Path, Path]:
     """OUT.md (the table) and OUT.json (the report), each written atomically; OUT without a suffix."""
     base = Path(out)
