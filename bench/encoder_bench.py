@@ -16,6 +16,7 @@ checked against sentence-transformers' (max abs difference, in the JSON and the 
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import tempfile
@@ -41,8 +42,6 @@ MAX_SEQ_LENGTH = 256
 
 def make_folder(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
     """A random BERT of `shape` as a sentence-transformers folder (mean pooling, Normalize)."""
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers
@@ -152,6 +151,7 @@ def benchmark_encoder(
                 rows[-1]["first"] = s["first"]
     _agreement(rows)
     report.update(
+        load_avg_end=list(os.getloadavg()),
         shape=shape,
         max_seq_length=MAX_SEQ_LENGTH,
         batches=batches,

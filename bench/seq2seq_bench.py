@@ -14,6 +14,7 @@ per row; tokens/s = B x new / the median call. The tokens of the two paths are c
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import tempfile
@@ -121,7 +122,15 @@ def benchmark_seq2seq(
                     tps = r["b"] * new / st["median"]
                     rows.append({"model": family, "path": path, "b": r["b"], **st, "tokens_per_s": tps, **r})
     _agreement(rows)
-    report.update(shape=shape, prompt=prompt, new=new, batches=batches, warmup=warmup, repeats=repeats)
+    report.update(
+        load_avg_end=list(os.getloadavg()),
+        shape=shape,
+        prompt=prompt,
+        new=new,
+        batches=batches,
+        warmup=warmup,
+        repeats=repeats,
+    )
     report.update(rows=rows, skipped=skipped, paths=facts, prompts=prompts)
     return report
 

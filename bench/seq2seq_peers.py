@@ -26,17 +26,20 @@ def _attnzoo(job: dict):
     import zoo
     from export.seq2seq_export import export_seq2seq
     from export.seq2seq_session import Seq2SeqSession
-    from peers.seq2seq import generation_settings
 
     path = os.path.join(job["work"], "model.onnx")
+    with open(os.path.join(job["checkpoint"], "config.json")) as f:
+        start = json.load(f)["decoder_start_token_id"]  # the only id a run with eos off needs
     started = time.perf_counter()
     model = zoo.seq2seq_from_checkpoint(job["checkpoint"])
-    export_seq2seq(model, path, generation=generation_settings(job["checkpoint"]), overwrite=True)
+    export_seq2seq(model, path, overwrite=True)
     built = time.perf_counter() - started
     sess = Seq2SeqSession(path, "cpu", threads=job["threads"])
 
     def generate(prompts: list[list[int]]) -> list[list[int]]:
-        out = sess.generate(np.asarray(prompts, np.int64), max_new_tokens=job["new"], **OFF)
+        out = sess.generate(
+            np.asarray(prompts, np.int64), max_new_tokens=job["new"], decoder_start_token_id=start, **OFF
+        )
         return out[:, 1:].tolist()  # after the decoder start token
 
     return generate, {"build_s": built, "lowering": sess.decoder.metadata.get("attnzoo.lowering")}

@@ -60,9 +60,11 @@ def machine() -> dict[str, Any]:
 def machine_line(report: dict[str, Any]) -> str:
     m = report["machine"]
     load = ", ".join(f"{x:.2f}" for x in m["load_avg"])
+    end = ", ".join(f"{x:.2f}" for x in report.get("load_avg_end", ()))
     return (
         f"CPU: {m.get('cpu')} ({'AVX-512' if m.get('avx512') else 'no AVX-512'}), {m.get('usable_cpus')} usable cores, "
         f"{report['threads']} threads per path; load average {load} (1, 5, 15 min) when the run began"
+        + (f", {end} when it ended" if end else "")
     )
 
 
