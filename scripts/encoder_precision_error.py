@@ -7,7 +7,8 @@ Random weights quantize meaninglessly, so a small BERT is trained first, in a fe
   site-packages and the test suites); train_lm.HELD_OUT's six modules are held out, never trained on;
 - a WordPiece tokenizer (the `tokenizers` library's trainer, vocab 4096, cased) trained on the training files;
 - a BERT (4 layers, hidden 256, 4 heads, intermediate 1024) trained with masked-LM (15% of tokens: 80%
-  [MASK], 10% random, 10% kept) on random 64-token windows, batch 32, AdamW, --steps steps;
+  [MASK], 10% random, 10% kept; the loss on those only) on random 64-token windows, batch 16, AdamW,
+  --steps steps (150), learning rate 1e-3;
 - wrapped as a sentence-transformers folder by its own classes (max_seq_length 128, mean pooling, Normalize).
 
 Then export_encoder writes it at fp32, int8 and int4 (MatMulNBits, block 32: export/precision.py), and
@@ -43,7 +44,7 @@ from train_lm import HELD_OUT, corpus_files, split_files, stdlib_root  # noqa: E
 
 SEED = 0
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-FULL = dict(vocab=4096, hidden=256, layers=4, heads=4, intermediate=1024, window=64, batch=32, steps=300, texts=256)
+FULL = dict(vocab=4096, hidden=256, layers=4, heads=4, intermediate=1024, window=64, batch=16, steps=150, texts=256)
 SMOKE = dict(vocab=256, hidden=32, layers=1, heads=4, intermediate=64, window=16, batch=4, steps=3, texts=16)
 MAX_SEQ_LENGTH = 128
 PRECISIONS = ("int8", "int4")
@@ -84,7 +85,7 @@ def train_mlm(tok, files: list[Path], shape: dict, threads: int, log) -> tuple[o
         max_position_embeddings=512,
     )
     model = transformers.BertForMaskedLM(cfg).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     steps, w, b = shape["steps"], shape["window"], shape["batch"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / steps))
     g = torch.Generator().manual_seed(SEED)
@@ -103,14 +104,15 @@ def train_mlm(tok, files: list[Path], shape: dict, threads: int, log) -> tuple[o
         x = torch.where(
             pick & (roll >= 0.8) & (roll < 0.9), torch.randint(len(SPECIAL), cfg.vocab_size, x.shape, generator=g), x
         )
-        loss = model(input_ids=x, labels=labels).loss
+        h = model.bert(input_ids=x).last_hidden_state[pick]  # the head only where a token is to be predicted
+        loss = torch.nn.functional.cross_entropy(model.cls(h), labels[pick])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if step % 50 == 0 or step == steps - 1:
+        if step % 25 == 0 or step == steps - 1:
             log(f"step {step}: masked-LM loss {loss:.3f} ({time.perf_counter() - started:.0f} s)")
     return model.bert.eval(), losses
 
