@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zoo import AttentionSpec
+from zoo import AttentionSpec, SpecError
 
 from .lm_rows import act
 
@@ -117,7 +117,7 @@ def _t5_names(cfg: dict, model) -> dict[str, str]:  # noqa: ANN001 - a zoo.seq2s
 def _ffn(cfg: dict) -> int:
     enc, dec = int(cfg.get("encoder_ffn_dim", 4096)), int(cfg.get("decoder_ffn_dim", 4096))
     if enc != dec:
-        raise ValueError(f"encoder_ffn_dim={enc} and decoder_ffn_dim={dec} differ; the zoo's model has one d_ff")
+        raise SpecError(f"encoder_ffn_dim={enc} and decoder_ffn_dim={dec} differ; the zoo's model has one d_ff")
     return enc
 
 

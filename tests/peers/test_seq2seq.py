@@ -119,6 +119,18 @@ def test_a_family_without_a_row_is_one_line(seq2seq_root, tmp_path):
         seq2seq_from_checkpoint(folder)
 
 
+def test_a_bart_config_with_two_ffn_widths_is_one_line(seq2seq_root):
+    """One d_ff serves both stacks: a config that gives the decoder another is refused, naming both widths."""
+    from peers.seq2seq import seq2seq_spec
+
+    data = seq2seq_cases.hf_model("bart").config.to_dict()
+    with pytest.raises(zoo.HFConversionError) as e:
+        seq2seq_spec({**data, "decoder_ffn_dim": 96})
+    assert str(e.value) == (
+        "bart config: encoder_ffn_dim=48 and decoder_ffn_dim=96 differ; the zoo's model has one d_ff"
+    )
+
+
 def test_families_lists_every_seq2seq_row(capsys):
     from cli.main import main
 
