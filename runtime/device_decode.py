@@ -44,7 +44,7 @@ from .io import (
     SEQLENS_K,
     TOTAL_SEQUENCE_LENGTH,
 )
-from .kv_buffers import buffer_arrays
+from .kv_buffers import BF16, as_float32, buffer_arrays, buffer_types, ort_value, widen
 
 if TYPE_CHECKING:
     from .core import RuntimeSession
@@ -69,25 +69,35 @@ def pack(ids: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarr
     return out, lengths
 
 
-def _logits_dtype(sess: RuntimeSession):
-    logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
-    return np.float16 if "float16" in logits_type else np.float32
+def _logits_type(sess: RuntimeSession) -> str:
+    return next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+
+
+def _logits_host(sess: RuntimeSession, b: int) -> np.ndarray:
+    """A (b 1 v) host array for the step's logits in their type (bfloat16 as its uint16 bits)."""
+    dtype = {"tensor(float16)": np.float16, BF16: np.uint16}.get(_logits_type(sess), np.float32)
+    return np.zeros((b, 1, int(sess.metadata["attnzoo.vocab"])), dtype)
+
+
+def _caches(sess: RuntimeSession, b: int, n: int, device: str) -> dict:
+    """The zeroed cache buffers as OrtValues on `device`, each in the graph's element type (bfloat16 too)."""
+    inputs = sess._sess.get_inputs()
+    types = buffer_types(inputs, PREFIX)
+    arrays = buffer_arrays(inputs, b, n, PREFIX, bf16_bits=True)
+    return {name: (arr, ort_value(arr, types[name], device)) for name, arr in arrays.items()}
 
 
 class LeftRows:
     """A left-padded export: the key mask over the capacity and one past_len, host arrays bound once."""
 
     def __init__(self, sess: RuntimeSession, b: int, t: int, n: int, prompt_mask, argmax: bool, choose) -> None:
-        import onnxruntime as ort
-
         self.sess, self.t, self.argmax, self.choose, self.keep = sess, t, argmax, choose, []
-        self.ort = ort
         self.key_mask = np.ones((b, n), np.bool_)
         if prompt_mask is not None:
             self.key_mask[:, :t] = prompt_mask
         self.binding = binding = sess.new_binding()
-        for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, PREFIX).items():
-            buf = self.bound(arr)
+        for name, (arr, buf) in _caches(sess, b, n, "cpu").items():
+            self.keep.append(arr)
             layer, kv = name.split(".")[1:3]
             binding.bind_ortvalue_input(name, buf)
             binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)
@@ -97,12 +107,13 @@ class LeftRows:
         if argmax:
             self.next_token = np.zeros((b,), np.int64)
             binding.bind_ortvalue_output(NEXT_TOKEN.name, self.bound(self.next_token))
-        self.step_logits = np.zeros((b, 1, int(sess.metadata["attnzoo.vocab"])), _logits_dtype(sess))
+        self.logits_type = _logits_type(sess)
+        self.step_logits = _logits_host(sess, b)
         self.step_ids = np.zeros((b, 1), np.int64)
 
-    def bound(self, arr: np.ndarray):
+    def bound(self, arr: np.ndarray, element_type: str = ""):
         self.keep.append(arr)  # the arrays the bound OrtValues wrap (CPU: no copy) stay alive for the whole loop
-        return self.ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+        return ort_value(arr, element_type, "cpu")
 
     def _fresh_run(self, ids: np.ndarray, starts) -> np.ndarray:
         """Runs ids from each of `starts` (chunks of ids' columns) into a fresh logits output -> the token."""
@@ -115,9 +126,9 @@ class LeftRows:
         if self.argmax:
             token = self.next_token.copy()
         else:  # the logits are the one (b t|1 v) output; the presents are 4-d, next_token 1-d
-            token = self.choose(next(o for o in binding.get_outputs() if len(o.shape()) == 3).numpy()[:, -1])
+            token = self.choose(as_float32(next(o for o in binding.get_outputs() if len(o.shape()) == 3))[:, -1])
         binding.bind_ortvalue_input(INPUT_IDS.name, self.bound(self.step_ids))
-        binding.bind_ortvalue_output(LOGITS.name, self.bound(self.step_logits))
+        binding.bind_ortvalue_output(LOGITS.name, self.bound(self.step_logits, self.logits_type))
         return token
 
     def prefill(self, ids: np.ndarray, chunk: int) -> np.ndarray:
@@ -134,7 +145,10 @@ class LeftRows:
         self.step_ids[:, 0] = token
         self.past_len[()] = self.t + i
         self.sess.run_with_iobinding(self.binding)
-        return self.next_token.copy() if self.argmax else self.choose(self.step_logits[:, -1])
+        if self.argmax:
+            return self.next_token.copy()
+        logits = widen(self.step_logits) if self.logits_type == BF16 else self.step_logits
+        return self.choose(logits[:, -1])
 
 
 class _DeviceBuffers:
@@ -152,10 +166,10 @@ class _DeviceBuffers:
 
         self.on_device = on_device
         self.on_host = lambda arr: ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-        # zeroed once, then never cleared: slots past a row's length are not read (a CPU OrtValue keeps its array)
-        self.caches = {
-            name: on_device(arr) for name, arr in buffer_arrays(sess._sess.get_inputs(), b, n, PREFIX).items()
-        }
+        # zeroed once, then never cleared: slots past a row's length are not read; the arrays stay alive with
+        # this object (a CPU OrtValue wraps its array; a bfloat16 one is held as uint16 bits)
+        self.cache_arrays = _caches(sess, b, n, self.device)
+        self.caches = {name: value for name, (_, value) in self.cache_arrays.items()}
         self.ids_host, self.pos_host = np.zeros((b, 1), np.int64), np.zeros((b, 1), np.int64)
         self.seqlens_host, self.total_host = np.zeros((b,), np.int32), np.array(n, np.int32)
         self.ids, self.pos, self.seqlens = (
@@ -164,10 +178,10 @@ class _DeviceBuffers:
             on_device(self.seqlens_host),
         )
         self.total = self.on_host(self.total_host)  # GroupQueryAttention reads it on the host
-        vocab = int(sess.metadata["attnzoo.vocab"])
-        self.logits_host = np.zeros((b, 1, vocab), _logits_dtype(sess))
+        self.logits_host = _logits_host(sess, b)
         self.next_host = np.zeros((b,), np.int64)
-        self.logits, self.next_token = on_device(self.logits_host), on_device(self.next_host)
+        self.logits = ort_value(self.logits_host, _logits_type(sess), self.device)
+        self.next_token = on_device(self.next_host)
         self.binding = self.bind(sess, self.ids, self.pos, self.seqlens, self.total, self.logits)
 
     def bind(self, sess: RuntimeSession, ids, positions, seqlens, total, logits):
@@ -233,7 +247,7 @@ class PackedRows:
         if self.argmax:
             return buf.next_token.numpy().copy()
         logits = next(o for o in binding.get_outputs() if len(o.shape()) == 3)
-        return self.choose(logits.numpy()[:, -1])
+        return self.choose(as_float32(logits)[:, -1])
 
     def prefill(self, ids: np.ndarray, chunk: int) -> np.ndarray:
         """The left-padded prompt, packed -> the first token."""
@@ -261,7 +275,7 @@ class PackedRows:
         self.sess.run_with_iobinding(buf.binding, self.captured)
         if self.argmax:
             return buf.next_token.numpy().copy()
-        return self.choose(buf.logits.numpy()[:, -1])
+        return self.choose(as_float32(buf.logits)[:, -1])
 
 
 __all__ = ["GRAPH_ID", "NOT_CAPTURED", "LeftRows", "PackedRows", "device_buffers", "is_packed", "pack"]
