@@ -40,6 +40,8 @@ PATHS = ("attnzoo", "transformers-dynamic", "transformers-static", "onnxruntime-
 PRECISIONS = ("fp32", "int8", "int4")
 ONLY_FP32 = ("transformers-dynamic", "transformers-static")
 REFERENCE = "transformers-dynamic"
+CPU_ONLY = ("onnxruntime-genai", "llama.cpp")
+DTYPES = ("float32", "float16", "bfloat16")
 WORKER = Path(__file__).resolve().parent / "generate_peers.py"
 RANDOM = "random"
 
@@ -60,9 +62,14 @@ def benchmark_generate(
     paths: list[str] | None = None,
     timeout: float = 1800.0,
     progress: bool = True,
+    device: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build each path's model once per precision, then time every (prompt, precision, path), `rounds`
-    times over (each row keeps its best round: the lowest end-to-end time)."""
+    times over (each row keeps its best round: the lowest end-to-end time).
+    device: where attnzoo and transformers run (`device_settings`: provider, dtype, cuda_graph, tf32); the
+    default is the CPU in float32. On CUDA, attnzoo exports for CUDA in that dtype (packed rows), and
+    transformers runs on the GPU in it; onnxruntime-genai and llama.cpp stay CPU paths, skipped there."""
+    device = device_settings(**(device or {}))
     paths = list(paths or PATHS)
     bad = sorted(set(paths) - set(PATHS)) + sorted(set(precisions) - set(PRECISIONS))
     if bad:
@@ -85,7 +92,7 @@ def benchmark_generate(
         builds: dict[str, Any] = {}
         for path in paths:
             for precision in precisions:
-                why = _why_not(path, precision, pythons[path])
+                why = _why_not(path, precision, pythons[path], device["provider"])
                 if why:
                     skipped[(path, precision)] = why
                     continue
@@ -105,6 +112,7 @@ def benchmark_generate(
                     "model": target.rstrip("/"),
                     "max_len": max_len,
                     "threads": threads,
+                    **device,
                 }
                 started = time.perf_counter()
                 result = _spawn(pythons[path], job, timeout)
@@ -140,6 +148,7 @@ def benchmark_generate(
                     "warmup": warmup,
                     "repeats": repeats,
                     "max_len": max_len,
+                    **device,
                 }
                 result = _spawn(pythons[path], job, timeout)
                 key = (prompt, precision, path)
@@ -163,6 +172,7 @@ def benchmark_generate(
         "warmup": warmup,
         "repeats": repeats,
         "rounds": rounds,
+        "device": device,
         "rows": rows,
         "memory_floor": floor,
         "skipped": [{"path": p, "precision": q, "why": why} for (p, q), why in skipped.items()],
@@ -172,7 +182,32 @@ def benchmark_generate(
     }
 
 
-def _why_not(path: str, precision: str, python: str) -> str | None:
+def device_settings(
+    provider: str = "cpu", dtype: str = "float32", cuda_graph: bool = False, tf32: bool = False
+) -> dict[str, Any]:
+    """Where attnzoo and transformers run, checked: a CUDA provider that really works here, a half dtype and
+    CUDA graphs only there (ONNX Runtime's CPU provider has no half whole models), TF32 only for float32."""
+    if provider not in ("cpu", "cuda"):
+        raise BenchError(f"--provider {provider!r} is not one of cpu, cuda")
+    if dtype not in DTYPES:
+        raise BenchError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if provider == "cpu" and (dtype != "float32" or cuda_graph):
+        asked = f"--dtype {dtype}" if dtype != "float32" else "--cuda-graph"
+        raise BenchError(f"{asked} needs --provider cuda (the CPU provider runs whole models in float32)")
+    if tf32 and dtype != "float32":
+        raise BenchError(f"--tf32 is for float32; --dtype {dtype} has no TF32 products")
+    if provider == "cuda":
+        from runtime.providers import cuda_status
+
+        ok, why = cuda_status()
+        if not ok:
+            raise BenchError(f"--provider cuda: {why}")
+    return {"provider": provider, "dtype": dtype, "cuda_graph": bool(cuda_graph), "tf32": bool(tf32)}
+
+
+def _why_not(path: str, precision: str, python: str, provider: str = "cpu") -> str | None:
+    if provider == "cuda" and path in CPU_ONLY:
+        return f"{path} is measured on the CPU here (its CUDA build is not set up by this bench)"
     if path in ONLY_FP32 and precision != "fp32":
         return None  # transformers rows are fp32 only; nothing to report per precision
     if path == "attnzoo":
@@ -267,8 +302,14 @@ def cpu_facts() -> dict[str, Any]:
 def format_generate_table(report: dict[str, Any]) -> str:
     """A markdown table: one row per (prompt, precision, path), then the skipped paths."""
     m = report["machine"]
+    dev = report.get("device") or device_settings()
+    where = (
+        f"CUDA {dev['dtype']}" + (", CUDA graphs" if dev["cuda_graph"] else "") + (", TF32" if dev["tf32"] else "")
+        if dev["provider"] == "cuda"
+        else "CPU float32"
+    )
     lines = [
-        f"generate: {report['checkpoint']}, B 1, {report['new']} new tokens, {report['threads']} threads, "
+        f"generate: {report['checkpoint']}, {where}, B 1, {report['new']} new tokens, {report['threads']} threads, "
         f"best of {report['repeats']} after {report['warmup']} warm-up{_rounds(report)}; {m.get('cpu')} "
         f"({'AVX-512' if m.get('avx512') else 'no AVX-512'}), load {', '.join(f'{x:.1f}' for x in m['load_avg'])}",
         "",

@@ -8,7 +8,8 @@ llama.cpp build imports numpy, gguf, safetensors and llama_cpp inside its own (i
 
 A job (JSON): {"stage": "build"|"time", "path": PATH, "checkpoint": DIR, "precision": "fp32"|"int4"|...,
 "model": the built model (ONNX file, genai folder, GGUF file), "prompt": [ids], "new": N,
-"threads": T, "warmup": W, "repeats": R, "max_len": L}.
+"threads": T, "warmup": W, "repeats": R, "max_len": L, "provider": "cpu"|"cuda", "dtype": "float32"|"float16"|
+"bfloat16", "cuda_graph": bool, "tf32": bool} (the last four absent: the CPU in float32).
 
 Timing (stage "time"), the same for every path: `generate(n)` runs the path's own greedy loop from
 the prompt (a fresh cache each call) and returns the n new tokens. W warm-up rounds of generate(1)
@@ -41,7 +42,17 @@ def build_attnzoo(job: dict) -> dict:
 
     model = zoo.lm_from_checkpoint(job["checkpoint"], dtype=torch.float32)
     extra = {} if job["precision"] == "fp32" else {"precision": job["precision"]}
-    export_onnx(model, job["model"], decode=True, cache="static", max_len=job["max_len"], **extra)
+    provider, dtype = job.get("provider", "cpu"), job.get("dtype", "float32")
+    export_onnx(
+        model,
+        job["model"],
+        decode=True,
+        cache="static",
+        max_len=job["max_len"],
+        provider=provider,
+        dtype=dtype,
+        **extra,
+    )
     return {}
 
 
@@ -50,7 +61,13 @@ def load_attnzoo(job: dict):
 
     from export import OnnxSession
 
-    session = OnnxSession(job["model"], provider="cpu", threads=job["threads"])
+    session = OnnxSession(
+        job["model"],
+        provider=job.get("provider", "cpu"),
+        threads=job["threads"],
+        cuda_graph=job.get("cuda_graph", False),
+        tf32=job.get("tf32", False),
+    )
     ids = np.asarray([job["prompt"]], dtype=np.int64)
 
     def generate(n: int) -> list[int]:
@@ -66,8 +83,11 @@ def _load_transformers(job: dict, cache_implementation: str | None):
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(job["threads"])
-    model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], dtype=torch.float32).eval()
-    ids = torch.tensor([job["prompt"]], dtype=torch.long)
+    device = "cuda" if job.get("provider") == "cuda" else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(job.get("tf32"))
+    dtype = getattr(torch, job.get("dtype", "float32"))
+    model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], dtype=dtype).to(device).eval()
+    ids = torch.tensor([job["prompt"]], dtype=torch.long, device=device)
     extra = {} if cache_implementation is None else {"cache_implementation": cache_implementation}
     pad = model.generation_config.pad_token_id
     pad = model.generation_config.eos_token_id if pad is None else pad

@@ -153,6 +153,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time every path N times over, path after path in each round (a fresh process each time), and keep "
         "each row's best round: a machine whose speed drifts then slows every path alike (default %(default)s)",
     )
+    gen.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --provider cuda: attnzoo's decode step captured as a CUDA graph (generate --cuda-graph)",
+    )
     gen.add_argument("--genai-python", metavar="PATH", help="the python of an environment with onnxruntime-genai")
     gen.add_argument(
         "--llama-python",
@@ -218,6 +223,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             ("--llama-python", args.llama_python),
             ("--gguf", args.gguf),
             ("--rounds", args.rounds != 1),
+            ("--cuda-graph", args.cuda_graph),
         )
         if v
     ]
@@ -320,6 +326,7 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         paths=None if args.paths == list(PATHS) else args.paths,
         timeout=args.timeout,
         progress=not args.no_progress,
+        device={"provider": args.provider, "dtype": args.dtype, "cuda_graph": args.cuda_graph, "tf32": args.tf32},
     )
     table = format_generate_table(report)
     code = _finish(args, report, table, any(not r.get("ok") for r in report["rows"]))
@@ -331,6 +338,9 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
             f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
             f" --repeats {report['repeats']}" + (f" --rounds {report['rounds']}" if report["rounds"] > 1 else "")
         )
+        if args.provider != "cpu":
+            command += f" --provider {args.provider} --dtype {args.dtype}"
+            command += " --cuda-graph" * args.cuda_graph + " --tf32" * args.tf32
         for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
             command += f" {flag} {value}" if value else ""
         command += f" --json {args.json}"

@@ -4,6 +4,7 @@ its tokenizer and random checkpoint, and (slow) one run end to end. Nothing here
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -95,6 +96,12 @@ def test_a_peer_without_its_environment_is_skipped_with_the_reason(tiny_checkpoi
         (["bench", "--generate", "--checkpoint", "random", "--prompt", "0"], "positive"),
         (["bench", "--generate", "--checkpoint", "random", "--rounds", "0"], "--rounds"),
         (["bench", "--rounds", "2"], "--generate"),
+        (["bench", "--cuda-graph"], "--generate"),
+        (
+            ["bench", "--generate", "--checkpoint", "random", "--dtype", "float16"],
+            "--dtype float16 needs --provider cuda",
+        ),
+        (["bench", "--generate", "--checkpoint", "random", "--cuda-graph"], "--cuda-graph needs --provider cuda"),
     ],
 )
 def test_bad_generate_flags_are_one_line(capsys, argv, needle):
@@ -340,3 +347,50 @@ def test_llama_cpp_from_its_environment_generates_transformers_tokens(tiny_check
     assert rows[("llama.cpp", "fp32")]["agree_count"] == 6
     types = {p: report["builds"][f"llama.cpp {p}"]["tensor_types"] for p in ("fp32", "int8", "int4")}
     assert types["fp32"] == {"F32": 12} and "Q8_0" in types["int8"] and "Q4_0" in types["int4"]
+
+
+def test_generate_on_cuda_is_refused_in_one_line_where_cuda_cannot_run(capsys):
+    """--provider cuda asks ONNX Runtime first: here (no working CUDA provider) the refusal names why, before any
+    checkpoint is made or worker started."""
+    from runtime.providers import cuda_status
+
+    ok, why = cuda_status()
+    if ok:
+        pytest.skip("this machine has a working CUDA provider")
+    msg = one_line_error(capsys, ["bench", "--generate", "--checkpoint", "random", "--provider", "cuda"])
+    assert f"--provider cuda: {why}" in msg
+
+
+def test_cuda_settings_reach_both_workers_and_the_table(tiny_checkpoint, monkeypatch):
+    """On CUDA every build and time job carries the provider, dtype, CUDA graphs and TF32 (the workers export for
+    CUDA and run transformers on the GPU in that dtype), the CPU-only peers are rows saying why, and the table's
+    head says where it ran. The workers are scripted: the jobs are the subject (CUDA is not here)."""
+    import bench.generate as generate
+    import runtime.providers
+
+    jobs = []
+
+    def spawn(python, job, timeout):
+        jobs.append(job)
+        if job["stage"] == "build":
+            return {"ok": True}
+        return {"ok": True, "end_to_end_s": 0.1, "tokens": [1, 2], "tokens_per_s": 20.0, "prefill_s": 0.05}
+
+    monkeypatch.setattr(generate, "_spawn", spawn)
+    monkeypatch.setattr(runtime.providers, "cuda_status", lambda: (True, "test"))
+    report = benchmark_generate(
+        str(tiny_checkpoint),
+        prompts=[8],
+        new=2,
+        precisions=["fp32"],
+        genai_python=sys.executable,
+        progress=False,
+        device={"provider": "cuda", "dtype": "float16", "cuda_graph": True},
+    )
+    want = {"provider": "cuda", "dtype": "float16", "cuda_graph": True, "tf32": False}
+    assert jobs and all({k: j[k] for k in want} == want for j in jobs)
+    assert {j["path"] for j in jobs} == {"attnzoo", "transformers-dynamic", "transformers-static"}
+    assert {s["path"] for s in report["skipped"]} == {"onnxruntime-genai", "llama.cpp"}
+    assert all("measured on the CPU here" in s["why"] for s in report["skipped"])
+    assert report["device"] == want
+    assert ", CUDA float16, CUDA graphs, B 1," in format_generate_table({**report, "rows": []})
