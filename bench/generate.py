@@ -67,7 +67,8 @@ def benchmark_generate(
     """Build each path's model once per precision, then time every (prompt, precision, path), `rounds`
     times over (each row keeps its best round: the lowest end-to-end time).
     device: where attnzoo and transformers run (`device_settings`: provider, dtype, cuda_graph, tf32); the
-    default is the CPU in float32. On CUDA, attnzoo exports for CUDA in that dtype (packed rows), and
+    default is the CPU in float32. On CUDA, attnzoo exports for CUDA in that dtype (packed rows in float16 and
+    bfloat16; float32 is left-padded through the decomposed lowering: no fp32 GroupQueryAttention kernel), and
     transformers runs on the GPU in it; onnxruntime-genai and llama.cpp stay CPU paths, skipped there."""
     device = device_settings(**(device or {}))
     paths = list(paths or PATHS)
@@ -194,6 +195,11 @@ def device_settings(
     if provider == "cpu" and (dtype != "float32" or cuda_graph):
         asked = f"--dtype {dtype}" if dtype != "float32" else "--cuda-graph"
         raise BenchError(f"{asked} needs --provider cuda (the CPU provider runs whole models in float32)")
+    if cuda_graph and dtype == "float32":
+        raise BenchError(
+            "--cuda-graph replays a packed-rows export, which attnzoo makes for CUDA in a half dtype: add --dtype "
+            "float16 (GroupQueryAttention has no float32 CUDA kernel; a float32 CUDA export is left-padded)"
+        )
     if tf32 and dtype != "float32":
         raise BenchError(f"--tf32 is for float32; --dtype {dtype} has no TF32 products")
     if provider == "cuda":

@@ -259,11 +259,26 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
             raise CliError(f"--eos-token-id {eos} is past the vocabulary ({vocab} tokens): no token can end")
 
 
+def _check_cuda_graph(args: argparse.Namespace) -> None:
+    """--cuda-graph replays a packed-rows export on CUDA: a folder is exported so only in a half dtype (packed
+    rows ride on GroupQueryAttention, which has no float32 CUDA kernel; a float32 CUDA export is left-padded)."""
+    if not args.cuda_graph:
+        return
+    if args.provider != "cuda":
+        raise CliError(f"--cuda-graph captures the decode step on CUDA: add --provider cuda (not {args.provider})")
+    if args.dtype == "float32" and not args.source.endswith(".onnx"):
+        raise CliError(
+            "--cuda-graph needs a packed-rows export, which a folder gets for CUDA in a half dtype: add --dtype "
+            "float16 or bfloat16 (GroupQueryAttention has no float32 CUDA kernel)"
+        )
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import sys
 
     if args.json:
         ensure_writable_parent(Path(args.json))
+    _check_cuda_graph(args)
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
     from . import cmd_seq2seq
@@ -472,8 +487,8 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="capture the decode step as a CUDA graph and replay it (a packed-rows export: a folder's export for "
-        "--provider cuda is one; docs/gpu.md)",
+        help="capture the decode step as a CUDA graph and replay it (with --provider cuda; a packed-rows export: a "
+        "folder's export for CUDA in float16 or bfloat16 is one; docs/gpu.md)",
     )
     sp.add_argument(
         "--eos-token-id",

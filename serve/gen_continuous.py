@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from runtime.device_decode import is_packed
 from runtime.generation import longrope_switch, one_call_prompt_len, prefill_chunk
 from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
-from runtime.kv_buffers import buffer_arrays
+from runtime.kv_buffers import BF16, buffer_arrays
 
 from .gen_batching import end_at_eos
 from .gen_protocol import GenItem
@@ -58,6 +59,10 @@ def check_continuous(sess, path=None) -> None:
         why = f"has no {NEXT_TOKEN.name} output (an all-logits export)"
     elif not shares_runs(sess):
         why = _LONGROPE
+    elif is_packed(sess):  # its buffers here bind attention_mask and past_len, which packed rows do not take
+        why = "is a packed-rows export (seqlens_k, no attention_mask or past_len: a CUDA export's default)"
+    elif any(x.type == BF16 for x in sess._sess.get_inputs()):
+        why = "takes bfloat16 caches, which this batcher's numpy buffers cannot hold"
     if why:
         raise ServeError(f"{path or sess.path} {why}; serve it with --batching static")
 

@@ -70,6 +70,9 @@ def text_files(source: str | Path) -> dict[str, bytes]:
     return {name: path.read_bytes() for name, path in found.items() if path.is_file()}
 
 
+LOGPROB_FLOOR = -9999.0  # a logprob JSON can carry for a token of probability 0 (vLLM's value)
+
+
 class TextRun:
     """One request's row in the continuous batch (the ContinuousBatcher calls choose, then add, per token)."""
 
@@ -87,7 +90,8 @@ class TextRun:
 
     def choose(self, logits: np.ndarray, argmax: np.ndarray) -> np.ndarray:
         if self.logprobs is not None:  # the model's distribution at this step, before any knob
-            self._step_logprobs = log_softmax(logits[0])
+            # JSON has no -inf or NaN: a token the model rules out (a -inf logit) is -9999.0, as vLLM writes it
+            self._step_logprobs = np.nan_to_num(log_softmax(logits[0]), nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
         return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
 
     def _entry(self, token: int) -> TokenLogprob:

@@ -102,6 +102,10 @@ def test_a_peer_without_its_environment_is_skipped_with_the_reason(tiny_checkpoi
             "--dtype float16 needs --provider cuda",
         ),
         (["bench", "--generate", "--checkpoint", "random", "--cuda-graph"], "--cuda-graph needs --provider cuda"),
+        (
+            ["bench", "--generate", "--checkpoint", "random", "--provider", "cuda", "--cuda-graph"],
+            "--cuda-graph replays a packed-rows export",
+        ),
     ],
 )
 def test_bad_generate_flags_are_one_line(capsys, argv, needle):

@@ -154,6 +154,21 @@ def test_a_mistyped_command_or_model_gets_the_closest_names(capsys, argv, words)
     assert words in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        ([], "--cuda-graph captures the decode step on CUDA: add --provider cuda (not cpu)"),
+        (["--provider", "cuda"], "add --dtype float16 or bfloat16 (GroupQueryAttention has no float32 CUDA kernel)"),
+    ],
+)
+def test_generate_cuda_graph_is_refused_before_any_export_where_it_cannot_replay(capsys, flags, words):
+    """A CUDA graph replays a packed-rows export on CUDA: asked on the CPU, or of a folder in float32 (exported
+    left-padded for CUDA), it is one line before anything is exported or any provider is asked."""
+    assert _exit(["generate", "tiny-stdlib-llama", "--prompt-ids", "1", "--cuda-graph", *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_generate_takes_the_shipped_checkpoints_bare_name(tmp_path, monkeypatch):
     from cli.cmd_generate import SHIPPED, _source
 

@@ -25,7 +25,7 @@ import pytest
 
 from helpers import REPO, free_port
 from runtime.chat import ChatTemplate
-from runtime.generation import Generation
+from runtime.generation import Generation, lm_vocab
 from runtime.sampling import Sampler, resolve
 from runtime.session import OnnxSession
 from runtime.stopping import Codec, RowText
@@ -266,6 +266,22 @@ def test_logprobs_are_the_models_log_softmax_before_the_knobs(sess, codec, hf_lm
     _submit_all(ContinuousBatcher(sess, max_rows=1, capacity=64), [ends])
     assert ends.decoder.made == 3 and [e.token for e in ends.decoder.entries] == [codec.decode([t]) for t in new[:2]]
     assert all(e.top == () for e in ends.decoder.entries)
+
+
+def test_a_ruled_out_tokens_logprob_is_a_number_json_can_carry(sess, codec):
+    """A -inf logit (a token the model rules out) has logprob -inf, which JSON cannot write: it is -9999.0, as
+    vLLM writes it, in the token's entry and among the alternatives."""
+    import json
+
+    from serve.openai_run import LOGPROB_FLOOR
+
+    it, _ = _text_item(sess, codec, codec.encode("def main("), 4, logprobs=5)
+    logits = np.zeros((1, lm_vocab(sess)), np.float32)
+    logits[0, 7:] = -np.inf
+    it.decoder.choose(logits, np.array([0]))
+    entry = it.decoder._entry(9)
+    assert entry.logprob == LOGPROB_FLOOR and all(np.isfinite(lp) for _, lp in entry.top)
+    json.dumps([entry.logprob, *(lp for _, lp in entry.top)], allow_nan=False)
 
 
 def test_an_eos_id_ends_a_text_request(sess, codec):

@@ -193,6 +193,22 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
         StaticBatcher(lambda items: items, max_rows=8, wait_s=0.0, max_requests=0)
 
 
+def test_a_packed_rows_export_is_refused_by_continuous_batching_in_one_line(tmp_path):
+    """The continuous batcher binds attention_mask and past_len, which a packed-rows export (a CUDA export's
+    default) does not take: refused before serving, pointing at static batching, which generates with it."""
+    from peers.lm import lm_from_hf
+    from serve.gen_continuous import check_continuous
+
+    lm = lm_from_hf(lm_cases.hf_model("llama")).eval()
+    path = export_onnx(lm, tmp_path / "packed.onnx", decode=True, cache="static", max_len=32, padding="packed").path
+    packed = OnnxSession(path, provider="cpu", verbose=False)
+    with pytest.raises(ServeError, match=r"packed-rows export .*; serve it with --batching static") as e:
+        check_continuous(packed)
+    assert "\n" not in str(e.value)
+    ids = np.array([[5, 6, 7, 8]], np.int64)
+    assert packed.generate(ids, max_new_tokens=3).shape == (1, 7)
+
+
 def _longrope_folder(folder: Path) -> Path:
     """lm_cases' Phi-3 checkpoint, its config turned long-context (longrope past 32 positions)."""
     path = lm_cases.saved("phi3", folder)
