@@ -16,7 +16,8 @@ def load_whole(folder: str):
     """(analysis.WholeModel, tokenizer or None) for a checkpoint folder, in float32."""
     from analysis import WholeModel
 
-    from .cmd_generate import _checkpoint_folder, _tokenizer
+    from .cmd_generate import _tokenizer
+    from .export_cache import _checkpoint_folder
 
     path = _checkpoint_folder(folder)
     from peers.lm import lm_from_checkpoint

@@ -48,7 +48,7 @@ def export_encoder_whole(args: argparse.Namespace) -> int:
 def exported_encoder(folder: str) -> Path:
     """The sentence-embedding export of an encoder or sentence-transformers folder (fp32, for the CPU) with its
     tokenizer beside it (MODEL.tokenizer.json): made once, then found in the cache folder, as `attnzoo serve`
-    finds a decoder's (cmd_generate.exported); a change to the folder's files makes a new one."""
+    finds a decoder's (export_cache.exported); a change to the folder's files makes a new one."""
     import hashlib
 
     import zoo
@@ -57,7 +57,7 @@ def exported_encoder(folder: str) -> Path:
     from runtime.embedding import tokenizer_beside
     from zoo.files import write_atomic
 
-    from .cmd_generate import _cache_root
+    from .export_cache import _cache_root
 
     root = Path(folder)
     h = hashlib.sha256(f"{zoo.__version__}".encode())

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from zoo.files import ensure_writable_parent, write_atomic
 
-from .cmd_generate import default_max_len, generation_config, load_lm, tokenizer_beside
+from .cmd_generate import tokenizer_beside
 from .common import CliError
+from .export_cache import default_max_len, generation_config, load_lm
 
 
 def export_whole(args: argparse.Namespace) -> int:

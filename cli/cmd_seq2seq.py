@@ -85,7 +85,7 @@ def export_whole(args: argparse.Namespace) -> int:
 
 
 def _exported(folder: Path, precision: str, out: Path) -> Path:
-    """A folder's pair, made once at `out` in the cache folder (as cmd_generate.exported does for decoders)."""
+    """A folder's pair, made once at `out` in the cache folder (as export_cache.exported does for decoders)."""
     from export.seq2seq_export import export_seq2seq, seq2seq_paths
 
     if all(p.is_file() for p in seq2seq_paths(out)):

@@ -27,7 +27,7 @@ def _need(module: str, what: str) -> None:
 def _model_path(
     target: str, overrides: dict, lowering: str, dtype: str, folder: Path, decode: bool, batching: str
 ) -> Path:
-    """An .onnx path as given, a checkpoint folder exported whole (fp32, once: cmd_generate.exported; a
+    """An .onnx path as given, a checkpoint folder exported whole (fp32, once: export_cache.exported; a
     model continuous batching cannot serve is refused before its export), or a zoo name exported with the
     mask input (so batches can pad; for a decode model, the key_mask)."""
     path = Path(target)
@@ -42,7 +42,7 @@ def _model_path(
             return exported_encoder(target)
         from serve.gen_continuous import check_continuous_layers
 
-        from .cmd_generate import exported
+        from .export_cache import exported
 
         def check(model) -> None:
             if batching == "continuous":

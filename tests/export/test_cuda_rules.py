@@ -283,7 +283,7 @@ def test_checker_reads_multiheadattention_and_the_onnx_attention_op():
 
 def test_generate_caches_one_export_per_precision_target_and_dtype(tmp_path):
     """`attnzoo generate FOLDER --provider cuda` must not run the export made for the CPU."""
-    from cli.cmd_generate import _export_key
+    from cli.export_cache import _export_key
 
     folder = tmp_path / "ckpt"  # the key reads config.json and the weights files' names, sizes and times
     folder.mkdir()

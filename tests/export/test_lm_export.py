@@ -362,7 +362,7 @@ def test_without_a_max_len_the_cli_stores_the_rotary_tables_of_the_checkpoints_p
     """The CLI's default max_len: the checkpoint's maximum positions when the export builds its layers by hand
     and every rotary layer's table of that many rows fits one stored constant; None past that, for a traced
     lowering (its tables are computed whatever max_len is), without rotary layers, or without positions."""
-    from cli.cmd_generate import default_max_len
+    from cli.export_cache import default_max_len
     from export.lm_export import stored_tables_max_len
     from export.splice import SHARED_CONSTANT_ELEMENTS
 
@@ -390,7 +390,7 @@ def test_without_a_max_len_the_cli_stores_the_rotary_tables_of_the_checkpoints_p
     ],
 )
 def test_the_cli_reads_a_checkpoints_positions_as_the_model_does(config, positions, tmp_path):
-    from cli.cmd_generate import _max_positions
+    from cli.export_cache import _max_positions
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert _max_positions(tmp_path) == positions
