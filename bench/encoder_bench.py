@@ -29,8 +29,7 @@ import numpy as np
 from .encoder_peers import RESULT_MARK
 from .jobs import BenchError
 from .machine import default_threads
-from .side_by_side import facts_line as _facts
-from .side_by_side import machine, machine_line, spawn, stats
+from .side_by_side import footer, machine, machine_line, spawn, stats
 
 PATHS = ("attnzoo", "sentence-transformers", "transformers", "sentence-transformers-onnx")
 REFERENCE = "sentence-transformers"
@@ -201,13 +200,4 @@ def format_table(report: dict[str, Any], command: str) -> str:
         )
     for sk in report["skipped"]:
         lines.append(f"| | | {sk['path']} | skipped: {sk['why']} | | | | |")
-    lines += ["", "Paths:"]
-    for path, f in report["paths"].items():
-        lines.append(f"- {path}: " + _facts(f))
-    v = report["versions"]
-    lines += [
-        f"- this environment: torch {v.get('torch')}, onnxruntime {v.get('onnxruntime')}, onnx {v.get('onnx')}",
-        "",
-        f"Command (writes this file and the JSON beside it): `{command}`",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + footer(report, command, "this environment: "))

@@ -26,8 +26,7 @@ from typing import Any
 from .jobs import BenchError
 from .machine import default_threads
 from .seq2seq_peers import RESULT_MARK
-from .side_by_side import facts_line as _facts
-from .side_by_side import machine, machine_line, spawn, stats
+from .side_by_side import footer, machine, machine_line, spawn, stats
 
 PATHS = ("attnzoo", "transformers")
 WORKER = Path(__file__).resolve().parent / "seq2seq_peers.py"
@@ -175,13 +174,4 @@ def format_table(report: dict[str, Any], command: str) -> str:
         )
     for sk in report["skipped"]:
         lines.append(f"| {sk['model']} | | {sk['path']} | skipped: {sk['why']} | | | | |")
-    lines += ["", "Paths:"]
-    for key, f in report["paths"].items():
-        lines.append(f"- {key}: " + _facts(f))
-    v = report["versions"]
-    lines += [
-        f"- torch {v.get('torch')}, onnxruntime {v.get('onnxruntime')}, onnx {v.get('onnx')}",
-        "",
-        f"Command (writes this file and the JSON beside it): `{command}`",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + footer(report, command))

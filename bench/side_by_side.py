@@ -1,6 +1,7 @@
 """What the whole-model side-by-side benchmarks share (bench/encoder_bench.py, bench/seq2seq_bench.py):
 running one path's worker file in a fresh process (under this python, or a peer environment's), the
-statistics of a list of timings, the machine line every table starts with, and writing the .md and .json.
+statistics of a list of timings, the machine line every table starts with, the lines it ends with, and
+writing the .md and .json.
 """
 
 from __future__ import annotations
@@ -73,15 +74,25 @@ def facts_line(facts: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in facts.items())
 
 
+def footer(report: dict[str, Any], command: str, environment: str = "") -> list[str]:
+    """The lines every side-by-side table ends with: each path's facts, this environment's versions (after
+    `environment`, e.g. "this environment: "), and the command that wrote the table."""
+    lines = ["", "Paths:", *(f"- {key}: " + facts_line(f) for key, f in report["paths"].items())]
+    v = report["versions"]
+    return [
+        *lines,
+        f"- {environment}torch {v.get('torch')}, onnxruntime {v.get('onnxruntime')}, onnx {v.get('onnx')}",
+        "",
+        f"Command (writes this file and the JSON beside it): `{command}`",
+    ]
+
+
 def write(report: dict[str, Any], table: str, out: str | os.PathLike) -> tuple[Path, Path]:
     """OUT.md (the table) and OUT.json (the report), each written atomically; OUT without a suffix."""
+    from zoo.files import write_atomic
+
     base = Path(out)
-    base.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for suffix, text in ((".md", table + "\n"), (".json", json.dumps(report, indent=1) + "\n")):
-        target = base.with_name(base.name + suffix)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
-        written.append(target)
+        written.append(write_atomic(base.with_name(base.name + suffix), lambda tmp, text=text: tmp.write_text(text)))
     return written[0], written[1]
