@@ -178,6 +178,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def served(cmd: list[str], env: dict[str, str], port: int):
+    """Run `cmd` (an `attnzoo serve` command line) in a process group of its own, as a terminal runs it; yield
+    (url, process, its stdout lines up to the readiness line, which comes once /healthz answers). Killed with
+    its group at the end if still running. A generator, for a fixture to `yield from`."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("ready:"):
+            break
+    assert proc.poll() is None, "".join(lines) + proc.stderr.read()
+    yield f"http://127.0.0.1:{port}/", proc, lines
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def local_ray(request) -> None:
     """Start a local 2-CPU Ray for a module's Serve tests; stop Serve and Ray when it ends."""
     import pytest

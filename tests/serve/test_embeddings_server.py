@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, free_port
+from helpers import REPO, free_port, served
 from runtime.embedding import EmbeddingSession
 from serve.embed_batching import EmbedItem, id_rows, plan_runs, run_embed_batch, text_rows
 from serve.embed_protocol import MAX_INPUTS, embeddings_answer, parse_embeddings
@@ -188,19 +187,7 @@ def server(folder, cache, onnx_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "ATTNZOO_API_KEY": KEY, "ATTNZOO_CACHE": str(cache)}
     flags = ["--port", str(port), "--max-batch", "8", "--batch-wait-ms", "100", "--threads", "1"]
     cmd = [sys.executable, "-m", "cli", "serve", str(folder), *flags, "--max-positions", str(MAX_POSITIONS)]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("ready:"):
-            break
-    assert proc.poll() is None, "".join(lines) + proc.stderr.read()
-    yield f"http://127.0.0.1:{port}/", proc, lines
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    yield from served(cmd, env, port)
 
 
 def _vectors(reply) -> np.ndarray:

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, free_port
+from helpers import REPO, free_port, served
 from runtime.chat import ChatTemplate
 from runtime.generation import Generation, lm_vocab
 from runtime.sampling import Sampler, resolve
@@ -327,19 +326,7 @@ def server(lm_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "ATTNZOO_API_KEY": KEY}
     flags = ["--port", str(port), "--max-batch", "4", "--max-new-tokens", "3000", "--capacity", "3072"]
     cmd = [sys.executable, "-m", "cli", "serve", str(lm_path), *flags, "--threads", "1", "--max-tokens", "9000"]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    lines = []
-    for line in proc.stdout:  # the readiness line comes once /healthz answers
-        lines.append(line)
-        if line.startswith("ready:"):
-            break
-    assert proc.poll() is None, "".join(lines) + proc.stderr.read()
-    yield f"http://127.0.0.1:{port}/", proc, lines
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    yield from served(cmd, env, port)
 
 
 def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm, capsys, monkeypatch):
