@@ -192,14 +192,14 @@ def device_settings(
         raise BenchError(f"--provider {provider!r} is not one of cpu, cuda")
     if dtype not in DTYPES:
         raise BenchError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if provider == "cpu" and (dtype != "float32" or cuda_graph):
-        asked = f"--dtype {dtype}" if dtype != "float32" else "--cuda-graph"
-        raise BenchError(f"{asked} needs --provider cuda (the CPU provider runs whole models in float32)")
-    if cuda_graph and dtype == "float32":
-        raise BenchError(
-            "--cuda-graph replays a packed-rows export, which attnzoo makes for CUDA in a half dtype: add --dtype "
-            "float16 (GroupQueryAttention has no float32 CUDA kernel; a float32 CUDA export is left-padded)"
-        )
+    if provider == "cpu" and dtype != "float32":
+        raise BenchError(f"--dtype {dtype} needs --provider cuda (the CPU provider runs whole models in float32)")
+    if cuda_graph:
+        from runtime.providers import cuda_graph_refusal
+
+        why = cuda_graph_refusal(provider, dtype)  # the bench always exports its checkpoint
+        if why:
+            raise BenchError(why)
     if tf32 and dtype != "float32":
         raise BenchError(f"--tf32 is for float32; --dtype {dtype} has no TF32 products")
     if provider == "cuda":

@@ -133,17 +133,15 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
 
 
 def _check_cuda_graph(args: argparse.Namespace) -> None:
-    """--cuda-graph replays a packed-rows export on CUDA: a folder is exported so only in a half dtype (packed
-    rows ride on GroupQueryAttention, which has no float32 CUDA kernel; a float32 CUDA export is left-padded)."""
+    """--cuda-graph's rule (runtime.providers.cuda_graph_refusal), before any export: a folder's dtype counts,
+    an .onnx is checked when its session opens."""
     if not args.cuda_graph:
         return
-    if args.provider != "cuda":
-        raise CliError(f"--cuda-graph captures the decode step on CUDA: add --provider cuda (not {args.provider})")
-    if args.dtype == "float32" and not args.source.endswith(".onnx"):
-        raise CliError(
-            "--cuda-graph needs a packed-rows export, which a folder gets for CUDA in a half dtype: add --dtype "
-            "float16 or bfloat16 (GroupQueryAttention has no float32 CUDA kernel)"
-        )
+    from runtime.providers import cuda_graph_refusal
+
+    why = cuda_graph_refusal(args.provider, None if args.source.endswith(".onnx") else args.dtype)
+    if why:
+        raise CliError(why)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -143,6 +143,22 @@ def announce(note: str) -> None:
 TF32_TOLERANCE = (2e-3, 2e-3)
 
 
+def cuda_graph_refusal(provider: str, dtype: str | None = None) -> str | None:
+    """Why `--cuda-graph` cannot replay a whole model's decode step with this provider and, for a checkpoint that
+    attnzoo exports first, this dtype (None: an existing export, which OnnxSession(cuda_graph=True) checks when it
+    opens it); None where it can. A CUDA graph replays a packed-rows export on CUDA, and a checkpoint is exported so
+    for CUDA only in a half dtype: packed rows ride on GroupQueryAttention, which has no float32 CUDA kernel (a
+    float32 CUDA export is left-padded). The one rule `generate` and `bench --generate` both state."""
+    if provider != "cuda":
+        return f"--cuda-graph captures the decode step on CUDA: add --provider cuda (not {provider})"
+    if dtype == "float32":
+        return (
+            "--cuda-graph needs a packed-rows export, which a checkpoint gets for CUDA in a half dtype: add --dtype "
+            "float16 or bfloat16 (GroupQueryAttention has no float32 CUDA kernel; a float32 CUDA export is left-padded)"
+        )
+    return None
+
+
 def cuda_options(tf32: bool = False, cuda_graph: bool = False) -> dict[str, str]:
     """The CUDA provider's options a session passes, set explicitly (never the provider's defaults).
     cuda_graph: `enable_cuda_graph` (cuda_provider_options.h), which captures a run's kernels once and replays

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import build_parser, command_parsers, main
+from runtime.providers import cuda_graph_refusal
 
 
 def _error(capsys, code) -> str:
@@ -157,8 +158,8 @@ def test_a_mistyped_command_or_model_gets_the_closest_names(capsys, argv, words)
 @pytest.mark.parametrize(
     "flags, words",
     [
-        ([], "--cuda-graph captures the decode step on CUDA: add --provider cuda (not cpu)"),
-        (["--provider", "cuda"], "add --dtype float16 or bfloat16 (GroupQueryAttention has no float32 CUDA kernel)"),
+        ([], cuda_graph_refusal("cpu")),
+        (["--provider", "cuda"], cuda_graph_refusal("cuda", "float32")),
     ],
 )
 def test_generate_cuda_graph_is_refused_before_any_export_where_it_cannot_replay(capsys, flags, words):

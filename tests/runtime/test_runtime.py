@@ -17,7 +17,7 @@ import zoo
 from helpers import REPO
 from parity.rows import TF32, TOLERANCE, tolerance
 from runtime import core, providers
-from runtime.providers import CPU, CUDA, TF32_TOLERANCE, SessionError, cuda_options, providers_for
+from runtime.providers import CPU, CUDA, TF32_TOLERANCE, SessionError, cuda_graph_refusal, cuda_options, providers_for
 from runtime.session import OnnxSession
 
 MODULES = sorted(f"runtime.{m.name}" for m in pkgutil.iter_modules(runtime.__path__))
@@ -45,6 +45,22 @@ def test_a_cuda_session_turns_tf32_off_unless_asked():
     assert providers_for(True) == [(CUDA, {"use_tf32": "0"}), CPU]
     assert providers_for(True, tf32=True) == [(CUDA, {"use_tf32": "1"}), CPU]
     assert providers_for(False) == providers_for(False, tf32=True) == [CPU]
+
+
+@pytest.mark.parametrize(
+    "provider, dtype, words",
+    [
+        ("cpu", None, "add --provider cuda (not cpu)"),
+        ("cpu", "float16", "add --provider cuda (not cpu)"),
+        ("cuda", "float32", "add --dtype float16 or bfloat16"),
+        ("cuda", "float16", None),
+        ("cuda", "bfloat16", None),
+        ("cuda", None, None),  # an existing export: OnnxSession(cuda_graph=True) reads its padding when it opens
+    ],
+)
+def test_a_cuda_graph_needs_cuda_and_for_a_checkpoint_a_half_dtype(provider, dtype, words):
+    why = cuda_graph_refusal(provider, dtype)
+    assert why is None if words is None else words in why
 
 
 @pytest.fixture
