@@ -268,7 +268,32 @@ def trace(
     except Exception as e:  # torch's exporter raises many types; name the request in one
         raise export_failure(rec.name, e) from e
     model = program.model
-    return rec.after_trace(model) if rec.after_trace else model
+    model = rec.after_trace(model) if rec.after_trace else model
+    exact_scales(model, {float(m.spec.scale_) for m in wrapper.modules() if isinstance(m, zoo.MultiHeadAttention)})
+    return model
+
+
+# A fused attention node's `scale` as the rewriter computed it, from torch's SDPA export: Q and K each times
+# sqrt(scale) as a constant of the export's dtype, then the product of the two. In a half dtype that constant
+# is rounded (fp16: 2^-11, bf16: 2^-8 of it), so the node's scale is off by up to twice that: 0.0884249 for
+# llama's 1/sqrt(128) = 0.0883883 in fp16, a bias on every score. Within this of a block's own scale, the
+# block's is meant.
+_SCALE_ROUNDING = 2.0**-6
+
+
+def exact_scales(model, scales: set[float]) -> None:
+    """Set every fused attention node's `scale` attribute to the block scale it rounds (the nearest within
+    _SCALE_ROUNDING, relative), so a half-precision export scores with its blocks' exact scale, as eager does."""
+    import onnx_ir as ir
+
+    for node in model.graph.all_nodes():
+        attr = node.attributes.get("scale")
+        if attr is None or not scales or node.domain not in ("", "com.microsoft") or "Attention" not in node.op_type:
+            continue
+        got = attr.as_float()
+        best = min(scales, key=lambda s: abs(got - s))
+        if got != best and abs(got - best) <= _SCALE_ROUNDING * best:
+            node.attributes["scale"] = ir.AttrFloat32("scale", best)
 
 
 def check_interface(model, ins: list[TensorIO], outs: list[TensorIO], spec) -> None:

@@ -298,3 +298,33 @@ def test_layer_qk_norm_in_fp16_loads_and_matches(tmp_path):
     x = torch.randn(2, 5, 16)
     y = torch.as_tensor(OnnxSession(path, provider="cpu", verbose=False).run(x.half())).float()
     torch.testing.assert_close(y, block(x), rtol=2e-2, atol=2e-3)
+
+
+def test_a_half_precision_fused_node_scores_with_the_blocks_exact_scale(tmp_path):
+    """torch's SDPA export multiplies Q and K by sqrt(scale) as fp16 constants, and the rewriter's fused node
+    held their product (0.0999585 for mha-scaled's 0.1; 0.0884249 for 1/sqrt(128)): it holds the block's own."""
+    block = zoo.create("mha-scaled").eval()
+    path = export_onnx(block, tmp_path / "s16.onnx", lowering="ort-mha", dtype="float16").path
+    graph = onnx.load(str(path), load_external_data=False).graph
+    scales = [onnx.helper.get_attribute_value(a) for n in graph.node for a in n.attribute if a.name == "scale"]
+    assert scales == [pytest.approx(float(np.float32(0.1)), rel=1e-7)]
+
+
+@pytest.mark.parametrize(
+    "got, blocks, want",
+    [
+        (0.0884249210357666, {0.08838834764831845}, 0.08838834764831845),  # fp16-rounded sqrt, squared
+        (0.09995847940444946, {0.1, 0.125}, 0.1),  # the nearest block's
+        (0.5, {0.125}, 0.5),  # a scale of its own (no block's, rounded): left as it is
+    ],
+)
+def test_exact_scales_mends_only_a_rounded_block_scale(got, blocks, want):
+    import onnx_ir as ir
+
+    from export.tracing import exact_scales
+
+    x = ir.Value(name="x")
+    node = ir.Node("com.microsoft", "MultiHeadAttention", [x, x, x], [ir.AttrFloat32("scale", got)], num_outputs=1)
+    graph = ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 18, "com.microsoft": 1})
+    exact_scales(ir.Model(graph, ir_version=10), blocks)
+    assert node.attributes["scale"].as_float() == pytest.approx(want, rel=1e-7)
