@@ -22,6 +22,7 @@ import asyncio
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,9 @@ class TextRun:
         self.made = 0
         self.logprobs = logprobs  # alternatives per token, or None: no logprobs
         self.entries: list[TokenLogprob] = []  # one per token made (an ending eos excepted), when asked
+        self.ready = 0  # entries a stream may send: their text all shown (all, once the run has ended)
+        self._ready_at = 0  # where the next entry's text starts in the answer
+        self._pending = False  # the tokens since the last text began a character (their bytes are out)
         self._step_logprobs: np.ndarray | None = None
 
     def choose(self, logits: np.ndarray, argmax: np.ndarray) -> np.ndarray:
@@ -95,10 +99,59 @@ class TextRun:
         return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
 
     def _entry(self, token: int) -> TokenLogprob:
+        """The token's entry, it and its alternatives named by the text each would add here, in context, and
+        by the bytes each would add to the answer's UTF-8."""
         lp, n = self._step_logprobs, self.logprobs
-        best = np.argsort(-lp, kind="stable")[:n] if n else []
-        text = self.row.codec.decode
-        return TokenLogprob(text([token]), float(lp[token]), tuple((text([int(i)]), float(lp[i])) for i in best))
+        best = [int(i) for i in np.argsort(-lp, kind="stable")[:n]] if n else []
+        texts = self.row.peek([token, *best])
+        named = [
+            (text, float(lp[t]), self._bytes(t, text, partial)) for t, (text, partial) in zip([token, *best], texts)
+        ]
+        (text, logprob, raw), partial = named[0], texts[0][1]
+        if partial or text:  # a character begun: the token that completes it carries the character
+            self._pending = partial
+        return TokenLogprob(text, logprob, raw, tuple(named[1:]))
+
+    def _bytes(self, token: int, text: str, partial: bool) -> bytes | None:
+        """The bytes `token` adds to the answer: its own, except where they do not read as its text and no
+        character is pending before it (a SentencePiece space the decoder strips at the answer's start, a
+        special token left out of the text): there, its text's UTF-8. None where its own are unknown and its
+        text is none of its own (it ends inside a character)."""
+        own = self.row.codec.token_bytes(token)
+        if own is not None and (partial or self._pending or own.decode("utf-8", "replace") == text):
+            return own
+        return None if partial else text.encode()
+
+    def _settle(self) -> None:
+        """At the end: the entries' texts made to join to the answer's text. An incomplete character released
+        at the end (U+FFFD) goes to the last token; after a stop string, the tokens listed are those whose text
+        is in the answer, the last cut where the answer ends (the stop string's tokens are left out)."""
+        text = self.row.text
+        joined = sum(len(e.token) for e in self.entries)
+        if self.entries and joined < len(text):
+            self.entries[-1] = replace(self.entries[-1], token=self.entries[-1].token + text[joined:])
+        if self.row.stopped:
+            kept, at = [], 0
+            for e in self.entries:
+                if at >= len(text):
+                    break
+                kept.append(replace(e, token=e.token[: len(text) - at]))
+                at += len(e.token)
+            raw, at = text.encode(), 0  # and their bytes cut to the answer's UTF-8 the same way
+            for i, e in enumerate(kept if all(e.bytes is not None for e in kept) else ()):
+                kept[i] = replace(e, bytes=raw[at:] if i == len(kept) - 1 else raw[at : at + len(e.bytes)])
+                at += len(kept[i].bytes)
+            self.entries = kept
+        self.ready = len(self.entries)
+
+    def _advance(self) -> None:
+        """Count the entries whose text is all shown (one with no text: that starts inside the shown text)."""
+        shown = self.row.shown
+        while self.ready < len(self.entries):
+            end = self._ready_at + len(self.entries[self.ready].token)
+            if end > shown or end == self._ready_at == shown:
+                break
+            self.ready, self._ready_at = self.ready + 1, end
 
     def add(self, tokens: np.ndarray) -> bool:
         """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
@@ -116,6 +169,8 @@ class TextRun:
                 self.finish = "stop"
             elif self.made >= self.max_tokens:
                 self.finish, piece = "length", piece + self.row.finish()
+        if self.logprobs is not None:
+            self._settle() if self.finish else self._advance()
         self.emit(piece, self.finish)
         return self.finish is not None
 
@@ -235,7 +290,7 @@ class OpenAIFront:
 
         def emit(piece: str, finish: str | None) -> None:
             if ask.stream:  # with the count of logprob entries made so far: the chunk takes those not yet sent
-                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, len(run.entries)))
+                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, run.ready))
 
         run = TextRun(sampler, self.eos, RowText(self.codec, ask.stop), ask.max_tokens, emit, ask.logprobs)
         item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
@@ -267,7 +322,7 @@ class OpenAIFront:
                         yield error_chunk(OpenAIError(f"the model run failed: {err}", 500))
                         break
                     piece, finish, made = get.result()
-                    if piece or finish:  # a token whose text is held back sends its logprobs with the next piece
+                    if piece or finish:  # a token whose text is held back sends its logprobs with its text
                         yield answer.chunk(piece or None, finish, entries=run.entries[sent:made])
                         sent = made
                     if finish:
