@@ -13,7 +13,10 @@ row is given back before the next step.
 most likely alternatives: the log-softmax of the model's own logits at that step, before the request's
 temperature, top-k, top-p, min-p or repetition penalty (what OpenAI's API and vLLM's default return). Every
 export the /v1 routes serve returns its logits each step (the continuous batch binds them), so every /v1
-request can ask for them. The tokens listed are those made, an eos id that ended the run excepted.
+request can ask for them. Each token is named by the text it adds to the answer in context (RowText.peek: ""
+for a token that ends inside a character, the token completing it carries it) and by its own bytes (chat), so
+the texts join to the answer and the bytes to its UTF-8. The tokens listed are those made, an eos id that
+ended the run excepted; after a stop string, those whose text is in the answer (the last cut where it ends).
 """
 
 from __future__ import annotations
