@@ -90,7 +90,7 @@ class TextRun:
         self.made = 0
         self.logprobs = logprobs  # alternatives per token, or None: no logprobs
         self.entries: list[TokenLogprob] = []  # one per token made (an ending eos excepted), when asked
-        self.ready = 0  # entries a stream may send: their text all shown (all, once the run has ended)
+        self.ready = 0  # entries a stream may send, never changed after (all, once the run has ended)
         self._ready_at = 0  # where the next entry's text starts in the answer
         self._pending = False  # the tokens since the last text began a character (their bytes are out)
         self._step_logprobs: np.ndarray | None = None
@@ -138,23 +138,32 @@ class TextRun:
             for e in self.entries:
                 if at >= len(text):
                     break
-                kept.append(replace(e, token=e.token[: len(text) - at]))
+                kept.append(e)
                 at += len(e.token)
-            raw, at = text.encode(), 0  # and their bytes cut to the answer's UTF-8 the same way
-            for i, e in enumerate(kept if all(e.bytes is not None for e in kept) else ()):
-                kept[i] = replace(e, bytes=raw[at:] if i == len(kept) - 1 else raw[at : at + len(e.bytes)])
-                at += len(kept[i].bytes)
+            if at > len(text):  # the last runs into the stop string: cut it, with the bytes of its character's
+                start = at - len(kept[-1].token)  # tokens (the textless ones before it), none of them sent yet
+                first = len(kept) - 1
+                while first and not kept[first - 1].token:
+                    first -= 1
+                kept[-1] = replace(kept[-1], token=text[start:])
+                raw = text[start:].encode()
+                for i in range(first, len(kept)) if all(e.bytes is not None for e in kept[first:]) else ():
+                    cut = raw if i == len(kept) - 1 else raw[: len(kept[i].bytes)]
+                    kept[i], raw = replace(kept[i], bytes=cut), raw[len(cut) :]
             self.entries = kept
         self.ready = len(self.entries)
 
     def _advance(self) -> None:
-        """Count the entries whose text is all shown (one with no text: that starts inside the shown text)."""
-        shown = self.row.shown
-        while self.ready < len(self.entries):
-            end = self._ready_at + len(self.entries[self.ready].token)
-            if end > shown or end == self._ready_at == shown:
+        """Count the entries a stream may send: up to a token whose text is all shown, with the textless ones
+        before it (a character it completes: they go out together, so nothing sent is cut by a stop later)."""
+        shown, i, at = self.row.shown, self.ready, self._ready_at
+        while i < len(self.entries):
+            token = self.entries[i].token
+            if at + len(token) > shown:
                 break
-            self.ready, self._ready_at = self.ready + 1, end
+            i, at = i + 1, at + len(token)
+            if token:
+                self.ready, self._ready_at = i, at
 
     def add(self, tokens: np.ndarray) -> bool:
         """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop

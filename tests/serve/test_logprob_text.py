@@ -63,18 +63,20 @@ def _ids(codec: Codec, *pieces: str) -> list[int]:
 
 
 def _feed(codec: Codec, tokens: list[int], stop=(), eos=(), n: int = 3, max_tokens: int | None = None):
-    """(run, [(piece, finish, ready)] per token): a greedy TextRun fed `tokens`, each the argmax of random logits."""
+    """(run, [(piece, finish, the entries a stream may send)] per token): a greedy TextRun fed `tokens`, each the
+    argmax of random logits; the entries a stream was told it may send are never changed after."""
     vocab = codec.tok.get_vocab_size()
     sampler = Sampler(resolve({}, {"pad_token_id": 0}), np.zeros((1, 1), np.int64), None, vocab)
     steps: list = []
     run = TextRun(sampler, tuple(eos), RowText(codec, tuple(stop)), max_tokens or len(tokens), None, n)
-    run.emit = lambda piece, finish: steps.append((piece, finish, run.ready))
+    run.emit = lambda piece, finish: steps.append((piece, finish, run.entries[: run.ready]))
     rng = np.random.default_rng(0)
     for t in tokens:
         logits = rng.standard_normal((1, vocab)).astype(np.float32)
         logits[0, t] = 9.0
         if run.add(run.choose(logits, np.array([t]))):
             break
+    assert all(run.entries[: len(sendable)] == sendable for _, _, sendable in steps)
     return run, steps
 
 
@@ -85,11 +87,11 @@ def _answers(run: TextRun, steps) -> tuple[dict, dict, list[dict], list[dict]]:
         ask = Ask(route, 8, logprobs=run.logprobs)
         whole = json.loads(Answer(ask, "m", "fp", None).whole(run.row.text, run.finish, {}, run.entries))
         streamed, sent, answer = [], 0, Answer(ask, "m", "fp", None)
-        for piece, finish, ready in steps:  # as OpenAIFront's stream sends them
+        for piece, finish, sendable in steps:  # as OpenAIFront's stream sends them
             if piece or finish:
-                chunk = json.loads(answer.chunk(piece or None, finish, entries=run.entries[sent:ready])[6:])
+                chunk = json.loads(answer.chunk(piece or None, finish, entries=sendable[sent:])[6:])
                 streamed.append(chunk["choices"][0]["logprobs"])
-                sent = ready
+                sent = len(sendable)
         out += [whole["choices"][0]["logprobs"], streamed]
     return out[0], out[2], out[1], out[3]
 
