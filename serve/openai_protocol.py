@@ -235,12 +235,13 @@ def _messages(value) -> list[dict]:
 class TokenLogprob:
     """One new token's log-probability and its most likely alternatives (text, logprob, bytes), best first.
 
-    `token` is the text the token adds to the answer in context and `bytes` the bytes it adds to the answer's
-    UTF-8 (None where unknown): the entries' texts join to the answer's text and their bytes to its UTF-8."""
+    `token` is the text the token adds to the answer in context and `raw` the bytes it adds to the answer's
+    UTF-8 (chat's `bytes`; None where unknown): the entries' texts join to the answer's text, their bytes to
+    its UTF-8."""
 
     token: str
     logprob: float
-    bytes: bytes | None = None
+    raw: bytes | None = None
     top: tuple[tuple[str, float, bytes | None], ...] = ()
 
 
@@ -264,7 +265,7 @@ class Answer:
         entries = entries or []
         if self.ask.chat:
             content = [
-                {**_chat_entry(e.token, e.logprob, e.bytes), "top_logprobs": [_chat_entry(*t) for t in e.top]}
+                {**_chat_entry(e.token, e.logprob, e.raw), "top_logprobs": [_chat_entry(*t) for t in e.top]}
                 for e in entries
             ]
             return {"content": content, "refusal": None}

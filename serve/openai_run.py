@@ -147,9 +147,9 @@ class TextRun:
                     first -= 1
                 kept[-1] = replace(kept[-1], token=text[start:])
                 raw = text[start:].encode()
-                for i in range(first, len(kept)) if all(e.bytes is not None for e in kept[first:]) else ():
-                    cut = raw if i == len(kept) - 1 else raw[: len(kept[i].bytes)]
-                    kept[i], raw = replace(kept[i], bytes=cut), raw[len(cut) :]
+                for i in range(first, len(kept)) if all(e.raw is not None for e in kept[first:]) else ():
+                    cut = raw if i == len(kept) - 1 else raw[: len(kept[i].raw)]
+                    kept[i], raw = replace(kept[i], raw=cut), raw[len(cut) :]
             self.entries = kept
         self.ready = len(self.entries)
 
@@ -301,7 +301,7 @@ class OpenAIFront:
         pieces: asyncio.Queue = asyncio.Queue()
 
         def emit(piece: str, finish: str | None) -> None:
-            if ask.stream:  # with the count of logprob entries made so far: the chunk takes those not yet sent
+            if ask.stream:  # with the count of logprob entries it may send: the chunk takes those not yet sent
                 loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, run.ready))
 
         run = TextRun(sampler, self.eos, RowText(self.codec, ask.stop), ask.max_tokens, emit, ask.logprobs)

@@ -158,7 +158,7 @@ def test_the_alternatives_are_named_in_the_same_context():
         logits[0, [chosen, second]] = [3.0, 2.0]
         run.add(run.choose(logits, np.array([chosen])))
     assert run.row.text == "Helloé world"
-    named = [[(e.token, e.bytes)] + [(t, raw) for t, _, raw in e.top] for e in run.entries]
+    named = [[(e.token, e.raw)] + [(t, raw) for t, _, raw in e.top] for e in run.entries]
     assert named == [
         [("Hello", b"Hello"), ("Hello", b"Hello"), ("world", b"world")],
         [("", b"\xc3"), ("", b"\xc3"), (" world", b" world")],
@@ -188,7 +188,7 @@ def test_after_a_stop_string_the_entries_are_the_tokens_of_the_answer(family):
     assert run.finish == "stop" and len(completions["tokens"]) == k + 1
     assert completions["tokens"][-1] == texts[k][:1] and run.made > k  # cut; the rest of the stop: not listed
     if family == "byte-level":
-        assert [(e.token, e.bytes) for e in run.entries] == [("a", b"a"), ("", b"a"), ("a", b"")]
+        assert [(e.token, e.raw) for e in run.entries] == [("a", b"a"), ("", b"a"), ("a", b"")]
 
 
 def test_an_answer_cut_inside_a_character_ends_in_a_replacement_character():
@@ -199,12 +199,12 @@ def test_an_answer_cut_inside_a_character_ends_in_a_replacement_character():
     tokens = _ids(codec, "h", "ð", "Ł")
     run, steps = _feed(codec, tokens)
     assert run.row.text == "h\ufffd" and [e.token for e in run.entries] == ["h", "", "\ufffd"]
-    assert [e.bytes for e in run.entries] == [b"h", b"\xf0", b"\x9f"]
+    assert [e.raw for e in run.entries] == [b"h", b"\xf0", b"\x9f"]
     assert "".join(t for c in _answers(run, steps)[2] for t in c["tokens"]) == "h\ufffd"
     ended, _ = _feed(codec, [*tokens[:2], 257], eos=(257,), max_tokens=8)
     assert ended.finish == "stop" and [e.token for e in ended.entries] == ["h", "\ufffd"]
     broken, _ = _feed(codec, _ids(codec, "Ã", "a", "b"))  # bytes C3 61: not UTF-8; the text reads "\ufffda"
-    assert [(e.token, e.bytes) for e in broken.entries] == [("", b"\xc3"), ("\ufffda", b"a"), ("b", b"b")]
+    assert [(e.token, e.raw) for e in broken.entries] == [("", b"\xc3"), ("\ufffda", b"a"), ("b", b"b")]
 
 
 def test_a_tokens_own_bytes_come_from_the_vocabulary():
