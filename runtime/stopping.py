@@ -6,12 +6,17 @@ tokens are decoded with one token of context before them and only the part past 
 new; a piece ending in U+FFFD (a multi-byte character cut between tokens) is held back until the next
 token completes it, so a character never splits. With stop strings a row's text is released only up to
 where a stop string could still begin, so text outputs end before the stop string (OpenAI's `stop`),
-while the tokens keep it (transformers' `stop_strings`).
+while the tokens keep it (transformers' `stop_strings`). `RowText.peek` gives the text a token would add
+in the same context (what a logprob entry names it by) without adding it, and `Codec.token_bytes` a token's
+own bytes, read from the vocabulary (for a token that ends inside a character, whose text is not its own).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +76,47 @@ class Codec:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
+    def token_bytes(self, token: int) -> bytes | None:
+        """A token's own bytes, from its piece in the vocabulary: byte-level BPE's pieces through GPT-2's
+        byte-to-character map inverted, a byte-fallback piece "<0xNN>" as that byte, a SentencePiece "▁" as
+        a space, else the piece's UTF-8; None where the tokenizer shows no vocabulary (not a `tokenizers` one,
+        nor a transformers tokenizer over one)."""
+        if self._pieces is None:
+            return None
+        piece = self._pieces[0].id_to_token(int(token))
+        if piece is None:
+            return None
+        byte_level, fallback, metaspace = self._pieces[1:]
+        if byte_level and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        hit = _BYTE_PIECE.fullmatch(piece) if fallback else None
+        if hit:
+            return bytes([int(hit.group(1), 16)])
+        return (piece.replace("\u2581", " ") if metaspace else piece).encode()
+
+    @cached_property
+    def _pieces(self):
+        """(the `tokenizers.Tokenizer`, byte-level?, byte fallback?, "▁" a space?) or None; read once."""
+        tok = self.tok if self._fast else getattr(self.tok, "backend_tokenizer", None)
+        if not callable(getattr(tok, "to_str", None)):
+            return None
+        doc = json.loads(tok.to_str())
+        parts = json.dumps([doc.get("decoder"), doc.get("pre_tokenizer")])
+        byte_level = '"type": "ByteLevel"' in parts
+        fallback = bool((doc.get("model") or {}).get("byte_fallback")) or '"ByteFallback"' in parts
+        return tok, byte_level, fallback, '"Metaspace"' in parts or "\\u2581" in parts
+
+
+def _gpt2_bytes() -> dict[str, int]:
+    """GPT-2's map of bytes to printable characters (bytes_to_unicode), inverted: character -> byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+_BYTE_OF = _gpt2_bytes()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """How many characters at the end of `text` could begin a stop string (the longest such suffix)."""
@@ -96,15 +142,28 @@ class RowText:
         self.stopped = False
         self._longest = max((len(s) for s in stops), default=0)
 
+    def peek(self, tokens) -> list[tuple[str, bool]]:
+        """For each of `tokens`, as if it came next: (the text it would add, whether it ends inside a character).
+        The text is read in context, so a SentencePiece "▁word" keeps its space and the token completing a
+        multi-byte character carries the whole character; one ending inside a character adds "" (yet)."""
+        before = self.codec.decode(self.ids[self.prefix : self.read])
+        return [self._new_text(before, self.codec.decode([*self.ids[self.prefix :], int(t)])) for t in tokens]
+
+    @staticmethod
+    def _new_text(before: str, after: str) -> tuple[str, bool]:
+        if after.endswith("\ufffd"):
+            return "", True
+        return (after[len(before) :] if len(after) > len(before) else ""), False
+
     def add(self, token: int) -> str:
         if self.stopped:
             return ""
         self.ids.append(int(token))
         before = self.codec.decode(self.ids[self.prefix : self.read])
-        after = self.codec.decode(self.ids[self.prefix :])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        new, _ = self._new_text(before, self.codec.decode(self.ids[self.prefix :]))
+        if new:
             start = max(0, len(self.text) - self._longest + 1)
-            self.text += after[len(before) :]
+            self.text += new
             self.prefix, self.read = self.read, len(self.ids)
             hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
             if hits:

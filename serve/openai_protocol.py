@@ -233,15 +233,20 @@ def _messages(value) -> list[dict]:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One new token's log-probability and its most likely alternatives (text, logprob), best first."""
+    """One new token's log-probability and its most likely alternatives (text, logprob, bytes), best first.
+
+    `token` is the text the token adds to the answer in context and `raw` the bytes it adds to the answer's
+    UTF-8 (chat's `bytes`; None where unknown): the entries' texts join to the answer's text, their bytes to
+    its UTF-8."""
 
     token: str
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    raw: bytes | None = None
+    top: tuple[tuple[str, float, bytes | None], ...] = ()
 
 
-def _chat_entry(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _chat_entry(text: str, logprob: float, raw: bytes | None) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": None if raw is None else list(raw)}
 
 
 class Answer:
@@ -260,7 +265,7 @@ class Answer:
         entries = entries or []
         if self.ask.chat:
             content = [
-                {**_chat_entry(e.token, e.logprob), "top_logprobs": [_chat_entry(t, lp) for t, lp in e.top]}
+                {**_chat_entry(e.token, e.logprob, e.raw), "top_logprobs": [_chat_entry(*t) for t in e.top]}
                 for e in entries
             ]
             return {"content": content, "refusal": None}
@@ -271,8 +276,9 @@ class Answer:
         return {
             "tokens": [e.token for e in entries],
             "token_logprobs": [e.logprob for e in entries],
-            # the N most likely and always the chosen one, as OpenAI lists them (up to N + 1)
-            "top_logprobs": [{**dict(e.top), e.token: e.logprob} for e in entries],
+            # the N most likely and always the chosen one, as OpenAI lists them (up to N + 1), keyed by their
+            # text: two tokens with the same text share one key (OpenAI's format, and vLLM's)
+            "top_logprobs": [{**{t: lp for t, lp, _ in e.top}, e.token: e.logprob} for e in entries],
             "text_offset": offsets,
         }
 

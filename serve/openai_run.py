@@ -13,7 +13,10 @@ row is given back before the next step.
 most likely alternatives: the log-softmax of the model's own logits at that step, before the request's
 temperature, top-k, top-p, min-p or repetition penalty (what OpenAI's API and vLLM's default return). Every
 export the /v1 routes serve returns its logits each step (the continuous batch binds them), so every /v1
-request can ask for them. The tokens listed are those made, an eos id that ended the run excepted.
+request can ask for them. Each token is named by the text it adds to the answer in context (RowText.peek: ""
+for a token that ends inside a character, the token completing it carries it) and by its own bytes (chat), so
+the texts join to the answer and the bytes to its UTF-8. The tokens listed are those made, an eos id that
+ended the run excepted; after a stop string, those whose text is in the answer (the last cut where it ends).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +90,9 @@ class TextRun:
         self.made = 0
         self.logprobs = logprobs  # alternatives per token, or None: no logprobs
         self.entries: list[TokenLogprob] = []  # one per token made (an ending eos excepted), when asked
+        self.ready = 0  # entries a stream may send, never changed after (all, once the run has ended)
+        self._ready_at = 0  # where the next entry's text starts in the answer
+        self._pending = False  # the tokens since the last text began a character (their bytes are out)
         self._step_logprobs: np.ndarray | None = None
 
     def choose(self, logits: np.ndarray, argmax: np.ndarray) -> np.ndarray:
@@ -95,10 +102,68 @@ class TextRun:
         return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
 
     def _entry(self, token: int) -> TokenLogprob:
+        """The token's entry, it and its alternatives named by the text each would add here, in context, and
+        by the bytes each would add to the answer's UTF-8."""
         lp, n = self._step_logprobs, self.logprobs
-        best = np.argsort(-lp, kind="stable")[:n] if n else []
-        text = self.row.codec.decode
-        return TokenLogprob(text([token]), float(lp[token]), tuple((text([int(i)]), float(lp[i])) for i in best))
+        best = [int(i) for i in np.argsort(-lp, kind="stable")[:n]] if n else []
+        texts = self.row.peek([token, *best])
+        named = [
+            (text, float(lp[t]), self._bytes(t, text, partial)) for t, (text, partial) in zip([token, *best], texts)
+        ]
+        (text, logprob, raw), partial = named[0], texts[0][1]
+        if partial or text:  # a character begun: the token that completes it carries the character
+            self._pending = partial
+        return TokenLogprob(text, logprob, raw, tuple(named[1:]))
+
+    def _bytes(self, token: int, text: str, partial: bool) -> bytes | None:
+        """The bytes `token` adds to the answer: its own, except where they do not read as its text and no
+        character is pending before it (a SentencePiece space the decoder strips at the answer's start, a
+        special token left out of the text): there, its text's UTF-8. None where its own are unknown and its
+        text is none of its own (it ends inside a character)."""
+        own = self.row.codec.token_bytes(token)
+        if own is not None and (partial or self._pending or own.decode("utf-8", "replace") == text):
+            return own
+        return None if partial else text.encode()
+
+    def _settle(self) -> None:
+        """At the end: the entries' texts made to join to the answer's text. An incomplete character released
+        at the end (U+FFFD) goes to the last token; after a stop string, the tokens listed are those whose text
+        is in the answer, the last cut where the answer ends (the stop string's tokens are left out)."""
+        text = self.row.text
+        joined = sum(len(e.token) for e in self.entries)
+        if self.entries and joined < len(text):
+            self.entries[-1] = replace(self.entries[-1], token=self.entries[-1].token + text[joined:])
+        if self.row.stopped:
+            kept, at = [], 0
+            for e in self.entries:
+                if at >= len(text):
+                    break
+                kept.append(e)
+                at += len(e.token)
+            if at > len(text):  # the last runs into the stop string: cut it, with the bytes of its character's
+                start = at - len(kept[-1].token)  # tokens (the textless ones before it), none of them sent yet
+                first = len(kept) - 1
+                while first and not kept[first - 1].token:
+                    first -= 1
+                kept[-1] = replace(kept[-1], token=text[start:])
+                raw = text[start:].encode()
+                for i in range(first, len(kept)) if all(e.raw is not None for e in kept[first:]) else ():
+                    cut = raw if i == len(kept) - 1 else raw[: len(kept[i].raw)]
+                    kept[i], raw = replace(kept[i], raw=cut), raw[len(cut) :]
+            self.entries = kept
+        self.ready = len(self.entries)
+
+    def _advance(self) -> None:
+        """Count the entries a stream may send: up to a token whose text is all shown, with the textless ones
+        before it (a character it completes: they go out together, so nothing sent is cut by a stop later)."""
+        shown, i, at = self.row.shown, self.ready, self._ready_at
+        while i < len(self.entries):
+            token = self.entries[i].token
+            if at + len(token) > shown:
+                break
+            i, at = i + 1, at + len(token)
+            if token:
+                self.ready, self._ready_at = i, at
 
     def add(self, tokens: np.ndarray) -> bool:
         """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
@@ -116,6 +181,8 @@ class TextRun:
                 self.finish = "stop"
             elif self.made >= self.max_tokens:
                 self.finish, piece = "length", piece + self.row.finish()
+        if self.logprobs is not None:
+            self._settle() if self.finish else self._advance()
         self.emit(piece, self.finish)
         return self.finish is not None
 
@@ -234,8 +301,8 @@ class OpenAIFront:
         pieces: asyncio.Queue = asyncio.Queue()
 
         def emit(piece: str, finish: str | None) -> None:
-            if ask.stream:  # with the count of logprob entries made so far: the chunk takes those not yet sent
-                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, len(run.entries)))
+            if ask.stream:  # with the count of logprob entries it may send: the chunk takes those not yet sent
+                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, run.ready))
 
         run = TextRun(sampler, self.eos, RowText(self.codec, ask.stop), ask.max_tokens, emit, ask.logprobs)
         item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
@@ -267,7 +334,7 @@ class OpenAIFront:
                         yield error_chunk(OpenAIError(f"the model run failed: {err}", 500))
                         break
                     piece, finish, made = get.result()
-                    if piece or finish:  # a token whose text is held back sends its logprobs with the next piece
+                    if piece or finish:  # a token whose text is held back sends its logprobs with its text
                         yield answer.chunk(piece or None, finish, entries=run.entries[sent:made])
                         sent = made
                     if finish:

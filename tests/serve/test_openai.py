@@ -234,12 +234,12 @@ def _eager_logprobs(hf_lm, ids: list[int], new: list[int]) -> np.ndarray:
     return torch.log_softmax(logits, -1)[len(ids) - 1 : len(ids) - 1 + len(new)].numpy()
 
 
-def _check_logprobs(hf_lm, codec, ids, new, chosen, top=None, n=0):
-    """chosen[i] (text, logprob) and top[i] [(text, logprob)] of each new token against transformers'."""
+def _check_logprobs(hf_lm, text, ids, new, chosen, top=None, n=0):
+    """chosen[i] (text, logprob) and top[i] [(text, logprob)] of each new token against transformers'; the
+    chosen tokens' texts (each read in context) join to the answer's `text`."""
     want = _eager_logprobs(hf_lm, ids, new)
-    assert len(chosen) == len(new)
+    assert len(chosen) == len(new) and "".join(t for t, _ in chosen) == text, (chosen, text)
     for i, token in enumerate(new):
-        assert chosen[i][0] == codec.decode([token])  # the chosen token is listed, by its text
         assert abs(chosen[i][1] - want[i, token]) < 1e-4, (i, chosen[i], want[i, token])
         if top is None:
             continue
@@ -258,12 +258,13 @@ def test_logprobs_are_the_models_log_softmax_before_the_knobs(sess, codec, hf_lm
     new = tokens[0, len(ids) :].tolist()
     run = sampled.decoder
     chosen, top = [(e.token, e.logprob) for e in run.entries], [e.top for e in run.entries]
-    _check_logprobs(hf_lm, codec, ids, new, chosen, top, 3)
+    _check_logprobs(hf_lm, run.row.text, ids, new, chosen, [[t[:2] for t in e] for e in top], 3)
     assert beside.decoder.entries == []  # asked for none
 
     ends, _ = _text_item(sess, codec, ids, 8, eos=(new[2],), logprobs=0, temperature=1.3, top_k=40, seed=3)
     _submit_all(ContinuousBatcher(sess, max_rows=1, capacity=64), [ends])
-    assert ends.decoder.made == 3 and [e.token for e in ends.decoder.entries] == [codec.decode([t]) for t in new[:2]]
+    assert ends.decoder.made == 3 and len(ends.decoder.entries) == 2
+    assert "".join(e.token for e in ends.decoder.entries) == ends.decoder.row.text
     assert all(e.top == () for e in ends.decoder.entries)
 
 
@@ -279,8 +280,8 @@ def test_a_ruled_out_tokens_logprob_is_a_number_json_can_carry(sess, codec):
     logits[0, 7:] = -np.inf
     it.decoder.choose(logits, np.array([0]))
     entry = it.decoder._entry(9)
-    assert entry.logprob == LOGPROB_FLOOR and all(np.isfinite(lp) for _, lp in entry.top)
-    json.dumps([entry.logprob, *(lp for _, lp in entry.top)], allow_nan=False)
+    assert entry.logprob == LOGPROB_FLOOR and all(np.isfinite(lp) for _, lp, _ in entry.top)
+    json.dumps([entry.logprob, *(lp for _, lp, _ in entry.top)], allow_nan=False)
 
 
 def test_an_eos_id_ends_a_text_request(sess, codec):
@@ -379,18 +380,25 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
 
     # logprobs: transformers' log_softmax of the logits (to 1e-4), the chosen token always listed
     new = Generation(sess, [ids], 6).run()[0, len(ids) :].tolist()
-    lp = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, logprobs=2).choices[0].logprobs
-    _check_logprobs(hf_lm, codec, ids, new, list(zip(lp.tokens, lp.token_logprobs)))
+    choice = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, logprobs=2).choices[0]
+    lp = choice.logprobs
+    _check_logprobs(hf_lm, choice.text, ids, new, list(zip(lp.tokens, lp.token_logprobs)))
     assert all(top[t] == v and len(top) <= 3 for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs))
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    cut = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, stop=[text[3:6]], logprobs=0).choices[0]
+    assert "".join(cut.logprobs.tokens) == cut.text == text[: text.index(text[3:6])]  # the stop's tokens left out
     sampled = Generation(sess, [chat_ids], 10, temperature=0.8, seed=7).run()[0, len(chat_ids) :].tolist()
     stream = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=10, temperature=0.8, seed=7, stream=True, logprobs=True,
         top_logprobs=2,
     )  # fmt: skip
-    entries = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    chunks = [c.choices[0] for c in stream if c.choices]
+    entries = [e for c in chunks if c.logprobs for e in c.logprobs.content]
     top = [[(t.token, t.logprob) for t in e.top_logprobs] for e in entries]
-    _check_logprobs(hf_lm, codec, chat_ids, sampled, [(e.token, e.logprob) for e in entries], top, 2)
+    content = "".join(c.delta.content or "" for c in chunks)
+    _check_logprobs(hf_lm, content, chat_ids, sampled, [(e.token, e.logprob) for e in entries], top, 2)
+    # each token's own bytes, joined, read as the content (a random model's bytes need not be valid UTF-8)
+    assert b"".join(bytes(e.bytes) for e in entries).decode("utf-8", "replace") == content
     assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).choices[0].logprobs is None
 
     with pytest.raises(openai.BadRequestError) as e:
