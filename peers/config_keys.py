@@ -113,21 +113,26 @@ def _keys(group: str, text: str) -> dict[str, str]:
 
 _LLAMA = {**_keys(BIAS, "attention_bias"), **_keys(LM, "mlp_bias"), **_keys(NORM, "rms_norm_eps")}
 _MOE_LM = _keys(
-    LM, "num_experts num_local_experts num_experts_per_tok norm_topk_prob moe_intermediate_size "
-    "shared_expert_intermediate_size"
+    LM,
+    "num_experts num_local_experts num_experts_per_tok norm_topk_prob moe_intermediate_size "
+    "shared_expert_intermediate_size",
 )
-_GPT = _keys(ATTN, "n_embd n_layer n_head") | _keys(LM, "n_inner activation_function") | _keys(NORM, "layer_norm_epsilon")
+_GPT = (
+    _keys(ATTN, "n_embd n_layer n_head") | _keys(LM, "n_inner activation_function") | _keys(NORM, "layer_norm_epsilon")
+)
 _MOE_OUT = "num_experts num_local_experts num_experts_per_tok norm_topk_prob moe_intermediate_size n_group topk_group "
 _MOE_OUT += "n_shared_experts routed_scaling_factor first_k_dense_replace topk_method shared_expert_intermediate_size "
 _MOE_OUT += "decoder_sparse_step mlp_only_layers moe_layers intermediate_size_mlp"
 _LATENT = _keys(ATTN, "kv_lora_rank q_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim rope_interleave")
 _BART = _keys(
-    SEQ, "d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads encoder_ffn_dim "
-    "decoder_ffn_dim activation_function scale_embedding"
+    SEQ,
+    "d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads encoder_ffn_dim "
+    "decoder_ffn_dim activation_function scale_embedding",
 )
 _T5 = _keys(
-    SEQ, "d_model d_kv d_ff num_heads num_layers num_decoder_layers dense_act_fn is_gated_act layer_norm_epsilon "
-    "relative_attention_num_buckets relative_attention_max_distance"
+    SEQ,
+    "d_model d_kv d_ff num_heads num_layers num_decoder_layers dense_act_fn is_gated_act layer_norm_epsilon "
+    "relative_attention_num_buckets relative_attention_max_distance",
 )
 _BERT = _keys(ENC, "type_vocab_size layer_norm_eps") | _keys(
     "refused by the encoder row where set (peers.encoder_rows)", "add_cross_attention"
@@ -157,7 +162,10 @@ KEYS: dict[str, dict[str, str]] = {
     | _MOE_LM
     | _keys(LM_REFUSED, "decoder_sparse_step mlp_only_layers"),
     "qwen3": _LLAMA | _keys(WINDOW, "sliding_window layer_types"),
-    "qwen3_moe": _LLAMA | _keys(WINDOW, "sliding_window") | _MOE_LM | _keys(LM_REFUSED, "decoder_sparse_step mlp_only_layers"),
+    "qwen3_moe": _LLAMA
+    | _keys(WINDOW, "sliding_window")
+    | _MOE_LM
+    | _keys(LM_REFUSED, "decoder_sparse_step mlp_only_layers"),
     "llama4_text": _LLAMA
     | _keys(ATTN, "attn_scale attn_temperature_tuning floor_scale no_rope_layers use_qk_norm layer_types")
     | _keys(OUTSIDE, _MOE_OUT + " image_size num_channels patch_size pixel_shuffle_ratio projector_input_dim")
@@ -184,7 +192,9 @@ KEYS: dict[str, dict[str, str]] = {
     | _keys(BIAS, "use_qkv_bias")
     | _keys(LM, "use_parallel_residual"),
     "starcoder2": _keys(NORM, "norm_epsilon") | _keys(WINDOW, "sliding_window") | _keys(BIAS, "use_bias"),
-    "granite": _LLAMA | _keys(ATTN, "attention_multiplier") | _keys(LM, "embedding_multiplier logits_scaling"),
+    "granite": _LLAMA
+    | _keys(ATTN, "attention_multiplier")
+    | _keys(LM, "embedding_multiplier logits_scaling residual_multiplier"),
     "persimmon": _keys(NORM, "layer_norm_eps") | _keys(ATTN, "partial_rotary_factor qk_layernorm"),
     "helium": _LLAMA,
     "nemotron": _keys(BIAS, "attention_bias") | _keys(OUTSIDE, "mlp_bias norm_eps"),
@@ -203,21 +213,26 @@ KEYS: dict[str, dict[str, str]] = {
     "gpt2": _GPT
     | _keys(ATTN, "scale_attn_weights scale_attn_by_inverse_layer_idx")
     | _keys(LM_REFUSED, "add_cross_attention"),
-    "bloom": _keys(ATTN, "n_head") | _keys(NORM, "layer_norm_epsilon") | _keys(LM_REFUSED, "apply_residual_connection_post_layernorm"),
+    "bloom": _keys(ATTN, "n_head")
+    | _keys(NORM, "layer_norm_epsilon")
+    | _keys(LM_REFUSED, "apply_residual_connection_post_layernorm"),
     "falcon": _keys(ATTN, "multi_query new_decoder_architecture num_kv_heads")
     | _keys(ROW_CHECK, "alibi")
     | _keys(BIAS, "bias")
     | _keys(NORM, "layer_norm_epsilon")
     | _keys(LM, "parallel_attn num_ln_in_parallel_attn ffn_hidden_size activation"),
     "gptj": _GPT | _keys(ATTN, "rotary_dim"),
-    "codegen": _keys(ATTN, "n_embd n_layer rotary_dim") | _keys(OUTSIDE, "n_inner activation_function layer_norm_epsilon"),
+    "codegen": _keys(ATTN, "n_embd n_layer rotary_dim")
+    | _keys(OUTSIDE, "n_inner activation_function layer_norm_epsilon"),
     "gpt_neo": _keys(ATTN, "num_heads num_layers attention_layers window_size")
     | _keys(LM, "activation_function")
     | _keys(NORM, "layer_norm_epsilon"),
     "gpt_bigcode": _GPT | _keys(ATTN, "multi_query scale_attn_weights") | _keys(LM_REFUSED, "add_cross_attention"),
     "opt": _keys(BIAS, "enable_bias")
     | _keys(LM, "ffn_dim activation_function")
-    | _keys(LM_REFUSED, "do_layer_norm_before word_embed_proj_dim layer_norm_elementwise_affine _remove_final_layer_norm"),
+    | _keys(
+        LM_REFUSED, "do_layer_norm_before word_embed_proj_dim layer_norm_elementwise_affine _remove_final_layer_norm"
+    ),
     "mpt": _keys(ATTN, "n_heads n_layers attn_config attn_config.softmax_scale attn_config.clip_qkv")
     | _keys(OUTSIDE, "layer_norm_epsilon"),
     # copies and hybrids: their attention layers only
@@ -254,9 +269,7 @@ KEYS: dict[str, dict[str, str]] = {
     "roberta": _BERT,
     "xlm-roberta": _BERT,
     "distilbert": _keys(ENC, "dim hidden_dim n_heads n_layers activation"),
-    "modernbert": _keys(
-        ENC, "attention_bias mlp_bias norm_bias norm_eps hidden_activation layer_types sliding_window"
-    ),
+    "modernbert": _keys(ENC, "attention_bias mlp_bias norm_bias norm_eps hidden_activation layer_types sliding_window"),
     "bart": _BART,
     "mbart": _BART,
     "marian": _BART | _keys(SEQ, "decoder_vocab_size share_encoder_decoder_embeddings"),
@@ -272,6 +285,8 @@ class Refusal:
     noop: Callable[[Any, Any], bool]
     what: str  # what the key does, for the message
     fix: str  # what to do instead
+    example: Any  # a value that changes the math (refused; tests and docs)
+    noops: tuple = (None,)  # values that change nothing on a model of 512 positions (read; tests)
 
 
 def _window_noop(v: Any, cfg: Any) -> bool:
@@ -285,6 +300,8 @@ REFUSED: dict[str, dict[str, Refusal]] = {
             "OlmoeAttention hands it to the attention kernel, which applies it under flash attention only "
             "(its mask is causal); the zoo's OLMoE block has no window",
             "remove it or set it to null (no window)",
+            example=4,
+            noops=(None, 1 << 20),
         ),
     },
 }
