@@ -31,6 +31,7 @@ from zoo import AttentionSpec
 from zoo.errors import ArgumentError, AttnzooError, HFConversionError, InputTypeError
 from zoo.modifiers import alibi_slopes
 
+from .config_keys import DEFAULTS, refuse
 from .copies import BY_CLASS
 from .model_types import DEFAULT_TRUE, FAMILIES, MAX_POSITIONS, ConfigView, Family
 from .rows import Row, norm_shapes, read, value
@@ -95,6 +96,7 @@ def normalized(kind: str, data: dict) -> dict:
         data = dict(data["text_config"], model_type=kind)
     if kind in DEFAULT_TRUE:
         data.setdefault(DEFAULT_TRUE[kind], True)
+    data = {**DEFAULTS.get(kind, {}), **data}  # the config class's values where config.json leaves a key out
     return dict(data, rope_parameters=rope_parameters(kind, data), max_position_embeddings=_max_positions(kind, data))
 
 
@@ -224,8 +226,10 @@ def prepare(config: Any, layer: Any) -> Stand:
     layer = _check_layer(layer)
     data = config_dict(config)
     kind, fam = family_of(data)
-    cfg = ConfigView(normalized(kind, data), fam.aliases)
+    full = normalized(kind, data)
+    cfg = ConfigView(full, fam.aliases)
     _check_sizes(kind, cfg, fam)
+    refuse(kind, full, cfg)  # a key the zoo does not apply, set to change the math (peers.config_keys)
     _check_head_width(kind, cfg, fam)
     try:
         n = int(cfg.num_hidden_layers)
