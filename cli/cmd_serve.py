@@ -74,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 app=args.app,
                 api_key=api_key,
                 text_from=args.model,
+                cuda_graph=args.cuda_graph,
                 **options,
             )
         except BaseException:
@@ -359,6 +360,11 @@ def add_commands(sub) -> None:
     )
     sp.add_argument(
         "--capacity", type=positive, default=512, help="--batching continuous: cache slots (prompt + new tokens)"
+    )
+    sp.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it",
     )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")

@@ -40,7 +40,8 @@ class GenerateServer:
 
     GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}; OpenAI's API under /v1
     (serve/openai_run.py: text in and out with the export's tokenizer and chat template, `text`).
-    key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py).
+    key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py). cuda_graph: a
+    packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/gen_packed.py).
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
     x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
     x-attnzoo-new-tokens (this answer's new tokens, all rows).
@@ -63,10 +64,11 @@ class GenerateServer:
         capacity: int = DEFAULT_CAPACITY,
         text: dict[str, bytes] | None = None,
         key_digest: str | None = None,
+        cuda_graph: bool = False,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
-        self.sess = open_session(files, provider, threads, tf32)
+        self.sess = open_session(files, provider, threads, tf32, cuda_graph)
         vocab = GenInfo.of(self.sess).vocab
         # No more than the largest valid generation request can need (a block's arrays can need far more).
         max_body = min(max_body, generate_body_limit(vocab, max_tokens))

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from export import export_onnx
+from runtime.device_decode import GRAPH_ID, NOT_CAPTURED
 from runtime.session import OnnxSession
-from serve.gen_continuous import ContinuousBatcher, PackedBatcher, check_continuous, continuous_batcher
+from serve.gen_continuous import PackedBatcher, check_continuous, continuous_batcher
 from serve.gen_protocol import GenInfo, GenItem, decode_generate_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
@@ -64,7 +65,7 @@ def _requests(sess) -> list[GenItem]:
     return items
 
 
-def test_continuous_batching_takes_a_packed_rows_export(sess, tmp_path):
+def test_continuous_batching_takes_a_packed_rows_export(sess):
     """A packed-rows export (a CUDA export's default) was refused ("serve it with --batching static"); now it
     passes check_continuous and gets the packed batcher, through the server too."""
     from serve.gen_app import GenerateServer
@@ -74,8 +75,16 @@ def test_continuous_batching_takes_a_packed_rows_export(sess, tmp_path):
     assert isinstance(continuous_batcher(sess, 2, CAPACITY), PackedBatcher)
     server = GenerateServer(model_files(sess.path), "llama", max_batch=2, batching="continuous", capacity=CAPACITY)
     assert isinstance(server._batcher, PackedBatcher) and server.openai.unavailable is None
-    with pytest.raises(Exception, match="attention_mask"):  # the left-padded batcher binds what it has not
-        ContinuousBatcher(sess, 2, CAPACITY)._join(_item([5, 6], 2), lambda *a: None)
+    graphs = GenerateServer(model_files(sess.path), "llama", batching="continuous", capacity=CAPACITY, cuda_graph=True)
+    assert graphs.sess.cuda_graph and isinstance(graphs._batcher, PackedBatcher)
+
+
+def test_cuda_graph_serving_is_refused_for_what_is_not_a_packed_whole_model(tmp_path):
+    from serve import ServeError, start
+
+    block = export_onnx("mha-causal", tmp_path / "block.onnx").path
+    with pytest.raises(ServeError, match="cuda_graph replays a packed-rows whole model's decode step"):
+        start(block, cuda_graph=True)
 
 
 def _concurrently(batcher, items: list[GenItem], gap_s: float) -> list:
@@ -139,12 +148,16 @@ class ArgmaxOfLogits:
         return False
 
 
-def test_a_free_row_below_the_highest_is_fed_harmlessly_and_taken_first(sess):
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_a_free_row_below_the_highest_is_fed_harmlessly_and_taken_first(sess, cuda_graph):
     """Driven step by step: a short request on row 0 leaves while a long one runs on row 1; the step then runs
-    rows 0..1 with row 0 free; the next request takes row 0 (the lowest free), reads the logits, and every
-    request's tokens are its own."""
+    rows 0..1 with row 0 free; the next request takes row 0 (the lowest free), reads the logits and outlives
+    the long one (steps over row 0 alone), and every request's tokens are its own. With a cuda_graph session
+    (on the CPU: uncaptured) each row count's step runs under a graph id of its own, every prefill under -1."""
+    if cuda_graph:
+        sess = OnnxSession(sess.path, provider="cpu", verbose=False, cuda_graph=True)
     rng = np.random.default_rng(3)
-    short, long_, late = (_item(rng.integers(3, VOCAB, t).tolist(), new) for t, new in ((4, 2), (9, 12), (6, 5)))
+    short, long_, late = (_item(rng.integers(3, VOCAB, t).tolist(), new) for t, new in ((4, 2), (9, 12), (6, 12)))
     late.decoder = ArgmaxOfLogits()
     answers: dict[int, np.ndarray] = {}
     batcher = PackedBatcher(sess, max_rows=3, capacity=CAPACITY)
@@ -162,9 +175,13 @@ def test_a_free_row_below_the_highest_is_fed_harmlessly_and_taken_first(sess):
     assert batcher.running[-1].rows == [0]
     while batcher.running:
         batcher._step()
+    if cuda_graph:  # k = 2 then 1: a graph id per k; prefills never captured
+        ids = {k: int(o.get_run_config_entry(GRAPH_ID)) for k, o in batcher._graph_runs.items()}
+        assert sorted(ids) == [1, 2] and len(set(ids.values())) == 2
+        assert batcher.prefill_options.get_run_config_entry(GRAPH_ID) == NOT_CAPTURED
     for i, it in enumerate((short, long_)):
         np.testing.assert_array_equal(answers[i], _alone(sess, it))
-    np.testing.assert_array_equal(answers[2][:, : late.t + late.max_new_tokens], _alone(sess, late))
+    np.testing.assert_array_equal(answers[2], _alone(sess, late))
 
 
 def test_a_request_past_the_capacity_is_answered_with_an_error_not_kept(sess):
