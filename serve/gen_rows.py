@@ -13,6 +13,7 @@ import asyncio
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +72,7 @@ class Running:
     peak_rows: int = 0
 
 
-class RowBatcher:
+class RowBatcher(ABC):
     """`await submit(item)` -> (tokens, timings), as StaticBatcher; the steps run in a thread of their own.
     `used`: the rows running requests hold; `left`: requests dropped because their client left."""
 
@@ -102,17 +103,17 @@ class RowBatcher:
 
     # -- what a batcher defines ----------------------------------------------------------------
 
+    @abstractmethod
     def _admit(self) -> None:
         """Start the waiting requests that can start now (each through self._started)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _step(self) -> None:
         """One token for every running request (appended to its tokens), then self._finish_if_done on each."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _release(self, run: Running) -> None:
         """Give a request's rows back (it is already out of self.running)."""
-        raise NotImplementedError
 
     # -- the thread ----------------------------------------------------------------------------
 
