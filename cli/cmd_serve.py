@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import PROVIDERS, SESSION_DTYPES
+from export.names import DTYPES, PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
@@ -376,8 +376,9 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--dtype",
         default="float32",
-        choices=SESSION_DTYPES,
-        help="when exporting a name or a folder (a folder for --provider cuda in float16/bfloat16: packed rows)",
+        choices=DTYPES,
+        help="when exporting a name (float32, float16) or a folder (for --provider cuda in float16/bfloat16: packed "
+        "rows, which --batching continuous runs on the GPU)",
     )
     with_set(sp)
     sp.set_defaults(func=cmd_serve)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import zoo
+from export.names import SESSION_DTYPES
 
 from .common import CliError
 
@@ -59,6 +60,10 @@ def model_path(
         return path
     if target not in zoo.names():
         raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
+    if dtype not in SESSION_DTYPES:
+        raise CliError(
+            f"--dtype {dtype} is for a checkpoint folder; a zoo name is exported in {' or '.join(SESSION_DTYPES)}"
+        )
     from export.writer import export_onnx
 
     out = folder / f"{target}.onnx"

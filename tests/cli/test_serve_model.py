@@ -29,3 +29,10 @@ def test_a_folder_is_exported_for_the_provider_it_is_served_on_in_its_dtype(tmp_
     assert model_path(str(folder), {}, "auto", dtype, tmp_path, False, "continuous", provider) == tmp_path / "lm.onnx"
     assert asked == {"target": provider, "dtype": dtype, "precision": "fp32"}
     assert folder_target(provider) == provider
+
+
+def test_a_zoo_name_in_bfloat16_is_refused_in_one_line(tmp_path):
+    from cli.common import CliError
+
+    with pytest.raises(CliError, match="--dtype bfloat16 is for a checkpoint folder"):
+        model_path("mha-causal", {}, "auto", "bfloat16", tmp_path, False, "static", "cuda")
