@@ -12,57 +12,17 @@ import time
 from pathlib import Path
 
 import zoo
-from export.names import PROVIDERS, SESSION_DTYPES
+from export.names import DTYPES, PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
+from .serve_model import model_path
 
 
 def _need(module: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise CliError(f"{what} needs the serve extra ({module} is not installed): pip install 'attnzoo[serve]'")
-
-
-def _model_path(
-    target: str, overrides: dict, lowering: str, dtype: str, folder: Path, decode: bool, batching: str
-) -> Path:
-    """An .onnx path as given, a checkpoint folder exported whole (fp32, once: export_cache.exported; a
-    model continuous batching cannot serve is refused before its export), or a zoo name exported with the
-    mask input (so batches can pad; for a decode model, the key_mask)."""
-    path = Path(target)
-    if path.is_dir():
-        if overrides or decode:
-            raise CliError("--set and --decode apply to a zoo name, not to a checkpoint folder")
-        from peers.sentence import is_encoder_folder
-
-        if is_encoder_folder(path):  # sentence embeddings: POST /v1/embeddings
-            from .cmd_embed import exported_encoder
-
-            return exported_encoder(target)
-        from serve.gen_continuous import check_continuous_layers
-
-        from .export_cache import exported
-
-        def check(model) -> None:
-            if batching == "continuous":
-                check_continuous_layers(model.spec.attention, target)
-
-        return exported(target, "fp32", None, check)
-    if path.suffix == ".onnx" or path.exists():
-        if overrides or decode:
-            raise CliError("--set and --decode apply to a zoo name, not to an .onnx file")
-        return path
-    if target not in zoo.names():
-        raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
-    from export.writer import export_onnx
-
-    out = folder / f"{target}.onnx"
-    result = export_onnx(
-        target, out, lowering=lowering, dtype=dtype, with_mask=True, decode=decode, overwrite=True, **overrides
-    )
-    print(result.summary())
-    return out
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -97,7 +57,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = key_from(args.api_key)
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
-        path = _model_path(args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching)
+        path = model_path(
+            args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching, args.provider
+        )
         print(f"starting Ray Serve for {path} (a readiness line follows when it answers)", flush=True)
         # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
@@ -112,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 app=args.app,
                 api_key=api_key,
                 text_from=args.model,
+                cuda_graph=args.cuda_graph,
                 **options,
             )
         except BaseException:
@@ -363,8 +326,8 @@ def add_commands(sub) -> None:
         "model",
         metavar="PATH_OR_NAME",
         help="an .onnx file (a block, a whole model or a sentence encoder: attnzoo export --checkpoint DIR --whole), a "
-        "checkpoint folder (exported whole, fp32; an encoder or sentence-transformers folder is served on "
-        "/v1/embeddings), or a zoo name (exported with --mask first)",
+        "checkpoint folder (exported whole for --provider in --dtype; an encoder or sentence-transformers folder is "
+        "served on /v1/embeddings), or a zoo name (exported with --mask first)",
     )
     sp.add_argument("--replicas", type=positive, default=1)
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
@@ -398,6 +361,11 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--capacity", type=positive, default=512, help="--batching continuous: cache slots (prompt + new tokens)"
     )
+    sp.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it",
+    )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")
@@ -405,7 +373,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--decode", action="store_true", help="when exporting a name: the token-by-token model")
     sp.add_argument("--duration", type=_nonneg, default=None, help="stop after this many seconds (default: Ctrl-C)")
     sp.add_argument("--lowering", default="auto", choices=["auto", *LOWERINGS], help="when exporting a name")
-    sp.add_argument("--dtype", default="float32", choices=SESSION_DTYPES, help="when exporting a name")
+    sp.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="when exporting a name (float32, float16) or a folder (for --provider cuda in float16/bfloat16: packed "
+        "rows, which --batching continuous runs on the GPU)",
+    )
     with_set(sp)
     sp.set_defaults(func=cmd_serve)
 

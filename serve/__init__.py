@@ -33,7 +33,10 @@ The package, split by job:
     replica.py   what every replica does first (its session from the model's bytes, gRPC on loopback)
     gen_protocol.py  a whole model's /generate requests, checked (GenInfo, GenItem)
     gen_batching.py  left-padded static batches of them, and the StaticBatcher that forms them
-    gen_continuous.py  the ContinuousBatcher: requests join the running batch at its next step
+    gen_rows.py  what both continuous batchers share: the exports they serve, the thread, answers
+    gen_continuous.py  the ContinuousBatcher over a left-padded export: requests join the running batch
+                 at its next step; continuous_batcher picks the batcher an export takes
+    gen_packed.py  the PackedBatcher over a packed-rows export (a CUDA export's): rows on the device
     gen_app.py   the Ray Serve replica of a whole model
     openai_protocol.py  OpenAI's API: /v1 request checks (Ask), answers, chunks, errors in its format
     openai_run.py  the /v1 routes of a whole model on continuous batching (OpenAIFront, TextRun)
@@ -56,7 +59,7 @@ from .client import Client, ClientError, ClientOptionError, Reply, decode_reply,
 from .embed_app import EmbeddingServer
 from .gen_app import GenerateServer
 from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import ContinuousBatcher
+from .gen_continuous import ContinuousBatcher, PackedBatcher, continuous_batcher
 from .gen_protocol import GenInfo, GenItem, decode_generate_request
 from .protocol import (
     JSON,
@@ -79,6 +82,7 @@ __all__ = [
     "ClientError",
     "ClientOptionError",
     "ContinuousBatcher",
+    "PackedBatcher",
     "Deployment",
     "EmbeddingServer",
     "GenInfo",
@@ -94,6 +98,7 @@ __all__ = [
     "check_arrays",
     "check_options",
     "check_port_free",
+    "continuous_batcher",
     "decode_generate_request",
     "decode_reply",
     "decode_request",

@@ -236,6 +236,7 @@ def start(
     capacity: int = DEFAULT_CAPACITY,
     api_key: str | None = None,
     text_from: str | os.PathLike | None = None,
+    cuda_graph: bool = False,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -248,7 +249,8 @@ def start(
     tokenizer and chat template from `text_from`, a checkpoint folder or an .onnx, default `model`: the
     copies beside it); a block on POST /predict. api_key: every route but /healthz asks for it as a Bearer
     token (serve/auth.py). tf32: each replica's session runs fp32 products in TF32 on CUDA
-    (OnnxSession(tf32=True)); off by default. A sentence encoder's export (export_encoder) is served on OpenAI's
+    (OnnxSession(tf32=True)); off by default. cuda_graph: a packed-rows whole model's decode steps captured as
+    CUDA graphs (OnnxSession(cuda_graph=True)). A sentence encoder's export (export_encoder) is served on OpenAI's
     POST /v1/embeddings (serve/embed_app.py: its tokenizer the MODEL.tokenizer.json beside it, requests batched
     across clients up to `max_batch` rows, at most `max_tokens` tokens a request).
     """
@@ -281,11 +283,14 @@ def start(
         if batching == "continuous":
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
+        extra["cuda_graph"] = cuda_graph
         extra["text"] = text_files(text_from if text_from is not None else path)
     elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embed_app.py), with the export's tokenizer
         server, extra = EmbeddingServer, {"text": embed_files(path)}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
+    if cuda_graph and probe.metadata.get("attnzoo.padding") != "packed":
+        raise ServeError(f"cuda_graph replays a packed-rows whole model's decode step; {path} is not one")
     del probe
     import ray
     from ray import serve

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .auth import authorized, refusal
 from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import DEFAULT_CAPACITY, ContinuousBatcher, check_continuous, shares_runs
+from .gen_continuous import DEFAULT_CAPACITY, check_continuous, continuous_batcher, shares_runs
 from .gen_protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     GEN_ROUTE,
@@ -18,6 +18,7 @@ from .gen_protocol import (
     decode_generate_request,
     encode_tokens,
 )
+from .gen_rows import RowBatcher
 from .openai_run import OpenAIFront
 from .protocol import failure_answer
 from .replica import (
@@ -34,12 +35,13 @@ from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, Se
 
 class GenerateServer:
     """A Ray Serve replica over a whole-model export: one OnnxSession, static batches (StaticBatcher) or,
-    with batching="continuous", requests joining the running batch at its next step (ContinuousBatcher,
-    buffers of `capacity` slots).
+    with batching="continuous", requests joining the running batch at its next step (gen_continuous's
+    continuous_batcher: left-padded or packed rows, as the export takes them; buffers of `capacity` slots).
 
     GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}; OpenAI's API under /v1
     (serve/openai_run.py: text in and out with the export's tokenizer and chat template, `text`).
-    key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py).
+    key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py). cuda_graph: a
+    packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/gen_packed.py).
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
     x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
     x-attnzoo-new-tokens (this answer's new tokens, all rows).
@@ -62,10 +64,11 @@ class GenerateServer:
         capacity: int = DEFAULT_CAPACITY,
         text: dict[str, bytes] | None = None,
         key_digest: str | None = None,
+        cuda_graph: bool = False,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
-        self.sess = open_session(files, provider, threads, tf32)
+        self.sess = open_session(files, provider, threads, tf32, cuda_graph)
         vocab = GenInfo.of(self.sess).vocab
         # No more than the largest valid generation request can need (a block's arrays can need far more).
         max_body = min(max_body, generate_body_limit(vocab, max_tokens))
@@ -76,7 +79,7 @@ class GenerateServer:
         if batching == "continuous":  # one set of buffers of `capacity` slots: a request must fit in it
             capacity = min(capacity, self.info.max_len or capacity)
             self.info = dataclasses.replace(self.info, max_len=capacity)
-            self._batcher = ContinuousBatcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000)
+            self._batcher = continuous_batcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000)
         else:
             # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
             self._batcher = StaticBatcher(
@@ -125,15 +128,15 @@ class GenerateServer:
         except ServeError as e:
             unavailable = str(e)
         capacity = min(capacity, self.info.max_len or capacity)
-        own: list[ContinuousBatcher] = []
+        own: list[RowBatcher] = []
 
         def batcher(made: bool = False):  # made=True: the list of those made so far
-            if isinstance(self._batcher, ContinuousBatcher):
+            if isinstance(self._batcher, RowBatcher):
                 return [self._batcher] if made else self._batcher
             if made:
                 return list(own)
             if not own:
-                own.append(ContinuousBatcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000))
+                own.append(continuous_batcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000))
             return own[0]
 
         return OpenAIFront(

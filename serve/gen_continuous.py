@@ -1,4 +1,6 @@
-"""Continuous batching of /generate requests: a request joins the running batch at its next step.
+"""Continuous batching of a left-padded export's requests: a request joins the running batch at its next step
+(`continuous_batcher` gives a packed-rows export serve/gen_packed.py's batcher instead; serve/gen_rows.py holds
+what both share: the thread, the answers).
 
 The batch is `max_rows` rows of static buffers (b g n d) per layer, bound once, and one write index P
 shared by every row (the export's past_len). A request of prompt length t joins when rows are free,
@@ -19,69 +21,27 @@ logits may differ by rounding, docs/serving.md). Plain numpy and a thread: no Ra
 
 from __future__ import annotations
 
-import asyncio
-import queue
-import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from runtime.device_decode import is_packed
-from runtime.generation import longrope_switch, one_call_prompt_len, prefill_chunk
+from runtime.generation import prefill_chunk
 from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
-from runtime.kv_buffers import BF16, buffer_arrays
+from runtime.kv_buffers import buffer_arrays
 
-from .gen_batching import end_at_eos
+from .gen_packed import PackedBatcher
 from .gen_protocol import GenItem
-from .schema import ServeError
+from .gen_rows import RowBatcher, check_continuous, check_continuous_layers, shares_runs
 
 BATCHINGS = ("static", "continuous")
-_LONGROPE = (
-    "has longrope layers, whose frequency set follows the largest position of a whole run: requests sharing "
-    "one would not keep their own tokens"
-)
 DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
 
 
-def shares_runs(sess) -> bool:
-    """Whether requests may share a run and keep their own tokens: not with longrope layers, which pick their
-    frequency set by the largest position of the whole run (as transformers does for a batch), so a request
-    beside one past the layer's rope_original_max would take the long set where alone it takes the short."""
-    return one_call_prompt_len(sess) is None
-
-
-def check_continuous(sess, path=None) -> None:
-    """ServeError, in one line, when continuous batching cannot serve this whole-model export (`path`:
-    how to name it, default the session's)."""
-    why = None
-    if NEXT_TOKEN.name not in sess.output_names:
-        why = f"has no {NEXT_TOKEN.name} output (an all-logits export)"
-    elif not shares_runs(sess):
-        why = _LONGROPE
-    elif is_packed(sess):  # its buffers here bind attention_mask and past_len, which packed rows do not take
-        why = "is a packed-rows export (seqlens_k, no attention_mask or past_len: a CUDA export's default)"
-    elif any(x.type == BF16 for x in sess._sess.get_inputs()):
-        why = "takes bfloat16 caches, which this batcher's numpy buffers cannot hold"
-    if why:
-        raise ServeError(f"{path or sess.path} {why}; serve it with --batching static")
-
-
-def check_continuous_layers(specs, name) -> None:
-    """check_continuous's longrope rule on a model's layer specs (zoo.AttentionSpec), before its export:
-    ServeError naming `name`."""
-    if longrope_switch((s.rope_scaling, s.rope_original_max) for s in specs) is not None:
-        raise ServeError(f"{name} {_LONGROPE}; serve it with --batching static")
-
-
-@dataclass(eq=False)  # one per request: compared by identity
-class _Running:
-    item: GenItem
-    rows: list[int]  # the batch rows it holds (moved down when a request below it leaves)
-    done: object  # a callable(result, timing)
-    admitted: float
-    tokens: list[np.ndarray] = field(default_factory=list)  # (r,) per new token
-    peak_rows: int = 0
+def continuous_batcher(sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> RowBatcher:
+    """The continuous batcher of this export: over packed rows (gen_packed) or left-padded (this module)."""
+    kind = PackedBatcher if is_packed(sess) else ContinuousBatcher
+    return kind(sess, max_rows, capacity, wait_s=wait_s)
 
 
 class _Buffers:
@@ -124,69 +84,17 @@ class _Buffers:
         return self._bindings[k]
 
 
-class ContinuousBatcher:
-    """`await submit(item)` -> (tokens, timings), as StaticBatcher; the steps run in a thread of their own.
+class ContinuousBatcher(RowBatcher):
+    """The continuous batcher of a left-padded export (the module docstring): rows 0..used-1 hold the running
+    requests (kept packed: a step runs over these only).
 
     capacity: the slots n of the batch's buffers (every row, every layer): a request needs
     prompt + max_new_tokens - 1 <= n to ever fit (GenInfo.max_len says so to clients)."""
 
     def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
-        check_continuous(sess)
-        self.sess, self.max_rows, self.n, self.wait_s = sess, max_rows, capacity, wait_s
+        super().__init__(sess, max_rows, capacity, wait_s)
         self.batch = _Buffers(sess, max_rows, capacity, 1)
-        self.inbox: queue.Queue = queue.Queue()
-        self.waiting: list[tuple[GenItem, object]] = []
-        self.running: list[_Running] = []
-        self.used = 0  # rows 0..used-1 hold running requests (kept packed: a step runs over these only)
         self.write = 0  # P: the slot the next step writes, shared by every row
-        self.left = 0  # requests dropped because their client left (decoder.cancelled)
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    async def submit(self, item: GenItem):
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-
-        def done(result, timing):
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result((result, timing)))
-
-        self.inbox.put((item, done))
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="attnzoo-continuous", daemon=True)
-                self._thread.start()
-        return await future
-
-    # -- the thread ----------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        while True:
-            if not self.running and not self.waiting:
-                try:
-                    self.waiting.append(self.inbox.get(timeout=30))
-                except queue.Empty:
-                    return  # idle: the next submit starts a thread again
-                until = time.perf_counter() + self.wait_s
-                while (left := until - time.perf_counter()) > 0:
-                    try:
-                        self.waiting.append(self.inbox.get(timeout=left))
-                    except queue.Empty:
-                        break
-            while True:
-                try:
-                    self.waiting.append(self.inbox.get_nowait())
-                except queue.Empty:
-                    break
-            self._drop_cancelled()
-            self._admit()
-            if not self.running:
-                continue
-            try:
-                self._step()
-            except Exception as e:  # noqa: BLE001 - the run failed: its requests get it, the batch starts afresh
-                for run in self.running:
-                    run.done(e, {})
-                self.running, self.used = [], 0
 
     def _fits(self, it: GenItem, write: int) -> bool:
         return self.used + it.rows <= self.max_rows and it.t <= write and write + it.max_new_tokens - 1 <= self.n
@@ -246,9 +154,7 @@ class ContinuousBatcher:
         self.batch.mask[rows, : p - t] = False
         if it.mask is not None:
             self.batch.mask[np.ix_(rows, range(p - t, p))] = it.mask
-        run = _Running(it, rows, done, started, [first])
-        self.running.append(run)
-        self._finish_if_done(run)
+        self._started(it, rows, done, started, first)
 
     def _step(self) -> None:
         for run in self.running:
@@ -265,24 +171,6 @@ class ContinuousBatcher:
         for run in list(self.running):
             self._finish_if_done(run)
 
-    def _drop_cancelled(self) -> None:
-        """Requests whose client left (decoder.cancelled: a stream closed) give their rows back before the next
-        step, and waiting ones never start; each is answered with what it made."""
-
-        def gone(it: GenItem) -> bool:
-            return it.decoder is not None and bool(it.decoder.cancelled)
-
-        for it, done in self.waiting:
-            if gone(it):
-                self.left += 1
-                done(it.ids, {})
-        self.waiting = [w for w in self.waiting if not gone(w[0])]
-        for run in [r for r in self.running if gone(r.item)]:
-            self.left += 1
-            self.running.remove(run)
-            self._pack()
-            run.done(np.concatenate([run.item.ids, np.stack(run.tokens, axis=1)], axis=1), {})
-
     def _pack(self) -> None:
         """Move the running requests' rows down to 0..used-1 (their caches and masks with them)."""
         at = 0
@@ -296,31 +184,16 @@ class ContinuousBatcher:
             at += len(new)
         self.used = at
 
-    def _finish_if_done(self, run: _Running) -> None:
-        it = run.item
-        new = np.stack(run.tokens, axis=1)
-        if it.decoder is not None:  # called once per new token: the decoder follows each one
-            ended = it.decoder.add(run.tokens[-1])
-        else:
-            ended = it.eos_token_id is not None and (new == it.eos_token_id).any(axis=1).all()
-        if new.shape[1] < it.max_new_tokens and not ended:
-            return
-        self.running.remove(run)
+    def _release(self, run) -> None:
         self._pack()
-        tokens = end_at_eos(np.concatenate([it.ids, new], axis=1), it.t, it.eos_token_id)
-        now = time.perf_counter()
-        timing = {
-            "x-attnzoo-model-ms": (now - run.admitted) * 1e3,
-            "x-attnzoo-queue-ms": (run.admitted - it.enqueued) * 1e3,
-            "x-attnzoo-batch": max(run.peak_rows, len(run.rows)),
-        }
-        run.done(tokens, timing)
 
 
 __all__ = [
     "BATCHINGS",
     "DEFAULT_CAPACITY",
     "ContinuousBatcher",
+    "PackedBatcher",
+    "continuous_batcher",
     "check_continuous",
     "check_continuous_layers",
     "shares_runs",

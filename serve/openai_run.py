@@ -95,7 +95,13 @@ class TextRun:
         self._pending = False  # the tokens since the last text began a character (their bytes are out)
         self._step_logprobs: np.ndarray | None = None
 
-    def choose(self, logits: np.ndarray, argmax: np.ndarray) -> np.ndarray:
+    @property
+    def needs_logits(self) -> bool:
+        """Whether choose reads the logits (a sampler, logprobs); else the argmax is all (a packed batch then
+        reads no logits back: serve/gen_packed.py)."""
+        return self.logprobs is not None or self.sampler.params.needs_logits
+
+    def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:
         if self.logprobs is not None:  # the model's distribution at this step, before any knob
             # JSON has no -inf or NaN: a token the model rules out (a -inf logit) is -9999.0, as vLLM writes it
             self._step_logprobs = np.nan_to_num(log_softmax(logits[0]), nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)

@@ -36,17 +36,26 @@ def files_digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def open_session(files: dict[str, bytes], provider: str, threads: int | None, tf32: bool = False):
+def open_session(
+    files: dict[str, bytes], provider: str, threads: int | None, tf32: bool = False, cuda_graph: bool = False
+):
     """An OnnxSession over an export's files (model_files): replicas may run on other machines, so the
     model travels as bytes, not as a path; its temporary files are gone once ONNX Runtime holds the
-    model (external weights it maps stay readable until the session closes). tf32: OnnxSession's."""
+    model (external weights it maps stay readable until the session closes). tf32, cuda_graph: OnnxSession's."""
     from runtime.session import OnnxSession
 
     folder = Path(tempfile.mkdtemp(prefix="attnzoo-serve-"))
     for name, blob in files.items():
         (folder / name).write_bytes(blob)
     try:
-        return OnnxSession(folder / next(iter(files)), provider=provider, threads=threads, verbose=False, tf32=tf32)
+        return OnnxSession(
+            folder / next(iter(files)),
+            provider=provider,
+            threads=threads,
+            verbose=False,
+            tf32=tf32,
+            cuda_graph=cuda_graph,
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -193,20 +193,28 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
         StaticBatcher(lambda items: items, max_rows=8, wait_s=0.0, max_requests=0)
 
 
-def test_a_packed_rows_export_is_refused_by_continuous_batching_in_one_line(tmp_path):
-    """The continuous batcher binds attention_mask and past_len, which a packed-rows export (a CUDA export's
-    default) does not take: refused before serving, pointing at static batching, which generates with it."""
-    from peers.lm import lm_from_hf
+def test_a_left_padded_bf16_export_is_refused_by_continuous_batching_in_one_line(sess):
+    """The left-padded batcher's numpy buffers hold no bfloat16 (a packed-rows export's device buffers do:
+    tests/serve/test_gen_packed.py): refused before serving, pointing at static batching."""
     from serve.gen_continuous import check_continuous
 
-    lm = lm_from_hf(lm_cases.hf_model("llama")).eval()
-    path = export_onnx(lm, tmp_path / "packed.onnx", decode=True, cache="static", max_len=32, padding="packed").path
-    packed = OnnxSession(path, provider="cpu", verbose=False)
-    with pytest.raises(ServeError, match=r"packed-rows export .*; serve it with --batching static") as e:
-        check_continuous(packed)
+    class Bf16Caches:  # the session's interface, its caches declared bfloat16
+        def __getattr__(self, name):
+            return getattr(sess, name)
+
+        class _sess:  # noqa: N801 - stands in for the onnxruntime session
+            @staticmethod
+            def get_inputs():
+                return [
+                    type("Arg", (), {"name": x.name, "type": "tensor(bfloat16)"})() for x in sess._sess.get_inputs()
+                ]
+
+    with pytest.raises(
+        ServeError, match=r"left-padded and takes bfloat16 caches.*; serve it with --batching static"
+    ) as e:
+        check_continuous(Bf16Caches())
     assert "\n" not in str(e.value)
-    ids = np.array([[5, 6, 7, 8]], np.int64)
-    assert packed.generate(ids, max_new_tokens=3).shape == (1, 7)
+    check_continuous(sess)
 
 
 def _longrope_folder(folder: Path) -> Path:

@@ -1,0 +1,77 @@
+"""What `attnzoo serve PATH_OR_NAME` runs: an .onnx as given, a checkpoint folder exported whole for the provider
+it will run on, or a zoo name exported with its mask input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import zoo
+from export.names import SESSION_DTYPES
+
+from .common import CliError
+
+
+def folder_target(provider: str) -> str:
+    """The provider a folder's export is made for: cuda for --provider cuda (the replicas' GPUs, which may be on
+    another machine: --address), what auto finds here, else cpu."""
+    if provider == "auto":
+        from runtime.providers import cuda_status
+
+        return "cuda" if cuda_status()[0] else "cpu"
+    return provider
+
+
+def model_path(
+    target: str,
+    overrides: dict,
+    lowering: str,
+    dtype: str,
+    folder: Path,
+    decode: bool,
+    batching: str,
+    provider: str = "cpu",
+) -> Path:
+    """An .onnx path as given; a checkpoint folder exported whole (fp32 weights, once: export_cache.exported),
+    for `provider` in `dtype` (for CUDA in float16 or bfloat16 a packed-rows export, which continuous batching
+    runs on the device: serve/gen_packed.py), a model continuous batching cannot serve refused before its
+    export; or a zoo name exported with the mask input (so batches can pad; for a decode model, the key_mask)."""
+    path = Path(target)
+    if path.is_dir():
+        if overrides or decode:
+            raise CliError("--set and --decode apply to a zoo name, not to a checkpoint folder")
+        from peers.sentence import is_encoder_folder
+
+        if is_encoder_folder(path):  # sentence embeddings: POST /v1/embeddings
+            from .cmd_embed import exported_encoder
+
+            return exported_encoder(target)
+        from serve.gen_continuous import check_continuous_layers
+
+        from .export_cache import exported
+
+        def check(model) -> None:
+            if batching == "continuous":
+                check_continuous_layers(model.spec.attention, target)
+
+        return exported(target, "fp32", None, check, target=folder_target(provider), dtype=dtype)
+    if path.suffix == ".onnx" or path.exists():
+        if overrides or decode:
+            raise CliError("--set and --decode apply to a zoo name, not to an .onnx file")
+        return path
+    if target not in zoo.names():
+        raise CliError(f"{target!r} is neither an .onnx file nor a zoo name (see `attnzoo list`)")
+    if dtype not in SESSION_DTYPES:
+        raise CliError(
+            f"--dtype {dtype} is for a checkpoint folder; a zoo name is exported in {' or '.join(SESSION_DTYPES)}"
+        )
+    from export.writer import export_onnx
+
+    out = folder / f"{target}.onnx"
+    result = export_onnx(
+        target, out, lowering=lowering, dtype=dtype, with_mask=True, decode=decode, overwrite=True, **overrides
+    )
+    print(result.summary())
+    return out
+
+
+__all__ = ["folder_target", "model_path"]

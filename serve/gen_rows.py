@@ -1,0 +1,195 @@
+"""What both continuous batchers share (serve/gen_continuous.py over a left-padded export, serve/gen_packed.py over
+a packed-rows one): the rule of which exports they serve, one record per running request, and the thread that
+takes requests in, admits them, steps the batch and answers each request when it ends. A batcher says how a
+request joins (`_admit`), how a step runs (`_step`) and how a request's rows are given back (`_release`).
+
+Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it for both). Plain
+numpy and a thread: no Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime.device_decode import is_packed
+from runtime.generation import longrope_switch, one_call_prompt_len
+from runtime.io import NEXT_TOKEN
+from runtime.kv_buffers import BF16
+
+from .gen_batching import end_at_eos
+from .gen_protocol import GenItem
+from .schema import ServeError
+
+_LONGROPE = (
+    "has longrope layers, whose frequency set follows the largest position of a whole run: requests sharing "
+    "one would not keep their own tokens"
+)
+
+
+def shares_runs(sess) -> bool:
+    """Whether requests may share a run and keep their own tokens: not with longrope layers, which pick their
+    frequency set by the largest position of the whole run (as transformers does for a batch), so a request
+    beside one past the layer's rope_original_max would take the long set where alone it takes the short."""
+    return one_call_prompt_len(sess) is None
+
+
+def check_continuous(sess, path=None) -> None:
+    """ServeError, in one line, when continuous batching cannot serve this whole-model export (`path`:
+    how to name it, default the session's). A packed-rows export (any cache dtype) runs on gen_packed's
+    device buffers; a left-padded one on gen_continuous's numpy buffers, which hold no bfloat16."""
+    why = None
+    if NEXT_TOKEN.name not in sess.output_names:
+        why = f"has no {NEXT_TOKEN.name} output (an all-logits export)"
+    elif not shares_runs(sess):
+        why = _LONGROPE
+    elif not is_packed(sess) and any(x.type == BF16 for x in sess._sess.get_inputs()):
+        why = "is left-padded and takes bfloat16 caches, which its batcher's numpy buffers cannot hold"
+    if why:
+        raise ServeError(f"{path or sess.path} {why}; serve it with --batching static")
+
+
+def check_continuous_layers(specs, name) -> None:
+    """check_continuous's longrope rule on a model's layer specs (zoo.AttentionSpec), before its export:
+    ServeError naming `name`."""
+    if longrope_switch((s.rope_scaling, s.rope_original_max) for s in specs) is not None:
+        raise ServeError(f"{name} {_LONGROPE}; serve it with --batching static")
+
+
+@dataclass(eq=False)  # one per request: compared by identity
+class Running:
+    item: GenItem
+    rows: list[int]  # the batch rows it holds
+    done: object  # a callable(result, timing)
+    admitted: float
+    tokens: list[np.ndarray] = field(default_factory=list)  # (r,) per new token
+    peak_rows: int = 0
+
+
+class RowBatcher(ABC):
+    """`await submit(item)` -> (tokens, timings), as StaticBatcher; the steps run in a thread of their own.
+    `used`: the rows running requests hold; `left`: requests dropped because their client left."""
+
+    def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
+        check_continuous(sess)
+        self.sess, self.max_rows, self.n, self.wait_s = sess, max_rows, capacity, wait_s
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: list[tuple[GenItem, object]] = []
+        self.running: list[Running] = []
+        self.used = 0
+        self.left = 0  # requests dropped because their client left (decoder.cancelled)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    async def submit(self, item: GenItem):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(result, timing):
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result((result, timing)))
+
+        self.inbox.put((item, done))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="attnzoo-continuous", daemon=True)
+                self._thread.start()
+        return await future
+
+    # -- what a batcher defines ----------------------------------------------------------------
+
+    @abstractmethod
+    def _admit(self) -> None:
+        """Start the waiting requests that can start now (each through self._started)."""
+
+    @abstractmethod
+    def _step(self) -> None:
+        """One token for every running request (appended to its tokens), then self._finish_if_done on each."""
+
+    @abstractmethod
+    def _release(self, run: Running) -> None:
+        """Give a request's rows back (it is already out of self.running)."""
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            if not self.running and not self.waiting:
+                try:
+                    self.waiting.append(self.inbox.get(timeout=30))
+                except queue.Empty:
+                    return  # idle: the next submit starts a thread again
+                until = time.perf_counter() + self.wait_s
+                while (left := until - time.perf_counter()) > 0:
+                    try:
+                        self.waiting.append(self.inbox.get(timeout=left))
+                    except queue.Empty:
+                        break
+            while True:
+                try:
+                    self.waiting.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            self._drop_cancelled()
+            self._admit()
+            if not self.running:
+                continue
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - the run failed: its requests get it, the batch starts afresh
+                for run in list(self.running):
+                    self.running.remove(run)
+                    self._release(run)
+                    run.done(e, {})
+
+    def _started(self, it: GenItem, rows: list[int], done, admitted: float, first: np.ndarray) -> None:
+        """A request whose prompt ran into `rows`, `first` (r,) its first tokens: running from the next step."""
+        run = Running(it, rows, done, admitted, [first])
+        self.running.append(run)
+        self._finish_if_done(run)
+
+    def _drop_cancelled(self) -> None:
+        """Requests whose client left (decoder.cancelled: a stream closed) give their rows back before the next
+        step, and waiting ones never start; each is answered with what it made."""
+
+        def gone(it: GenItem) -> bool:
+            return it.decoder is not None and bool(it.decoder.cancelled)
+
+        for it, done in self.waiting:
+            if gone(it):
+                self.left += 1
+                done(it.ids, {})
+        self.waiting = [w for w in self.waiting if not gone(w[0])]
+        for run in [r for r in self.running if gone(r.item)]:
+            self.left += 1
+            self.running.remove(run)
+            self._release(run)
+            run.done(np.concatenate([run.item.ids, np.stack(run.tokens, axis=1)], axis=1), {})
+
+    def _finish_if_done(self, run: Running) -> None:
+        it = run.item
+        new = np.stack(run.tokens, axis=1)
+        if it.decoder is not None:  # called once per new token: the decoder follows each one
+            ended = it.decoder.add(run.tokens[-1])
+        else:
+            ended = it.eos_token_id is not None and (new == it.eos_token_id).any(axis=1).all()
+        if new.shape[1] < it.max_new_tokens and not ended:
+            return
+        self.running.remove(run)
+        self._release(run)
+        tokens = end_at_eos(np.concatenate([it.ids, new], axis=1), it.t, it.eos_token_id)
+        now = time.perf_counter()
+        timing = {
+            "x-attnzoo-model-ms": (now - run.admitted) * 1e3,
+            "x-attnzoo-queue-ms": (run.admitted - it.enqueued) * 1e3,
+            "x-attnzoo-batch": max(run.peak_rows, len(run.rows)),
+        }
+        run.done(tokens, timing)
+
+
+__all__ = ["RowBatcher", "Running", "check_continuous", "check_continuous_layers", "shares_runs"]

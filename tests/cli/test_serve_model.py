@@ -1,0 +1,38 @@
+"""What `attnzoo serve` runs for a checkpoint folder (cli/serve_model.py): an export for the provider it will run
+on, in --dtype (for CUDA in float16 or bfloat16 that is a packed-rows graph, export.lm_export.packs, which
+continuous batching takes: serve/gen_packed.py). Before, a folder got the CPU's fp32 export on every provider."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli import export_cache
+from cli.serve_model import folder_target, model_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
+import lm_cases  # noqa: E402 - small random transformers models, one per family
+
+
+@pytest.mark.parametrize(("provider", "dtype"), [("cpu", "float32"), ("cuda", "float16"), ("cuda", "bfloat16")])
+def test_a_folder_is_exported_for_the_provider_it_is_served_on_in_its_dtype(tmp_path, monkeypatch, provider, dtype):
+    asked = {}
+
+    def exported(folder, precision, max_len, check=None, **kw):
+        asked.update(kw, precision=precision)
+        return tmp_path / "lm.onnx"
+
+    monkeypatch.setattr(export_cache, "exported", exported)
+    folder = lm_cases.saved("llama", tmp_path)
+    assert model_path(str(folder), {}, "auto", dtype, tmp_path, False, "continuous", provider) == tmp_path / "lm.onnx"
+    assert asked == {"target": provider, "dtype": dtype, "precision": "fp32"}
+    assert folder_target(provider) == provider
+
+
+def test_a_zoo_name_in_bfloat16_is_refused_in_one_line(tmp_path):
+    from cli.common import CliError
+
+    with pytest.raises(CliError, match="--dtype bfloat16 is for a checkpoint folder"):
+        model_path("mha-causal", {}, "auto", "bfloat16", tmp_path, False, "static", "cuda")
