@@ -33,7 +33,7 @@ from .device_decode import LeftRows, PackedRows, is_packed
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
 from .sampling import Sampler, resolve
-from .stopping import Codec, RowText, eos_ids, stop_strings
+from .stopping import Codec, eos_ids, row_texts, stop_strings
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class Generation:
         if stops and self.pad is None and b > 1:
             raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
         self.codec = Codec(tokenizer) if tokenizer is not None else None
-        self.rows = [RowText(self.codec, stops) for _ in range(b)] if self.codec else None
+        self.rows = row_texts(self.codec, stops, self.ids, attention_mask) if self.codec else None
         self.params = resolve(knobs, config)
         self.mask = attention_mask
         self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))

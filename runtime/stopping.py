@@ -129,18 +129,35 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
+CONTEXT = 4  # prompt tokens a row's new text is decoded after (vLLM's incremental detokenizer starts 5 back)
+
+
+def row_texts(codec: Codec, stops: tuple[str, ...], ids, attention_mask=None) -> list[RowText]:
+    """One RowText per prompt row of `ids` (b t), each read after its own real tokens (left padding skipped)."""
+    ids = np.asarray(ids)
+    real = np.ones(ids.shape, np.bool_) if attention_mask is None else np.asarray(attention_mask) != 0
+    return [RowText(codec, stops, context=row[keep]) for row, keep in zip(ids, real)]
+
+
 class RowText:
     """One row's new tokens as text, decoded as they come; `add(token)` returns the text now safe to show
     (possibly ""), and `stopped` turns True once a stop string appears (its text then ends before it)."""
 
-    def __init__(self, codec: Codec, stops: tuple[str, ...] = ()) -> None:
+    def __init__(self, codec: Codec, stops: tuple[str, ...] = (), context=()) -> None:
         self.codec, self.stops = codec, stops
-        self.ids: list[int] = []
-        self.prefix = self.read = 0  # token offsets: the context decoded before, and what is text already
+        self.ids: list[int] = self._seed(context)  # the prompt's last tokens, then the new ones
+        self.prefix, self.read = 0, len(self.ids)  # token offsets: the context decoded before, and what is text already
         self.text = ""  # every character decoded so far
         self.shown = 0  # characters of `text` released
         self.stopped = False
         self._longest = max((len(s) for s in stops), default=0)
+
+    def _seed(self, context) -> list[int]:
+        """The prompt's last CONTEXT tokens, which the first new ones are read after: a SentencePiece "▁Paris"
+        after a prompt adds " Paris", as in the whole text's decode (alone, its decoder strips that space). None
+        where they end inside a character (its rest would be read as the new text's)."""
+        tail = [int(t) for t in list(context)[-CONTEXT:]]
+        return tail if tail and not self.codec.decode(tail).endswith("\ufffd") else []
 
     def peek(self, tokens) -> list[tuple[str, bool]]:
         """For each of `tokens`, as if it came next: (the text it would add, whether it ends inside a character).
@@ -189,4 +206,4 @@ class RowText:
         return piece
 
 
-__all__ = ["Codec", "RowText", "eos_ids", "stop_strings"]
+__all__ = ["Codec", "RowText", "eos_ids", "row_texts", "stop_strings"]

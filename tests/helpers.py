@@ -302,3 +302,19 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root, whatever folder a test lives in
+
+
+def sentencepiece_tokenizer():
+    """Llama-2's tokenizer.json shape over a tiny vocabulary (a `tokenizers.Tokenizer`): BPE with byte fallback,
+    "▁" for spaces, a decoder that strips the text's first space."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ("▁", "▁Hello", "▁world", "▁caf", "é", "!", "▁x", "y", "\n"):
+        vocab[piece] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return tok

@@ -17,8 +17,8 @@ import transformers
 
 import zoo
 from export import OnnxSession, export_onnx
-from helpers import REPO
-from runtime.stopping import Codec, RowText
+from helpers import REPO, sentencepiece_tokenizer
+from runtime.stopping import Codec, RowText, row_texts
 
 TOKENIZER = REPO / "models" / "tiny-stdlib-llama" / "tokenizer.json"
 VOCAB = 259  # the byte-level tokenizer's: 256 bytes, <s> </s> <pad>
@@ -195,3 +195,19 @@ def test_cli_generate_samples_stops_chats_and_says_how_many_tokens_an_interrupt_
     with unittest.mock.patch.object(Generation, "__iter__", interrupted):
         assert main(["generate", str(path), "--prompt-ids", "1,2", "--max-new-tokens", "5"]) == 130
     assert capsys.readouterr().err.strip().endswith("interrupted after 1 new tokens")
+
+
+def test_a_rows_new_text_is_read_after_its_prompt_as_the_whole_texts_decode():
+    """A SentencePiece "▁world" after the prompt "Hello" adds " world", as decoding prompt and answer together
+    gives (decoded alone, its decoder strips that space); left padding is no context; a prompt that ends inside
+    a character gives none (its rest would be read as new text)."""
+    codec = Codec(sentencepiece_tokenizer())
+    piece = codec.tok.token_to_id
+    hello, world, pad = piece("▁Hello"), piece("▁world"), piece("<unk>")
+    rows = row_texts(codec, (), np.array([[pad, hello], [hello, hello]]), np.array([[0, 1], [1, 1]]))
+    assert [r.add(world) + r.finish() for r in rows] == [" world", " world"]
+    assert codec.decode([hello, world])[len(codec.decode([hello])) :] == " world"
+    (alone,) = row_texts(codec, (), np.array([[pad]]), np.array([[0]]))
+    assert alone.add(world) + alone.finish() == "world"  # no prompt: the answer's first space is stripped
+    (cut,) = row_texts(codec, (), np.array([[hello, piece("<0xC3>")]]))  # "é" begun in the prompt
+    assert cut.add(world) + cut.finish() == "world"

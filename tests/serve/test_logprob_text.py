@@ -16,9 +16,9 @@ import json
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from helpers import REPO
+from helpers import REPO, sentencepiece_tokenizer
 from runtime.sampling import Sampler, resolve
 from runtime.stopping import Codec, RowText
 from serve.openai_protocol import CHAT, COMPLETIONS, Answer, Ask
@@ -28,16 +28,7 @@ EMOJI = "😀"  # four UTF-8 bytes: F0 9F 98 80
 
 
 def _sentencepiece() -> Codec:
-    """Llama-2's tokenizer.json shape over a tiny vocabulary: BPE with byte fallback, "▁" for spaces."""
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    for piece in ("▁", "▁Hello", "▁world", "▁caf", "é", "!", "▁x", "y", "\n"):
-        vocab[piece] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
-    return Codec(tok)
+    return Codec(sentencepiece_tokenizer())
 
 
 def _byte_level_merges() -> Codec:
