@@ -132,6 +132,12 @@ def test_auto_picks_the_preferred_lowering(tmp_path):
     [
         (dict(lowering="tensorrt"), ExportError, "tensorrt"),
         (dict(dtype="bfloat16"), ExportError, "bfloat16"),
+        # ONNX types no Einsum for bfloat16: refused before the export, not by onnx.checker after it
+        (
+            dict(dtype="bfloat16", provider="cuda", lowering="decomposed"),
+            ExportError,
+            "Einsum, which ONNX does not type",
+        ),
         (dict(provider="tpu"), ExportError, "tpu"),
         (dict(heads=5), ValueError, "heads=5"),
     ],
