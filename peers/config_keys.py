@@ -343,6 +343,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# The accepted types whose attention has as many key/value heads as query heads, reading no num_key_value_heads:
+# a stray one in their config.json is dropped, as transformers ignores it (read, it split the heads wrongly).
+KV_HEADS_UNREAD = frozenset({"bloom", "codegen", "gpt2", "gpt_neo", "gpt_neox", "gptj", "mpt", "opt", "persimmon"})
+
+
 def refuse(kind: str, data: dict, cfg: Any) -> None:
     """HFConversionError naming the first REFUSED key of `kind` the config sets to a value that is not a no-op;
     `cfg` (a ConfigView) gives the sizes a no-op is judged against (max_position_embeddings)."""
@@ -355,4 +360,4 @@ def refuse(kind: str, data: dict, cfg: Any) -> None:
             )
 
 
-__all__ = ["DEFAULTS", "GENERIC", "IRRELEVANT", "KEYS", "REFUSED", "Refusal", "refuse"]
+__all__ = ["DEFAULTS", "GENERIC", "IRRELEVANT", "KEYS", "KV_HEADS_UNREAD", "REFUSED", "Refusal", "refuse"]

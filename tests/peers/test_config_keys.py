@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from peers.config import prepare, spec_from_config
-from peers.config_keys import DEFAULTS, GENERIC, IRRELEVANT, KEYS, REFUSED
+from peers.config_keys import DEFAULTS, GENERIC, IRRELEVANT, KEYS, KV_HEADS_UNREAD, REFUSED
 from peers.encoder_rows import ENCODER_FAMILIES
 from peers.lm_rows import LM_FAMILIES
 from peers.model_types import FAMILIES
@@ -134,3 +134,15 @@ def test_a_config_json_reads_as_its_config_class_fills_it_in(kind):
         except (HFConversionError, AttributeError, KeyError):
             return
         assert got == LM_FAMILIES[kind].fields(prepare(full, 0).cfg)
+
+
+def test_a_stray_num_key_value_heads_is_dropped_where_transformers_reads_none():
+    """The types whose modeling file reads no num_key_value_heads are KV_HEADS_UNREAD, and there a config.json
+    that sets one reads as without it (Persimmon's split its fused projection by it: a raw einops error)."""
+    unread = {kind for kind in FAMILIES if "num_key_value_heads" not in modeling_source(kind)}
+    assert unread == KV_HEADS_UNREAD
+    cfg = transformers.PersimmonConfig(
+        hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=128
+    )
+    stray = dict(cfg.to_dict(), num_key_value_heads=2)
+    assert spec_from_config(stray) == spec_from_config(cfg.to_dict())
