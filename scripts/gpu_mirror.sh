@@ -38,7 +38,8 @@ fi
 # CPU does not hide what comes after its CUDA call.
 export GPU_CHECK_TIMEOUT_SCALE=${GPU_CHECK_TIMEOUT_SCALE:-3}
 # Lines that name the only acceptable reason to fail here: no GPU (torch's, ONNX Runtime's or the CLI's words)
-no_gpu='no CUDA provider|CUDA provider could not start|no working CUDA provider|Found no NVIDIA driver|Torch not compiled with CUDA'
+no_gpu='no CUDA provider|CUDA provider (is installed but )?could not start|CUDA session failed to start|'
+no_gpu+='no working CUDA provider|Found no NVIDIA driver|Torch not compiled with CUDA'
 status=0
 for call in 1 2; do
     out=$(mktemp -d /tmp/gpu-mirror-$call.XXXXXX)
