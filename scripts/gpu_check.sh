@@ -8,8 +8,8 @@
 # onnxruntime-gpu unpacked from the parts ../shared/gpu/stage-ort-gpu staged in /tmp/parts (each call
 # unpacks them once into /tmp/ortgpu, kept while the machine stays warm). It prints the versions it ran with.
 # Every step has a timeout and leaves its file under $OUT (at most 8 a call), so a call cut short still
-# answers what came before. Rehearsed on the CPU (scripts/test: tests/test_gpu_check.py): every step
-# reaches its CUDA call and fails there only for want of a GPU.
+# answers what came before. Rehearsed on the CPU under that machine's versions (scripts/gpu_mirror.sh): every
+# step reaches its CUDA call and fails there only for want of a GPU.
 #
 # Call 1: versions.txt (and whether the CUDA provider works, use_tf32 as the session reads it back);
 #         gqa-probe.txt (what the CUDA GroupQueryAttention kernel accepts: total_sequence_length against the
@@ -28,8 +28,13 @@ case "$phase" in 1 | 2) ;; *) echo "usage: bash scripts/gpu_check.sh 1|2" >&2; e
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 py=${PY:-python3}
+# every step's timeout times this (a whole number): 1 on the GPU machine; a rehearsal on a slower CPU raises it
+scale=${GPU_CHECK_TIMEOUT_SCALE:-1}
+case "$scale" in '' | *[!0-9]* | 0) echo "GPU_CHECK_TIMEOUT_SCALE=$scale: give a whole number >= 1" >&2; exit 2 ;; esac
 status=0
 step() { echo "== $*"; }
+# a step's exit status, said when not 0 (124: its timeout), so a log tells a cut-short step from a failed one
+ended() { [ "$1" = 0 ] || { status=1; [ "$1" = 124 ] && echo "-- step ended: timed out" || echo "-- step ended: exit $1"; }; }
 
 # onnxruntime-gpu from the staged parts (../shared/gpu/README.md), once per warm machine
 if [ -d /tmp/parts ] && [ ! -d /tmp/ortgpu/onnxruntime ]; then
@@ -44,7 +49,7 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 
 if [ "$phase" = 1 ]; then
     step "1. versions, and whether ONNX Runtime's CUDA provider works (use_tf32 as a session reads it back)"
-    timeout 60 $py - <<'PY' 2>&1 | tee "$OUT/versions.txt"
+    timeout $((60 * scale)) $py - <<'PY' 2>&1 | tee "$OUT/versions.txt"
 import onnx, onnxruntime as ort, onnxscript, transformers
 try:
     import torch  # also what lets ONNX Runtime find CUDA and cuDNN (the nvidia-* packages beside it)
@@ -69,45 +74,45 @@ if ok:
         s = OnnxSession(path, provider="cuda", verbose=False, tf32=tf32)
         print(f"tf32={tf32}: use_tf32 read back =", s.session.get_provider_options()["CUDAExecutionProvider"]["use_tf32"])
 PY
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    ended "${PIPESTATUS[0]}"
 
     step "2. what the CUDA GroupQueryAttention kernel accepts (the rule behind 'got 9')"
-    timeout 60 $py scripts/gqa_probe.py --provider cuda 2>&1 | tee "$OUT/gqa-probe.txt" | tail -12
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    timeout $((60 * scale)) $py scripts/gqa_probe.py --provider cuda 2>&1 | tee "$OUT/gqa-probe.txt" | tail -12
+    ended "${PIPESTATUS[0]}"
 
     step "3. CUDA-marked parity tests at fp32 tolerances (use_tf32 off), a sample of the matrix"
-    timeout 100 $py -m pytest -m cuda -q -p no:cacheprovider -n 8 -rf \
+    timeout $((100 * scale)) $py -m pytest -m cuda -q -p no:cacheprovider -n 8 -rf \
         tests/export/test_session.py tests/export/test_parity.py -k "session or llama or gemma or transformer-base or gpt-oss" \
         2>&1 | tee "$OUT/cuda-tests.log" | tail -12
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    ended "${PIPESTATUS[0]}"
 
     step "4. whole-model generation on CUDA, fp16, without and with a CUDA graph, against transformers (prompts 128, 1024)"
     PROVIDER=cuda SHAPE=${GPU_CHECK_SHAPE:-mid} PROMPTS=128,1024 NEW=64 OUT="$OUT" EXPORTS=float16:fp32 GRAPHS=off,on \
-        CACHES=dynamic,static GUARD=60 timeout 170 $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate.txt" | tail -12
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        CACHES=dynamic,static GUARD=60 timeout $((170 * scale)) $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate.txt" | tail -12
+    ended "${PIPESTATUS[0]}"
 else
     step "5. whole-model generation on CUDA in fp32, bf16 and with int4 weights (prompts 128 and 1024)"
     PROVIDER=cuda SHAPE=${GPU_CHECK_SHAPE:-mid} PROMPTS=128,1024 NEW=64 OUT="$OUT" EXPORTS=float32:fp32,bfloat16:fp32,float16:int4 \
-        GRAPHS=off,on CACHES=dynamic GUARD=40 timeout 110 $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate-more.txt" | tail -12
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        GRAPHS=off,on CACHES=dynamic GUARD=40 timeout $((110 * scale)) $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate-more.txt" | tail -12
+    ended "${PIPESTATUS[0]}"
 
     step "6. which attention kernel each lowering ran (fp16, T 4096)"
     : > "$OUT/kernels.txt"
     for lw in ort-mha onnx-attention; do
         f="/tmp/tb-$lw.onnx"
-        timeout 40 $py -m cli export transformer-base -o "$f" --lowering "$lw" --dtype float16 --force >/dev/null 2>&1 \
-            && ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1 timeout 30 $py -m cli run "$f" --provider cuda --batch 1 \
-                --seq 4096 --steps 3 --placement 2>&1 | grep -E "SdpaKernel|ONNX Attention|AttentionKernelOptions|placement|latency|Error" \
+        timeout $((40 * scale)) $py -m cli export transformer-base -o "$f" --lowering "$lw" --dtype float16 --force >/dev/null 2>&1 \
+            && ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1 timeout $((30 * scale)) $py -m cli run "$f" --provider cuda --batch 1 \
+                --seq 4096 --steps 3 --placement 2>&1 | grep -E "SdpaKernel|ONNX Attention|AttentionKernelOptions|placement|latency|Error|error:" \
                 | sort | uniq -c | sed "s/^/[$lw] /" >> "$OUT/kernels.txt"
     done
     cat "$OUT/kernels.txt"
 
     step "7. prefill on CUDA, fp16, against eager SDPA"
-    timeout 60 $py scripts/bench.py transformer-base --provider cuda --dtype float16 --batch 1 --seq 2048,4096,16384 \
+    timeout $((60 * scale)) $py scripts/bench.py transformer-base --provider cuda --dtype float16 --batch 1 --seq 2048,4096,16384 \
         --paths eager-sdpa,ort-mha --budget 1 2>&1 | tee "$OUT/prefill.md" | tail -8
 
     step "8. per-token decode on CUDA, fp16, the llama-3-8b block at past 4096"
-    timeout 60 $py scripts/bench.py llama-3-8b --decode --provider cuda --dtype float16 --batch 1 --past 4096 \
+    timeout $((60 * scale)) $py scripts/bench.py llama-3-8b --decode --provider cuda --dtype float16 --batch 1 --past 4096 \
         --budget 1 2>&1 | tee "$OUT/decode.md" | tail -8
 fi
 step "summary (call $phase)"
