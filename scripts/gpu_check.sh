@@ -18,7 +18,9 @@
 #         generate.txt + lm-cuda.json (whole-model generation on CUDA in fp16, packed rows, without and with
 #         the decode step captured as a CUDA graph, against transformers' generate on the same GPU: the
 #         156M-parameter random LLaMA, B 1, 64 new tokens, prompts 128 and 1024).
-# Call 2: generate-more.txt + lm-cuda.json (fp32, bf16 and int4 weights, prompt 128 and 1024); kernels.txt (which
+# Call 2: generate-more.txt + lm-cuda.json (fp32, bf16 and int4 weights, prompt 128 and 1024); batch.txt +
+#         batch-cuda.json (the server's continuous batching of call 1's fp16 export, each answer against the
+#         request alone, tok/s, without and with CUDA graphs: scripts/gpu_batch.py); kernels.txt (which
 #         attention kernel each lowering ran: ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO); prefill.md (fp16,
 #         T 2048..16384 against eager SDPA); decode.md (fp16 per-token decode of the llama-3-8b block).
 set -uo pipefail
@@ -96,7 +98,12 @@ else
         GRAPHS=off,on CACHES=dynamic GUARD=40 timeout $((110 * scale)) $py scripts/gpu_lm.py 2>&1 | tee "$OUT/generate-more.txt" | tail -12
     ended "${PIPESTATUS[0]}"
 
-    step "6. which attention kernel each lowering ran (fp16, T 4096)"
+    step "6. the server's continuous batching over packed rows on CUDA (rows bound by pointer), fp16, without and with CUDA graphs"
+    PROVIDER=cuda OUT="$OUT" EXPORT=/tmp/lmgpu-float16-fp32.onnx timeout $((45 * scale)) $py scripts/gpu_batch.py 2>&1 \
+        | tee "$OUT/batch.txt" | tail -6
+    ended "${PIPESTATUS[0]}"
+
+    step "7. which attention kernel each lowering ran (fp16, T 4096)"
     : > "$OUT/kernels.txt"
     for lw in ort-mha onnx-attention; do
         f="/tmp/tb-$lw.onnx"
@@ -107,11 +114,11 @@ else
     done
     cat "$OUT/kernels.txt"
 
-    step "7. prefill on CUDA, fp16, against eager SDPA"
+    step "8. prefill on CUDA, fp16, against eager SDPA"
     timeout $((60 * scale)) $py scripts/bench.py transformer-base --provider cuda --dtype float16 --batch 1 --seq 2048,4096,16384 \
         --paths eager-sdpa,ort-mha --budget 1 2>&1 | tee "$OUT/prefill.md" | tail -8
 
-    step "8. per-token decode on CUDA, fp16, the llama-3-8b block at past 4096"
+    step "9. per-token decode on CUDA, fp16, the llama-3-8b block at past 4096"
     timeout $((60 * scale)) $py scripts/bench.py llama-3-8b --decode --provider cuda --dtype float16 --batch 1 --past 4096 \
         --budget 1 2>&1 | tee "$OUT/decode.md" | tail -8
 fi

@@ -255,3 +255,7 @@ for e in res.get("skipped", []):
 for e in res["errors"]:
     print("ERROR", e[:300])
 save()
+# the step's status: 1 where an attnzoo row or an export failed (transformers rows past their guard are not failures)
+failed = [e for e in res["errors"] if e.startswith("attnzoo")]
+failed += [k for k, v in res.items() if k.startswith("export_") and v["rc"] != 0]
+sys.exit(1 if failed else 0)

@@ -48,3 +48,17 @@ def test_the_generation_script_skips_a_cuda_graph_for_an_export_without_packed_r
     assert [r["path"] for r in res["rows"]] == ["attnzoo"]
     assert res["skipped"] == ["attnzoo float32 fp32 graph=True: not run, a CUDA graph needs packed rows (this: left)"]
     assert not [e for e in res["errors"] if e.startswith("attnzoo")]
+
+
+@pytest.mark.slow  # a checkpoint, a packed export and two batched runs in a process of its own: ~15 s
+def test_the_batching_script_serves_each_request_as_alone_on_the_cpu(tmp_path):
+    """scripts/gpu_batch.py (call 2's continuous batching step) rehearsed on the CPU: with no export at the path it
+    makes a small packed one, and every request through the packed batcher equals the request alone."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path), "PROVIDER": "cpu"}
+    env |= {"EXPORT": str(tmp_path / "none.onnx"), "REQUESTS": "6", "ROWS": "3", "NEW": "8"}
+    run = subprocess.run(
+        [sys.executable, REPO / "scripts/gpu_batch.py"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads((tmp_path / "batch-cpu.json").read_text())
+    assert [(r["cuda_graph"], r["equal_to_alone"], r["failed"]) for r in res["runs"]] == [(False, 6, []), (True, 6, [])]
