@@ -112,10 +112,7 @@ class ContinuousBatcher(RowBatcher):
             if not self._fits(it, self.write):
                 keep.append((it, done))
                 continue
-            try:
-                self._join(it, done)
-            except Exception as e:  # noqa: BLE001 - this request's prefill failed; the others run on
-                done(e, {})
+            self._join_or_answer(it, done)
         self.waiting = keep
 
     def _join(self, it: GenItem, done) -> None:

@@ -144,10 +144,7 @@ class PackedBatcher(RowBatcher):
             if it.rows > self.max_rows - self.used:
                 keep.append((it, done))
                 continue
-            try:
-                self._join(it, done)
-            except Exception as e:  # noqa: BLE001 - this request's prefill failed; the others run on
-                done(e, {})
+            self._join_or_answer(it, done)
         self.waiting = keep
 
     def _join(self, it: GenItem, done) -> None:

@@ -108,6 +108,17 @@ class RowBatcher(ABC):
         """Start the waiting requests that can start now (each through self._started)."""
 
     @abstractmethod
+    def _join(self, it: GenItem, done) -> None:
+        """Run one request's prompt into the rows it takes, then self._started."""
+
+    def _join_or_answer(self, it: GenItem, done) -> None:
+        """_join, or the request answered with the exception its prefill raised (the others run on)."""
+        try:
+            self._join(it, done)
+        except Exception as e:  # noqa: BLE001 - this request's prefill failed; the others run on
+            done(e, {})
+
+    @abstractmethod
     def _step(self) -> None:
         """One token for every running request (appended to its tokens), then self._finish_if_done on each."""
 

@@ -318,3 +318,20 @@ def sentencepiece_tokenizer():
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
     return tok
+
+
+def submit_concurrently(batcher, items: list, gap_s: float) -> list:
+    """Every item (serve.gen_protocol.GenItem) submitted to a continuous batcher from its own task, the i-th after
+    i * gap_s, some while a run goes on: the answers, in the items' order."""
+    import asyncio
+
+    from serve.gen_protocol import GenItem
+
+    async def main():
+        async def one(i, it):
+            await asyncio.sleep(gap_s * i)
+            return await batcher.submit(GenItem(it.ids, it.max_new_tokens, it.mask, it.eos_token_id, it.squeeze))
+
+        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+
+    return asyncio.run(main())

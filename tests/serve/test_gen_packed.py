@@ -6,7 +6,6 @@ prompt in chunks, and a decoder that chooses from the logits. One packed export 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from export import export_onnx
+from helpers import submit_concurrently
 from runtime.device_decode import GRAPH_ID, NOT_CAPTURED
 from runtime.session import OnnxSession
 from serve.gen_continuous import PackedBatcher, check_continuous, continuous_batcher
@@ -87,17 +87,6 @@ def test_cuda_graph_serving_is_refused_for_what_is_not_a_packed_whole_model(tmp_
         start(block, cuda_graph=True)
 
 
-def _concurrently(batcher, items: list[GenItem], gap_s: float) -> list:
-    async def main():
-        async def one(i, it):
-            await asyncio.sleep(gap_s * i)
-            return await batcher.submit(GenItem(it.ids, it.max_new_tokens, it.mask, it.eos_token_id, it.squeeze))
-
-        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
-
-    return asyncio.run(main())
-
-
 def test_concurrent_requests_each_get_their_own_tokens(sess, monkeypatch):
     """Requests arriving 3 ms apart into 4 rows over steps of at least 5 ms: they join a running batch, wait
     for rows, leave, and rows are taken again; each prompt runs in chunks of 5 (PREFILL_CHUNK). Every answer
@@ -125,7 +114,7 @@ def test_concurrent_requests_each_get_their_own_tokens(sess, monkeypatch):
         return started(it, rows, *rest)
 
     batcher.sess, batcher._started = Paced(), recorded
-    answers = _concurrently(batcher, items, gap_s=0.003)
+    answers = submit_concurrently(batcher, items, gap_s=0.003)
     for (tokens, _), want in zip(answers, wants):
         assert not isinstance(tokens, Exception), tokens
         np.testing.assert_array_equal(tokens, want)

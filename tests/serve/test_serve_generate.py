@@ -9,7 +9,6 @@ the Ray Serve test is under -m slow.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 from export import export_onnx
-from helpers import free_port, local_ray
+from helpers import free_port, local_ray, submit_concurrently
 from runtime.session import OnnxSession
 from serve import Client, RequestError, ServeError, start
 from serve.gen_batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
@@ -178,7 +177,9 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
             return [it.ids for it in batch]
 
         started = time.perf_counter()
-        answers = _concurrently(StaticBatcher(run, max_rows=8, wait_s=wait_s, max_requests=max_requests), items, 0.0)
+        answers = submit_concurrently(
+            StaticBatcher(run, max_rows=8, wait_s=wait_s, max_requests=max_requests), items, 0.0
+        )
         assert time.perf_counter() - started < 10  # one request is a run's worth: no wait for more
         assert max(runs) == most and sum(runs) == len(items), runs
         for (tokens, _), it in zip(answers, items):
@@ -332,19 +333,6 @@ def test_a_failing_run_fails_every_request_of_it(sess):
     assert [type(r) for r in run_generate_batch(Broken(), items)] == [MemoryError, MemoryError]
 
 
-def _concurrently(batcher, items: list[GenItem], gap_s: float) -> list:
-    """Every item submitted from its own task, the i-th after i * gap_s, some while a run goes on."""
-
-    async def main():
-        async def one(i, it):
-            await asyncio.sleep(gap_s * i)
-            return await batcher.submit(GenItem(it.ids, it.max_new_tokens, it.mask, it.eos_token_id, it.squeeze))
-
-        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
-
-    return asyncio.run(main())
-
-
 def test_concurrent_requests_are_batched_and_each_gets_its_own_tokens(sess):
     """Requests arriving from many tasks at once: the batcher runs a few batches (each of several
     requests, up to max_rows rows), and every answer is bit-equal to the request's run alone."""
@@ -356,7 +344,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_tokens(sess):
         runs.append(sum(it.rows for it in batch))
         return run_generate_batch(sess, batch)
 
-    answers = _concurrently(StaticBatcher(run, max_rows=6, wait_s=0.05), items, gap_s=0.002)
+    answers = submit_concurrently(StaticBatcher(run, max_rows=6, wait_s=0.05), items, gap_s=0.002)
     assert len(runs) < len(items) and max(runs) <= 6 and sum(runs) == sum(it.rows for it in items), runs
     for (tokens, timing), want in zip(answers, wants):
         np.testing.assert_array_equal(tokens, want)
@@ -382,7 +370,7 @@ def test_continuous_batching_gives_each_request_its_own_tokens(sess):
 
     batcher = ContinuousBatcher(sess, max_rows=5, capacity=48, wait_s=0.0)
     batcher.sess = Paced()
-    answers = _concurrently(batcher, items, gap_s=0.003)
+    answers = submit_concurrently(batcher, items, gap_s=0.003)
     for (tokens, _), want in zip(answers, wants):
         assert not isinstance(tokens, Exception), tokens
         np.testing.assert_array_equal(tokens, want)
@@ -429,7 +417,7 @@ def test_a_joining_row_runs_its_prompt_in_chunks(sess, monkeypatch):
         return join(it, done)
 
     batcher.sess, batcher._join = Paced(), recorded
-    answers = _concurrently(batcher, items, gap_s=0.003)
+    answers = submit_concurrently(batcher, items, gap_s=0.003)
     for (tokens, _), want in zip(answers, wants):
         assert not isinstance(tokens, Exception), tokens
         np.testing.assert_array_equal(tokens, want)
@@ -457,10 +445,10 @@ def test_a_failing_continuous_step_fails_its_requests_and_the_next_ones_run(sess
             return real.run_with_iobinding(binding)
 
     batcher.sess = FailsOnce()
-    first = _concurrently(batcher, items, gap_s=0.0)
+    first = submit_concurrently(batcher, items, gap_s=0.0)
     assert any(isinstance(tokens, RuntimeError) for tokens, _ in first)
     batcher.sess = real
-    for (tokens, _), it in zip(_concurrently(batcher, items, gap_s=0.0), items):
+    for (tokens, _), it in zip(submit_concurrently(batcher, items, gap_s=0.0), items):
         np.testing.assert_array_equal(tokens, _alone(sess, it))
 
 
