@@ -166,10 +166,12 @@ class _DeviceBuffers:
 
         self.on_device = on_device
         self.on_host = lambda arr: ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-        # zeroed once, then never cleared: slots past a row's length are not read; the arrays stay alive with
-        # this object (a CPU OrtValue wraps its array; a bfloat16 one is held as uint16 bits)
-        self.cache_arrays = _caches(sess, b, n, self.device)
-        self.caches = {name: value for name, (_, value) in self.cache_arrays.items()}
+        # zeroed once, then never cleared: slots past a row's length are not read. A CPU OrtValue wraps its array
+        # (a bfloat16 one its uint16 bits), which stays alive with this object; on a device the values are
+        # copies, and the host arrays go (kept, they doubled the cache in host memory)
+        caches = _caches(sess, b, n, self.device)
+        self.cache_arrays = caches if self.device == "cpu" else {}
+        self.caches = {name: value for name, (_, value) in caches.items()}
         self.ids_host, self.pos_host = np.zeros((b, 1), np.int64), np.zeros((b, 1), np.int64)
         self.seqlens_host, self.total_host = np.zeros((b,), np.int32), np.array(n, np.int32)
         self.ids, self.pos, self.seqlens = (
