@@ -115,7 +115,14 @@ class RuntimeSession:
         self._inputs = {i.name: i for i in self._sess.get_inputs()}
         self._outputs = [o.name for o in self._sess.get_outputs()]
         self.spec = self._read_spec()
-        self._graphs: dict = {}  # cuda_graph: the device buffers and graph id per (batch, capacity)
+        self._graphs: dict = {}  # cuda_graph: generate's device buffers per (batch, capacity)
+        self._graph_ids: dict = {}  # what each CUDA graph id (gpu_graph_id) of this session was given to
+
+    def graph_id(self, key) -> int:
+        """The CUDA graph id (run option gpu_graph_id) for `key`: the one it was given, else a fresh one (1, 2,
+        ...). Every capture of a session needs an id of its own: generate's per (batch, capacity), a continuous
+        batcher's per batch size."""
+        return self._graph_ids.setdefault(key, len(self._graph_ids) + 1)
 
     def _check_cuda_options(self) -> None:
         """The CUDA provider runs with the options asked for (use_tf32 above all): read back from ONNX Runtime."""

@@ -211,7 +211,7 @@ def device_buffers(sess: RuntimeSession, b: int, n: int) -> _DeviceBuffers:
     the addresses it was captured with, so a cuda_graph session keeps them; graph ids 1, 2, ... by shape)."""
     graphs = sess._graphs
     if (b, n) not in graphs:
-        graphs[(b, n)] = _DeviceBuffers(sess, b, n, graph_id=len(graphs) + 1)
+        graphs[(b, n)] = _DeviceBuffers(sess, b, n, graph_id=sess.graph_id(("generate", b, n)))
     return graphs[(b, n)]
 
 

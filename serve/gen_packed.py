@@ -90,12 +90,11 @@ class PackedBatcher(RowBatcher):
             binding.bind_output(LOGITS.name, *self._view(buf.logits, 0, k))
             binding.bind_output(NEXT_TOKEN.name, *self._view(buf.next_token, 0, k))
             self._steps[k] = binding
-            if self.sess.cuda_graph:  # graph ids of the session's own: after device_buffers' (1, 2, ...)
+            if self.sess.cuda_graph:  # a graph id of its own per batch size, apart from generate's
                 import onnxruntime as ort
 
-                self.sess._graphs[("continuous", id(self), k)] = None
                 options = ort.RunOptions()
-                options.add_run_config_entry(GRAPH_ID, str(len(self.sess._graphs)))
+                options.add_run_config_entry(GRAPH_ID, str(self.sess.graph_id(("continuous", id(self), k))))
                 self._graph_runs[k] = options
         return self._steps[k]
 

@@ -171,6 +171,9 @@ def test_a_free_row_below_the_highest_is_fed_harmlessly_and_taken_first(sess, cu
     for i, it in enumerate((short, long_)):
         np.testing.assert_array_equal(answers[i], _alone(sess, it))
     np.testing.assert_array_equal(answers[2], _alone(sess, late))
+    if cuda_graph:  # generate on the same session captures under ids of its own, not the batcher's
+        generates = {int(buf.graph_id) for buf in sess._graphs.values()}
+        assert generates and not generates & set(ids.values())
 
 
 def test_a_request_past_the_capacity_is_answered_with_an_error_not_kept(sess):
