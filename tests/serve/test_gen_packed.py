@@ -183,3 +183,36 @@ def test_a_request_past_the_capacity_is_answered_with_an_error_not_kept(sess):
     batcher._admit()
     assert not batcher.waiting and not batcher.running
     assert "more than the 8 slots" in str(answers[0]) and "--capacity" in str(answers[0])
+
+
+def test_a_request_submitted_as_the_idle_thread_ends_is_served(sess):
+    """The batch's thread ends after an idle wait. A request put in the inbox once that wait had run out but
+    before the thread was gone found it alive, so submit started no other, and nothing ever took it: its
+    client waited forever. The window is widened here (the thread lingers 0.3 s after its wait runs out)."""
+    import asyncio
+    import queue
+    import threading
+
+    batcher = PackedBatcher(sess, max_rows=2, capacity=CAPACITY)
+    real_get, idle = batcher.inbox.get, threading.Event()
+
+    def get(block=True, timeout=None):
+        if timeout is None or timeout < 1:  # get_nowait, or the wait_s gathering
+            return real_get(block, timeout)
+        try:  # the idle wait: it runs out at once
+            return real_get(timeout=0.01)
+        except queue.Empty:
+            idle.set()
+            time.sleep(0.3)
+            raise
+
+    batcher.inbox.get = get
+    first, second = _requests(sess)[:2]
+
+    async def main():
+        await batcher.submit(first)
+        await asyncio.to_thread(idle.wait, 5)
+        return await asyncio.wait_for(batcher.submit(second), 5)
+
+    tokens, _ = asyncio.run(main())
+    np.testing.assert_array_equal(tokens, _alone(sess, second))
