@@ -94,8 +94,8 @@ class RowBatcher(ABC):
         def done(result, timing):
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result((result, timing)))
 
-        self.inbox.put((item, done))
-        with self._lock:
+        with self._lock:  # put and checked together: the thread ends only with the inbox empty (_idle_end)
+            self.inbox.put((item, done))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="attnzoo-continuous", daemon=True)
                 self._thread.start()
@@ -134,7 +134,9 @@ class RowBatcher(ABC):
                 try:
                     self.waiting.append(self.inbox.get(timeout=30))
                 except queue.Empty:
-                    return  # idle: the next submit starts a thread again
+                    if self._idle_end():
+                        return  # idle: the next submit starts a thread again
+                    continue
                 until = time.perf_counter() + self.wait_s
                 while (left := until - time.perf_counter()) > 0:
                     try:
@@ -157,6 +159,15 @@ class RowBatcher(ABC):
                     self.running.remove(run)
                     self._release(run)
                     run.done(e, {})
+
+    def _idle_end(self) -> bool:
+        """Whether the idle thread ends: only with the inbox still empty under the lock submit puts under, so a
+        request put after the idle wait ran out finds the thread gone (and starts another) or is taken by it."""
+        with self._lock:
+            if not self.inbox.empty():
+                return False
+            self._thread = None
+            return True
 
     def _started(self, it: GenItem, rows: list[int], done, admitted: float, first: np.ndarray) -> None:
         """A request whose prompt ran into `rows`, `first` (r,) its first tokens: running from the next step."""
