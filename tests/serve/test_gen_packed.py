@@ -216,3 +216,32 @@ def test_a_request_submitted_as_the_idle_thread_ends_is_served(sess):
 
     tokens, _ = asyncio.run(main())
     np.testing.assert_array_equal(tokens, _alone(sess, second))
+
+
+class FailsOnItsFirstToken:
+    """A decoder whose add raises at the request's first token (as a text decoder whose tokenizer fails would)."""
+
+    needs_logits, cancelled = False, False
+
+    def choose(self, logits, argmax):
+        return argmax
+
+    def add(self, tokens) -> bool:
+        raise ValueError("the decoder failed")
+
+
+def test_a_request_failing_at_its_first_token_gives_its_rows_back(sess):
+    """A request whose first token (read as it joins) raised was answered with the error but stayed running on
+    its rows: they were never given back, and every later step ran it again (its error failing the batch)."""
+    batcher = PackedBatcher(sess, max_rows=2, capacity=CAPACITY)
+    bad, good = _item([5, 6, 7], 4), _item([8, 9, 10, 11], 5)
+    bad.decoder = FailsOnItsFirstToken()
+    answers: dict[int, object] = {}
+    batcher.waiting = [(it, lambda tokens, _, i=i: answers.setdefault(i, tokens)) for i, it in enumerate((bad, good))]
+    batcher._admit()
+    assert isinstance(answers[0], ValueError) and "the decoder failed" in str(answers[0])
+    assert [run.item is good for run in batcher.running] == [True] and batcher.used == 1
+    assert batcher.held.tolist() == [False, True]
+    while batcher.running:
+        batcher._step()
+    np.testing.assert_array_equal(answers[1], _alone(sess, good))
