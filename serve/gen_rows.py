@@ -112,10 +112,14 @@ class RowBatcher(ABC):
         """Run one request's prompt into the rows it takes, then self._started."""
 
     def _join_or_answer(self, it: GenItem, done) -> None:
-        """_join, or the request answered with the exception its prefill raised (the others run on)."""
+        """_join, or the request answered with the exception its prefill or first token raised (the others run
+        on); one that had started running by then leaves, its rows given back."""
         try:
             self._join(it, done)
         except Exception as e:  # noqa: BLE001 - this request's prefill failed; the others run on
+            for run in [r for r in self.running if r.item is it]:
+                self.running.remove(run)
+                self._release(run)
             done(e, {})
 
     @abstractmethod

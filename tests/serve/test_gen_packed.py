@@ -241,7 +241,7 @@ def test_a_request_failing_at_its_first_token_gives_its_rows_back(sess):
     batcher._admit()
     assert isinstance(answers[0], ValueError) and "the decoder failed" in str(answers[0])
     assert [run.item is good for run in batcher.running] == [True] and batcher.used == 1
-    assert batcher.held.tolist() == [False, True]
+    assert batcher.held.tolist() == [True, False]  # its row given back: the next request took it
     while batcher.running:
         batcher._step()
     np.testing.assert_array_equal(answers[1], _alone(sess, good))
