@@ -311,6 +311,7 @@ for _kind, _refused in REFUSED.items():
 
 # the transformers config class's value (5.25) for honoured keys whose absence is not a no-op
 DEFAULTS: dict[str, dict[str, Any]] = {
+    "mt5": {"feed_forward_proj": "gated-gelu"},  # T5's is relu: an mT5 config.json of sizes read as T5 v1.0
     "mistral": {"sliding_window": 4096},
     "gemma": {"head_dim": 256},
     "gemma2": {
@@ -348,6 +349,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 KV_HEADS_UNREAD = frozenset({"bloom", "codegen", "gpt2", "gpt_neo", "gpt_neox", "gptj", "mpt", "opt", "persimmon"})
 
 
+def with_defaults(kind: str, data: dict) -> dict:
+    """A config dict with the config class's DEFAULTS where it leaves a key out (the encoder-decoder readers';
+    the decoders' peers.config.normalized does the same)."""
+    return {**DEFAULTS.get(kind, {}), **data}
+
+
 def refuse(kind: str, data: dict, cfg: Any) -> None:
     """HFConversionError naming the first REFUSED key of `kind` the config sets to a value that is not a no-op;
     `cfg` (a ConfigView) gives the sizes a no-op is judged against (max_position_embeddings)."""
@@ -360,4 +367,14 @@ def refuse(kind: str, data: dict, cfg: Any) -> None:
             )
 
 
-__all__ = ["DEFAULTS", "GENERIC", "IRRELEVANT", "KEYS", "KV_HEADS_UNREAD", "REFUSED", "Refusal", "refuse"]
+__all__ = [
+    "DEFAULTS",
+    "GENERIC",
+    "IRRELEVANT",
+    "KEYS",
+    "KV_HEADS_UNREAD",
+    "REFUSED",
+    "Refusal",
+    "refuse",
+    "with_defaults",
+]

@@ -21,6 +21,7 @@ from zoo.seq2seq import Seq2SeqLM, Seq2SeqSpec
 
 from .checkpoint import FLOATS, _dtype, _Names, check_folder
 from .config import config_dict, model_type
+from .config_keys import with_defaults
 from .seq2seq_rows import SEQ2SEQ_FAMILIES, Seq2SeqRow
 
 # the token ids generation reads, with transformers' fallbacks (decoder start: bos when unset)
@@ -52,6 +53,7 @@ def is_seq2seq(data: dict) -> bool:
 def seq2seq_spec(data: dict, *, untied: bool = False) -> Seq2SeqSpec:
     """The Seq2SeqSpec of a config dict (untied: the checkpoint holds a head of its own)."""
     kind, row = seq2seq_row(data)
+    data = with_defaults(kind, data)
     try:
         enc, dec = row.layers(data)
         a_enc, a_dec, a_cross = row.attention(data)
@@ -88,6 +90,7 @@ def seq2seq_from_checkpoint(folder: str | os.PathLike, dtype: Any = None) -> Seq
     want = _dtype(dtype)
     path = check_folder(folder)
     data = config_dict(path / "config.json")
+    data = with_defaults(model_type(data), data)
     kind, row = seq2seq_row(data)
     seq2seq_spec(data)  # refusals before any tensor is read
     names = _Names(path)
@@ -161,6 +164,7 @@ def generation_settings(folder: str | os.PathLike) -> dict:
     sets as `unhonoured` (neither is applied: the caller says so)."""
     path = Path(folder)
     data = config_dict(path / "config.json")
+    data = with_defaults(model_type(data), data)
     gen_path = path / "generation_config.json"
     gen = {}
     if gen_path.is_file():

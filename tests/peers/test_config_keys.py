@@ -146,3 +146,32 @@ def test_a_stray_num_key_value_heads_is_dropped_where_transformers_reads_none():
     )
     stray = dict(cfg.to_dict(), num_key_value_heads=2)
     assert spec_from_config(stray) == spec_from_config(cfg.to_dict())
+
+
+_SEQ2SEQ_SIZES = {
+    "t5": dict(d_model=64, d_ff=128, num_heads=4, d_kv=16, num_layers=2, num_decoder_layers=2, vocab_size=100),
+    "bart": dict(
+        d_model=64,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        vocab_size=100,
+        max_position_embeddings=128,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SEQ2SEQ_FAMILIES))
+def test_an_encoder_decoder_config_json_reads_as_its_config_class_fills_it_in(kind):
+    """The encoder-decoder readers fill in DEFAULTS too: an mT5 config.json of sizes alone read as T5 v1.0
+    (relu, plain) where mT5's class says gated-gelu."""
+    from peers.seq2seq import seq2seq_spec
+
+    sizes = _SEQ2SEQ_SIZES["t5" if "t5" in kind else "bart"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = transformers.AutoConfig.for_model(kind, **sizes).to_dict()
+    assert seq2seq_spec(dict(sizes, model_type=kind)) == seq2seq_spec(full)
