@@ -61,9 +61,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching, args.provider
         )
         print(f"starting Ray Serve for {path} (a readiness line follows when it answers)", flush=True)
-        # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does.
+        # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does. Set again once Ray
+        # runs: its core worker installs a fatal-signal handler of its own for SIGTERM, which dumped a C++
+        # stack, aborted (exit 134) and left Ray's agents running
         signal.signal(signal.SIGTERM, _interrupt)
         own_ray = args.address is None and quiet_local_ray()
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             dep = start(
                 path,
@@ -80,6 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BaseException:
             _stop_ray(own_ray)
             raise
+        signal.signal(signal.SIGTERM, _interrupt)  # and again after Serve's start, on the same ground
         try:
             wait_ready(dep.url)
             print(f"ready: serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
