@@ -25,8 +25,10 @@
 #         T 2048..16384 against eager SDPA); decode.md (fp16 per-token decode of the llama-3-8b block).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:-1}
-case "$phase" in 1 | 2) ;; *) echo "usage: bash scripts/gpu_check.sh 1|2" >&2; exit 2 ;; esac
+phase=${1:-}
+case "$phase" in 1 | 2) ;; *) echo "usage: bash scripts/gpu_check.sh 1|2   (two calls of about 4 minutes each: docs/gpu.md)" >&2; exit 2 ;; esac
+# Each step runs under `timeout`, in a process group of its own, which a terminal's Ctrl-C does not reach: to
+# stop a rehearsal early, kill the step too (`pkill -TERM -f "^timeout [0-9]+ "`), or let its timeout end it
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 py=${PY:-python3}
