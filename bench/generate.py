@@ -192,11 +192,12 @@ def device_settings(
         raise BenchError(f"--provider {provider!r} is not one of cpu, cuda")
     if dtype not in DTYPES:
         raise BenchError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if provider == "cpu" and dtype != "float32":
-        raise BenchError(f"--dtype {dtype} needs --provider cuda (the CPU provider runs whole models in float32)")
-    if cuda_graph:
-        from runtime.providers import cuda_graph_refusal
+    from runtime.providers import cuda_graph_refusal, dtype_refusal
 
+    why = dtype_refusal(provider, dtype)
+    if why:
+        raise BenchError(why)
+    if cuda_graph:
         why = cuda_graph_refusal(provider, dtype)  # the bench always exports its checkpoint
         if why:
             raise BenchError(why)

@@ -144,12 +144,22 @@ def _check_cuda_graph(args: argparse.Namespace) -> None:
         raise CliError(why)
 
 
+def _check_dtype(args: argparse.Namespace) -> None:
+    """A folder's --dtype other than float32 exports it for CUDA: refused on the CPU before the export."""
+    from runtime.providers import dtype_refusal
+
+    why = None if args.source.endswith(".onnx") else dtype_refusal(args.provider, args.dtype)
+    if why:
+        raise CliError(why)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import sys
 
     if args.json:
         ensure_writable_parent(Path(args.json))
     _check_cuda_graph(args)
+    _check_dtype(args)
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
     from . import cmd_seq2seq

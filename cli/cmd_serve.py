@@ -17,7 +17,7 @@ from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
-from .serve_model import model_path
+from .serve_model import folder_target, model_path
 
 
 def _need(module: str, what: str) -> None:
@@ -51,6 +51,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "capacity": args.capacity,
     }
     check_options(**options)  # before an export, which may take a while
+    if args.cuda_graph:  # a CUDA graph replays packed rows on CUDA: said before Ray or an export starts
+        from runtime.providers import cuda_graph_refusal
+
+        folder = Path(args.model).is_dir()
+        why = cuda_graph_refusal(folder_target(args.provider), args.dtype if folder else None)
+        if why:
+            raise CliError(why)
     if args.address is None:  # served here: CUDA must work and the port be free here (as start checks)
         refuse_broken_cuda(args.provider)
         check_port_free(args.host, args.port)

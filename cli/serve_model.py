@@ -45,15 +45,22 @@ def model_path(
             from .cmd_embed import exported_encoder
 
             return exported_encoder(target)
+        from runtime.providers import dtype_refusal
         from serve.gen_continuous import check_continuous_layers
 
         from .export_cache import exported
+
+        why = dtype_refusal(folder_target(provider), dtype)
+        if why:
+            raise CliError(why)
 
         def check(model) -> None:
             if batching == "continuous":
                 check_continuous_layers(model.spec.attention, target)
 
         return exported(target, "fp32", None, check, target=folder_target(provider), dtype=dtype)
+    if path.suffix == ".onnx" and not path.is_file():
+        raise CliError(f"{path}: no such file; give an .onnx export (attnzoo export ... -o {path.name})")
     if path.suffix == ".onnx" or path.exists():
         if overrides or decode:
             raise CliError("--set and --decode apply to a zoo name, not to an .onnx file")

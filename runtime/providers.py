@@ -159,6 +159,17 @@ def cuda_graph_refusal(provider: str, dtype: str | None = None) -> str | None:
     return None
 
 
+def dtype_refusal(provider: str, dtype: str) -> str | None:
+    """Why a checkpoint cannot be exported whole in `dtype` to run with `provider` ("cpu", "cuda"; "auto" once
+    resolved), before its export; None where it can. ONNX Runtime's CPU provider runs whole models in float32."""
+    if provider == "cpu" and dtype != "float32":
+        return (
+            f"--dtype {dtype} exports a checkpoint for CUDA: add --provider cuda (the CPU provider runs whole models "
+            "in float32; --precision int8 or int4 makes the weights smaller)"
+        )
+    return None
+
+
 def cuda_options(tf32: bool = False, cuda_graph: bool = False) -> dict[str, str]:
     """The CUDA provider's options a session passes, set explicitly (never the provider's defaults).
     cuda_graph: `enable_cuda_graph` (cuda_provider_options.h), which captures a run's kernels once and replays

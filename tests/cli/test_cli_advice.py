@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import build_parser, command_parsers, main
-from runtime.providers import cuda_graph_refusal
+from helpers import REPO
+from runtime.providers import cuda_graph_refusal, dtype_refusal
 
 
 def _error(capsys, code) -> str:
@@ -198,3 +199,26 @@ def test_generate_warns_past_the_models_positions_and_echoes_a_long_prompt_short
     line = next(ln for ln in out.splitlines() if ln.startswith("tokens "))
     prompt, new = line.removeprefix("tokens ").split(" -> ")
     assert prompt == "100 101 102 103 104 105 ... (10 prompt ids)" and len(new.split()) == 4, line
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["generate", "tiny-stdlib-llama", "--prompt-ids", "1", "--dtype", "bfloat16"],
+            dtype_refusal("cpu", "bfloat16"),
+        ),
+        (["generate", "tiny-stdlib-llama", "--prompt-ids", "1", "--dtype", "float16"], dtype_refusal("cpu", "float16")),
+        (["serve", "models/tiny-stdlib-llama", "--dtype", "bfloat16"], dtype_refusal("cpu", "bfloat16")),
+        (["serve", "models/tiny-stdlib-llama", "--cuda-graph"], cuda_graph_refusal("cpu")),
+        (["serve", "nope.onnx"], "nope.onnx: no such file"),
+    ],
+)
+def test_what_cannot_run_here_is_refused_before_an_export_or_ray_starts(capsys, monkeypatch, argv, words):
+    """A half dtype of a checkpoint on the CPU, a CUDA graph on the CPU, a missing .onnx: one line before anything
+    is exported ("exporting ... (once)") or Ray starts ("starting Ray Serve")."""
+    monkeypatch.chdir(REPO)
+    assert _exit(argv) == 2
+    out, err = capsys.readouterr()
+    assert words in err and len(err.strip().splitlines()) == 1, err
+    assert "exporting" not in out and "starting Ray" not in out, out
