@@ -17,7 +17,7 @@ from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
-from .serve_model import folder_target, model_path
+from .serve_model import capacity_line, folder_target, model_path, served_facts
 
 
 def _need(module: str, what: str) -> None:
@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if api_key:
                 print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
             print(f"  curl -s {dep.url}healthz; curl -s {auth}{dep.url}metadata")
-            width = _width(path)
+            width, metadata = served_facts(path)
             if width == "embed":  # a sentence encoder: OpenAI's POST /v1/embeddings
                 from .cmd_embed import serve_hints
 
@@ -107,6 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
                 print(f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
                 print(f"  OpenAI's API: {dep.url}v1 (GET /v1/models; POST /v1/completions, /v1/chat/completions)")
+                print(f"  {capacity_line(metadata, args.capacity, args.batching)}")
             else:
                 save = f"np.save('x.npy', np.random.randn(16, {width}).astype('float32'))"
                 print(f'  python -c "import numpy as np; {save}"')
@@ -168,18 +169,6 @@ def wait_ready(url: str, timeout: float = 120.0) -> None:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _width(path: Path) -> int | str | None:
-    """The block's d_model for the example request; None for a whole-model export, "embed" for a sentence encoder."""
-    from runtime.session import OnnxSession
-
-    sess = OnnxSession(path, provider="cpu", verbose=False)
-    if sess.is_lm:
-        return None
-    if sess.metadata.get("attnzoo.kind") == "sentence_encoder":
-        return "embed"
-    return sess.spec.d_model if sess.spec else "C"
 
 
 def cmd_triton(args: argparse.Namespace) -> int:

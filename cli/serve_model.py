@@ -81,4 +81,27 @@ def model_path(
     return out
 
 
-__all__ = ["folder_target", "model_path"]
+def served_facts(path: Path) -> tuple[int | str | None, dict[str, str]]:
+    """(the block's d_model for the example request, None for a whole-model export, "embed" for a sentence
+    encoder; the export's metadata)."""
+    from runtime.session import OnnxSession
+
+    sess = OnnxSession(path, provider="cpu", verbose=False)
+    if sess.is_lm:
+        return None, sess.metadata
+    if sess.metadata.get("attnzoo.kind") == "sentence_encoder":
+        return "embed", sess.metadata
+    return (sess.spec.d_model if sess.spec else "C"), sess.metadata
+
+
+def capacity_line(metadata: dict[str, str], capacity: int, batching: str) -> str:
+    """What one continuously batched request may hold (every /v1 request is), and where --capacity was past the
+    export's max_len (the replicas lower it to that)."""
+    raw = metadata.get("attnzoo.max_len", "")
+    cap = min(capacity, int(raw)) if raw.isdigit() else capacity
+    lowered = f"; --capacity {capacity} is past the export's max_len {cap}" if cap < capacity else ""
+    where = "every request" if batching == "continuous" else "a /v1 request"
+    return f"{where}: prompt + max_tokens - 1 <= {cap} tokens (--capacity{lowered})"
+
+
+__all__ = ["capacity_line", "folder_target", "model_path", "served_facts"]

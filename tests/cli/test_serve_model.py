@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli import export_cache
-from cli.serve_model import folder_target, model_path
+from cli.serve_model import capacity_line, folder_target, model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 import lm_cases  # noqa: E402 - small random transformers models, one per family
@@ -36,3 +36,23 @@ def test_a_zoo_name_in_bfloat16_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(CliError, match="--dtype bfloat16 is for a checkpoint folder"):
         model_path("mha-causal", {}, "auto", "bfloat16", tmp_path, False, "static", "cuda")
+
+
+@pytest.mark.parametrize(
+    "max_len, capacity, batching, words",
+    [
+        (
+            "2048",
+            4000,
+            "continuous",
+            "every request: prompt + max_tokens - 1 <= 2048 tokens "
+            "(--capacity; --capacity 4000 is past the export's max_len 2048)",
+        ),
+        ("2048", 512, "static", "a /v1 request: prompt + max_tokens - 1 <= 512 tokens (--capacity)"),
+        ("", 512, "continuous", "every request: prompt + max_tokens - 1 <= 512 tokens (--capacity)"),
+    ],
+)
+def test_the_ready_lines_say_what_a_request_may_hold_and_a_lowered_capacity(max_len, capacity, batching, words):
+    """A /v1 request of more than --capacity was refused with a limit the server never showed, and a --capacity
+    past the export's max_len was lowered to it in silence: the ready lines say both."""
+    assert capacity_line({"attnzoo.max_len": max_len}, capacity, batching) == words
