@@ -122,6 +122,18 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
     )
 
 
+def _whole_model(source: Path) -> None:
+    """CliError unless `source` is a whole-model export (read from its metadata, without its weights)."""
+    from runtime.core import SessionError, onnx_metadata
+
+    try:
+        kind = onnx_metadata(source).get("attnzoo.kind")
+    except SessionError as e:
+        raise CliError(str(e)) from None
+    if kind != "lm":
+        raise CliError(f"{source} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
+
+
 def _check_vocab(args, ids: list[int], vocab: int) -> None:
     """The prompt's ids and --eos-token-id inside the model's vocabulary (a folder: before its export)."""
     past = [i for i in ids if i >= vocab]
@@ -184,6 +196,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config = generation_config(source) or {}
     else:
         _refuse_export_flags(args, source)
+        _whole_model(source)  # before its tokenizer: a block export has none, and that is not the point
     tok = _tokenizer(source)
     if args.chat or args.messages is not None:
         chat_prompt(args, tok, source)

@@ -140,7 +140,7 @@ class ChatTemplate:
         if not source:
             raise ChatTemplateError(
                 f"{folder} has no chat template (no {jinja.name}, no chat_template in {config_path.name}); "
-                "give the prompt as text with --prompt instead of --chat"
+                "give the prompt as plain text instead (CLI: --prompt, without --chat or --messages)"
             )
         return cls(source, special)
 

@@ -222,3 +222,13 @@ def test_what_cannot_run_here_is_refused_before_an_export_or_ray_starts(capsys, 
     out, err = capsys.readouterr()
     assert words in err and len(err.strip().splitlines()) == 1, err
     assert "exporting" not in out and "starting Ray" not in out, out
+
+
+def test_generate_names_a_block_export_as_such_before_asking_for_its_tokenizer(capsys, tmp_path):
+    """A block export given to generate with --prompt was told it lacked a tokenizer; it is not a whole model."""
+    from export import export_onnx
+
+    block = export_onnx("mha-causal", tmp_path / "block.onnx").path
+    assert _exit(["generate", str(block), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a whole-model export" in err and "tokenizer" not in err and len(err.strip().splitlines()) == 1
