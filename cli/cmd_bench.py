@@ -156,7 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="with --provider cuda: attnzoo's decode step captured as a CUDA graph (generate --cuda-graph)",
+        help="with --provider cuda: attnzoo's decode step captured as a CUDA graph (generate --cuda-graph; not yet "
+        "run on a GPU: docs/gpu.md)",
     )
     gen.add_argument("--genai-python", metavar="PATH", help="the python of an environment with onnxruntime-genai")
     gen.add_argument(

@@ -353,7 +353,7 @@ def add_commands(sub) -> None:
         default="float32",
         choices=DTYPES,
         help="a folder's export: the activations' float type (default float32; float16 and bfloat16 are for "
-        "--provider cuda, with --precision fp32, int8 or int4)",
+        "--provider cuda, with --precision fp32, int8 or int4: not yet run on a GPU, docs/gpu.md)",
     )
     sp.add_argument(
         "--kv-precision",
@@ -382,7 +382,7 @@ def add_commands(sub) -> None:
         "--cuda-graph",
         action="store_true",
         help="capture the decode step as a CUDA graph and replay it (with --provider cuda; a packed-rows export: a "
-        "folder's export for CUDA in float16 or bfloat16 is one; docs/gpu.md)",
+        "folder's export for CUDA in float16 or bfloat16 is one). Not yet run on a GPU: docs/gpu.md",
     )
     sp.add_argument(
         "--eos-token-id",

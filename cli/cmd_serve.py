@@ -364,7 +364,8 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it",
+        help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it "
+        "(not yet run on a GPU: docs/gpu.md)",
     )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")

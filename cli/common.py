@@ -33,7 +33,8 @@ def with_tf32(parser: argparse.ArgumentParser) -> None:
         "--tf32",
         action="store_true",
         help="on CUDA, run fp32 MatMul/Gemm in TF32: faster, ~1e-3 relative error a product (parity then holds "
-        "fp32 to rtol=atol=2e-3). Default off: the session passes use_tf32=0, so fp32 is fp32",
+        "fp32 to rtol=atol=2e-3). Default off: the session passes use_tf32=0, so fp32 is fp32 (not yet run on a GPU: "
+        "docs/gpu.md)",
     )
 
 
