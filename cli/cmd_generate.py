@@ -79,6 +79,7 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     if tok is None:
         if source.is_dir():
             raise CliError(f"--prompt TEXT needs a tokenizer.json in {source}; or give --prompt-ids 1,2,3")
+        _whole_model(source)  # a block export has no tokenizer either, and that is not the point
         raise CliError(
             f"--prompt TEXT needs {tokenizer_beside(source)} (`attnzoo export --checkpoint DIR --whole` writes it "
             "from the checkpoint's tokenizer.json) or a tokenizer.json beside the .onnx; or give --prompt-ids 1,2,3"
@@ -144,23 +145,14 @@ def _check_vocab(args, ids: list[int], vocab: int) -> None:
             raise CliError(f"--eos-token-id {eos} is past the vocabulary ({vocab} tokens): no token can end")
 
 
-def _check_cuda_graph(args: argparse.Namespace) -> None:
-    """--cuda-graph's rule (runtime.providers.cuda_graph_refusal), before any export: a folder's dtype counts,
-    an .onnx is checked when its session opens."""
-    if not args.cuda_graph:
-        return
-    from runtime.providers import cuda_graph_refusal
+def _check_device(args: argparse.Namespace) -> None:
+    """--cuda-graph and a folder's half --dtype ask for CUDA: their rules (runtime.providers), before any export
+    (an .onnx carries its own dtype and padding, which its session checks when it opens)."""
+    from runtime.providers import cuda_graph_refusal, dtype_refusal
 
-    why = cuda_graph_refusal(args.provider, None if args.source.endswith(".onnx") else args.dtype)
-    if why:
-        raise CliError(why)
-
-
-def _check_dtype(args: argparse.Namespace) -> None:
-    """A folder's --dtype other than float32 exports it for CUDA: refused on the CPU before the export."""
-    from runtime.providers import dtype_refusal
-
-    why = None if args.source.endswith(".onnx") else dtype_refusal(args.provider, args.dtype)
+    dtype = None if args.source.endswith(".onnx") else args.dtype
+    why = cuda_graph_refusal(args.provider, dtype) if args.cuda_graph else None
+    why = why or (dtype_refusal(args.provider, dtype) if dtype else None)
     if why:
         raise CliError(why)
 
@@ -170,8 +162,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.json:
         ensure_writable_parent(Path(args.json))
-    _check_cuda_graph(args)
-    _check_dtype(args)
+    _check_device(args)
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
     source = Path(args.source)
     from . import cmd_seq2seq
@@ -196,7 +187,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config = generation_config(source) or {}
     else:
         _refuse_export_flags(args, source)
-        _whole_model(source)  # before its tokenizer: a block export has none, and that is not the point
     tok = _tokenizer(source)
     if args.chat or args.messages is not None:
         chat_prompt(args, tok, source)
