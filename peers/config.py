@@ -31,7 +31,7 @@ from zoo import AttentionSpec
 from zoo.errors import ArgumentError, AttnzooError, HFConversionError, InputTypeError
 from zoo.modifiers import alibi_slopes
 
-from .config_keys import DEFAULTS, KV_HEADS_UNREAD, refuse
+from .config_keys import KV_HEADS_UNREAD, refuse, with_defaults
 from .copies import BY_CLASS
 from .model_types import DEFAULT_TRUE, FAMILIES, MAX_POSITIONS, ConfigView, Family
 from .rows import Row, norm_shapes, read, value
@@ -96,7 +96,7 @@ def normalized(kind: str, data: dict) -> dict:
         data = dict(data["text_config"], model_type=kind)
     if kind in DEFAULT_TRUE:
         data.setdefault(DEFAULT_TRUE[kind], True)
-    data = {**DEFAULTS.get(kind, {}), **data}  # the config class's values where config.json leaves a key out
+    data = with_defaults(kind, data)  # the config class's values where config.json leaves a key out
     if kind in KV_HEADS_UNREAD:
         data.pop("num_key_value_heads", None)
     return dict(data, rope_parameters=rope_parameters(kind, data), max_position_embeddings=_max_positions(kind, data))

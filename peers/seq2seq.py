@@ -164,7 +164,6 @@ def generation_settings(folder: str | os.PathLike) -> dict:
     sets as `unhonoured` (neither is applied: the caller says so)."""
     path = Path(folder)
     data = config_dict(path / "config.json")
-    data = with_defaults(model_type(data), data)
     gen_path = path / "generation_config.json"
     gen = {}
     if gen_path.is_file():
