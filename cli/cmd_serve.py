@@ -245,9 +245,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def _chat_loadtest(args: argparse.Namespace) -> int:
-    """--chat: streamed POST /v1/chat/completions (serve/load_chat.py): tokens/s and time to first token."""
+    """--chat: streamed POST /v1/chat/completions (serve/loadtest/chat.py): tokens/s and time to first token."""
     from serve.auth import key_from
-    from serve.load_chat import chat_loadtest, format_chat_report
+    from serve.loadtest.chat import chat_loadtest, format_chat_report
 
     if args.json:
         ensure_writable_parent(Path(args.json))

@@ -28,10 +28,10 @@ from runtime.generation import Generation, lm_vocab
 from runtime.sampling import Sampler, resolve
 from runtime.session import OnnxSession
 from runtime.stopping import Codec, RowText
-from serve.gen_continuous import ContinuousBatcher
-from serve.gen_protocol import GenItem
-from serve.openai_protocol import CHAT, COMPLETIONS, OpenAIError, max_body, parse
-from serve.openai_run import TextRun, text_files
+from serve.generate.continuous import ContinuousBatcher
+from serve.generate.protocol import GenItem
+from serve.openai.protocol import CHAT, COMPLETIONS, OpenAIError, max_body, parse
+from serve.openai.serving import TextRun, text_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 import lm_cases  # noqa: E402 - randomize: every parameter random
@@ -273,7 +273,7 @@ def test_a_ruled_out_tokens_logprob_is_a_number_json_can_carry(sess, codec):
     vLLM writes it, in the token's entry and among the alternatives."""
     import json
 
-    from serve.openai_run import LOGPROB_FLOOR
+    from serve.openai.serving import LOGPROB_FLOOR
 
     it, _ = _text_item(sess, codec, codec.encode("def main("), 4, logprobs=5)
     logits = np.zeros((1, lm_vocab(sess)), np.float32)
@@ -339,7 +339,7 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
 
     from cli.main import main
     from serve import Client
-    from serve.load_chat import chat_loadtest
+    from serve.loadtest.chat import chat_loadtest
 
     monkeypatch.setenv("ATTNZOO_API_KEY", KEY)  # for `attnzoo loadtest --chat`
     url, proc, started = server

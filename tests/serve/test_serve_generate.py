@@ -22,9 +22,9 @@ from export import export_onnx
 from helpers import free_port, local_ray, submit_concurrently
 from runtime.session import OnnxSession
 from serve import Client, RequestError, ServeError, start
-from serve.gen_batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
-from serve.gen_continuous import ContinuousBatcher
-from serve.gen_protocol import GEN_ROUTE, GenInfo, GenItem, decode_generate_request
+from serve.generate.batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
+from serve.generate.continuous import ContinuousBatcher
+from serve.generate.protocol import GEN_ROUTE, GenInfo, GenItem, decode_generate_request
 from serve.loadtest import loadtest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
@@ -159,7 +159,7 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
     """longrope picks its frequency set by a whole run's largest position, so requests of a longrope export
     never share a run: continuous batching is refused (before Ray starts) and static batches hold one
     request; other exports share runs."""
-    from serve.gen_continuous import shares_runs
+    from serve.generate.continuous import shares_runs
 
     longrope = OnnxSession(_longrope_copy(lm_path), provider="cpu", verbose=False)
     assert shares_runs(sess) and not shares_runs(longrope)
@@ -184,7 +184,7 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
         assert max(runs) == most and sum(runs) == len(items), runs
         for (tokens, _), it in zip(answers, items):
             np.testing.assert_array_equal(tokens, it.ids)
-    from serve.gen_app import GenerateServer
+    from serve.generate.app import GenerateServer
     from serve.replica import model_files
 
     for path, limit in ((lm_path, None), (longrope.path, 1)):  # the server's static batcher follows the export
@@ -196,8 +196,8 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
 
 def test_a_left_padded_bf16_export_is_refused_by_continuous_batching_in_one_line(sess):
     """The left-padded batcher's numpy buffers hold no bfloat16 (a packed-rows export's device buffers do:
-    tests/serve/test_gen_packed.py): refused before serving, pointing at static batching."""
-    from serve.gen_continuous import check_continuous
+    tests/serve/test_generate_packed.py): refused before serving, pointing at static batching."""
+    from serve.generate.continuous import check_continuous
 
     class Bf16Caches:  # the session's interface, its caches declared bfloat16
         def __getattr__(self, name):
@@ -559,7 +559,7 @@ def plain_http(lm_path):
     import uvicorn
 
     from serve import schema
-    from serve.gen_app import GenerateServer
+    from serve.generate.app import GenerateServer
     from serve.replica import model_files
 
     server = GenerateServer(model_files(lm_path), lm_path.stem, max_batch=8, max_new_tokens=40, threads=1)

@@ -1,6 +1,6 @@
 """Continuous batching of a left-padded export's requests: a request joins the running batch at its next step
-(`continuous_batcher` gives a packed-rows export serve/gen_packed.py's batcher instead; serve/gen_rows.py holds
-what both share: the thread, the answers).
+(`continuous_batcher` gives a packed-rows export serve/generate/packed.py's batcher instead;
+serve/generate/rows.py holds what both share: the thread, the answers).
 
 The batch is `max_rows` rows of static buffers (b g n d) per layer, bound once, and one write index P
 shared by every row (the export's past_len). A request of prompt length t joins when rows are free,
@@ -30,16 +30,16 @@ from runtime.generation import prefill_chunk
 from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 from runtime.kv_buffers import buffer_arrays
 
-from .gen_packed import PackedBatcher
-from .gen_protocol import GenItem
-from .gen_rows import RowBatcher, check_continuous, check_continuous_layers, shares_runs
+from .packed import PackedBatcher
+from .protocol import GenItem
+from .rows import RowBatcher, check_continuous, check_continuous_layers, shares_runs
 
 BATCHINGS = ("static", "continuous")
 DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
 
 
 def continuous_batcher(sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> RowBatcher:
-    """The continuous batcher of this export: over packed rows (gen_packed) or left-padded (this module)."""
+    """The continuous batcher of this export: over packed rows (generate.packed) or left-padded (this module)."""
     kind = PackedBatcher if is_packed(sess) else ContinuousBatcher
     return kind(sess, max_rows, capacity, wait_s=wait_s)
 

@@ -19,7 +19,7 @@ so rows are independent: no shared write index, no wait for one, no restart, and
 - With a cuda_graph session each k's step runs under a graph id of its own (ONNX Runtime captures it on its
   third run and replays it), every prefill under -1 (never captured). Unproven on a GPU so far.
 
-Each request's tokens equal `OnnxSession.generate` of the request alone (tests/serve/test_gen_packed.py).
+Each request's tokens equal `OnnxSession.generate` of the request alone (tests/serve/test_generate_packed.py).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from runtime.generation import prefill_chunk
 from runtime.io import INPUT_IDS, LM_PRESENT, LOGITS, NEXT_TOKEN, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH
 from runtime.kv_buffers import as_float32
 
-from .gen_protocol import GenItem
-from .gen_rows import RowBatcher
-from .schema import ServeError
+from ..schema import ServeError
+from .protocol import GenItem
+from .rows import RowBatcher
 
 
 def _needs_logits(it: GenItem) -> bool:

@@ -1,5 +1,5 @@
-"""The OpenAI routes of a whole-model replica (serve/gen_app.py): GET /v1/models, POST /v1/completions and
-/v1/chat/completions, on continuous batching (serve/gen_continuous.py), as text, or streamed as server-sent
+"""The OpenAI routes of a whole-model replica (serve/generate/app.py): GET /v1/models, POST /v1/completions and
+/v1/chat/completions, on continuous batching (serve/generate/continuous.py), as text, or streamed as server-sent
 events. No Ray here: the replica hands its requests to `OpenAIFront.handle`.
 
 Each request becomes one row of the running batch, followed by a `TextRun` (GenItem.decoder): it chooses the
@@ -36,8 +36,9 @@ from runtime.sampling import Sampler, log_softmax, resolve
 from runtime.stopping import Codec, RowText, eos_ids
 from zoo import AttnzooError
 
-from .gen_protocol import GenItem
-from .openai_protocol import (
+from ..generate.protocol import GenItem
+from ..schema import JSON
+from .protocol import (
     CHAT,
     COMPLETIONS,
     DONE,
@@ -54,7 +55,6 @@ from .openai_protocol import (
     read_limited,
     usage,
 )
-from .schema import JSON
 
 TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 EVENT_STREAM = "text/event-stream"
@@ -98,7 +98,7 @@ class TextRun:
     @property
     def needs_logits(self) -> bool:
         """Whether choose reads the logits (a sampler, logprobs); else the argmax is all (a packed batch then
-        reads no logits back: serve/gen_packed.py)."""
+        reads no logits back: serve/generate/packed.py)."""
         return self.logprobs is not None or self.sampler.params.needs_logits
 
     def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:

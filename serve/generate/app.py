@@ -1,5 +1,5 @@
-"""The Ray Serve replica of a whole-model export: POST /generate (serve/gen_protocol.py), requests
-gathered by a StaticBatcher and generated from as one left-padded batch (serve/gen_batching.py)."""
+"""The Ray Serve replica of a whole-model export: POST /generate (serve/generate/protocol.py), requests
+gathered by a StaticBatcher and generated from as one left-padded batch (serve/generate/batching.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,10 @@ import os
 import time
 from pathlib import Path
 
-from .auth import authorized, refusal
-from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import DEFAULT_CAPACITY, check_continuous, continuous_batcher, shares_runs
-from .gen_protocol import (
-    DEFAULT_MAX_NEW_TOKENS,
-    GEN_ROUTE,
-    GenInfo,
-    decode_generate_request,
-    encode_tokens,
-)
-from .gen_rows import RowBatcher
-from .openai_run import OpenAIFront
-from .protocol import failure_answer
-from .replica import (
+from ..auth import authorized, refusal
+from ..blocks.protocol import failure_answer
+from ..openai.serving import OpenAIFront
+from ..replica import (
     answer_get,
     files_digest,
     open_session,
@@ -30,18 +20,28 @@ from .replica import (
     request_path,
     timing_headers,
 )
-from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError, generate_body_limit
+from ..schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError, generate_body_limit
+from .batching import StaticBatcher, run_generate_batch
+from .continuous import DEFAULT_CAPACITY, check_continuous, continuous_batcher, shares_runs
+from .protocol import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GEN_ROUTE,
+    GenInfo,
+    decode_generate_request,
+    encode_tokens,
+)
+from .rows import RowBatcher
 
 
 class GenerateServer:
     """A Ray Serve replica over a whole-model export: one OnnxSession, static batches (StaticBatcher) or,
-    with batching="continuous", requests joining the running batch at its next step (gen_continuous's
+    with batching="continuous", requests joining the running batch at its next step (generate.continuous's
     continuous_batcher: left-padded or packed rows, as the export takes them; buffers of `capacity` slots).
 
     GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}; OpenAI's API under /v1
-    (serve/openai_run.py: text in and out with the export's tokenizer and chat template, `text`).
+    (serve/openai/serving.py: text in and out with the export's tokenizer and chat template, `text`).
     key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py). cuda_graph: a
-    packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/gen_packed.py).
+    packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/generate/packed.py).
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
     x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
     x-attnzoo-new-tokens (this answer's new tokens, all rows).
@@ -81,7 +81,7 @@ class GenerateServer:
             self.info = dataclasses.replace(self.info, max_len=capacity)
             self._batcher = continuous_batcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000)
         else:
-            # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
+            # Not serve.batch: it forms a batch before waiting for the running one (generate.batching.StaticBatcher).
             self._batcher = StaticBatcher(
                 lambda items: run_generate_batch(self.sess, items),
                 max_rows=max_batch,
@@ -105,7 +105,7 @@ class GenerateServer:
             # None: each batch's cache is sized to what it needs; continuous: the one batch's capacity
             "max_len": self.info.max_len,
             "max_batch": max_batch,
-            # 1: requests never share a run (longrope: gen_continuous.shares_runs); None: any that fit
+            # 1: requests never share a run (longrope: generate.continuous.shares_runs); None: any that fit
             "requests_per_run": per_run,
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
@@ -120,7 +120,7 @@ class GenerateServer:
         self.meta["openai"] = {"model": self.openai.name, "chat": self.openai.template is not None}
 
     def _openai(self, model_id, text, batching, capacity, max_batch, batch_wait_ms, max_body) -> OpenAIFront:
-        """The /v1 routes (serve/openai_run.py), on continuous batching: this server's batcher when it batches
+        """The /v1 routes (serve/openai/serving.py), on continuous batching: this server's batcher when it batches
         continuously, else one of their own, made on the first /v1 request (capacity: --capacity)."""
         unavailable = None
         try:

@@ -1,6 +1,7 @@
-"""What both continuous batchers share (serve/gen_continuous.py over a left-padded export, serve/gen_packed.py over
-a packed-rows one): the rule of which exports they serve, one record per running request, and the thread that
-takes requests in, admits them, steps the batch and answers each request when it ends. A batcher says how a
+"""What both continuous batchers share (serve/generate/continuous.py over a left-padded export,
+serve/generate/packed.py over a packed-rows one): the rule of which exports they serve, one record per running
+request, and the thread that takes requests in, admits them, steps the batch and answers each request when it
+ends. A batcher says how a
 request joins (`_admit`), how a step runs (`_step`) and how a request's rows are given back (`_release`).
 
 Each request's tokens equal `OnnxSession.generate` of the request alone (the tests check it for both). Plain
@@ -23,9 +24,9 @@ from runtime.generation import longrope_switch, one_call_prompt_len
 from runtime.io import NEXT_TOKEN
 from runtime.kv_buffers import BF16
 
-from .gen_batching import end_at_eos
-from .gen_protocol import GenItem
-from .schema import ServeError
+from ..schema import ServeError
+from .batching import end_at_eos
+from .protocol import GenItem
 
 _LONGROPE = (
     "has longrope layers, whose frequency set follows the largest position of a whole run: requests sharing "
@@ -42,8 +43,8 @@ def shares_runs(sess) -> bool:
 
 def check_continuous(sess, path=None) -> None:
     """ServeError, in one line, when continuous batching cannot serve this whole-model export (`path`:
-    how to name it, default the session's). A packed-rows export (any cache dtype) runs on gen_packed's
-    device buffers; a left-padded one on gen_continuous's numpy buffers, which hold no bfloat16."""
+    how to name it, default the session's). A packed-rows export (any cache dtype) runs on generate.packed's
+    device buffers; a left-padded one on generate.continuous's numpy buffers, which hold no bfloat16."""
     why = None
     if NEXT_TOKEN.name not in sess.output_names:
         why = f"has no {NEXT_TOKEN.name} output (an all-logits export)"
