@@ -168,7 +168,7 @@ class Generation:
         if stops and self.pad is None and b > 1:
             raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
         self.codec = Codec(tokenizer) if tokenizer is not None else None
-        self.rows = row_texts(self.codec, stops, self.ids, attention_mask) if self.codec else None
+        self.rows = row_texts(self.codec, stops, self.ids, attention_mask, in_prompt=True) if self.codec else None
         self.params = resolve(knobs, config)
         self.mask = attention_mask
         self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))

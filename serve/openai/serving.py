@@ -310,9 +310,8 @@ class OpenAIFront:
             if ask.stream:  # with the count of logprob entries it may send: the chunk takes those not yet sent
                 loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, run.ready))
 
-        run = TextRun(
-            sampler, self.eos, RowText(self.codec, ask.stop, context=prompt[0]), ask.max_tokens, emit, ask.logprobs
-        )
+        row = RowText(self.codec, ask.stop, context=prompt[0], in_prompt=False)  # OpenAI's stop: the completion's
+        run = TextRun(sampler, self.eos, row, ask.max_tokens, emit, ask.logprobs)
         item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
         batcher = self._batcher()
         if not ask.stream:

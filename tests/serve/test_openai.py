@@ -354,6 +354,20 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), made)
     got = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, stop=[text[3:6]])
     assert got.choices[0].text == text[: text.index(text[3:6])] and got.choices[0].finish_reason == "stop"
+    # OpenAI's stop looks at the completion alone: one begun in the prompt (its last character and the first new
+    # one, found nowhere in the completion) does not end it; generate's, as transformers' stop_strings, ends after
+    # the first token
+    run = Generation(sess, [ids], 12).run()[0].tolist()
+    for at in range(len(ids), len(run)):  # the first such pair of printable bytes
+        longer, spanning = run[:at], bytes(run[at - 1 : at + 1]).decode("latin-1")
+        whole = _alone(sess, codec, longer, 8)[0]
+        if all(32 <= t < 127 for t in run[at - 1 : at + 1]) and spanning not in whole:
+            break
+    else:
+        pytest.fail(f"no stop string to try in {run}")
+    got = client.completions.create(model=MODEL, prompt=longer, max_tokens=8, stop=[spanning]).choices[0]
+    assert (got.text, got.finish_reason) == (whole, "length")
+    assert _alone(sess, codec, longer, 8, stop=[spanning])[1:] == ("stop", 1)
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     rendered = ChatTemplate(TEMPLATE, {"bos_token": "<s>"}).render(messages)
