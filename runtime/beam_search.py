@@ -77,13 +77,13 @@ def beam_settings(call: dict, config: dict | None = None) -> Beams:
     merged.update({k: v for k, v in call.items() if v is not None})
     if isinstance(merged["length_penalty"], (int, np.integer)) and not isinstance(merged["length_penalty"], bool):
         merged["length_penalty"] = float(merged["length_penalty"])
-    beams = Beams(**merged)
-    if not beams.on and beams.num_return_sequences > 1:
+    n = merged["num_return_sequences"]
+    if merged["num_beams"] == 1 and isinstance(n, int) and n > 1:
         raise zoo.ArgumentError(
-            f"num_return_sequences={beams.num_return_sequences} needs num_beams >= {beams.num_return_sequences} "
+            f"num_return_sequences={n} needs num_beams >= {n} "
             "(greedy makes one sequence per row; sampling several is not done here)"
         )
-    return beams
+    return Beams(**merged)
 
 
 def split_beam_options(options: dict) -> tuple[dict, dict]:
