@@ -18,6 +18,7 @@ from zoo.files import ensure_writable_parent, write_atomic
 from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
 from .serve_model import capacity_line, folder_target, model_path, served_facts
+from .serve_ops import ops_from, with_ops
 
 
 def _need(module: str, what: str) -> None:
@@ -85,6 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 api_key=api_key,
                 text_from=args.model,
                 cuda_graph=args.cuda_graph,
+                ops=ops_from(args),
                 **options,
             )
         except BaseException:
@@ -367,6 +369,7 @@ def add_commands(sub) -> None:
         help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it "
         "(not yet run on a GPU: docs/gpu.md)",
     )
+    with_ops(sp)
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")
