@@ -1,9 +1,12 @@
 """Request ids and the access log of a replica (docs/serving.md, "Operations").
 
-Each request gets an id: its own `X-Request-Id` header when it sends a usable one (1 to 128 characters of
-letters, digits and `-_.:`), else a fresh uuid4 hex; the answer carries it back in `X-Request-Id`, and every
-line this server logs about the request carries it (`request_id`: the contextvar REQUEST_ID, which the
-logging filter adds to each record of the `attnzoo.serve` loggers).
+Each request gets an id: its own `X-Request-Id` header when it sends a usable one (1 to 256 printable ASCII
+characters, no spaces), else a fresh uuid4 hex; the answer carries it back in `X-Request-Id`, and every line
+this server logs about the request carries it (`request_id`: the contextvar REQUEST_ID, which the logging
+filter adds to each record of the `attnzoo.serve` loggers). Under Ray Serve the proxy does the first two
+itself (its RequestIdMiddleware: the client's X-Request-Id, else a uuid4, put in the request the replica
+gets and appended to the answer), so the replica takes the proxy's and leaves the answer's header to it; Ray
+Serve's own replica log lines carry the same id.
 
 One access-log line per request, when its answer ends (a stream at its last event): a JSON object with ts,
 request_id, method, route, status, prompt_tokens, completion_tokens, cached_tokens (from the prefix cache),
@@ -24,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 HEADER = "x-request-id"
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("attnzoo_request_id", default="-")
-_USABLE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_USABLE = re.compile(r"[!-~]{1,256}")  # printable ASCII, no space
 LOG = logging.getLogger("attnzoo.serve")
 
 

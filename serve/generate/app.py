@@ -186,7 +186,8 @@ class GenerateServer:
         except BaseException:  # the client left (cancelled), or a fault: logged with its id, then raised on
             self.access.end(rec, 499)
             raise
-        response.headers[HEADER] = rec.request_id
+        if HEADER not in request.headers:  # Ray Serve's proxy puts one in every request and returns it itself
+            response.headers[HEADER] = rec.request_id
         if not isinstance(response, StreamingResponse):
             self.access.end(rec, response.status_code)
             return response
