@@ -123,8 +123,42 @@ def main() -> int:
            "rows": ROWS, "capacity": CAPACITY, "threads": THREADS, "model": "models/tiny-stdlib-llama"},
            "rows": rows, "command": "PYTHONPATH=. python scripts/bench_prefix_cache.py"}  # fmt: skip
     Path(args.out + ".json").write_text(json.dumps(doc, indent=1) + "\n")
+    Path(args.out + ".md").write_text(table(doc))
     print(json.dumps(host))
     return 0
+
+
+def table(doc: dict) -> str:
+    """The markdown page of a run's JSON."""
+    host, w = doc["host"], doc["workload"]
+    lines = [
+        "# Prefix caching: time to first token on a multi-turn chat",
+        "",
+        "Back to [serving](../serving.md#whole-models-prefix-caching).",
+        "",
+        f"`{doc['command']}` (made the table and [prefix-cache.json](prefix-cache.json)). CPU: {host['cpu']} "
+        f"({host['cores']} cores, avx512f {'yes' if host['avx512f'] else 'no'}), a host shared with other jobs: "
+        f"load average {host['load'][0]:.1f} before, {host['load_after'][0]:.1f} after (figures are noisy).",
+        "",
+        f"Model: {w['model']} (4 layers, hidden 256, the byte tokenizer), exported whole in fp32 (`attnzoo export "
+        f"--checkpoint models/tiny-stdlib-llama --whole --padding left|packed`); the continuous batcher in-process "
+        f"(no HTTP, no Ray), {w['rows']} rows, capacity {w['capacity']}, {w['threads']} ONNX Runtime threads. "
+        f"Workload: C conversations at once, {w['turns']} turns each; a turn's prompt is a shared {w['system']}-token "
+        f"system prompt, the history (user messages of {w['user']} tokens, the model's answers of {w['answer']}) "
+        f"and the new message; greedy, {w['answer']} new tokens. The cache starts empty after a warm-up "
+        "conversation, so each conversation's first turn pays the system prompt once per export kind.",
+        "",
+        "| C | padding | prefix cache | TTFT mean | p50 | p90 | prompt tokens | from the cache | wall |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        cache = f"{r['prefix_cache_mb']:g} MB" if r["prefix_cache_mb"] else "off"
+        lines.append(
+            f"| {r['conversations']} | {r['padding']} | {cache} | {r['ttft_mean_ms']:.0f} ms "
+            f"| {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | {r['prompt_tokens']} | {r['cached_tokens']} "
+            f"| {r['wall_s']:.1f} s |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

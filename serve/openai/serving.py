@@ -374,8 +374,8 @@ class OpenAIFront:
                     if piece or finish:  # a token whose text is held back sends its logprobs with its text
                         yield answer.chunk(piece or None, finish, entries=run.entries[sent:made])
                         sent = made
-                    if finish:
-                        rec.completion_tokens, rec.finish_reason = run.made, finish
+                    if finish:  # the batcher answers right after the last piece: its timings to the access log
+                        rec.ran(run, (await task)[1])
                         if ask.include_usage:
                             yield answer.usage_chunk(usage(len(ids), run.made))
                         break
