@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from ..access import HEADER, AccessLog, current
+from ..access import HEADER, LOG, AccessLog, current
 from ..auth import authorized, refusal
 from ..blocks.protocol import failure_answer
 from ..metrics import TEXT_FORMAT, ReplicaMetrics
@@ -183,8 +183,12 @@ class GenerateServer:
         rec = self.access.begin(request, path)
         try:
             response = await self._route(request, path)
-        except BaseException:  # the client left (cancelled), or a fault: logged with its id, then raised on
+        except asyncio.CancelledError:  # the client left before its answer (nginx's 499)
             self.access.end(rec, 499)
+            raise
+        except Exception:  # a fault of ours: logged with the request's id, then Ray Serve answers 500
+            LOG.exception("%s %s failed", request.method, path)
+            self.access.end(rec, 500)
             raise
         if HEADER not in request.headers:  # Ray Serve's proxy puts one in every request and returns it itself
             response.headers[HEADER] = rec.request_id
@@ -238,6 +242,7 @@ class GenerateServer:
         try:
             tokens, timing = await self._batcher.submit(item)
         except Busy as e:
+            LOG.warning("refused: %s", e)
             return PlainTextResponse(f"{e}; retry after {e.retry_after} s", 429, {"retry-after": str(e.retry_after)})
         except asyncio.CancelledError:  # the client left: its rows are given back at the next step
             item.cancelled = True

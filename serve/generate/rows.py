@@ -133,8 +133,8 @@ class RowBatcher(ABC):
         return len(self._queued)
 
     def hold(self, held: bool = True) -> None:
-        """Hold the thread before its next round (held=False lets it go): requests queue meanwhile. For tests
-        that step the batcher by hand, and for a replica draining."""
+        """Hold the thread before its next round (held=False lets it go): requests queue meanwhile (tests step
+        the batcher so, with nothing left to timing)."""
         self._gate.clear() if held else self._gate.set()
 
     def _unqueue(self, it: GenItem) -> None:

@@ -343,6 +343,7 @@ class OpenAIFront:
         try:
             task = self._batcher().enqueue(item)
         except Busy as e:
+            access.LOG.warning("refused: %s", e)
             raise Unavailable(f"this server is busy: {e}; retry after {e.retry_after} s", 429, e.retry_after) from None
         if not ask.stream:
             try:
@@ -401,9 +402,11 @@ class Unavailable(OpenAIError):
 
 
 def failed(err: Exception) -> OpenAIError:
-    """The OpenAI error of a run the batcher ended with an exception."""
+    """The OpenAI error of a run the batcher ended with an exception (logged with the request's id)."""
     if isinstance(err, TimedOut):
+        access.LOG.warning("timed out: %s", err)
         return Unavailable(f"this server is busy: {err}", 503)
+    access.LOG.error("the model run failed: %s: %s", type(err).__name__, err)
     return OpenAIError(f"the model run failed: {type(err).__name__}: {err}", 500)
 
 

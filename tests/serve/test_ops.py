@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO
 from runtime.chat import ChatTemplate
 from runtime.stopping import Codec
-from serve.access import AccessLog, current, request_id
+from serve.access import LOG, AccessLog, current, request_id
 from serve.generate.rows import Running
 from serve.openai.protocol import OpenAIError
 from serve.openai.tokenize import detokenize, tokenize
@@ -31,7 +31,7 @@ def test_a_request_keeps_its_own_usable_id_else_gets_a_fresh_one():
     assert request_id({}) != request_id({})
 
 
-def test_an_access_line_has_the_id_tokens_and_timings_and_the_prompt_only_when_asked(tmp_path):
+def test_an_access_line_has_the_id_tokens_and_timings_and_the_prompt_only_when_asked(tmp_path, caplog):
     for prompts in (False, True):
         path = tmp_path / f"access-{prompts}.log"
         log = AccessLog(str(path), prompts=prompts, replica="host:1")
@@ -47,6 +47,9 @@ def test_an_access_line_has_the_id_tokens_and_timings_and_the_prompt_only_when_a
         assert (doc["prompt_tokens"], doc["completion_tokens"], doc["finish_reason"]) == (5, 3, "length")
         assert doc["ttft_ms"] == 4.25 and doc["total_ms"] >= 0 and doc["replica"] == "host:1"
         assert ("prompt" in doc) == prompts and ("secret" in line) == prompts
+        with caplog.at_level("WARNING", logger="attnzoo.serve"):
+            LOG.warning("refused: busy")  # any other line about the request carries its id
+        assert caplog.records[-1].request_id == "req-7"
 
 
 class _Batcher:
