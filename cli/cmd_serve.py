@@ -109,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
                 print(f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
                 print(f"  OpenAI's API: {dep.url}v1 (GET /v1/models; POST /v1/completions, /v1/chat/completions)")
+                print(f"  operations: GET {dep.url}health, /ready, /metrics (Prometheus); POST /tokenize, /detokenize")
                 print(f"  {capacity_line(metadata, args.capacity, args.batching)}")
             else:
                 save = f"np.save('x.npy', np.random.randn(16, {width}).astype('float32'))"
