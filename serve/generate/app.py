@@ -49,7 +49,9 @@ class GenerateServer:
     packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/generate/packed.py).
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
     x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
-    x-attnzoo-new-tokens (this answer's new tokens, all rows).
+    x-attnzoo-new-tokens (this answer's new tokens, all rows). ops (serve/ops.py): the continuous batch's
+    admission control, request timeout and prefix cache, and the access log; GET /health, /ready and /metrics
+    (serve/metrics.py) ask for no key, POST /tokenize and /detokenize (serve/openai/tokenize.py) do.
     """
 
     def __init__(

@@ -125,7 +125,9 @@ class ContinuousBatcher(RowBatcher):
         reads them as one that counts a row's real keys does. A prompt after masked slots runs one row
         at a time, through one scratch row of P slots (GroupQueryAttention takes a chunk with a past for
         one row only; any lowering takes one row); one row's prompt runs in chunks, each after the ones
-        before, as OnnxSession.generate runs it (runtime.generation.prefill_chunk)."""
+        before, as OnnxSession.generate runs it (runtime.generation.prefill_chunk). With a prefix cache
+        (generate/prefix.py) a one-row prompt's first cached whole blocks are copied into the scratch row at the
+        slots they take and only the rest runs, on the same chunk grid; its whole blocks are kept after."""
         import onnxruntime as ort
 
         started = time.perf_counter()
