@@ -7,10 +7,12 @@ import argparse
 
 from .common import number_in, positive
 
+# serve.ops.DEFAULT_PREFIX_CACHE_MB, not imported: building the parser imports nothing of serve (numpy, Ray)
+# before the command is known (tests/serve/test_ops.py checks the two agree)
+DEFAULT_PREFIX_CACHE_MB = 256.0
+
 
 def with_ops(sp: argparse.ArgumentParser) -> None:
-    from serve.ops import DEFAULT_PREFIX_CACHE_MB
-
     sp.add_argument(
         "--max-waiting",
         type=positive,

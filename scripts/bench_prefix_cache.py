@@ -146,7 +146,8 @@ def table(doc: dict) -> str:
         f"Workload: C conversations at once, {w['turns']} turns each; a turn's prompt is a shared {w['system']}-token "
         f"system prompt, the history (user messages of {w['user']} tokens, the model's answers of {w['answer']}) "
         f"and the new message; greedy, {w['answer']} new tokens. The cache starts empty after a warm-up "
-        "conversation, so each conversation's first turn pays the system prompt once per export kind.",
+        "conversation: a conversation's first turn finds the system prompt only where a request before it in the "
+        "run prefilled it (four first turns at once all prefill it).",
         "",
         "| C | padding | prefix cache | TTFT mean | p50 | p90 | prompt tokens | from the cache | wall |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|",

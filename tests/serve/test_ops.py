@@ -161,3 +161,9 @@ def test_bad_operations_settings_are_refused_in_one_line(field, value):
     with pytest.raises(ServeError) as e:
         ServeOps(**{field: value})
     assert field in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_clis_prefix_cache_default_is_the_servers():
+    import cli.serve_ops
+
+    assert cli.serve_ops.DEFAULT_PREFIX_CACHE_MB == ServeOps().prefix_cache_mb
