@@ -86,14 +86,13 @@ class PrefixCache:
         self.hits += len(found) * self.block
         return len(found) * self.block, found
 
-    def store(self, ids: np.ndarray, kv, root: int = 0, start: int = 0) -> None:
-        """Keep the whole blocks of the prompt `ids` (t,) from token `start` on (the ones before came from the
-        cache); kv(a, b) -> {buffer name: the (g, b - a, d) keys or values of tokens a..b-1}, copied here."""
+    def store(self, ids: np.ndarray, kv, root: int = 0) -> None:
+        """Keep the whole blocks of the prompt `ids` (t,) not yet kept (those kept are touched);
+        kv(a, b) -> {buffer name: the (g, b - a, d) keys or values of tokens a..b-1}, copied here."""
         whole = len(ids) // self.block
         for i, key in enumerate(self._keys(ids, root, whole)):
-            if i * self.block < start or key in self.blocks:
-                if key in self.blocks:
-                    self.blocks.move_to_end(key)
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
                 continue
             blob = {name: np.array(arr) for name, arr in kv(i * self.block, (i + 1) * self.block).items()}
             size = sum(a.nbytes for a in blob.values())
