@@ -23,6 +23,7 @@ from .generate.app import GenerateServer
 from .generate.continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .generate.protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
 from .openai.serving import text_files
+from .ops import ServeOps
 from .replica import (
     check_port_free,
     model_files,
@@ -115,6 +116,7 @@ def start(
     api_key: str | None = None,
     text_from: str | os.PathLike | None = None,
     cuda_graph: bool = False,
+    ops: ServeOps | None = None,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -130,7 +132,8 @@ def start(
     (OnnxSession(tf32=True)); off by default. cuda_graph: a packed-rows whole model's decode steps captured as
     CUDA graphs (OnnxSession(cuda_graph=True)). A sentence encoder's export (export_encoder) is served on OpenAI's
     POST /v1/embeddings (serve/embeddings/app.py: its tokenizer the MODEL.tokenizer.json beside it, requests batched
-    across clients up to `max_batch` rows, at most `max_tokens` tokens a request).
+    across clients up to `max_batch` rows, at most `max_tokens` tokens a request). ops: a whole model's admission
+    control, request timeout, prefix cache and access log (serve/ops.py ServeOps; default ServeOps()).
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -162,6 +165,7 @@ def start(
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
         extra["cuda_graph"] = cuda_graph
+        extra["ops"] = ops or ServeOps()
         extra["text"] = text_files(text_from if text_from is not None else path)
     elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embeddings/app.py), with the export's tokenizer
         server, extra = EmbeddingServer, {"text": embed_files(path)}

@@ -34,7 +34,9 @@ from serve.openai.protocol import CHAT, COMPLETIONS, OpenAIError, max_body, pars
 from serve.openai.serving import TextRun, text_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lm_cases  # noqa: E402 - randomize: every parameter random
+from ops_http import check_operations  # noqa: E402 - tests/serve: the operations through HTTP
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
 TEMPLATE = (  # our own: a role tag per message, the assistant's tag as the generation prompt
@@ -320,12 +322,14 @@ def test_a_cancelled_request_gives_its_row_back_at_the_next_step(sess, codec):
 @pytest.fixture(scope="module")
 def server(lm_path):
     """`attnzoo serve chat.onnx` in a process group of its own (as a terminal runs it), its key from the
-    environment, the old --max-tokens spelling; yields (url, process). Killed at the end if still running."""
+    environment, the old --max-tokens spelling, a bounded queue and an access log beside the model (ops_http.py);
+    yields (url, process). Killed at the end if still running."""
     pytest.importorskip("openai")
     pytest.importorskip("ray")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "ATTNZOO_API_KEY": KEY}
     flags = ["--port", str(port), "--max-batch", "4", "--max-new-tokens", "3000", "--capacity", "3072"]
+    flags += ["--max-waiting", "2", "--request-timeout", "600", "--access-log", str(lm_path.with_name("access.log"))]
     cmd = [sys.executable, "-m", "cli", "serve", str(lm_path), *flags, "--threads", "1", "--max-tokens", "9000"]
     yield from served(cmd, env, port)
 
@@ -451,6 +455,12 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert meta["rows_running"] == 0 and meta["requests_left"] == 1  # dropped, not run to its end
     assert meta["max_positions"] == 9000  # --max-tokens, the old spelling, still sets it
     plain.close()
+
+    # /health, /ready, /metrics, /tokenize, request ids, the prefix cache, a burst past --max-waiting, the
+    # access log (tests/serve/ops_http.py)
+    check_operations(
+        url, KEY, MODEL, codec, lambda ids, n: _alone(sess, codec, ids, n), lm_path.with_name("access.log")
+    )
 
     # `attnzoo loadtest --chat`: streamed chat requests at a stated concurrency, tokens/s and time to first token
     capsys.readouterr()
