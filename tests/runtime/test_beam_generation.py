@@ -136,6 +136,31 @@ def test_an_eos_ends_hypotheses_early_and_they_are_filled_as_transformers_fills_
             assert (row[np.flatnonzero(row == eos)[0] :] == eos).all()
 
 
+# (num_beams, length_penalty, eos, new tokens, the two early_stopping values): found by a sweep over this model's
+# eos ids, prompts where transformers' two values give different beams, so a mix-up of their rules fails here
+DIVERGING = [(3, 1.5, 6, 10, (True, False)), (2, 2.0, 6, 16, (False, "never"))]
+
+
+@pytest.mark.parametrize("k, lp, eos, new, pair", DIVERGING, ids=lambda v: str(v))
+def test_each_early_stopping_value_stops_as_transformers_where_they_differ(k, lp, eos, new, pair, exports):
+    hf, paths = exports()
+    ids, mask = padded_prompt()
+    sess = OnnxSession(paths["left"], provider="cpu")
+    wants = []
+    for early in pair:
+        kw = dict(num_beams=k, length_penalty=lp, early_stopping=early, num_return_sequences=k, max_new_tokens=new)
+        want = hf_beams(hf, ids, mask, eos_token_id=eos, pad_token_id=0, **kw)
+        got = sess.generate(
+            ids, attention_mask=mask, eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, **kw
+        )
+        assert_same(got, want, f"early_stopping={early!r}")
+        wants.append(want)
+    a, b = wants
+    assert a.sequences.shape != b.sequences.shape or not (
+        torch.equal(a.sequences, b.sequences) and torch.allclose(a.sequences_scores, b.sequences_scores)
+    ), f"transformers' early_stopping {pair} agree here: the case proves nothing"
+
+
 @pytest.mark.parametrize("padding", ["left", "packed"])
 def test_the_cache_is_reordered_in_place_and_without_it_the_beams_differ(padding, exports, monkeypatch):
     """The reorder is what makes beams right: with it skipped the tokens are not transformers'."""
