@@ -27,6 +27,7 @@ from .export_cache import (
     exported,
     generation_config,
 )
+from .generate_beams import beams_asked, run_beams
 from .generate_flags import add_generation_flags, chat_prompt, options, short
 
 
@@ -177,7 +178,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     source = _source(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
     import numpy as np
 
-    from runtime.generation import Generation, lm_vocab, positions_needed
+    from runtime.generation import Generation, generation_defaults, lm_vocab, positions_needed
     from runtime.session import OnnxSession
 
     args.source = str(source)
@@ -191,6 +192,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.chat or args.messages is not None:
         chat_prompt(args, tok, source)
     ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
+    if config is not None:
+        beams_asked(args, config)  # a folder's beam settings and the flags they refuse, before its export
     if source.is_dir():
         needed = positions_needed(len(ids), args.max_new_tokens)
         if args.max_len is not None and needed > args.max_len:
@@ -225,6 +228,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     _check_vocab(args, ids, lm_vocab(sess))
+    beams = beams_asked(args, config if config is not None else generation_defaults(sess))
+    if beams.on:
+        return run_beams(args, sess, ids, tok, config, beams, model_path, args.source)
     run = Generation(
         sess,
         np.array([ids], np.int64),
@@ -322,8 +328,9 @@ def _source(text: str) -> Path:
 def add_commands(sub) -> None:
     sp = sub.add_parser(
         "generate",
-        help="tokens (greedy or sampled) from a checkpoint folder or a whole-model .onnx, under ONNX Runtime",
-        description="Generation under ONNX Runtime (greedy unless a sampling flag or the checkpoint says so). "
+        help="tokens (greedy, sampled or beam search) from a checkpoint folder or a whole-model .onnx, under ONNX "
+        "Runtime",
+        description="Generation under ONNX Runtime (greedy unless a sampling or beam flag or the checkpoint says so). "
         "A checkpoint folder (config.json + *.safetensors) "
         "is exported whole once (cached in ATTNZOO_CACHE, default ~/.cache/attnzoo); a .onnx is a whole-model "
         "export (attnzoo export --checkpoint DIR --whole, which writes MODEL.tokenizer.json beside it from the "

@@ -46,6 +46,43 @@ def options(args) -> dict:
     return out
 
 
+def beam_options(args) -> dict:
+    """--num-beams, --length-penalty, --early-stopping, --num-return-sequences as given (None: the checkpoint's)."""
+    keys = ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def refuse_with_beams(args, beams: int, live_asked: bool) -> None:
+    """Beam search with what it does not do here: one line naming the flag."""
+    sampling = (
+        args.do_sample
+        or (args.temperature or 0) > 0
+        or any(getattr(args, k) is not None for k in ("top_k", "top_p", "min_p", "seed"))
+    )
+    given = [
+        name
+        for name, on in (
+            ("--do-sample / --temperature / --top-k / --top-p / --min-p / --seed (sampling)", sampling),
+            ("--stream", live_asked),
+            ("--stop", bool(getattr(args, "stop", None))),
+        )
+        if on
+    ]
+    if given:
+        raise CliError(
+            f"{given[0]} with beam search (num_beams={beams}, --num-beams or the checkpoint's generation_config): "
+            "not done here; drop it, or pass --num-beams 1"
+        )
+
+
+def early_stopping(text: str):
+    """--early-stopping: true, false or never (transformers' early_stopping)."""
+    value = {"true": True, "false": False, "never": "never"}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: give true, false or never")
+    return value
+
+
 def short(text: str, keep: int = 60) -> str:
     """A long prompt's echo: its start and end."""
     return text if len(text) <= 2 * keep + 5 else f"{text[:keep]} ... {text[-keep:]}"
@@ -60,6 +97,18 @@ def add_generation_flags(sp) -> None:
     g.add_argument("--min-p", type=float, help="drop tokens below min_p x the top token's probability")
     g.add_argument("--repetition-penalty", type=float, help="> 1 makes tokens already in the text less likely")
     g.add_argument("--seed", type=number_in(int, 0), help="the seed of a sampling call (default: fresh, printed)")
+    b = sp.add_argument_group("beam search (default: the checkpoint's generation_config.json num_beams, else 1)")
+    b.add_argument("--num-beams", type=number_in(int, 1), help="beam search with this many beams (1: greedy)")
+    b.add_argument(
+        "--length-penalty", type=float, help="a hypothesis' score is its log-probability / length ** this (default 1)"
+    )
+    b.add_argument(
+        "--early-stopping",
+        type=early_stopping,
+        metavar="{true,false,never}",
+        help="true: stop once num_beams hypotheses end; false (default) and never: transformers' heuristics",
+    )
+    b.add_argument("--num-return-sequences", type=number_in(int, 1), help="the best N hypotheses (<= --num-beams)")
     sp.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeat for several)")
     sp.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after this many seconds")
     sp.add_argument(

@@ -26,9 +26,10 @@ import numpy as np
 import zoo
 
 from .beam_cache import GraphReorder, HostReorder, position_axes
-from .beam_search import Beams, BeamSearch
+from .beam_search import Beams, BeamSearch, beam_settings, split_beam_options
 from .device_decode import PREFIX, LeftRows, PackedRows, is_packed
-from .generation import Generation, _as_ids, prefill_chunk, recompute_at
+from .generation import Generation, _as_ids, generation_defaults, prefill_chunk, recompute_at
+from .generation import generate as greedy_generate
 from .kv_buffers import buffer_types
 from .sampling import penalize
 from .tensors import from_numpy, is_tensor
@@ -168,4 +169,81 @@ class BeamGeneration:
         return self.output.sequences
 
 
-__all__ = ["BeamGeneration", "BeamOutput", "repetition_processor"]
+def generate(
+    sess: RuntimeSession,
+    input_ids,
+    max_new_tokens: int | None = None,
+    attention_mask=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    *,
+    timings: dict | None = None,
+    **options,
+):
+    """(b, t + N) int64: the prompt then the new tokens (fewer than N when every row ended at an eos id or a
+    stop string), greedy unless the options sample (runtime/generation.py's generate, Generation for every
+    option); what OnnxSession.generate calls.
+
+    Beam search (BeamGeneration) when num_beams > 1, given or in the checkpoint's generation_config,
+    as transformers' generate: with length_penalty, early_stopping, num_return_sequences and processors;
+    return_dict_in_generate=True returns its BeamOutput (sequences, sequences_scores). max_new_tokens None:
+    max_length (the option, else the generation_config's, else transformers' 20) less the prompt.
+
+    torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
+    prefill_s, decode_s, steps and capacity (and the seed of a sampling call)."""
+    call, options = split_beam_options(options)
+    config = options.get("generation_config")
+    config = generation_defaults(sess) if config is None else config
+    beams = beam_settings(call, config if isinstance(config, dict) else None)
+    max_new_tokens = _new_tokens(input_ids, max_new_tokens, options.pop("max_length", None), config)
+    processors, as_dict = options.pop("processors", None), options.pop("return_dict_in_generate", False)
+    if beams.on:
+        beam = BeamGeneration(
+            sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, beams=beams,
+            processors=processors, **options,
+        )  # fmt: skip
+        tokens = beam.run()
+        if timings is not None:
+            timings.update(beam.timings)
+        return beam.output if as_dict else tokens
+    for name, given in (("processors", processors is not None), ("return_dict_in_generate", as_dict)):
+        if given:
+            raise zoo.ArgumentError(f"{name}= is taken with beam search here (num_beams > 1); leave it out for greedy")
+    return greedy_generate(
+        sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, timings=timings, **options
+    )
+
+
+def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
+    """max_new_tokens, or transformers' max_length (prompt included: the call's, the config's, else 20) less the
+    prompt's length."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    if max_length is None:
+        max_length = (config or {}).get("max_length") if isinstance(config, dict) else None
+    max_length = 20 if max_length is None else max_length
+    t = np.shape(input_ids)[-1] if not is_tensor(input_ids) else input_ids.shape[-1]
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= t:
+        raise zoo.ArgumentError(
+            f"max_length={max_length!r} (the prompt's {t} tokens included) leaves no new token: give max_new_tokens"
+        )
+    return max_length - t
+
+
+def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
+    """max_new_tokens, or transformers' max_length (prompt included: the call's, the config's, else 20) less the
+    prompt's length."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    if max_length is None:
+        max_length = config.get("max_length") if isinstance(config, dict) else None
+    max_length = 20 if max_length is None else max_length
+    t = input_ids.shape[-1] if is_tensor(input_ids) else np.shape(input_ids)[-1]
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= t:
+        raise zoo.ArgumentError(
+            f"max_length={max_length!r} (the prompt's {t} tokens included) leaves no new token: give max_new_tokens"
+        )
+    return max_length - t
+
+
+__all__ = ["BeamGeneration", "BeamOutput", "generate", "repetition_processor"]

@@ -288,7 +288,7 @@ class Generation:
 def generate(
     sess: RuntimeSession,
     input_ids,
-    max_new_tokens: int | None = None,
+    max_new_tokens: int,
     attention_mask=None,
     eos_token_id=None,
     pad_token_id=None,
@@ -297,56 +297,17 @@ def generate(
     **options,
 ):
     """(b, t + N) int64: the prompt then the new tokens (fewer than N when every row ended at an eos id or a
-    stop string), greedy unless the options sample (runtime/sampling.py; Generation for every option).
-
-    Beam search (runtime/beam_generation.py) when num_beams > 1, given or in the checkpoint's generation_config,
-    as transformers' generate: with length_penalty, early_stopping, num_return_sequences and processors;
-    return_dict_in_generate=True returns its BeamOutput (sequences, sequences_scores). max_new_tokens None:
-    max_length (the option, else the generation_config's, else transformers' 20) less the prompt.
+    stop string), greedy unless the options sample (runtime/sampling.py; Generation for every option). Beam
+    search: runtime/beam_generation.generate, which OnnxSession.generate calls (it takes num_beams, given or
+    the checkpoint's, and comes here without beams).
 
     torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
     prefill_s, decode_s, steps and capacity (and the seed of a sampling call)."""
-    call, options = split_beam_options(options)
-    config = options.get("generation_config")
-    config = generation_defaults(sess) if config is None else config
-    beams = beam_settings(call, config if isinstance(config, dict) else None)
-    max_new_tokens = _new_tokens(input_ids, max_new_tokens, options.pop("max_length", None), config)
-    processors, as_dict = options.pop("processors", None), options.pop("return_dict_in_generate", False)
-    if beams.on:
-        from .beam_generation import BeamGeneration
-
-        beam = BeamGeneration(
-            sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, beams=beams,
-            processors=processors, **options,
-        )  # fmt: skip
-        tokens = beam.run()
-        if timings is not None:
-            timings.update(beam.timings)
-        return beam.output if as_dict else tokens
-    for name, given in (("processors", processors is not None), ("return_dict_in_generate", as_dict)):
-        if given:
-            raise zoo.ArgumentError(f"{name}= is taken with beam search here (num_beams > 1); leave it out for greedy")
     run = Generation(sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options)
     tokens = run.run()
     if timings is not None:
         timings.update(run.timings)
     return tokens
-
-
-def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
-    """max_new_tokens, or transformers' max_length (prompt included: the call's, the config's, else 20) less the
-    prompt's length."""
-    if max_new_tokens is not None:
-        return max_new_tokens
-    if max_length is None:
-        max_length = (config or {}).get("max_length") if isinstance(config, dict) else None
-    max_length = 20 if max_length is None else max_length
-    t = np.shape(input_ids)[-1] if not is_tensor(input_ids) else input_ids.shape[-1]
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= t:
-        raise zoo.ArgumentError(
-            f"max_length={max_length!r} (the prompt's {t} tokens included) leaves no new token: give max_new_tokens"
-        )
-    return max_length - t
 
 
 def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=None, *, tokenizer=None, **options):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import zoo
 
-from . import decoding, generation, placement, static_decoding
+from . import beam_generation, decoding, generation, placement, static_decoding
 from .core import RuntimeSession
 from .feeds import RunInputError
 from .placement import NodePlacement
@@ -66,7 +66,7 @@ class OnnxSession(RuntimeSession):
         (runtime/generation.py's Generation); the buffers bound once and written in place. Beam search with
         num_beams > 1 (the call's or the checkpoint's), length_penalty, early_stopping, num_return_sequences
         (runtime/beam_generation.py; return_dict_in_generate=True adds sequences_scores)."""
-        return generation.generate(
+        return beam_generation.generate(
             self, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options
         )
 

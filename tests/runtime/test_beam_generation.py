@@ -9,6 +9,7 @@ under -m slow."""
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -133,6 +134,31 @@ def test_an_eos_ends_hypotheses_early_and_they_are_filled_as_transformers_fills_
     for row in new:  # after its eos a hypothesis is filled with transformers' `pad_token_id or eos[0]`: pad 0 -> eos
         if (row == eos).any():
             assert (row[np.flatnonzero(row == eos)[0] :] == eos).all()
+
+
+# (num_beams, length_penalty, eos, new tokens, the two early_stopping values): found by a sweep over this model's
+# eos ids, prompts where transformers' two values give different beams, so a mix-up of their rules fails here
+DIVERGING = [(3, 1.5, 6, 10, (True, False)), (2, 2.0, 6, 16, (False, "never"))]
+
+
+@pytest.mark.parametrize("k, lp, eos, new, pair", DIVERGING, ids=lambda v: str(v))
+def test_each_early_stopping_value_stops_as_transformers_where_they_differ(k, lp, eos, new, pair, exports):
+    hf, paths = exports()
+    ids, mask = padded_prompt()
+    sess = OnnxSession(paths["left"], provider="cpu")
+    wants = []
+    for early in pair:
+        kw = dict(num_beams=k, length_penalty=lp, early_stopping=early, num_return_sequences=k, max_new_tokens=new)
+        want = hf_beams(hf, ids, mask, eos_token_id=eos, pad_token_id=0, **kw)
+        got = sess.generate(
+            ids, attention_mask=mask, eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, **kw
+        )
+        assert_same(got, want, f"early_stopping={early!r}")
+        wants.append(want)
+    a, b = wants
+    assert a.sequences.shape != b.sequences.shape or not (
+        torch.equal(a.sequences, b.sequences) and torch.allclose(a.sequences_scores, b.sequences_scores)
+    ), f"transformers' early_stopping {pair} agree here: the case proves nothing"
 
 
 @pytest.mark.parametrize("padding", ["left", "packed"])
@@ -277,3 +303,67 @@ def test_beams_equal_transformers_for_other_families(kind, setting, exports):
         ids, attention_mask=mask, eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, **kw
     )
     assert_same(got, want, f"{kind} {setting}")
+
+
+def test_cli_generate_num_beams_prints_and_writes_transformers_hypotheses(exports, tmp_path, capsys):
+    import json
+
+    from cli.main import main
+
+    hf, paths = exports()
+    ids = lm_cases.prompt(batch=1)
+    out = tmp_path / "beams.json"
+    argv = ["generate", str(paths["left"]), "--prompt-ids", ",".join(map(str, ids[0].tolist()))]
+    argv += ["--max-new-tokens", str(NEW), "--num-beams", "3", "--num-return-sequences", "2"]
+    argv += ["--length-penalty", "1.5", "--early-stopping", "never", "--eos-token-id", "2", "--json", str(out)]
+    assert main(argv) == 0
+    want = hf_beams(
+        hf, ids, torch.ones_like(ids), num_beams=3, num_return_sequences=2, length_penalty=1.5,
+        early_stopping="never", max_new_tokens=NEW, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["tokens"] == want.sequences.tolist() and doc["num_beams"] == 3
+    np.testing.assert_allclose(doc["sequences_scores"], want.sequences_scores.numpy(), atol=SCORE_ATOL)
+    printed = capsys.readouterr().out
+    assert "beam 1 score" in printed and "beam 2 score" in printed and "beam search" in printed
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--num-beams", "2", "--temperature", "0.7"], "--temperature"),
+        (["--num-beams", "2", "--stream"], "--stream with beam search"),
+        (["--num-beams", "2", "--num-return-sequences", "3"], "--num-return-sequences 3 must be <= --num-beams 2"),
+        (["--num-beams", "2", "--early-stopping", "maybe"], "give true, false or never"),
+    ],
+)
+def test_cli_refuses_what_beams_do_not_take_in_one_line(flags, match, exports, capsys):
+    from cli.main import main
+
+    _, paths = exports()
+    try:
+        code = main(["generate", str(paths["left"]), "--prompt-ids", "5,6,7", *flags])
+    except SystemExit as e:  # argparse's own refusal of a flag's value
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and re.search(match, err) and len(err.splitlines()) == 1, err
+
+
+def test_cli_a_folder_whose_generation_config_asks_beams_gets_them(tmp_path, capsys, monkeypatch):
+    import json
+
+    from cli.main import main
+
+    monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
+    folder = lm_cases.saved("llama", tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"num_beams": 3, "eos_token_id": 2, "pad_token_id": 0}))
+    ids = lm_cases.prompt(batch=1)
+    out = tmp_path / "out.json"
+    argv = ["generate", str(folder), "--prompt-ids", ",".join(map(str, ids[0].tolist())), "--max-new-tokens", "8"]
+    assert main([*argv, "--max-len", "32", "--json", str(out)]) == 0
+    hf = lm_cases.hf_model("llama")
+    want = hf_beams(hf, ids, torch.ones_like(ids), num_beams=3, max_new_tokens=8, eos_token_id=2, pad_token_id=0)
+    assert json.loads(out.read_text())["tokens"] == want.sequences.tolist()
+    assert main([*argv, "--max-len", "32", "--num-beams", "1", "--json", str(out), "--no-stream"]) == 0
+    greedy = hf.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=0)
+    assert json.loads(out.read_text())["tokens"] == greedy.tolist()

@@ -150,3 +150,23 @@ def test_bad_beam_options_are_refused_by_name(options, match, seq2seq_pairs):
     ids, mask = seq2seq_cases.batch()
     with pytest.raises(zoo.ArgumentError, match=match):
         Seq2SeqSession(path).generate(ids, 4, mask, **options)
+
+
+def test_cli_generate_num_beams_on_an_encoder_decoder(seq2seq_pairs, tmp_path, capsys):
+    import json
+
+    from cli.main import main
+
+    _, hf, path = seq2seq_pairs("bart")
+    ids = seq2seq_cases.batch()[0][:1]
+    out = tmp_path / "beams.json"
+    argv = ["generate", str(path), "--prompt-ids", ",".join(map(str, ids[0].tolist())), "--max-new-tokens", str(NEW)]
+    assert main([*argv, "--num-beams", "3", "--num-return-sequences", "2", "--json", str(out)]) == 0
+    want = hf_beams(hf, ids, torch.ones_like(ids), num_beams=3, num_return_sequences=2)
+    doc = json.loads(out.read_text())
+    assert doc["tokens"] == want.sequences.tolist() and doc["num_beams"] == 3
+    np.testing.assert_allclose(doc["sequences_scores"], want.sequences_scores.numpy(), atol=SCORE_ATOL)
+    assert "beam 2 score" in capsys.readouterr().out
+    assert main([*argv, "--num-beams", "2", "--do-sample"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "with beam search" in err and len(err.splitlines()) == 1, err
