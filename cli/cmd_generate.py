@@ -18,7 +18,7 @@ from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
-from .common import CliError, number_in, positive, refuse_broken_cuda, refuse_hub_id, with_tf32
+from .common import CliError, number_in, positive, refuse_broken_cuda, refuse_hub_id, shipped_folder, with_tf32
 from .export_cache import (
     _cache_root,
     _export_key,
@@ -329,8 +329,8 @@ def _source(text: str) -> Path:
     given = Path(text)
     if given.exists():
         return given
-    shipped = SHIPPED / text
-    if given.name == text and (shipped / "config.json").is_file():
+    shipped = shipped_folder(text)
+    if shipped is not None:
         return shipped
     refuse_hub_id(text)
     near = {}

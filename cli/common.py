@@ -27,6 +27,18 @@ def refuse_broken_cuda(provider: str) -> None:
             raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
 
 
+def shipped_folder(text: str):
+    """The shipped checkpoint a bare name means (`tiny-stdlib-llama` -> models/tiny-stdlib-llama), where `text` is
+    no path here; else None. generate, serve and embed take it as `heads` takes the tiny models' names."""
+    from pathlib import Path
+
+    given = Path(text)
+    folder = Path(__file__).resolve().parent.parent / "models" / text
+    if given.exists() or given.name != text or not (folder / "config.json").is_file():
+        return None
+    return folder
+
+
 def refuse_hub_id(text: str) -> None:
     """A Hugging Face Hub id (ORG/NAME, and no ORG folder here) given where a local folder goes: one line saying ids
     are not fetched and how to get the folder."""

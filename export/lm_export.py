@@ -47,7 +47,7 @@ from .errors import ExportError
 from .graphs import op_counts
 from .lm_fusions import fuse_norms
 from .lowerings import record
-from .names import CACHE_CHOICES, PRECISIONS
+from .names import CACHE_CHOICES, DTYPE_SHORT, PRECISIONS, precision_words
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
@@ -118,12 +118,13 @@ class LMExportResult:
         caches = [n for n, _, _ in self.inputs if n.startswith(LM_PAST[:5])]
         per_layer = f"{caches[0]} .. (b g n d) per layer" if caches else ""
         cap = f"at most {self.max_len} positions" if self.max_len else "sized per call"
+        kv = self.kv_precision if self.kv_precision != "fp32" else DTYPE_SHORT.get(self.dtype, self.dtype)
         lines = [
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
             f"  model     {self.name}: {self.layers} layers, vocabulary {self.vocab}, {self.parameters:,} parameters",
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
-            f"  precision {self.precision_method or self.precision}",
-            f"  cache     static, in place, {self.kv_precision}; capacity n {cap}",
+            f"  precision {precision_words(self.precision, self.dtype, self.precision_method)}",
+            f"  cache     static, in place, {kv}; capacity n {cap}",
             f"  inputs    {', '.join(n for n, _, _ in self.inputs if n not in caches)}, {per_layer}",
             f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
