@@ -46,7 +46,7 @@ from .choice import first_that_exports, lm_order, lowerings_to_try, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .lm_fusions import fuse_norms
-from .lowerings import record
+from .lowerings import able, record
 from .names import CACHE_CHOICES, DTYPE_SHORT, PRECISIONS, precision_words
 from .precision import PrecisionError
 from .precision import apply as apply_precision
@@ -307,10 +307,10 @@ def export_lm(
     specs, vocab = layer_specs(model), vocab_size(model)
     order = candidates(specs, lowering, provider, dtype, padding)
     if kv_precision != "fp32":
-        order = [lw for lw in order if lw in kv_int8.KV_INT8_LOWERINGS]
+        order = [lw for lw in order if record(lw).int8_cache]
         if not order:
             raise kv_int8.KVPrecisionError(
-                f"kv_precision={kv_precision!r}: no lowering of {', '.join(kv_int8.KV_INT8_LOWERINGS)} "
+                f"kv_precision={kv_precision!r}: no lowering of {', '.join(able('int8_cache'))} "
                 "can express every layer of this model"
             )
     path = Path(path)
