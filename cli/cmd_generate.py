@@ -235,6 +235,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             target=target,
             dtype=args.dtype,
             kv_precision=args.kv_precision,
+            quiet=args.quiet,
         )
     if args.stop and tok is None:
         raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
@@ -409,6 +410,7 @@ def add_commands(sub) -> None:
         "generation_config.json eos_token_id)",
     )
     add_generation_flags(sp)
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar (a folder's first export)")
     sp.add_argument(
         "--json",
         metavar="PATH",

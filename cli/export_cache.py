@@ -116,15 +116,14 @@ def exported(
     target: str = "cpu",
     dtype: str = "float32",
     kv_precision: str = "fp32",
+    quiet: bool = False,
 ) -> Path:
     """The whole-model export of `folder` at `precision` (and `kv_precision` for its cache), for provider
     `target` in `dtype`: made once, then found in the cache folder. `check(model)`, when given, may refuse
-    the loaded model before its export."""
+    the loaded model before its export. Its stages show as a progress bar on a terminal, unless `quiet`."""
     hit = cached_lm(folder, precision, max_len, target=target, dtype=dtype, kv_precision=kv_precision)
     if hit is not None:
         return hit
-    from export.lm_export import export_lm
-
     path = _checkpoint_folder(folder)
     out = _cached_path(path, precision, max_len, target, dtype, kv_precision)
     model = load_lm(folder)
@@ -135,19 +134,24 @@ def exported(
         max_len = default_max_len(path, model, lowering, provider=target, dtype=dtype)
     kv = f", {kv_precision} KV cache" if kv_precision != "fp32" else ""
     print(f"exporting {folder} ({precision}{kv}, for {target}, {dtype}) to {out} (once)")
-    export_lm(
-        model,
-        out,
-        precision=precision,
-        kv_precision=kv_precision,
-        lowering=lowering,
-        max_len=max_len,
-        provider=target,
-        dtype=dtype,
-        overwrite=True,
-        label=str(folder),
-        generation_config=generation_config(path),
-    )
+    from export.lm_export import export_lm
+
+    from .progress import export_bar
+
+    with export_bar(quiet):  # trace, optimize, quantize, save: 30-45 s for a real model
+        export_lm(
+            model,
+            out,
+            precision=precision,
+            kv_precision=kv_precision,
+            lowering=lowering,
+            max_len=max_len,
+            provider=target,
+            dtype=dtype,
+            overwrite=True,
+            label=str(folder),
+            generation_config=generation_config(path),
+        )
     return out
 
 

@@ -51,6 +51,7 @@ from .names import CACHE_CHOICES, DTYPE_SHORT, PRECISIONS, precision_words
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
+from .progress import stage
 from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
 PADDINGS = ("auto", "left", "packed")
@@ -324,6 +325,7 @@ def export_lm(
 
     def build(lw: str):
         ins, outs = interfaces[packs(lw, padding, provider)]
+        stage("trace")  # then optimize (in _trace_lm), quantize (precision.apply) and save (save_atomic)
         onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
         if kv_precision != "fp32":
             onnx_model = kv_int8.rewrite(onnx_model, len(specs))
@@ -422,6 +424,7 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
         translations = None if blocks is None else splice.translation_table()
         step = (_PackedStep if packed else _Step)(lm, all_logits, argmax).eval()
         onnx_model = trace(step, example, dynamic, rec, outs, translations)
+    stage("optimize")
     if blocks is not None:
         onnx_model = splice.splice(onnx_model, rec, blocks, dtype, max_len)
     onnx_model, _ = fuse_norms(onnx_model)
