@@ -180,12 +180,6 @@ def _seq2seq(args: argparse.Namespace, source: Path) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     import sys
 
-    import numpy as np
-
-    from runtime.generation import Generation, lm_vocab, positions_needed
-    from runtime.providers import choose
-    from runtime.session import OnnxSession
-
     if args.json:
         ensure_writable_parent(Path(args.json))
     _check_device(args)
@@ -197,9 +191,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if cmd_seq2seq.is_seq2seq_export(Path(args.source)):
         return _seq2seq(args, Path(args.source))
     source = _source(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
+    import numpy as np
+
+    from runtime.generation import Generation, lm_vocab, positions_needed
+    from runtime.session import OnnxSession
+
     args.source = str(source)
     config = model_path = None
     if source.is_dir():
+        from runtime.providers import choose
+
         data = checkpoint_config(args.source)[1]  # before anything else: is it a checkpoint at all
         target = "cuda" if choose(args.provider)[0] else "cpu"  # export for where the session will run
         model_path = cached_lm(
