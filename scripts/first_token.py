@@ -10,6 +10,7 @@ system temp folder, exported once before the timed runs. Prints min and median p
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -24,7 +25,8 @@ ARGV = ["-m", "cli", "generate", "models/tiny-stdlib-llama", "--prompt", "def ma
 
 
 def _env(tree: Path) -> dict:
-    cache = Path(tempfile.gettempdir()) / f"attnzoo-first-token-{abs(hash(str(tree)))}"
+    tag = hashlib.sha256(str(tree).encode()).hexdigest()[:12]  # the same folder in every run of the script
+    cache = Path(tempfile.gettempdir()) / f"attnzoo-first-token-{tag}"
     return {**os.environ, "PYTHONPATH": str(tree), "ATTNZOO_CACHE": str(cache)}
 
 
