@@ -16,8 +16,8 @@ from export.names import DTYPES, PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
-from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
-from .serve_model import capacity_line, folder_target, model_path, served_facts
+from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, shipped_folder, with_set, with_tf32
+from .serve_model import auth_header, capacity_line, folder_target, model_path, served_facts
 from .serve_ops import ops_from, with_ops
 
 
@@ -30,6 +30,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
     from serve.app import check_options, check_port_free, start
     from serve.auth import key_from
+
+    args.model = str(shipped_folder(args.model) or args.model)  # the shipped checkpoint's bare name, as generate
 
     if args.max_tokens is not None:  # the old spelling: it never meant OpenAI's max_tokens (new tokens)
         print(
@@ -96,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             wait_ready(dep.url)
             print(f"ready: serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
-            auth = '-H "Authorization: Bearer $ATTNZOO_API_KEY" ' if api_key else ""
+            auth = auth_header(api_key, args.api_key)
             if api_key:
                 print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
             print(f"  curl -s {dep.url}healthz; curl -s {auth}{dep.url}metadata")

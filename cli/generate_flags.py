@@ -9,6 +9,38 @@ from pathlib import Path
 from .common import CliError, number_in
 
 
+def read_prompt(args, stdin=None) -> None:
+    """--prompt-file PATH, else a piped stdin (when no --prompt, --prompt-ids or --messages is given and stdin is not
+    a terminal), into args.prompt; one trailing newline dropped (the one `echo` and editors add)."""
+    import sys
+
+    stdin = sys.stdin if stdin is None else stdin
+    given = [
+        flag
+        for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--messages", args.messages))
+        if value is not None
+    ]
+    if args.prompt_file is not None:
+        if given:
+            raise CliError(f"--prompt-file {args.prompt_file} is the prompt; leave out {given[0]}")
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise CliError(f"--prompt-file {args.prompt_file}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise CliError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
+    elif not given and stdin is not None and not stdin.isatty():
+        try:
+            text = stdin.read()
+        except (OSError, ValueError):  # closed, or a test runner's stand-in: no prompt there
+            return
+        if not text:
+            return
+    else:
+        return
+    args.prompt = text.removesuffix("\n")
+
+
 def chat_prompt(args, tok, source: Path) -> None:
     """--chat / --messages: the messages rendered by the checkpoint's chat template into args.prompt."""
     from runtime.chat import ChatTemplate, read_messages
@@ -117,6 +149,12 @@ def add_generation_flags(sp) -> None:
         help="--prompt is a user message, rendered with the checkpoint's chat template",
     )
     sp.add_argument("--messages", metavar="FILE.json", help="chat messages as JSON ([{role, content}, ...])")
+    sp.add_argument(
+        "--prompt-file",
+        metavar="PATH",
+        help="the prompt's text from a file (UTF-8; one trailing newline dropped); without --prompt, --prompt-ids, "
+        "--messages or this, a piped stdin is the prompt (echo TEXT | attnzoo generate FOLDER)",
+    )
     sp.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,

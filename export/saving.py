@@ -55,6 +55,10 @@ def save_atomic(
     bytes go to a .data file beside it (external data)."""
     import onnx_ir as ir
 
+    from .progress import stage
+
+    stage("save")
+
     path.parent.mkdir(parents=True, exist_ok=True)
     itemsize = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     big = zoo.count_parameters(module) * itemsize > limit

@@ -109,6 +109,33 @@ def _declared() -> list[str]:
     return [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
 
 
+def test_the_serve_extra_holds_what_serving_imports_of_the_text_extra():
+    """`attnzoo serve` of a whole model or an encoder reads a tokenizer (tokenizers) and a chat template (jinja2,
+    through runtime/chat*.py): each text-extra package that serve/ or the runtime modules it uses import is in
+    the serve extra, so `pip install attnzoo[serve]` serves text."""
+    import ast
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = {Requirement(r).name for r in extras["text"]}  # the module names are the distributions' here
+    imported = set()
+    for path in [*(REPO / "serve").rglob("*.py"), *(REPO / "runtime").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    needed = text & imported
+    assert needed == {"tokenizers", "jinja2"}, needed
+    assert needed <= {Requirement(r).name for r in extras["serve"]}
+
+
 def test_every_declared_dependency_is_pinned_within_its_range():
     """A fresh machine installs what passed: each package the package and its extras name has a pin, and the
     pin lies inside the declared range (a range that excludes what CI proves is a lie)."""

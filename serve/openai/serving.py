@@ -260,7 +260,7 @@ class OpenAIFront:
                 raise OpenAIError(f"{route} answers POST", 405)
             body = await read_limited(request, self.max_body)
             ask = parse(route, body, self.name)
-            ids = self._prompt_ids(ask)
+            ids = await asyncio.to_thread(self._prompt_ids, ask)  # a chat template's rendering: off the loop
             return await self._run(ask, ids)
         except OpenAIError as e:
             return Response(e.body(), e.status, media_type=JSON, headers=getattr(e, "headers", None))

@@ -143,3 +143,23 @@ def test_cli_generate_on_a_folder(pairs, tmp_path, monkeypatch, capsys):
     assert "exporting" in capsys.readouterr().out
     assert cli(["generate", str(folder), "--prompt", "w5 w9", "--max-new-tokens", "3"]) == 0
     assert "exporting" not in capsys.readouterr().out  # the second run finds the cached pair
+
+
+def test_which_lowerings_take_an_encoder_decoder_is_their_records_field(monkeypatch, tmp_path):
+    """export_seq2seq takes the lowerings whose record has encoder_decoder (a bias and cross-attention in one
+    traced graph), and `auto` the first of them: a record that says no is refused, by name, before any work."""
+    import dataclasses
+
+    from export.errors import ExportError
+    from export.lowerings import RECORDS
+
+    folder, _ = seq2seq_cases.checkpoint("bart", tmp_path / "ckpt")
+    model = seq2seq_from_checkpoint(folder)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setitem(
+        RECORDS, "onnx-attention", dataclasses.replace(RECORDS["onnx-attention"], encoder_decoder=False)
+    )
+    with pytest.raises(ExportError, match="takes one of auto, decomposed$"):
+        export_seq2seq(model, out / "m.onnx", lowering="onnx-attention")
+    assert not list(out.iterdir())

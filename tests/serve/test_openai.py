@@ -479,3 +479,50 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
         "attnzoo serve: --max-tokens is now --max-positions (the most b*t positions per request); "
         "the old spelling will go"
     ], err  # nothing of Ray's: no token notice, no Serve INFO lines, no "(raylet) ... killed by ray.kill"
+
+
+def test_a_chat_template_past_its_budget_is_a_400_while_the_replica_answers_others(sess, lm_path):
+    """The front of a replica whose folder's template loops without end: its chat request is a 400 naming the
+    budget; a GET /v1/models sent with it is answered first (the rendering runs off the replica's event loop)."""
+    from starlette.requests import Request
+
+    from serve.openai_run import OpenAIFront
+
+    files = text_files(lm_path)
+    files["chat_template.jinja"] = b"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    files.pop("tokenizer_config.json", None)  # the .jinja file alone holds the template
+    front = OpenAIFront(
+        sess,
+        lambda made=False: [],
+        MODEL,
+        "fingerprint",
+        files,
+        max_new=8,
+        max_positions=256,
+        capacity=256,
+        server_max_body=1 << 20,
+    )
+
+    def request(method: str, path: str, body: bytes = b"") -> Request:
+        async def receive():  # the whole body at once, without waiting
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        return Request({"type": "http", "method": method, "path": path, "headers": headers}, receive)
+
+    chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    done = []
+
+    async def ask(method, path, body=b""):
+        response = await front.handle(request(method, path, body), path)
+        done.append(path)
+        return response
+
+    async def both():
+        return await asyncio.gather(ask("POST", CHAT, chat), ask("GET", "/v1/models"))
+
+    refused, models = asyncio.run(both())
+    assert refused.status_code == 400 and models.status_code == 200
+    error = json.loads(refused.body)["error"]
+    assert error["param"] == "messages" and "the chat template took more than 1,000,000 steps" in error["message"]
+    assert done == ["/v1/models", CHAT], "the models request waited for the template's rendering"
