@@ -74,6 +74,7 @@ REFUSED = {
     "watermarking_config": (None, "watermarking is not done here"),
     "token_healing": (None, "token healing re-tokenizes the prompt's end; not done here"),
     "use_mtp": (None, "multi-token prediction heads are not exported"),
+    "assistant_ensemble_weight": (None, "accepts an assistant's tokens against a mixture of both models; no assistant"),
 }
 
 IRRELEVANT = {
