@@ -17,33 +17,17 @@ import seq2seq_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.
 import torch
 
 from cli.main import main as cli
-from export.seq2seq_export import export_seq2seq, seq2seq_paths
-from export.seq2seq_session import Seq2SeqSession
-from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
+from export.seq2seq_export import seq2seq_paths
+from runtime.seq2seq_session import Seq2SeqSession
 
 NEW = 12
 FAST = ("t5-gated", "bart", "marian")
 
 
-@pytest.fixture(scope="session")
-def pairs(tmp_path_factory):
-    """case -> (checkpoint folder, transformers model, the export's PATH), each exported once."""
-    root = tmp_path_factory.mktemp("seq2seq_exports")
-    made = {}
-
-    def get(case: str):
-        if case not in made:
-            folder, hf = seq2seq_cases.checkpoint(case, root)
-            path = root / f"{case}.onnx"
-            if case == "bart":  # through the CLI: export --checkpoint DIR --whole -o PATH
-                assert cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(path)]) == 0
-            else:
-                model = seq2seq_from_checkpoint(folder)
-                export_seq2seq(model, path, generation=generation_settings(folder))
-            made[case] = folder, hf, path
-        return made[case]
-
-    return get
+@pytest.fixture
+def pairs(seq2seq_pairs):
+    """case -> (checkpoint folder, transformers model, the export's PATH): tests/conftest.py's, shared."""
+    return seq2seq_pairs
 
 
 def cases() -> list:
@@ -95,12 +79,12 @@ def test_suppressed_tokens_are_never_made(pairs):
     next best token is taken, as transformers' generate does."""
     _, hf, path = pairs("marian")
     sess = Seq2SeqSession(path)
-    assert sess.generation["suppress_tokens"] == [hf.config.pad_token_id]
+    assert sess.generation["bad_words_ids"] == [[hf.config.pad_token_id]]
     ids, mask = seq2seq_cases.batch()
-    free = sess.generate(ids, NEW, mask, suppress_tokens=None)
+    free = sess.generate(ids, NEW, mask, bad_words_ids=None)
     banned = int(free[1, 2])
     want = hf_generate(hf, ids, mask, bad_words_ids=[[banned]])
-    got = sess.generate(ids, NEW, mask, suppress_tokens=[banned])
+    got = sess.generate(ids, NEW, mask, bad_words_ids=[[banned]])
     assert torch.equal(got, want) and not (got[:, 1:] == banned).any(), f"banned {banned}:\n{got}\n{want}"
 
 
