@@ -39,7 +39,7 @@ def _cases(free: np.ndarray) -> list[dict]:
         {"encoder_no_repeat_ngram_size": 1},
         {"encoder_repetition_penalty": 0.2},
         {"bad_words_ids": [[first, second], [common]]},
-        {"sequence_bias": [[[first], -30.0], [[second], 2.0]]},
+        {"sequence_bias": [[[first], -30.0], [[first, 7], 3.0]]},
         {"suppress_tokens": [first], "begin_suppress_tokens": [int(new[1, 0])]},
         {"eos_token_id": common, "min_new_tokens": 6},
     ]
