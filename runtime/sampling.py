@@ -26,7 +26,7 @@ import zoo
 
 from .generation_keys import DEFAULTS, refuse_call
 from .processors import LogitsProcessorList, logits_processors
-from .warpers import F32, NEG_INF
+from .warpers import F32, NEG_INF, live_columns
 
 KNOBS = tuple(DEFAULTS)
 _FLOATS = ("temperature", "top_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
@@ -210,7 +210,17 @@ def distribution(
 
 def draw(scores: np.ndarray, rngs) -> np.ndarray:
     """One draw per row of processed scores (b v) from softmax(scores), row r with rngs[r]: the first token whose
-    cumulative probability passes u x the total (u uniform in [0, 1))."""
+    cumulative probability passes u x the total (u uniform in [0, 1)). Over each row's live tokens only where
+    few are left (after top_k, say): the others have probability 0."""
+    live = scores > NEG_INF
+    k, v = int(live.sum(-1).max(initial=0)), scores.shape[-1]
+    if 0 < k <= v // 4:
+        idx = live_columns(live, k)
+        return idx[np.arange(len(idx)), _draw(np.take_along_axis(scores, idx, -1), rngs)]
+    return _draw(scores, rngs)
+
+
+def _draw(scores: np.ndarray, rngs) -> np.ndarray:
     probs = np.exp(scores.astype(np.float64) - scores.max(-1, keepdims=True))
     probs[~(scores > NEG_INF)] = 0.0  # removed tokens, and a row with every token removed (all 0)
     cum = np.cumsum(probs, -1)
