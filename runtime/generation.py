@@ -158,6 +158,7 @@ class Generation:
         if not isinstance(config, dict):
             raise zoo.InputTypeError(f"generation_config must be a dict (a generation_config.json), got {config!r}")
         # every other key of the config: applied by the sampler's processors, or said here (generation_keys.py)
+        stop = knobs.pop("stop_strings", None) if stop is None else stop  # transformers' name for it
         self.params = resolve(knobs, config)
         self.note = "; ".join(unapplied(config, knobs)) or None
         if self.note:

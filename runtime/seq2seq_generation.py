@@ -107,6 +107,7 @@ class Seq2SeqGeneration:
             del keys[k]
         config.update({k: keys.pop(k) for k in TOKEN_KEYS if k in keys})
         self.start, self.eos, self.pad = _token_ids(config, sess.decoder_vocab - 1)
+        stop = keys.pop("stop_strings", None) if stop is None else stop  # transformers' name for it
         self.params = resolve(keys, config)
         self.note = "; ".join(unapplied(config, keys)) or None
         if self.note:
