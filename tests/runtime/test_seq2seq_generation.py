@@ -45,7 +45,7 @@ def _cases(free: np.ndarray) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("case", ["bart", "t5-gated"])
+@pytest.mark.parametrize("case", ["bart", pytest.param("t5-gated", marks=pytest.mark.slow)])
 def test_each_key_gives_transformers_greedy_tokens(case, seq2seq_pairs):
     _, hf, path = seq2seq_pairs(case)
     sess = Seq2SeqSession(path)
