@@ -25,7 +25,7 @@ def _attnzoo(job: dict):
 
     import zoo
     from export.seq2seq_export import export_seq2seq
-    from export.seq2seq_session import Seq2SeqSession
+    from runtime.seq2seq_session import Seq2SeqSession
 
     path = os.path.join(job["work"], "model.onnx")
     with open(os.path.join(job["checkpoint"], "config.json")) as f:

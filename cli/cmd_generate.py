@@ -180,6 +180,7 @@ def _seq2seq(args: argparse.Namespace, source: Path) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     import sys
+    import warnings
 
     if args.json:
         ensure_writable_parent(Path(args.json))
@@ -257,14 +258,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     beams = beams_asked(args, config if config is not None else generation_defaults(sess))
     if beams.on:
         return run_beams(args, sess, ids, tok, config, beams, model_path, args.source)
-    run = Generation(
-        sess,
-        np.array([ids], np.int64),
-        args.max_new_tokens,
-        tokenizer=tok,
-        generation_config=config,
-        **options(args),
-    )
+    with warnings.catch_warnings():  # a key the checkpoint sets that is not applied: the note line below
+        warnings.simplefilter("ignore", UserWarning)
+        run = Generation(
+            sess,
+            np.array([ids], np.int64),
+            args.max_new_tokens,
+            tokenizer=tok,
+            generation_config=config,
+            **options(args),
+        )
+    if run.note:
+        print(f"note   the checkpoint's generation_config.json sets {run.note}: not applied")
     if source.is_dir():  # past the positions the model was made for, a rotary or position table extrapolates
         made_for = _max_positions(source)
         if made_for is not None and len(ids) + args.max_new_tokens > made_for:

@@ -1,7 +1,7 @@
 """Encoder-decoder models (T5, BART, mBART, Marian) in `attnzoo export --checkpoint DIR --whole` and `attnzoo
 generate`: the pair of graphs export/seq2seq_export.py writes (PATH -> PATH.encoder.onnx, PATH.decoder.onnx)
-and greedy or beam-search tokens from them (export/seq2seq_session.py). cmd_generate hands a source here when
-it is one."""
+and tokens from them (runtime/seq2seq_session.py: greedy, sampled or beam search, as a decoder's). cmd_generate hands
+a source here when it is one."""
 
 from __future__ import annotations
 
@@ -97,15 +97,37 @@ def _exported(folder: Path, precision: str, out: Path) -> Path:
     return out
 
 
+def _refuse_decoder_flags(args: argparse.Namespace) -> None:
+    """The flags of a decoder's export or session an encoder-decoder pair does not take, each in one line."""
+    if args.max_len is not None:
+        raise CliError("--max-len: an encoder-decoder export sizes its buffers per call; leave it out")
+    if args.kv_precision != "fp32":
+        raise CliError(
+            f"--kv-precision {args.kv_precision} is for decoder-only folders; an encoder-decoder's cache is fp32"
+        )
+    if args.cuda_graph:
+        raise CliError("--cuda-graph is for decoder-only exports; an encoder-decoder pair runs without CUDA graphs")
+    if getattr(args, "tf32", False):
+        raise CliError("--tf32 is for decoder-only exports; an encoder-decoder pair runs fp32 as fp32")
+
+
 def cmd_generate(args: argparse.Namespace, source: Path, cached: Path, prompt_ids) -> int:  # noqa: ANN001
     """`attnzoo generate SOURCE` where SOURCE is an encoder-decoder folder or export; `cached`: where a folder's
-    export goes; prompt_ids(tokenizer or None) -> the prompt's ids (cmd_generate's reading of --prompt)."""
-    from export.seq2seq_session import Seq2SeqSession
+    export goes; prompt_ids(tokenizer or None) -> the prompt's ids (cmd_generate's reading of --prompt). The
+    prompt is the encoder's input; sampling, --seed, --stop, --max-time, --stream and --chat (with the folder's
+    chat template) act as for a decoder."""
+    import sys
+    import warnings
+
+    from runtime.seq2seq_generation import Seq2SeqGeneration
+    from runtime.seq2seq_session import Seq2SeqSession
+
+    from . import interrupt
+    from .generate_flags import chat_prompt, options, short
 
     if args.json:
         ensure_writable_parent(Path(args.json))
-    if args.max_len is not None:
-        raise CliError("--max-len: an encoder-decoder export sizes its buffers per call; leave it out")
+    _refuse_decoder_flags(args)
     tok_path = source / "tokenizer.json" if source.is_dir() else _tokenizer_path(source)
     if not source.is_dir() and not tok_path.is_file():
         tok_path = source.parent / "tokenizer.json"
@@ -114,48 +136,101 @@ def cmd_generate(args: argparse.Namespace, source: Path, cached: Path, prompt_id
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(tok_path))
+    if args.chat or args.messages is not None:
+        chat_prompt(args, tok, source)  # the folder's chat template, else one line saying there is none
     ids = prompt_ids(tok)
+    if args.stop and tok is None:
+        raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
     model_path = _exported(source, args.precision, cached) if source.is_dir() else source
     sess = Seq2SeqSession(model_path, provider=args.provider, threads=args.threads)
     past = [i for i in ids if i >= sess.vocab]
     if past:
         raise CliError(f"token id {past[0]} is past the vocabulary ({sess.vocab} tokens: ids 0..{sess.vocab - 1})")
-    if sess.note:
-        print(f"note   {sess.note}")
     import numpy as np
 
-    from .generate_beams import beams_asked, print_hypotheses
+    from .generate_beams import beams_asked
+
+    beams = beams_asked(args, sess.generation)  # a folder's beam settings and the flags they refuse
+    if beams.on:
+        return _beam_generate(args, sess, ids, tok, beams, source, model_path)
+    with warnings.catch_warnings():  # the checkpoint's keys not applied: the note line below
+        warnings.simplefilter("ignore", UserWarning)
+        run = Seq2SeqGeneration(
+            sess, np.array([ids], np.int64), args.max_new_tokens, tokenizer=tok, logprobs=True, **options(args)
+        )
+    if sess.note:
+        print(f"note   {sess.note}")
+    live = sys.stdout.isatty() if args.stream is None else args.stream
+    if live:
+        echo = short(tok.decode(ids)) if tok is not None else f"{len(ids)} prompt tokens"
+        print(f"{echo!r} ->" if tok is not None else f"{echo} ->", end=" ", flush=True)
+    started = time.perf_counter()
+    try:
+        for token in run:
+            if live:
+                print(run.pieces[0] if tok is not None else f"{int(token[0])} ", end="", flush=True)
+    except KeyboardInterrupt:
+        interrupt.handled()
+        print(f"\nattnzoo generate: interrupted after {run.made} new tokens", file=sys.stderr)
+        return 130
+    total = time.perf_counter() - started
+    if live:
+        print()
+    tokens, timings = run.tokens, dict(run.timings)
+    row = tokens[0].tolist()
+    new = len(row) - 1
+    timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
+    print("tokens", " ".join(map(str, row)))
+    text = run.texts[0] if tok is not None else None
+    if tok is not None and not live:
+        print("text  ", repr(short(tok.decode(ids))), "->", repr(text))
+    how = "greedy" if not run.params.do_sample else f"sampled, seed {run.seed}"
+    print(
+        f"took   {total:.3f} s for {new} new tokens (encoder {1e3 * timings['encode_s']:.1f} ms, "
+        f"{1e3 * timings['decode_s'] / max(timings['steps'], 1):.2f} ms per decoder step), on {sess.provider}, "
+        f"{how}, finish: {run.finish_reason[0]}"
+    )
+    if args.json:
+        doc = {
+            "tokens": tokens.tolist(),
+            "text": [text] if text is not None else None,
+            "finish_reason": run.finish_reason,
+            "seed": run.seed,
+            "logprobs": run.logprobs.tolist(),
+            "timings": timings,
+        }
+        doc.update(source=str(source), model=str(model_path), provider=sess.provider, note=sess.note)
+        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _beam_generate(args: argparse.Namespace, sess, ids: list[int], tok, beams, source, model_path) -> int:
+    """Beam search on a pair (runtime/seq2seq_beam.py): each returned hypothesis with its score."""
+    import numpy as np
+
+    from .generate_beams import print_hypotheses
     from .generate_flags import beam_options
 
-    beams = beams_asked(args, sess.generation)
     extra = {} if args.eos_token_id is None else {"eos_token_id": args.eos_token_id}
-    extra.update(beam_options(args), return_dict_in_generate=beams.on)
+    extra.update(beam_options(args), return_dict_in_generate=True)
     timings: dict = {}
     started = time.perf_counter()
     out = sess.generate(np.array([ids], np.int64), args.max_new_tokens, timings=timings, **extra)
     total = time.perf_counter() - started
-    tokens, scores = (out.sequences, out.sequences_scores) if beams.on else (out, None)
-    row = tokens[0].tolist()
-    new = len(row) - 1
+    tokens, scores = out.sequences, out.sequences_scores
+    new = tokens.shape[1] - 1
     timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
-    text = None
-    if beams.on:
-        texts = print_hypotheses(tokens, scores, 1, tok)
-        text = texts[0] if texts else None
-    else:
-        print("tokens", " ".join(map(str, row)))
-        if tok is not None:
-            text = tok.decode(row[1:])
-            print("text  ", repr(tok.decode(ids)), "->", repr(text))
-    how = f", beam search ({beams.num_beams} beams)" if beams.on else ""
+    texts = print_hypotheses(tokens, scores, 1, tok)
+    text = texts[0] if texts else None
     print(
         f"took   {total:.3f} s for {new} new tokens (encoder {1e3 * timings['encode_s']:.1f} ms, "
-        f"{1e3 * timings['decode_s'] / max(timings['steps'], 1):.2f} ms per decoder step), on {sess.provider}{how}"
+        f"{1e3 * timings['decode_s'] / max(timings['steps'], 1):.2f} ms per decoder step), on {sess.provider}, "
+        f"beam search ({beams.num_beams} beams)"
     )
     if args.json:
         doc = {"tokens": tokens.tolist(), "text": [text] if text is not None else None, "timings": timings}
-        if beams.on:
-            doc.update(sequences_scores=[float(x) for x in scores], num_beams=beams.num_beams)
+        doc.update(sequences_scores=[float(x) for x in scores], num_beams=beams.num_beams)
         doc.update(source=str(source), model=str(model_path), provider=sess.provider, note=sess.note)
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")

@@ -21,6 +21,7 @@ _LAZY = {
     "LOWERINGS": "export.names",
     "ExportError": "export.errors",
     "OnnxSession": "runtime.session",
+    "Seq2SeqSession": "runtime.seq2seq_session",
     "SessionError": "runtime.providers",
     "RunError": "runtime.providers",
     "cuda_status": "runtime.providers",

@@ -9,13 +9,11 @@ choice reads them from here.
     LOWERINGS   how a block becomes an ONNX graph (export/lowerings/ holds one record each)
     PRECISIONS  the weight precisions of an export (export/precision.py says how each is made)
     KV_PRECISIONS  a whole model's KV cache precisions (export/kv_int8.py)
-    seq2seq_paths  the two graphs an encoder-decoder export's PATH names (export/seq2seq_export.py)
+    seq2seq_paths  the two graphs an encoder-decoder export's PATH names (runtime/names.py spells it)
 """
 
-import os
-from pathlib import Path
-
-from runtime.names import DEVICES, PROVIDERS  # the run time's; handed on for the command line
+# the run time's; handed on for the command line
+from runtime.names import DECODER_SUFFIX, DEVICES, ENCODER_SUFFIX, PROVIDERS, seq2seq_paths
 
 DTYPES = ("float32", "float16", "bfloat16")  # bfloat16: for CUDA only (export/tracing.py, BF16_CPU)
 # the dtypes a session here feeds and reads with numpy, which has no bfloat16: parity, bench and serve
@@ -28,7 +26,6 @@ STATIC_CACHE_LOWERINGS = ("decomposed", "ort-gqa")  # those whose decode graph c
 PRECISIONS = ("fp32", "int8", "int4")  # weight precision of an export (export/precision.py)
 KV_PRECISIONS = ("fp32", "int8")  # a whole model's KV cache: the model's dtype, or int8 (export/kv_int8.py)
 ERROR_BOUNDS = {"int8": 0.04, "int4": 0.22}  # a precision's relative L2 error bound (why: export/precision.py)
-ENCODER_SUFFIX, DECODER_SUFFIX = ".encoder.onnx", ".decoder.onnx"
 
 
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -42,18 +39,6 @@ def precision_words(precision: str, dtype: str = "float32", method: str = "") ->
         return DTYPE_SHORT.get(dtype, dtype)
     said = method or precision
     return said if dtype == "float32" else f"{said}, {DTYPE_SHORT.get(dtype, dtype)} activations"
-
-
-def seq2seq_paths(path: str | os.PathLike) -> tuple[Path, Path]:
-    """PATH -> (its encoder graph, its decoder graph): `m.onnx` -> `m.encoder.onnx`, `m.decoder.onnx`; a
-    path that names one of the pair gives the pair."""
-    p = Path(path)
-    name = p.name
-    for suffix in (ENCODER_SUFFIX, DECODER_SUFFIX, ".onnx"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return p.with_name(name + ENCODER_SUFFIX), p.with_name(name + DECODER_SUFFIX)
 
 
 __all__ = [

@@ -34,7 +34,7 @@ from einops import rearrange
 from torch import nn
 
 import zoo
-from runtime.io import TensorIO
+from runtime.io import CROSS_PAST, CROSS_PRESENT, ENCODER_HIDDEN, ENCODER_MASK, SELF_PAST, SELF_PRESENT, TensorIO
 from zoo.seq2seq import Seq2SeqLM
 
 from .choice import why_not
@@ -47,10 +47,6 @@ from .names import seq2seq_paths
 from .precision import apply as apply_precision
 from .tracing import DTYPES, check_interface, configured, trace
 
-SELF_PAST, SELF_PRESENT = "past_key_values.{i}.decoder.{kv}", "present.{i}.decoder.{kv}"
-CROSS_PAST, CROSS_PRESENT = "past_key_values.{i}.encoder.{kv}", "present.{i}.encoder.{kv}"
-ENCODER_HIDDEN = "encoder_hidden_states"
-ENCODER_MASK = "encoder_attention_mask"
 # example sizes: all >= 2 and different, so none is baked in
 EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 7, 3, 11, 4
 

@@ -131,8 +131,7 @@ def seq2seq_from_checkpoint(folder: str | os.PathLike, dtype: Any = None) -> Seq
     return model.to(target).eval()
 
 
-# the ids that may be a list: every listed eos id ends a row; of several forced eos ids transformers' argmax
-# takes the lowest (they tie)
+# the ids that may be a list: every listed eos id ends a row; of several forced eos ids each scores 0
 LISTS = ("eos_token_id", "forced_eos_token_id")
 
 
@@ -140,19 +139,11 @@ def _token(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-# Settings greedy generation here does not apply, with the value that makes each one a no-op: a checkpoint
-# that sets one (BART-CNN's generation_config asks min_length 56 and no_repeat_ngram_size 3) gets tokens that
-# differ from its own generate(num_beams=1), and the session says so in its `note`.
-UNHONOURED = {
-    "min_length": 0,
-    "min_new_tokens": None,
-    "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0,
-    "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0,
-    "begin_suppress_tokens": None,
-    "sequence_bias": None,
-}
+def _generation_keys() -> set[str]:
+    """The keys of transformers' GenerationConfig (what its from_model_config reads from a config.json)."""
+    from transformers import GenerationConfig
+
+    return set(vars(GenerationConfig()))
 
 
 def _beam_keys(path: Path, gen: dict, data: dict) -> dict:
@@ -172,23 +163,27 @@ def _beam_keys(path: Path, gen: dict, data: dict) -> dict:
 
 
 def generation_settings(folder: str | os.PathLike) -> dict:
-    """The token ids generation honours, and the beam keys (num_beams, length_penalty, early_stopping,
-    num_return_sequences: runtime/seq2seq_beam.py). generation_config.json wins over config.json, as in transformers.
-    eos_token_id and forced_eos_token_id keep a list where the checkpoint gives one; `suppress_tokens` (never
-    generated) joins the single-token `bad_words_ids` (Marian bans its pad id so) and `suppress_tokens`;
-    `bad_words_ids` longer than one token are kept as `bad_sequences`, and the UNHONOURED settings a checkpoint
-    sets as `unhonoured` (neither is applied: the caller says so)."""
+    """The checkpoint's generation settings as transformers' generate reads them: generation_config.json whole
+    (each key, as the run time applies or refuses it: runtime/generation_keys.py), else the generation keys of
+    config.json; the token ids (GENERATION_KEYS) fall back to config.json per key, and the decoder start to
+    bos. eos_token_id and forced_eos_token_id keep a list where the checkpoint gives one; suppress_tokens and
+    bad_words_ids are checked as lists of token ids; the beam keys (length_penalty, early_stopping,
+    num_return_sequences: runtime/beam_search.py) are checked where set."""
     path = Path(folder)
     data = config_dict(path / "config.json")
     gen_path = path / "generation_config.json"
-    gen = {}
     if gen_path.is_file():
         try:
             gen = json.loads(gen_path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{gen_path}: not JSON ({e})") from None
-    out = {}
-    for key in (*GENERATION_KEYS, "num_beams"):
+        if not isinstance(gen, dict):
+            raise CheckpointError(f"{gen_path}: not a JSON object")
+    else:
+        keys = _generation_keys()
+        gen = {k: v for k, v in data.items() if k in keys and v is not None}
+    out = {k: v for k, v in gen.items() if v is not None and k not in ("transformers_version", "_from_model_config")}
+    for key in GENERATION_KEYS:
         v = gen.get(key, data.get(key))
         if key in LISTS and isinstance(v, list):
             if not all(_token(x) for x in v):
@@ -196,18 +191,12 @@ def generation_settings(folder: str | os.PathLike) -> dict:
             out[key] = [int(x) for x in v] if v else None
             continue
         out[key] = v if _token(v) else None
-    out.update(_beam_keys(path, gen, data))
-    bad = gen.get("bad_words_ids", data.get("bad_words_ids")) or []
-    suppress = gen.get("suppress_tokens", data.get("suppress_tokens")) or []
+    out.update({k: v for k, v in _beam_keys(path, gen, data).items() if v is not None})
+    bad, suppress = out.get("bad_words_ids") or [], out.get("suppress_tokens") or []
     if not isinstance(bad, list) or not all(isinstance(w, list) and w and all(map(_token, w)) for w in bad):
         raise CheckpointError(f"{path}: bad_words_ids={bad!r} must be a list of lists of token ids")
     if not isinstance(suppress, list) or not all(map(_token, suppress)):
         raise CheckpointError(f"{path}: suppress_tokens={suppress!r} must be a list of token ids")
-    out["suppress_tokens"] = sorted({*suppress, *(w[0] for w in bad if len(w) == 1)}) or None
-    out["bad_sequences"] = [w for w in bad if len(w) > 1] or None
-    out["unhonoured"] = {
-        k: v for k, neutral in UNHONOURED.items() if (v := gen.get(k, data.get(k))) is not None and v != neutral
-    } or None
     if out["decoder_start_token_id"] is None:
         out["decoder_start_token_id"] = out["bos_token_id"]
     if out["decoder_start_token_id"] is None:

@@ -22,6 +22,7 @@ from typing import Any
 
 _LAZY = {
     "OnnxSession": "runtime.session",
+    "Seq2SeqSession": "runtime.seq2seq_session",
     "RuntimeSession": "runtime.core",
     "SessionError": "runtime.providers",
     "cuda_status": "runtime.providers",

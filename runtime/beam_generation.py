@@ -10,9 +10,9 @@ device for a device-resident PackedRows cache), so no step sends the cache throu
 
 The prompt's b rows become b x k (each repeated k times, as transformers expands them), so the call's
 buffers are k times a greedy call's and are checked as such before anything is allocated. The processors
-(a callable (ids, scores) -> scores over the log-softmax, runtime/beam_search.py) default to the repetition
-penalty of the call or the checkpoint; given, they replace it. Sampling, stop strings and streaming are
-refused with beams (transformers has beam sampling; it is not done here).
+(a callable (ids, scores) -> scores over the log-softmax, runtime/beam_search.py) default to the generation's
+own: every generation_config key of the call and the checkpoint (runtime/processors.py); given, they replace
+them. Sampling, stop strings and streaming are refused with beams (transformers has beam sampling; it is not done here).
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import numpy as np
 import zoo
 
 from .beam_cache import GraphReorder, HostReorder, position_axes
-from .beam_search import Beams, BeamSearch, beam_settings, split_beam_options
+from .beam_search import Beams, BeamSearch, beam_settings, split_beam_options, without_beams
 from .device_decode import PREFIX, LeftRows, PackedRows, is_packed
 from .generation import Generation, _as_ids, generation_defaults, prefill_chunk, recompute_at
 from .generation import generate as greedy_generate
 from .kv_buffers import buffer_types
-from .sampling import penalize
 from .tensors import from_numpy, is_tensor
 
 if TYPE_CHECKING:
@@ -44,22 +43,6 @@ class BeamOutput:
 
     sequences: object
     sequences_scores: object
-
-
-def repetition_processor(penalty: float, prompt_mask: np.ndarray | None):
-    """transformers' RepetitionPenaltyLogitsProcessor over each running row's tokens (runtime/sampling.py's
-    penalize), the left padding of the prompt left out as the greedy path leaves it out (runtime/sampling.py)."""
-
-    def proc(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        real = np.ones(ids.shape, np.bool_)
-        if prompt_mask is not None:
-            real[:, : prompt_mask.shape[1]] = prompt_mask
-        seen = np.zeros(scores.shape, np.bool_)
-        rows = np.repeat(np.arange(ids.shape[0]), ids.shape[1])
-        seen[rows[real.ravel()], ids.ravel()[real.ravel()]] = True
-        return penalize(scores, seen, penalty).astype(np.float32)
-
-    return proc
 
 
 class BeamGeneration:
@@ -110,8 +93,8 @@ class BeamGeneration:
             )
         if reorder not in ("auto", "graph"):
             raise zoo.ArgumentError(f"reorder={reorder!r} must be 'auto' or 'graph'")
-        if processors is None and gen.params.repetition_penalty != 1.0:
-            processors = repetition_processor(gen.params.repetition_penalty, gen._prompt_mask())
+        if processors is None:  # every generation_config key's processor, as transformers' beam search applies them
+            processors = gen.sampler.processors
         self.beams, self.reorder_mode = beams, reorder
         self.search = BeamSearch(ids, beams, ids.shape[1] + gen.max_new_tokens, gen.eos, gen.pad, processors)
         self.timings: dict = {}
@@ -209,25 +192,10 @@ def generate(
     for name, given in (("processors", processors is not None), ("return_dict_in_generate", as_dict)):
         if given:
             raise zoo.ArgumentError(f"{name}= is taken with beam search here (num_beams > 1); leave it out for greedy")
+    options = without_beams(call, options)
     return greedy_generate(
         sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, timings=timings, **options
     )
-
-
-def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
-    """max_new_tokens, or transformers' max_length (prompt included: the call's, the config's, else 20) less the
-    prompt's length."""
-    if max_new_tokens is not None:
-        return max_new_tokens
-    if max_length is None:
-        max_length = (config or {}).get("max_length") if isinstance(config, dict) else None
-    max_length = 20 if max_length is None else max_length
-    t = np.shape(input_ids)[-1] if not is_tensor(input_ids) else input_ids.shape[-1]
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= t:
-        raise zoo.ArgumentError(
-            f"max_length={max_length!r} (the prompt's {t} tokens included) leaves no new token: give max_new_tokens"
-        )
-    return max_length - t
 
 
 def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
@@ -246,4 +214,4 @@ def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
     return max_length - t
 
 
-__all__ = ["BeamGeneration", "BeamOutput", "generate", "repetition_processor"]
+__all__ = ["BeamGeneration", "BeamOutput", "generate"]

@@ -77,18 +77,21 @@ def beam_settings(call: dict, config: dict | None = None) -> Beams:
     merged.update({k: v for k, v in call.items() if v is not None})
     if isinstance(merged["length_penalty"], (int, np.integer)) and not isinstance(merged["length_penalty"], bool):
         merged["length_penalty"] = float(merged["length_penalty"])
-    n = merged["num_return_sequences"]
-    if merged["num_beams"] == 1 and isinstance(n, int) and n > 1:
-        raise zoo.ArgumentError(
-            f"num_return_sequences={n} needs num_beams >= {n} "
-            "(greedy makes one sequence per row; sampling several is not done here)"
-        )
+    if merged["num_beams"] == 1:  # without beams num_return_sequences is the sampler's (runtime/sampling.py)
+        merged["num_return_sequences"] = 1
     return Beams(**merged)
 
 
 def split_beam_options(options: dict) -> tuple[dict, dict]:
     """(the beam options among `options`, the others)."""
     return {k: options[k] for k in KEYS if k in options}, {k: v for k, v in options.items() if k not in KEYS}
+
+
+def without_beams(call: dict, options: dict) -> dict:
+    """The options of a greedy or sampled run (no beams): a call's num_return_sequences goes back to them, where
+    the sampler takes it (several sampled sequences a row; greedy refuses it, as transformers does)."""
+    n = call.get("num_return_sequences")
+    return options if n is None else {**options, "num_return_sequences": n}
 
 
 def log_softmax32(logits: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,8 +30,9 @@ import zoo
 from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
-from .beam_search import beam_settings, split_beam_options
+from .beam_search import beam_settings, split_beam_options, without_beams
 from .device_decode import LeftRows, PackedRows, is_packed
+from .generation_keys import unapplied
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
 from .sampling import Sampler, resolve
@@ -62,6 +64,10 @@ def _as_ids(sess: RuntimeSession, input_ids) -> np.ndarray:
         )
     check_token_ids(input_ids, lm_vocab(sess))
     return np.ascontiguousarray(input_ids, np.int64)
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if is_tensor(x) else np.asarray(x)
 
 
 def lm_vocab(sess: RuntimeSession) -> int:
@@ -152,6 +158,19 @@ class Generation:
         config = generation_defaults(sess) if generation_config is None else generation_config
         if not isinstance(config, dict):
             raise zoo.InputTypeError(f"generation_config must be a dict (a generation_config.json), got {config!r}")
+        # every other key of the config: applied by the sampler's processors, or said here (generation_keys.py)
+        stop = knobs.pop("stop_strings", None) if stop is None else stop  # transformers' name for it
+        self.params = resolve(knobs, config)
+        self.note = "; ".join(unapplied(config, knobs)) or None
+        if self.note:
+            warnings.warn(f"the generation_config's {self.note}: not applied", UserWarning, stacklevel=3)
+        prompt = self.ids
+        copies = self.params.num_return_sequences  # transformers' expansion: each row repeated, in place
+        if copies > 1:
+            self.ids = np.repeat(self.ids, copies, 0)
+            attention_mask = None if attention_mask is None else np.repeat(_numpy(attention_mask), copies, 0)
+        stop = config.get("stop_strings") if stop is None else stop
+        max_time = config.get("max_time") if max_time is None else max_time
         self.eos = eos_ids(config.get("eos_token_id") if eos_token_id is None else eos_token_id)
         for e in self.eos:
             token_id(e, vocab, "eos_token_id")
@@ -170,9 +189,16 @@ class Generation:
             raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
         self.codec = Codec(tokenizer) if tokenizer is not None else None
         self.rows = row_texts(self.codec, stops, self.ids, attention_mask, in_prompt=True) if self.codec else None
-        self.params = resolve(knobs, config)
         self.mask = attention_mask
-        self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))
+        self.sampler = Sampler(
+            self.params,
+            self.ids,
+            self._prompt_mask(),
+            vocab,
+            eos=self.eos,
+            max_new_tokens=max_new_tokens,
+            encoder_ids=prompt,
+        )
         self.seed = self.sampler.seed
         self.finish_reason = [None] * b
         self.pieces = [""] * b if self.rows else None
@@ -186,8 +212,7 @@ class Generation:
         am = self.mask
         if am is None:
             return None
-        am = am.detach().cpu().numpy() if is_tensor(am) else am
-        return left_padded_mask(am, self.ids.shape)  # zoo.generation_inputs: the one rule for every generate
+        return left_padded_mask(_numpy(am), self.ids.shape)  # zoo.generation_inputs: the one rule for every generate
 
     def _room(self) -> int:
         """The cache positions n this call binds, checked against the export's max_len and the memory
@@ -328,6 +353,7 @@ def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=
             f"num_beams={beams.num_beams} (the call's or the checkpoint's generation_config): beam search does not "
             "stream (its best hypothesis is known at the end); give num_beams=1 to stream, or call generate"
         )
+    options = without_beams(call, options)
     run = Generation(sess, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
     for token in run:
         if tokenizer is None:

@@ -139,6 +139,11 @@ LOGITS = TensorIO(
 ALL_LOGITS = TensorIO("logits", ("b", "t", "v"), "float", "logits at every position of the call")
 NEXT_TOKEN = TensorIO("next_token", ("b",), "int64", "argmax of the last position's logits (greedy; first of ties)")
 LM_PAST = "past_key_values.{i}.{kv}"  # kv: "key" | "value"
+# an encoder-decoder pair (export/seq2seq_export.py writes them, runtime/seq2seq_session.py binds them)
+SELF_PAST, SELF_PRESENT = "past_key_values.{i}.decoder.{kv}", "present.{i}.decoder.{kv}"
+CROSS_PAST, CROSS_PRESENT = "past_key_values.{i}.encoder.{kv}", "present.{i}.encoder.{kv}"
+ENCODER_HIDDEN = "encoder_hidden_states"
+ENCODER_MASK = "encoder_attention_mask"
 LM_PRESENT = "present.{i}.{kv}"
 
 

@@ -6,10 +6,10 @@ decoder's self-attention buffers (host arrays bound in place) by the rows it ret
 positions (runtime/beam_cache.py).
 
 The decoder prompt is the start token (transformers' decoder_prompt_len 1: the length penalty counts the
-generated tokens, the eos included), max_length is 1 + max_new_tokens. The session's processors, in
-transformers' order over the log-softmax: the suppressed ids (single-token bad_words_ids and suppress_tokens)
--inf, then forced_bos_token_id at the first step and forced_eos_token_id at the last a budget allows, every
-other id -inf and the forced ones 0. Processors given to the call replace them.
+generated tokens, the eos included), max_length is 1 + max_new_tokens. The processors are the generation's own
+(runtime/processors.py: every generation_config key of the checkpoint and the call, in transformers' order over
+the log-softmax); processors given to the call replace them. Beam sampling (do_sample with num_beams > 1) is
+refused by name.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 
+from .beam_cache import HostReorder, position_axes
 from .beam_search import Beams, BeamSearch
+from .seq2seq_generation import Seq2SeqGeneration, as_ids, as_mask
 
 
 def forced_processor(suppress, forced_bos, forced_eos, max_length: int):
@@ -62,4 +64,42 @@ def beam_search(step, reorder, b: int, start: int, max_new_tokens: int, beams: B
     return sequences, scores, timings
 
 
-__all__ = ["beam_search", "forced_processor"]
+def beam_generate(sess, input_ids, max_new_tokens: int, attention_mask, beams: Beams, processors, options: dict):
+    """Seq2SeqSession.generate with num_beams > 1 -> (sequences (b * n, 1 + made), sequences_scores, timings).
+    The encoder runs once over the b rows; its outputs are repeated num_beams times and bound with the decoder's
+    buffers of a generation over the b * k rows (runtime/seq2seq_generation.py), whose processors, token ids and
+    checks the beams share."""
+    import zoo
+
+    started = time.perf_counter()
+    ids = np.ascontiguousarray(as_ids(input_ids, "input_ids", sess.vocab), np.int64)
+    mask = as_mask(attention_mask, ids.shape)
+    k = beams.num_beams
+    run = Seq2SeqGeneration(sess, np.repeat(ids, k, 0), max_new_tokens, np.repeat(mask, k, 0), **options)
+    if run.params.do_sample:
+        raise zoo.ArgumentError(
+            f"num_beams={k} with sampling (beam sampling) is not done here: give do_sample=False (beam search) "
+            "or num_beams=1 (sampling)"
+        )
+    if run.rows is not None or run.max_time is not None:
+        raise zoo.ArgumentError("stop strings and max_time end rows one by one: not taken with num_beams > 1 here")
+    enc = [np.repeat(e, k, axis=0) for e in sess.encode(ids, mask)]
+    binding, arrays, n, _keep = run._bind(enc)
+    encoded = time.perf_counter()
+
+    def step(tokens: np.ndarray, past_len: int) -> np.ndarray:
+        arrays["input_ids"][:, 0] = tokens
+        arrays["past_len"][()] = past_len
+        sess.decoder.run_with_iobinding(binding)
+        return arrays["logits"][:, 0]
+
+    reorder = HostReorder(run.buffers, position_axes(sess.decoder._sess.get_inputs(), run.buffers))
+    procs = run.sampler.processors if processors is None else processors
+    seqs, scores, spent = beam_search(
+        step, reorder, len(ids), run.start, max_new_tokens, beams, run.eos, run.pad, procs
+    )
+    spent.update(encode_s=encoded - started, capacity=n)
+    return seqs, scores, spent
+
+
+__all__ = ["beam_generate", "beam_search", "forced_processor"]

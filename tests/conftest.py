@@ -90,11 +90,10 @@ def seq2seq_pairs(tmp_path_factory):
         if case not in made:
             folder, hf = seq2seq_cases.checkpoint(case, root)
             path = root / f"{case}.onnx"
-            if case == "bart":  # through the CLI: export --checkpoint DIR --whole -o PATH
+            if case == "bart":
                 assert cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(path)]) == 0
             else:
-                model = seq2seq_from_checkpoint(folder)
-                export_seq2seq(model, path, generation=generation_settings(folder))
+                export_seq2seq(seq2seq_from_checkpoint(folder), path, generation=generation_settings(folder))
             made[case] = folder, hf, path
         return made[case]
 

@@ -3,9 +3,10 @@
 events. No Ray here: the replica hands its requests to `OpenAIFront.handle`.
 
 Each request becomes one row of the running batch, followed by a `TextRun` (GenItem.decoder): it chooses the
-row's tokens as `OnnxSession.generate` of that request alone does (the checkpoint's generation_config under
-the request's knobs, export/sampling.py; a seed of its own, the request's or a fresh one reported in the
-answer), stops at the checkpoint's eos ids, at `stop` strings (text ends before them) or at max_tokens, and
+row's tokens as `OnnxSession.generate` of that request alone does (every key of the checkpoint's
+generation_config under the request's knobs, runtime/sampling.py and its processors; a seed of its own, the
+request's or a fresh one reported in the answer), stops at the checkpoint's eos ids, at `stop` strings (text
+ends before them) or at max_tokens, and
 hands each piece of text to the request's stream. A stream whose client leaves marks its run cancelled: its
 row is given back before the next step.
 
@@ -25,6 +26,7 @@ import asyncio
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from runtime.chat import ChatTemplate, ChatTemplateError
 from runtime.generation import generation_defaults, lm_vocab
+from runtime.generation_keys import unapplied
 from runtime.sampling import Sampler, log_softmax, resolve
 from runtime.stopping import Codec, RowText, eos_ids
 from zoo import AttnzooError
@@ -232,6 +235,13 @@ class OpenAIFront:
         self.vocab = lm_vocab(sess)
         self.config = generation_defaults(sess)
         self.eos = eos_ids(self.config.get("eos_token_id"))
+        # the checkpoint's keys not applied here, said once where the server's log reads them (never dropped)
+        notes = unapplied(self.config)
+        if (self.config.get("num_return_sequences") or 1) > 1:
+            notes.append(f"num_return_sequences={self.config['num_return_sequences']} (each request is one choice)")
+        self.note = "; ".join(notes) or None
+        if self.note:
+            warnings.warn(f"the generation_config's {self.note}: not applied", UserWarning, stacklevel=2)
         self.created = int(time.time())
         self.codec, self.template = _load_text(files)
 
@@ -321,8 +331,8 @@ class OpenAIFront:
 
         prompt = np.asarray([ids], np.int64)
         try:
-            params = resolve(ask.knobs, self.config)
-            sampler = Sampler(params, prompt, None, self.vocab)
+            params = resolve(ask.knobs, {**self.config, "num_return_sequences": 1})
+            sampler = Sampler(params, prompt, None, self.vocab, eos=self.eos, max_new_tokens=ask.max_tokens)
         except AttnzooError as e:  # the sampling knobs' own checks (zoo.ArgumentError)
             raise OpenAIError(str(e)) from None
         seed = sampler.seed if params.do_sample else ask.knobs.get("seed")

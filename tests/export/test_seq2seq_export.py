@@ -18,8 +18,9 @@ import seq2seq_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.
 import torch
 
 from cli.main import main as cli
-from export.seq2seq_export import seq2seq_paths
-from export.seq2seq_session import Seq2SeqSession
+from export.seq2seq_export import export_seq2seq, seq2seq_paths
+from peers.seq2seq import seq2seq_from_checkpoint
+from runtime.seq2seq_session import Seq2SeqSession
 
 NEW = 12
 FAST = ("t5", "t5-gated", "bart", "mbart", "marian")
@@ -86,12 +87,12 @@ def test_suppressed_tokens_are_never_made(pairs):
     next best token is taken, as transformers' generate does."""
     _, hf, path = pairs("marian")
     sess = Seq2SeqSession(path)
-    assert sess.generation["suppress_tokens"] == [hf.config.pad_token_id]
+    assert sess.generation["bad_words_ids"] == [[hf.config.pad_token_id]]
     ids, mask = seq2seq_cases.batch()
-    free = sess.generate(ids, NEW, mask, suppress_tokens=None)
+    free = sess.generate(ids, NEW, mask, bad_words_ids=None)
     banned = int(free[1, 2])
     want = hf_generate(hf, ids, mask, bad_words_ids=[[banned]])
-    got = sess.generate(ids, NEW, mask, suppress_tokens=[banned])
+    got = sess.generate(ids, NEW, mask, bad_words_ids=[[banned]])
     assert torch.equal(got, want) and not (got[:, 1:] == banned).any(), f"banned {banned}:\n{got}\n{want}"
 
 

@@ -59,31 +59,31 @@ def test_generation_settings_read_generation_config(seq2seq_root):
 
 
 def test_generation_settings_keep_several_eos_ids(seq2seq_root, tmp_path):
-    """A list eos_token_id keeps every id (each ends a row); single-token bad_words_ids join suppress_tokens."""
+    """A list eos_token_id keeps every id (each ends a row); bad_words_ids and suppress_tokens are kept whole."""
     folder = _copy(seq2seq_cases.checkpoint("marian", seq2seq_root)[0], tmp_path / "eos")
     gen = json.loads((folder / "generation_config.json").read_text())
     gen.update(eos_token_id=[1, 5], forced_eos_token_id=[5, 1], bad_words_ids=[[63], [3, 4]], suppress_tokens=[9])
     (folder / "generation_config.json").write_text(json.dumps(gen))
     got = generation_settings(folder)
     assert (got["eos_token_id"], got["forced_eos_token_id"]) == ([1, 5], [5, 1])
-    assert (got["suppress_tokens"], got["bad_sequences"], got["pad_token_id"]) == ([9, 63], [[3, 4]], 63)
+    assert (got["suppress_tokens"], got["bad_words_ids"], got["pad_token_id"]) == ([9], [[63], [3, 4]], 63)
     gen["eos_token_id"] = [1, "x"]
     (folder / "generation_config.json").write_text(json.dumps(gen))
     with pytest.raises(zoo.CheckpointError, match=r"eos_token_id=\[1, 'x'\]"):
         generation_settings(folder)
 
 
-def test_generation_settings_name_what_greedy_does_not_apply(seq2seq_root, tmp_path):
-    """A checkpoint asking what this greedy loop does not do (BART-CNN's min_length, no_repeat_ngram_size) has it
-    listed as `unhonoured`, for the session's note; neutral values (repetition_penalty 1.0) are not listed."""
+def test_generation_settings_carry_every_key_of_the_file(seq2seq_root, tmp_path):
+    """BART-CNN's min_length and no_repeat_ngram_size, a num_beams: every key of generation_config.json reaches the
+    export (the run time applies it, or says it does not: runtime/generation_keys.py)."""
     folder = _copy(seq2seq_cases.checkpoint("bart", seq2seq_root)[0], tmp_path / "cnn")
-    assert generation_settings(folder)["unhonoured"] is None
     gen = json.loads((folder / "generation_config.json").read_text())
     gen.update(min_length=56, no_repeat_ngram_size=3, repetition_penalty=1.0, num_beams=4)
     (folder / "generation_config.json").write_text(json.dumps(gen))
     got = generation_settings(folder)
-    assert got["unhonoured"] == {"min_length": 56, "no_repeat_ngram_size": 3}
-    assert got["num_beams"] == 4
+    assert {k: got[k] for k in ("min_length", "no_repeat_ngram_size", "repetition_penalty", "num_beams")} == {
+        "min_length": 56, "no_repeat_ngram_size": 3, "repetition_penalty": 1.0, "num_beams": 4
+    }  # fmt: skip
 
 
 def _copy(folder, dst):

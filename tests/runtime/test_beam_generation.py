@@ -32,6 +32,7 @@ MAX_LEN = 64
 NEW = 10
 PADS = (0, 4, 2)  # row r left-padded by PADS[r]
 SCORE_ATOL = 1e-4  # ORT's fp32 logits against torch's (measured: under 1e-5 over 10 steps)
+SCORE_RTOL = 1e-5  # a score sums ~12 fp32 log-probs: seq2seq_cases.vary's wider weights reach |score| 60
 # (num_beams, early_stopping, length_penalty, num_return_sequences): every early_stopping value, penalties
 # above, below and at 1, more than one sequence returned
 SETTINGS = [(4, False, 1.0, 1), (3, True, 2.0, 2), (4, "never", -0.5, 3), (2, "never", 1.5, 2)]
@@ -83,7 +84,9 @@ def an_eos_the_beams_make(hf, ids, mask) -> int:
 def assert_same(got, want, what: str) -> None:
     assert got.sequences.shape == tuple(want.sequences.shape), f"{what}: {got.sequences.shape} {want.sequences.shape}"
     assert np.array_equal(got.sequences, want.sequences.numpy()), f"{what}:\n{got.sequences}\n{want.sequences}"
-    np.testing.assert_allclose(got.sequences_scores, want.sequences_scores.numpy(), atol=SCORE_ATOL, err_msg=what)
+    np.testing.assert_allclose(
+        got.sequences_scores, want.sequences_scores.numpy(), rtol=SCORE_RTOL, atol=SCORE_ATOL, err_msg=what
+    )
 
 
 def matrix():
@@ -266,7 +269,7 @@ def test_max_length_counts_the_prompt_as_transformers(exports):
         (dict(num_beams=2, early_stopping="sometimes"), "early_stopping='sometimes'"),
         (dict(num_beams=0), "num_beams=0 must be an int >= 1"),
         (dict(num_beams=2, length_penalty="long"), "length_penalty='long'"),
-        (dict(num_return_sequences=2), "needs num_beams >= 2"),
+        (dict(num_return_sequences=2), "needs sampling or num_beams"),
         (dict(processors=lambda i, s: s), r"processors= is taken with beam search"),
         (dict(num_beams=2, stop="\n"), "stop strings are not done in beam search"),
     ],
@@ -323,7 +326,7 @@ def test_cli_generate_num_beams_prints_and_writes_transformers_hypotheses(export
     )  # fmt: skip
     doc = json.loads(out.read_text())
     assert doc["tokens"] == want.sequences.tolist() and doc["num_beams"] == 3
-    np.testing.assert_allclose(doc["sequences_scores"], want.sequences_scores.numpy(), atol=SCORE_ATOL)
+    np.testing.assert_allclose(doc["sequences_scores"], want.sequences_scores.numpy(), rtol=SCORE_RTOL, atol=SCORE_ATOL)
     printed = capsys.readouterr().out
     assert "beam 1 score" in printed and "beam 2 score" in printed and "beam search" in printed
 

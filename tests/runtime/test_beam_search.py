@@ -89,7 +89,6 @@ def test_settings_come_from_the_call_then_the_checkpoint_then_transformers_defau
         ({"num_beams": 2, "length_penalty": float("nan")}, "length_penalty=nan"),
         ({"num_beams": 2, "early_stopping": "always"}, "early_stopping='always'"),
         ({"num_beams": 2, "early_stopping": 1}, "early_stopping=1"),
-        ({"num_return_sequences": 2}, "needs num_beams >= 2"),
     ],
 )
 def test_bad_settings_are_refused_by_name(call, match):

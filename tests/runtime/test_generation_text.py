@@ -91,6 +91,9 @@ def test_a_stop_string_ends_its_row_tokens_keep_it_and_text_ends_before_it(text_
     tokens = sess.generate(_ids(), NEW, eos_token_id=[], stop=stop, tokenizer=str(TOKENIZER))
     new = tokens[0, _ids().shape[1] :].tolist()
     assert codec.decode(new).endswith(stop) and codec.decode(new[:-1]).find(stop) < 0 and new == free[: len(new)]
+    named = sess.generate(_ids(), NEW, eos_token_id=[], stop_strings=stop, tokenizer=str(TOKENIZER))  # transformers'
+    recorded = sess.generate(_ids(), NEW, tokenizer=str(TOKENIZER), generation_config={"stop_strings": [stop]})
+    assert named.tolist() == tokens.tolist() == recorded.tolist()  # as the call's, or the checkpoint's key
     assert (
         "".join(sess.stream(PROMPT, NEW, eos_token_id=[], stop=[stop, "never"], tokenizer=str(TOKENIZER)))
         == (text[:at])

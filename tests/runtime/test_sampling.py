@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hf_generation import hf_processors
 from transformers.generation import logits_process as lp
 
 import zoo
@@ -23,22 +24,19 @@ KNOB_CASES = [
     {"temperature": 0.6, "top_k": 20, "top_p": 0.9},
     {"temperature": 1.3, "top_p": 0.8, "min_p": 0.05, "repetition_penalty": 1.2},
     {"temperature": 0.9, "top_k": 12, "min_p": 0.2, "repetition_penalty": 0.8},
+    {"typical_p": 0.6},
+    {"epsilon_cutoff": 0.005},
+    {"eta_cutoff": 0.01},
+    {"top_h": 0.7},
+    {"top_p": 0.0},
+    {"temperature": 0.8, "top_k": 30, "typical_p": 0.9, "eta_cutoff": 0.002, "no_repeat_ngram_size": 2},
 ]
 
 
 def _transformers(scores: torch.Tensor, ids: torch.Tensor, knobs: dict) -> torch.Tensor:
-    """transformers' processors in its own order (generation/utils.py _get_logits_processor)."""
-    procs = lp.LogitsProcessorList()
-    if knobs.get("repetition_penalty", 1.0) != 1.0:
-        procs.append(lp.RepetitionPenaltyLogitsProcessor(knobs["repetition_penalty"]))
-    if knobs.get("temperature", 1.0) != 1.0:
-        procs.append(lp.TemperatureLogitsWarper(knobs["temperature"]))
-    if knobs.get("top_k", 50):
-        procs.append(lp.TopKLogitsWarper(knobs.get("top_k", 50)))
-    if knobs.get("top_p", 1.0) < 1.0:
-        procs.append(lp.TopPLogitsWarper(knobs["top_p"]))
-    if knobs.get("min_p") is not None:
-        procs.append(lp.MinPLogitsWarper(knobs["min_p"]))
+    """The distribution transformers' generate draws from: its own processors for these keys, as it builds
+    them (tests/peers/hf_generation.py: _get_logits_processor over GenerationConfig's defaults)."""
+    procs = hf_processors({"do_sample": True, **knobs}, input_len=ids.shape[1], max_new_tokens=1)
     return procs(ids, scores.clone()).softmax(-1)
 
 
@@ -47,9 +45,7 @@ def test_the_distribution_is_transformers_for_each_knob_and_combination(knobs):
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 200, generator=gen) * 3
     ids = torch.randint(0, 200, (3, 9), generator=gen)
-    seen = np.zeros((3, 200), bool)
-    seen[np.repeat(np.arange(3), 9), ids.numpy().ravel()] = True
-    ours = distribution(scores.numpy(), resolve({"do_sample": True, **knobs}), seen)
+    ours = distribution(scores.numpy(), resolve({"do_sample": True, **knobs}), ids.numpy())
     theirs = _transformers(scores, ids, knobs).numpy()
     assert np.abs(ours - theirs).max() < 1e-6
     assert np.allclose(ours.sum(-1), 1)
@@ -84,7 +80,9 @@ def test_the_call_overrides_the_checkpoint_over_transformers_defaults(call, conf
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}, {"min_p": 2}, {"repetition_penalty": 0},
+    [{"temperature": -1}, {"top_p": -0.1}, {"top_p": 1.5}, {"typical_p": 0}, {"eta_cutoff": 1},
+     {"no_repeat_ngram_size": -1}, {"bad_words_ids": [[]]}, {"suppress_tokens": [1.5]}, {"num_beams": 4},
+     {"guidance_scale": 3.0}, {"num_return_sequences": 2}, {"top_k": -2}, {"min_p": 2}, {"repetition_penalty": 0},
      {"seed": -1}, {"temperature": float("nan")}, {"top_k": 1.5}, {"bogus": 1}],
 )  # fmt: skip
 def test_bad_knobs_are_refused_by_name(knobs):
@@ -112,15 +110,28 @@ def test_seeded_draws_reproduce_and_each_row_has_its_own_stream():
     assert Sampler(Sampling(do_sample=True), prompt, None, 40).seed is not None  # a fresh seed, reported
 
 
-def test_empirical_frequencies_match_the_distribution():
-    logits = np.random.default_rng(1).normal(size=(1, 12)) * 1.5
-    params = Sampling(do_sample=True, temperature=0.9, top_k=10, top_p=0.95, seed=3)
-    p = distribution(logits, params)[0]
-    sampler = Sampler(params, np.zeros((1, 1), np.int64), None, 12)
-    n = 20000
-    counts = np.bincount([int(sampler.choose(logits)[0]) for _ in range(n)], minlength=12)
-    kept = p > 0
-    assert counts[~kept].sum() == 0  # a filtered token is never drawn
-    chi2 = (((counts[kept] - n * p[kept]) ** 2) / (n * p[kept])).sum()
-    df = kept.sum() - 1  # the 0.999 quantile of chi-square(df), Wilson-Hilferty (z = 3.09): no scipy needed
-    assert chi2 < df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3
+def _chi2_bound(df: int) -> float:
+    """The 0.999 quantile of chi-square(df), Wilson-Hilferty (z = 3.09): no scipy needed."""
+    return df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("knobs", KNOB_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_the_draws_of_choose_follow_transformers_distribution_for_each_knob(knobs):
+    """Sampler.choose, the path that draws: 20,000 seeded draws (4,000 rows of the same logits, each row its
+    own stream, 5 steps) against transformers' processed distribution: no removed token is ever drawn, and the
+    frequencies pass a chi-square test at the 0.999 level."""
+    gen = torch.Generator().manual_seed(3)
+    v, rows, steps = 40, 4000, 5
+    logits = torch.randn(1, v, generator=gen) * 1.5
+    prompt = torch.randint(0, v, (1, 6), generator=gen)
+    want = _transformers(logits, prompt, knobs).numpy()[0].astype(np.float64)
+    sampler = Sampler(resolve({"do_sample": True, "seed": 11, **knobs}), np.repeat(prompt.numpy(), rows, 0), None, v)
+    counts = np.zeros(v, np.int64)
+    for _ in range(steps):  # nothing observed: each step draws again from the prompt's distribution
+        counts += np.bincount(sampler.choose(np.repeat(logits.numpy(), rows, 0)), minlength=v)
+    n = counts.sum()
+    kept = want > 0
+    assert counts[~kept].sum() == 0, f"drew removed tokens {np.flatnonzero(counts * ~kept)}"
+    chi2 = (((counts[kept] - n * want[kept]) ** 2) / (n * want[kept])).sum()
+    df = max(int(kept.sum()) - 1, 1)
+    assert kept.sum() == 1 or chi2 < _chi2_bound(df), (chi2, df)

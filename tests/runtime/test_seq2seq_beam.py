@@ -18,13 +18,14 @@ import seq2seq_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.
 import torch
 
 import zoo
-from export.seq2seq_session import Seq2SeqSession
 from peers.seq2seq import generation_settings
 from runtime import beam_cache
+from runtime.seq2seq_session import Seq2SeqSession
 
 NEW = 12
 FAST = ("t5-gated", "bart", "marian")
 SCORE_ATOL = 1e-4  # ORT's fp32 logits against torch's (measured: up to 1e-4 with length_penalty -0.5)
+SCORE_RTOL = 1e-5  # a score sums ~12 fp32 log-probs: seq2seq_cases.vary's wider weights reach |score| 60
 # (num_beams, early_stopping, length_penalty, num_return_sequences)
 SETTINGS = [(4, False, 1.0, 1), (3, True, 2.0, 2), (4, "never", -0.5, 3)]
 
@@ -53,7 +54,9 @@ def assert_same(got, want, what: str) -> None:
     assert np.array_equal(np.asarray(got.sequences), want.sequences.numpy()), (
         f"{what}:\n{got.sequences}\n{want.sequences}"
     )
-    np.testing.assert_allclose(got.sequences_scores, want.sequences_scores.numpy(), atol=SCORE_ATOL, err_msg=what)
+    np.testing.assert_allclose(
+        got.sequences_scores, want.sequences_scores.numpy(), rtol=SCORE_RTOL, atol=SCORE_ATOL, err_msg=what
+    )
 
 
 @pytest.mark.parametrize("case", cases())
@@ -140,9 +143,9 @@ def test_generation_settings_read_the_beam_keys(tmp_path):
     [
         (dict(num_beams=2, num_return_sequences=3), "num_return_sequences=3 must be <= num_beams=2"),
         (dict(num_beams=2, early_stopping=1.5), "early_stopping=1.5"),
-        (dict(num_return_sequences=2), "needs num_beams >= 2"),
+        (dict(num_return_sequences=2), "needs sampling or num_beams"),
         (dict(return_dict_in_generate=True), "taken with num_beams > 1"),
-        (dict(num_beam=2), r"unknown generate options \['num_beam'\]"),
+        (dict(num_beam=2), r"unknown generation keys \['num_beam'\]"),
     ],
 )
 def test_bad_beam_options_are_refused_by_name(options, match, seq2seq_pairs):
@@ -165,7 +168,7 @@ def test_cli_generate_num_beams_on_an_encoder_decoder(seq2seq_pairs, tmp_path, c
     want = hf_beams(hf, ids, torch.ones_like(ids), num_beams=3, num_return_sequences=2)
     doc = json.loads(out.read_text())
     assert doc["tokens"] == want.sequences.tolist() and doc["num_beams"] == 3
-    np.testing.assert_allclose(doc["sequences_scores"], want.sequences_scores.numpy(), atol=SCORE_ATOL)
+    np.testing.assert_allclose(doc["sequences_scores"], want.sequences_scores.numpy(), rtol=SCORE_RTOL, atol=SCORE_ATOL)
     assert "beam 2 score" in capsys.readouterr().out
     assert main([*argv, "--num-beams", "2", "--do-sample"]) != 0
     err = capsys.readouterr().err.strip()
