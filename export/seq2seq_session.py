@@ -167,6 +167,7 @@ class Seq2SeqSession:
         timings: dict | None = None,
         processors=None,
         return_dict_in_generate: bool = False,
+        max_length: int | None = None,
         **beam_options,
     ):
         """(b, 1 + k) int64: decoder_start_token_id then k <= max_new_tokens greedy tokens (the module
@@ -174,7 +175,8 @@ class Seq2SeqSession:
 
         Beam search when num_beams > 1 (the call's, else the checkpoint's generation_config), with length_penalty,
         early_stopping and num_return_sequences (runtime/seq2seq_beam.py): (b * num_return_sequences, 1 + k),
-        or with return_dict_in_generate=True a BeamOutput (sequences, sequences_scores), as transformers'."""
+        or with return_dict_in_generate=True a BeamOutput (sequences, sequences_scores), as transformers'.
+        max_length (transformers': the start token included) replaces max_new_tokens when given."""
         beam_call, unknown = split_beam_options(beam_options)
         if unknown:
             raise zoo.ArgumentError(f"unknown generate options {sorted(unknown)}; beam options: {', '.join(KEYS)}")
@@ -182,6 +184,10 @@ class Seq2SeqSession:
         if not beams.on and (processors is not None or return_dict_in_generate):
             raise zoo.ArgumentError("processors= and return_dict_in_generate= are taken with num_beams > 1 here")
         as_dict = return_dict_in_generate
+        if max_length is not None:  # transformers' max_length: the start token and the new ones
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+                raise zoo.ArgumentError(f"max_length={max_length!r} must be an int >= 2 (the start token included)")
+            max_new_tokens = max_length - 1
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise zoo.ArgumentError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
         given = dict(
