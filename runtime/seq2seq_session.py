@@ -74,6 +74,7 @@ class Seq2SeqSession:
         timings: dict | None = None,
         processors=None,
         return_dict_in_generate: bool = False,
+        max_length: int | None = None,
         **options,
     ):
         """(b, 1 + k) int64: decoder_start_token_id then k <= max_new_tokens tokens, greedy unless the options or
@@ -82,7 +83,12 @@ class Seq2SeqSession:
 
         Beam search when num_beams > 1 (the call's, else the checkpoint's generation_config), with length_penalty,
         early_stopping and num_return_sequences (runtime/seq2seq_beam.py): (b * num_return_sequences, 1 + k), or
-        with return_dict_in_generate=True a BeamOutput (sequences, sequences_scores), as transformers'."""
+        with return_dict_in_generate=True a BeamOutput (sequences, sequences_scores), as transformers'.
+        max_length (transformers': the start token included) replaces max_new_tokens when given."""
+        if max_length is not None:  # transformers' max_length: the start token and the new ones
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+                raise zoo.ArgumentError(f"max_length={max_length!r} must be an int >= 2 (the start token included)")
+            max_new_tokens = max_length - 1
         call, options = split_beam_options(options)
         beams = beam_settings(call, self.generation)
         if beams.on:

@@ -100,6 +100,16 @@ def test_skipping_the_cache_reorder_changes_the_beams(seq2seq_pairs, monkeypatch
     assert not torch.equal(sess.generate(ids, NEW, mask, num_beams=4), want)
 
 
+def test_max_length_counts_the_start_token_as_transformers(seq2seq_pairs):
+    _, hf, path = seq2seq_pairs("bart")
+    ids, mask = seq2seq_cases.batch()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = hf.generate(input_ids=ids, attention_mask=mask, max_length=7, num_beams=3)
+    got = Seq2SeqSession(path).generate(ids, attention_mask=mask, max_length=7, num_beams=3)
+    assert torch.equal(got, want) and got.shape[1] <= 7
+
+
 def test_the_checkpoints_beam_settings_are_the_default(seq2seq_pairs):
     """A generation_config asking num_beams (and length_penalty, early_stopping) gets beams, as transformers'
     generate does; the call's num_beams=1 is greedy."""
