@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -21,73 +20,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from openai_lm import MODEL, TEMPLATE
 
 from helpers import REPO, free_port, served
 from runtime.chat import ChatTemplate
 from runtime.generation import Generation, lm_vocab
 from runtime.sampling import Sampler, resolve
-from runtime.session import OnnxSession
-from runtime.stopping import Codec, RowText
+from runtime.stopping import RowText
 from serve.generate.continuous import ContinuousBatcher
 from serve.generate.protocol import GenItem
 from serve.openai.protocol import CHAT, COMPLETIONS, OpenAIError, max_body, parse
 from serve.openai.serving import TextRun, text_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
-import lm_cases  # noqa: E402 - randomize: every parameter random
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
-TEMPLATE = (  # our own: a role tag per message, the assistant's tag as the generation prompt
-    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-MODEL = "chat"
 KEY = "test-key-0123"
-
-
-@pytest.fixture(scope="module")
-def hf_lm():
-    """The random LLaMA the server runs, in transformers (the eager reference for logprobs)."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=259,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    config._attn_implementation = "eager"
-    return lm_cases.randomize(transformers.LlamaForCausalLM(config), seed=0).eval()
-
-
-@pytest.fixture(scope="module")
-def lm_path(tmp_path_factory, hf_lm) -> Path:
-    """chat.onnx with its chat.tokenizer.json and chat.tokenizer_config.json beside it (as export --whole
-    writes them)."""
-    from export.lm_export import export_lm
-    from peers.lm import lm_from_hf
-
-    hf = hf_lm
-    folder = tmp_path_factory.mktemp("openai")
-    out = folder / f"{MODEL}.onnx"
-    export_lm(lm_from_hf(hf).eval(), out, generation_config={"pad_token_id": 258})
-    shutil.copy(REPO / "models" / "tiny-stdlib-llama" / "tokenizer.json", folder / f"{MODEL}.tokenizer.json")
-    config_doc = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE}
-    (folder / f"{MODEL}.tokenizer_config.json").write_text(json.dumps(config_doc))
-    return out
-
-
-@pytest.fixture(scope="module")
-def sess(lm_path):
-    return OnnxSession(lm_path, provider="cpu", verbose=False)
-
-
-@pytest.fixture(scope="module")
-def codec(lm_path):
-    return Codec(str(lm_path.with_name(f"{MODEL}.tokenizer.json")))
 
 
 def _alone(sess, codec, ids, max_tokens, stop=(), **knobs):
