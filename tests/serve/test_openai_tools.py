@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import numpy as np
-import pytest
-
 import openai_asgi
-from helpers import REPO
+import pytest
 from openai_lm import MODEL
+
+from helpers import REPO
 from runtime.chat import ChatTemplate
 from runtime.constraints import GrammarConstraint, lltokenizer
 from serve.openai.protocol import CHAT, parse
@@ -97,7 +96,8 @@ PARSED = [
     ("llama3_json", '{"name": "get_time", "parameters": {"zone": -2}}', None, [("get_time", '{"zone": -2}')]),
     (
         "llama3_json",
-        '<|python_tag|>{"name": "get_time", "parameters": {"zone": 3}}; {"name": "get_time", "parameters": {"zone": 4}}',
+        '<|python_tag|>{"name": "get_time", "parameters": {"zone": 3}}; '
+        '{"name": "get_time", "parameters": {"zone": 4}}',
         None,
         [("get_time", '{"zone": 3}'), ("get_time", '{"zone": 4}')],
     ),
@@ -309,7 +309,7 @@ def test_forced_tool_calls_parse_and_validate_streamed_or_not(routes, stream):
 
     *required, single, forced, auto = _run(main())
     for choices in [*required, single, forced]:
-        for content, calls, finish in choices:
+        for content, calls, _ in choices:
             assert calls and not content, (content, calls)
             for name, args in calls:
                 jsonschema.validate(json.loads(args), PARAMS[name])
