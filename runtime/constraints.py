@@ -171,6 +171,17 @@ class GrammarConstraint:
         return np.where(keep, scores, np.asarray(-np.inf, scores.dtype))
 
 
+def row_constraint(json_schema, response_format, codec, vocab: int, eos, shape):
+    """Generation's constraint (one matcher per row, past the prompt) for `json_schema` / `response_format`, or
+    None for free text; needs the tokenizer (codec)."""
+    grammar = grammar_of(response_format, json_schema)
+    if grammar is None:
+        return None
+    if codec is None:
+        raise ConstraintError("structured output reads the text: give the tokenizer too (tokenizer=...)")
+    return GrammarConstraint(lltokenizer(codec.tok, vocab, eos or None), grammar, rows=shape[0], prompt_len=shape[1])
+
+
 __all__ = [
     "JSON_OBJECT",
     "JSON_OPTIONS",
@@ -180,5 +191,6 @@ __all__ = [
     "grammar_of",
     "json_grammar",
     "lltokenizer",
+    "row_constraint",
     "schema_of",
 ]

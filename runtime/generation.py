@@ -32,6 +32,7 @@ from zoo.spec_fields import rope_switch_at
 from .device_decode import LeftRows, PackedRows, is_packed
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
+from .constraints import row_constraint
 from .sampling import Sampler, resolve
 from .stopping import Codec, eos_ids, row_texts, stop_strings
 from .tensors import from_numpy, is_tensor
@@ -126,7 +127,9 @@ class Generation:
     text, ending before a stop string) and `pieces` (each row's text released by the last step).
 
     Knobs (runtime/sampling.py) and eos_token_id / pad_token_id left None come from `generation_config`
-    (default: the checkpoint's, recorded in the export); eos_token_id=[] stops at no token."""
+    (default: the checkpoint's, recorded in the export); eos_token_id=[] stops at no token. `json_schema` (a
+    schema) or `response_format` (OpenAI's) constrains each row's text to it (runtime/constraints.py; needs
+    the tokenizer): a row whose document is complete ends at an eos id."""
 
     def __init__(
         self,
@@ -141,6 +144,8 @@ class Generation:
         tokenizer=None,
         max_time: float | None = None,
         generation_config: dict | None = None,
+        json_schema=None,
+        response_format=None,
         **knobs,
     ) -> None:
         self.sess = sess
@@ -173,6 +178,11 @@ class Generation:
         self.mask = attention_mask
         self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))
         self.seed = self.sampler.seed
+        # structured output (runtime/constraints.py): each row's logits masked to its grammar before the choice
+        self.constraint = row_constraint(json_schema, response_format, self.codec, vocab, self.eos, self.ids.shape)
+        if self.constraint is not None:
+            self.eos = tuple(dict.fromkeys((*self.eos, *self.constraint.eos)))  # a row whose grammar is complete ends
+            self.pad = self.eos[0] if self.pad is None else self.pad
         self.finish_reason = [None] * b
         self.pieces = [""] * b if self.rows else None
         self.made = 0
@@ -227,12 +237,17 @@ class Generation:
         sess, ids, max_new_tokens = self.sess, self.ids, self.max_new_tokens
         b, t = ids.shape
         # the graph's argmax is the token unless the choice reads the logits (sampling, a repetition penalty)
-        argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits
+        argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits and self.constraint is None
+        choose = self.sampler.choose
+        if self.constraint is not None:  # the grammar's mask over the prompt and the tokens made so far, first
+            choose = lambda logits: self.sampler.choose(  # noqa: E731
+                self.constraint(self._out[:, : t + self.made], np.asarray(logits, np.float32))
+            )
         # runtime/device_decode.py: what the prompt and each step bind and run
         if is_packed(sess):
-            driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, self.sampler.choose)
+            driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, choose)
         else:
-            driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, self.sampler.choose)
+            driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, choose)
 
         out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
         done = np.zeros(b, np.bool_)
