@@ -29,10 +29,10 @@ import zoo
 from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
+from .constraints import row_constraint
 from .device_decode import LeftRows, PackedRows, is_packed
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
-from .constraints import row_constraint
 from .sampling import Sampler, resolve
 from .stopping import Codec, eos_ids, row_texts, stop_strings
 from .tensors import from_numpy, is_tensor
@@ -240,8 +240,10 @@ class Generation:
         argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits and self.constraint is None
         choose = self.sampler.choose
         if self.constraint is not None:  # the grammar's mask over the prompt and the tokens made so far, first
-            choose = lambda logits: self.sampler.choose(  # noqa: E731
-                self.constraint(self._out[:, : t + self.made], np.asarray(logits, np.float32))
+            choose = (
+                lambda logits: self.sampler.choose(  # noqa: E731
+                    self.constraint(self._out[:, : t + self.made], np.asarray(logits, np.float32))
+                )
             )
         # runtime/device_decode.py: what the prompt and each step bind and run
         if is_packed(sess):

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -389,9 +390,36 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert b"".join(bytes(e.bytes) for e in entries).decode("utf-8", "replace") == content
     assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).choices[0].logprobs is None
 
+    # JSON schema and a forced tool call from concurrent clients, streamed and not: every answer validates
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"]}
+    schema["additionalProperties"] = False
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+
+    def ask(i):
+        kw = {"model": MODEL, "messages": messages, "max_tokens": 90, "temperature": 1.0, "seed": i, "n": 2}
+        kw.update(response_format=fmt) if i % 2 else kw.update(tools=[tool], tool_choice="required")
+        if i < 4:
+            return client.chat.completions.create(**kw).choices
+        chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+        return [
+            [c.delta.content or "" for c in chunks if c.index == j]
+            + [t.function.arguments for c in chunks if c.index == j for t in c.delta.tool_calls or []]
+            for j in range(2)
+        ]
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, range(8)))
+    for i, choices in enumerate(answers):
+        for c in choices:
+            if i >= 4:
+                text = "".join(c)
+            else:
+                text = c.message.content if i % 2 else c.message.tool_calls[0].function.arguments
+            assert json.loads(text)["n"] <= 9, (i, c)
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=messages, n=2)
-    assert e.value.status_code == 400 and e.value.body["param"] == "n"
+        client.chat.completions.create(model=MODEL, messages=messages, modalities=["audio"])
+    assert e.value.status_code == 400 and e.value.body["param"] == "modalities"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=ids * 400, max_tokens=10)
     assert e.value.body["code"] == "context_length_exceeded"
