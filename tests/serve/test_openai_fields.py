@@ -90,6 +90,60 @@ def test_ignored_fields_are_accepted_and_refused_ones_name_themselves(route):
         assert ask.knobs == {"temperature": 0.9, "do_sample": False}  # top_p 0 keeps one token: greedy
 
 
+USER = b'"model": "chat", "messages": [{"role": "user", "content": "a"}]'
+TOOL = b'{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}'
+BAD_CHAT = [
+    (b"{" + USER + b', "modalities": ["text", "audio"]}', 400, "modalities"),
+    (b"{" + USER + b', "audio": {"voice": "alloy", "format": "wav"}}', 400, "audio"),
+    (b"{" + USER + b', "web_search_options": {}}', 400, "web_search_options"),
+    (b"{" + USER + b', "functions": [{"name": "f"}]}', 400, "functions"),
+    (b"{" + USER + b', "tools": [{"type": "custom", "custom": {"name": "g"}}]}', 400, "tools"),
+    (b"{" + USER + b', "tools": [' + TOOL + b", " + TOOL + b"]}", 400, "tools"),
+    (b"{" + USER + b', "tool_choice": "required"}', 400, "tool_choice"),
+    (b"{" + USER + b', "tools": [' + TOOL + b'], "tool_choice": "sometimes"}', 400, "tool_choice"),
+    (
+        b"{" + USER + b', "tools": [' + TOOL + b'], "tool_choice": {"type": "function", "function": {"name": "g"}}}',
+        400,
+        "tool_choice",
+    ),
+    (
+        b"{"
+        + USER
+        + b', "tools": ['
+        + TOOL
+        + b'], "tool_choice": "required", "response_format": {"type": "json_object"}}',
+        400,
+        "response_format",
+    ),
+    (b"{" + USER + b', "parallel_tool_calls": "no"}', 400, "parallel_tool_calls"),
+    (b"{" + USER + b', "response_format": {"type": "xml"}}', 400, "response_format"),
+    (
+        b"{" + USER + b', "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}}',
+        400,
+        "response_format",
+    ),
+    (b"{" + USER + b', "reasoning_effort": 3}', 400, "reasoning_effort"),
+    (b'{"model": "chat", "messages": []}', 400, "messages"),
+    (b'{"model": "chat", "messages": [{"content": "a"}]}', 400, "messages"),
+    (b'{"model": "chat", "messages": [{"role": "user", "content": 5}]}', 400, "messages"),
+    (b'{"model": "chat", "prompt": "a", "messages": []}', 400, "prompt"),
+    (b'{"model": "chat", "messages": [{"role": "user", "content": "a"}], "logprobs": 1}', 400, "logprobs"),
+    (b'{"model": "chat", "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}', 400, "top_logprobs"),
+    (
+        b'{"model": "chat", "messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21}',
+        400,
+        "top_logprobs",
+    ),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD_CHAT, ids=[b[0].decode()[:40] for b in BAD_CHAT])
+def test_a_bad_chat_request_is_an_openai_error(body, status, param):
+    with pytest.raises(OpenAIError) as e:
+        parse(CHAT, body, MODEL)
+    assert e.value.status == status and e.value.param == param, str(e.value)
+
+
 # -- applied, through the client ---------------------------------------------------------------------
 
 
