@@ -137,3 +137,31 @@ def test_a_schema_llguidance_cannot_take_is_a_constraint_error(tok):
     with pytest.raises(ConstraintError):
         GrammarConstraint(llt, grammar_of(json_schema={"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}))
     assert schema_of(response_format={"type": "text"}) is None
+
+
+def test_generate_with_a_json_schema_gives_each_padded_row_a_valid_document(tmp_path, tok):
+    """OnnxSession.generate's json_schema on a random LLaMA over the byte tokenizer, two left-padded rows,
+    sampled: each row's text validates, and each row ended at the eos its grammar allowed."""
+    import torch
+    import transformers
+
+    import zoo
+    from export import OnnxSession, export_onnx
+    from runtime.generation import Generation
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    export_onnx(zoo.lm_from_hf(transformers.LlamaForCausalLM(cfg).eval()), tmp_path / "lm.onnx")
+    sess = OnnxSession(tmp_path / "lm.onnx", provider="cpu", verbose=False)
+    ids = [[258, 258] + tok.encode("x = ").ids, tok.encode("def f(").ids]
+    mask = [[0, 0] + [1] * (len(ids[0]) - 2), [1] * len(ids[1])]
+    run = Generation(sess, ids, 120, mask, tokenizer=tok, json_schema=SCHEMAS[0], temperature=1.0, seed=2)
+    run.run()
+    for text, finish in zip(run.texts, run.finish_reason):
+        jsonschema.validate(json.loads(text), SCHEMAS[0])
+        assert finish == "stop"
+    with pytest.raises(ConstraintError):  # the text is what is constrained: a tokenizer is needed
+        Generation(sess, ids[1:], 4, json_schema=SCHEMAS[0])

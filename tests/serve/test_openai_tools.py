@@ -318,3 +318,18 @@ def test_forced_tool_calls_parse_and_validate_streamed_or_not(routes, stream):
     assert len(forced) == 2 and all(c[1][0][0] == "get_weather" and c[2] == "stop" for c in forced)
     ((content, calls, finish),) = auto
     assert not calls and content and finish == "length"
+
+
+def test_the_tool_call_parser_can_be_named(sess, lm_path):
+    """serve --tool-call-parser: llama3_json over Qwen2.5's template, which teaches hermes; a forced call is then
+    written and read in Llama 3.1's JSON."""
+    routes = openai_asgi.front(sess, lm_path, capacity=2048, tool_call_parser="llama3_json")
+    assert routes.tool_parser == "llama3_json" and openai_asgi.front(sess, lm_path).tool_parser == "hermes"
+
+    async def main():
+        client = openai_asgi.client(routes)
+        return await _chat(client, False, messages=HISTORY, tools=[TIME], tool_choice="required", max_tokens=80)
+
+    ((content, calls, finish),) = _run(main())
+    assert content is None and calls[0][0] == "get_time" and finish == "tool_calls"
+    jsonschema.validate(json.loads(calls[0][1]), PARAMS["get_time"])
