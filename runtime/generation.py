@@ -238,13 +238,7 @@ class Generation:
         b, t = ids.shape
         # the graph's argmax is the token unless the choice reads the logits (sampling, a repetition penalty)
         argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits and self.constraint is None
-        choose = self.sampler.choose
-        if self.constraint is not None:  # the grammar's mask over the prompt and the tokens made so far, first
-            choose = (
-                lambda logits: self.sampler.choose(  # noqa: E731
-                    self.constraint(self._out[:, : t + self.made], np.asarray(logits, np.float32))
-                )
-            )
+        choose = self.sampler.choose if self.constraint is None else self._constrained
         # runtime/device_decode.py: what the prompt and each step bind and run
         if is_packed(sess):
             driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, choose)
@@ -286,6 +280,11 @@ class Generation:
         self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=self.n)
         if self.seed is not None:
             self.timings["seed"] = self.seed
+
+    def _constrained(self, logits) -> np.ndarray:
+        """The grammar's mask over the prompt and the tokens made so far, then the sampler's choice."""
+        seen = self._out[:, : self.ids.shape[1] + self.made]
+        return self.sampler.choose(self.constraint(seen, np.asarray(logits, np.float32)))
 
     def _finish(self, done: np.ndarray) -> None:
         """Rows still going end at their length; the text each row held back is released."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from runtime.penalties import BIAS_RANGE, PENALTY_RANGE
 
-from .protocol import CHAT, COMPLETIONS, OpenAIError, number
+from .common import CHAT, COMPLETIONS, OpenAIError, number
 
 APPLIED, IGNORED, REFUSED = "applied", "ignored", "refused"
 
@@ -102,8 +102,8 @@ def check_refused(doc: dict, route: str) -> None:
     fates = FATES[route]
     for name, value in doc.items():
         fate, why = fates.get(name, (None, ""))
-        if fate != REFUSED or value in (None, "", [], False):
-            continue
+        if fate != REFUSED or value in (None, "", [], False) or (name == "function_call" and value == "none"):
+            continue  # asks for nothing
         raise OpenAIError(f"{name}={value!r:.60} is not served here: {why}", param=name)
     modalities = doc.get("modalities") if route == CHAT else None
     if modalities is not None and (not isinstance(modalities, list) or set(modalities) - {"text"}):

@@ -19,35 +19,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from zoo import AttnzooError
+from . import fields, tools
+from .common import CHAT, COMPLETIONS, EMBEDDINGS, MODELS, OpenAIError, number
 
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
-MODELS = "/v1/models"
-EMBEDDINGS = "/v1/embeddings"  # a sentence encoder's server (serve/embeddings/protocol.py)
 EXTRAS = ("top_k", "min_p", "repetition_penalty")  # beyond OpenAI's fields, as vLLM takes them (extra_body)
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: as many as fit
 MAX_LOGPROBS = {COMPLETIONS: 5, CHAT: 20}  # the most alternatives per token: OpenAI's limits
 MAX_MESSAGES = 1024
 BYTES_PER_POSITION = 128  # a token's text in JSON, escaped, is far below this: a body's size from the positions
-
-
-class OpenAIError(AttnzooError, ValueError):
-    """A request answered with `status` and OpenAI's error body (type, param, code)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-    @property
-    def kind(self) -> str:
-        return {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error"
-        )
-
-    def body(self) -> bytes:
-        doc = {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
-        return json.dumps(doc).encode()
 
 
 def max_body(max_positions: int, server_max_body: int) -> int:
@@ -82,18 +61,6 @@ class Ask:
         return self.route == CHAT
 
 
-def number(doc: dict, name: str, low: float, high: float | None = None, *, integer: bool = False):
-    v = doc.get(name)
-    if v is None:
-        return None
-    kinds = (int,) if integer else (int, float)
-    if isinstance(v, bool) or not isinstance(v, kinds) or v < low or (high is not None and v > high):
-        what = "an integer" if integer else "a number"
-        span = f">= {low}" if high is None else f"in {low}..{high}"
-        raise OpenAIError(f"{name}={v!r} must be {what} {span}", param=name)
-    return v
-
-
 def json_object(body: bytes, route: str, fields) -> dict:
     """A /v1 body as a JSON object holding only `fields`; OpenAIError (400) otherwise."""
     try:
@@ -123,8 +90,6 @@ def check_model(doc: dict, model: str) -> None:
 
 def parse(route: str, body: bytes, model: str) -> Ask:
     """Check one /v1 body for `route` (COMPLETIONS or CHAT) on the server of `model`; OpenAIError otherwise."""
-    from . import fields, tools
-
     doc = json_object(body, route, (*fields.FATES[route], "stream", *EXTRAS))
     check_model(doc, model)
     fields.check_refused(doc, route)

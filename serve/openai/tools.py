@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from runtime.constraints import JSON_OPTIONS
 
-from .protocol import OpenAIError
+from .common import OpenAIError
 
 CHOICES = ("none", "auto", "required")
 
