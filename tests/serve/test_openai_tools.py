@@ -231,7 +231,12 @@ async def _chat(client, stream: bool, **kw):
 
 USER = [{"role": "user", "content": "Give me a person."}]
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-KNOBS = [{}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.8, "top_p": 0.9, "seed": 4, "frequency_penalty": 0.5}]
+KNOBS = [
+    {},
+    {"temperature": 1.0, "seed": 3, "presence_penalty": -1.0},
+    {"temperature": 0.8, "top_p": 0.9, "seed": 4, "frequency_penalty": 0.5, "logit_bias": {"34": -5}},
+    {"temperature": 1.5, "seed": 5, "extra_body": {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.3}},
+]
 
 
 def test_json_schema_answers_parse_and_validate_alone_and_among_concurrent_clients(routes):
