@@ -75,8 +75,12 @@ CHAT_FIELDS = {
     ),
     "modalities": (APPLIED, '["text"] only; "audio" is refused (this server makes text)'),
     "audio": (REFUSED, "audio output: this server makes text; only null"),
-    "functions": (REFUSED, "OpenAI's deprecated form of tools: send tools instead; only null or empty"),
-    "function_call": (REFUSED, "OpenAI's deprecated form of tool_choice: send tool_choice instead"),
+    "functions": (
+        APPLIED,
+        "OpenAI's deprecated form of tools (not with them): the same functions, one call an "
+        "answer, answered as message.function_call with finish_reason function_call",
+    ),
+    "function_call": (APPLIED, "OpenAI's deprecated form of tool_choice: none, auto or {name}"),
     "web_search_options": (REFUSED, "no web search here; only null"),
     "moderation": (REFUSED, "no moderation model here; only null"),
     "metadata": (IGNORED, "tags for stored completions: nothing is stored here"),
@@ -102,7 +106,7 @@ def check_refused(doc: dict, route: str) -> None:
     fates = FATES[route]
     for name, value in doc.items():
         fate, why = fates.get(name, (None, ""))
-        if fate != REFUSED or value in (None, "", [], False) or (name == "function_call" and value == "none"):
+        if fate != REFUSED or value in (None, "", [], False):
             continue  # asks for nothing
         raise OpenAIError(f"{name}={value!r:.60} is not served here: {why}", param=name)
     modalities = doc.get("modalities") if route == CHAT else None

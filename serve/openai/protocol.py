@@ -321,8 +321,14 @@ class Answer:
             return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         message = {"role": "assistant", "content": text, "refusal": None}
         if tool_calls:
-            message["tool_calls"] = tool_calls
+            message.update(self._calls(tool_calls))
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+
+    def _calls(self, calls: list[dict]) -> dict:
+        """{"tool_calls": calls}, or for OpenAI's deprecated functions {"function_call": {name, arguments}}."""
+        if self.ask.tools is not None and self.ask.tools.legacy:
+            return {"function_call": calls[0]["function"]}
+        return {"tool_calls": calls}
 
     def whole(self, choices: list[dict], usage: dict) -> bytes:
         return json.dumps({**self._head(False), "choices": choices, "usage": usage}).encode()
@@ -344,7 +350,7 @@ class Answer:
         else:
             delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
             if tool_calls:
-                delta["tool_calls"] = tool_calls
+                delta.update(self._calls(tool_calls))
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         doc = {**self._head(True), "choices": [choice]}
         if self.ask.include_usage:

@@ -59,7 +59,7 @@ from .protocol import (
 )
 from .run import LOGPROB_FLOOR, TextRun
 from .streams import ChoiceStreams
-from .tools import PARSERS, as_call, parser_for
+from .tools import PARSERS, as_call, finish_reason, parser_for
 
 TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 EVENT_STREAM = "text/event-stream"
@@ -287,7 +287,7 @@ class OpenAIFront:
             found = found if tools.parallel else found[:1]
             if found:
                 text, calls = content, [as_call(name, args) for name, args in found]
-                finish = "stop" if tools.choice == "function" else "tool_calls"
+                finish = finish_reason(tools)
         return answer.choice(index, text, finish, run.entries, calls)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from .protocol import DONE, Answer, OpenAIError, error_chunk, usage
-from .tools import CallStream, as_call
+from .tools import CallStream, as_call, finish_reason
 
 
 class ChoiceStreams:
@@ -42,7 +42,7 @@ class ChoiceStreams:
             out.append(answer.chunk(None, entries=entries, index=index))
         if finish:
             if self.made_calls[index] and finish != "length":
-                finish = "stop" if self.tools.choice == "function" else "tool_calls"
+                finish = finish_reason(self.tools)
             out.append(answer.chunk(None, finish, index=index))
         return out
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.constraints import JSON_OPTIONS
 
@@ -34,6 +34,7 @@ class Tools:
     choice: str  # none, auto, required, or "function" (the one named in `named`)
     named: str | None = None
     parallel: bool = True
+    legacy: bool = False  # given as OpenAI's deprecated functions / function_call: answered as function_call
 
     @property
     def constrained(self) -> bool:
@@ -46,7 +47,10 @@ class Tools:
 
 
 def check(doc: dict) -> Tools | None:
-    """tools, tool_choice and parallel_tool_calls of a chat body; None where no tool is offered."""
+    """tools, tool_choice and parallel_tool_calls of a chat body (or OpenAI's deprecated functions and
+    function_call, as the tools they stand for, one call an answer); None where no tool is offered."""
+    if doc.get("functions") or doc.get("function_call") not in (None, "none", "auto"):
+        return _legacy(doc)
     tools, choice = doc.get("tools"), doc.get("tool_choice")
     parallel = doc.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
@@ -91,6 +95,23 @@ def check(doc: dict) -> Tools | None:
     return Tools(tuple(f for f in functions if f["name"] == name), "function", name, False)
 
 
+def _legacy(doc: dict) -> Tools | None:
+    functions, call = doc.get("functions"), doc.get("function_call")
+    if doc.get("tools") or doc.get("tool_choice") is not None:
+        raise OpenAIError(
+            "give tools and tool_choice, or the deprecated functions and function_call", param="functions"
+        )
+    if not isinstance(functions, list) or not functions:
+        raise OpenAIError(f"function_call={call!r:.60} needs functions", param="function_call")
+    if isinstance(call, dict):
+        if not isinstance(call.get("name"), str):
+            raise OpenAIError(f"function_call={call!r:.60}: give {{name}}", param="function_call")
+        call = {"type": "function", "function": {"name": call["name"]}}
+    body = {"tools": [{"type": "function", "function": f} for f in functions], "tool_choice": call}
+    found = check({**body, "parallel_tool_calls": False})
+    return None if found is None else replace(found, legacy=True)
+
+
 def _named(choice) -> str:
     f = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     if not isinstance(f, dict) or not isinstance(f.get("name"), str):
@@ -98,6 +119,11 @@ def _named(choice) -> str:
             f"tool_choice={choice!r:.80}: give {{type: function, function: {{name}}}}", param="tool_choice"
         )
     return f["name"]
+
+
+def finish_reason(tools: Tools) -> str:
+    """An answer of calls: "tool_calls" (OpenAI's deprecated functions: "function_call"); a named one "stop"."""
+    return "stop" if tools.choice == "function" else ("function_call" if tools.legacy else "tool_calls")
 
 
 def call_id() -> str:
@@ -313,4 +339,15 @@ class CallStream:
             self.sent += end
 
 
-__all__ = ["PARSERS", "CallStream", "Hermes", "Llama3Json", "Mistral", "Tools", "as_call", "check", "parser_for"]
+__all__ = [
+    "PARSERS",
+    "CallStream",
+    "Hermes",
+    "Llama3Json",
+    "Mistral",
+    "Tools",
+    "as_call",
+    "check",
+    "finish_reason",
+    "parser_for",
+]

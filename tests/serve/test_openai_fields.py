@@ -62,8 +62,6 @@ IGNORED_VALUES = {
 REFUSED_VALUES = {
     "suffix": "b",
     "audio": {"voice": "alloy", "format": "wav"},
-    "functions": [{"name": "f"}],
-    "function_call": "auto",
     "web_search_options": {},
     "moderation": {"model": "omni-moderation-latest"},
 }
@@ -96,7 +94,8 @@ BAD_CHAT = [
     (b"{" + USER + b', "modalities": ["text", "audio"]}', 400, "modalities"),
     (b"{" + USER + b', "audio": {"voice": "alloy", "format": "wav"}}', 400, "audio"),
     (b"{" + USER + b', "web_search_options": {}}', 400, "web_search_options"),
-    (b"{" + USER + b', "functions": [{"name": "f"}]}', 400, "functions"),
+    (b"{" + USER + b', "functions": [{"name": "f"}], "tools": [' + TOOL + b"]}", 400, "functions"),
+    (b"{" + USER + b', "function_call": {"name": "f"}}', 400, "function_call"),
     (b"{" + USER + b', "tools": [{"type": "custom", "custom": {"name": "g"}}]}', 400, "tools"),
     (b"{" + USER + b', "tools": [' + TOOL + b", " + TOOL + b"]}", 400, "tools"),
     (b"{" + USER + b', "tool_choice": "required"}', 400, "tool_choice"),

@@ -338,3 +338,32 @@ def test_the_tool_call_parser_can_be_named(sess, lm_path):
     ((content, calls, finish),) = _run(main())
     assert content is None and calls[0][0] == "get_time" and finish == "tool_calls"
     jsonschema.validate(json.loads(calls[0][1]), PARAMS["get_time"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openais_deprecated_functions_answer_as_a_function_call(routes, stream):
+    """functions and function_call (OpenAI's older form of tools): the same forced call, answered as
+    message.function_call (a stream's delta.function_call), finish_reason function_call, or stop when named."""
+
+    async def main():
+        client = openai_asgi.client(routes)
+        kw = {"model": MODEL, "messages": HISTORY, "functions": [TIME["function"]], "max_tokens": 120}
+        named = await client.chat.completions.create(function_call={"name": "get_time"}, stream=stream, **kw)
+        return [c async for c in named] if stream else named
+
+    got = _run(main())
+    if stream:
+        calls = [c.choices[0].delta.function_call for c in got if c.choices and c.choices[0].delta.function_call]
+        finish = [c.choices[0].finish_reason for c in got if c.choices][-1]
+        assert len(calls) == 1 and not any(c.choices[0].delta.tool_calls for c in got if c.choices)
+        call = calls[0]
+    else:
+        message, finish = got.choices[0].message, got.choices[0].finish_reason
+        assert message.tool_calls is None and message.content is None
+        call = message.function_call
+    assert call.name == "get_time" and finish == "stop"
+    jsonschema.validate(json.loads(call.arguments), PARAMS["get_time"])
+    auto = parse(
+        CHAT, json.dumps({"model": MODEL, "messages": HISTORY, "functions": [TIME["function"]]}).encode(), MODEL
+    )
+    assert auto.tools.legacy and auto.tools.choice == "auto" and not auto.tools.parallel
