@@ -41,7 +41,11 @@ COMPLETION_FIELDS = {
     **SHARED,
     "prompt": (APPLIED, "a string, token ids, or a list of either: one choice (n) per prompt, in order"),
     "echo": (APPLIED, "the prompt's text before the answer's (not with logprobs: prompt logprobs are not made)"),
-    "best_of": (APPLIED, "1, or equal to n: best_of > n (ranking candidates) is refused"),
+    "best_of": (
+        APPLIED,
+        "best_of candidates per prompt (>= n), the n of highest mean log-probability per token "
+        "returned, as OpenAI ranks them; not streamed",
+    ),
     "suffix": (REFUSED, "a text after the insertion needs a fill-in-the-middle model; only null or empty"),
 }
 CHAT_FIELDS = {
@@ -131,16 +135,15 @@ def penalties(doc: dict) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
-def choices(doc: dict, route: str) -> int:
-    """n (1..128), with completions' best_of equal to it (or left out)."""
+def choices(doc: dict, route: str) -> tuple[int, int]:
+    """(n, best_of): n choices (1..128) per prompt, the best n of best_of candidates (completions; n..128)."""
     n = number(doc, "n", 1, 128, integer=True) or 1
     best_of = number(doc, "best_of", 1, 128, integer=True) if route == COMPLETIONS else None
-    if best_of is not None and best_of != n:
-        raise OpenAIError(
-            f"best_of={best_of} with n={n}: ranking candidates is not served here; leave best_of out (or = n)",
-            param="best_of",
-        )
-    return n
+    if best_of is not None and best_of < n:
+        raise OpenAIError(f"best_of={best_of} must be >= n={n}", param="best_of")
+    if best_of not in (None, n) and doc.get("stream"):
+        raise OpenAIError(f"best_of={best_of} > n={n} cannot be streamed (OpenAI's rule)", param="best_of")
+    return n, best_of or n
 
 
 def stream_options(doc: dict) -> bool:

@@ -49,6 +49,7 @@ class Ask:
     include_usage: bool = False
     logprobs: int | None = None  # the alternatives listed per token (0: the chosen one only); None: no logprobs
     n: int = 1  # choices per prompt
+    best_of: int = 1  # candidates per prompt (completions), the best n returned
     prompts: list = field(default_factory=list)  # completions: (text or None, ids or None) per prompt
     echo: bool = False  # completions: the prompt's text before each choice's
     penalties: dict = field(default_factory=dict)  # frequency_penalty, presence_penalty, logit_bias
@@ -120,9 +121,9 @@ def parse(route: str, body: bytes, model: str) -> Ask:
         stream=stream,
         include_usage=fields.stream_options(doc),
         logprobs=_logprobs(route, doc),
-        n=fields.choices(doc, route),
         penalties=fields.penalties(doc),
     )
+    ask.n, ask.best_of = fields.choices(doc, route)
     if route == CHAT:
         ask.messages = _messages(doc.get("messages"))
         ask.tools = tools.check(doc)

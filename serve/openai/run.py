@@ -32,6 +32,7 @@ class TextRun:
         prompt=(),
         processors=(),
         constraint=None,
+        score: bool = False,
     ) -> None:
         self.sampler, self.eos, self.row, self.max_tokens = sampler, eos, row, max_tokens
         self.emit = emit  # emit(piece, finish_reason or None), from the batch's thread
@@ -51,15 +52,17 @@ class TextRun:
         if constraint is not None:
             self.processors.append(constraint)
         self.ids = [int(t) for t in prompt]  # the prompt, then each token made
+        self.scored = score  # sum the model's logprob of each token made (best_of ranks the candidates by it)
+        self.score = 0.0
 
     @property
     def needs_logits(self) -> bool:
         """Whether choose reads the logits (a sampler, logprobs); else the argmax is all (a packed batch then
         reads no logits back: serve/generate/packed.py)."""
-        return self.logprobs is not None or self.sampler.params.needs_logits or bool(self.processors)
+        return self.logprobs is not None or self.scored or self.sampler.params.needs_logits or bool(self.processors)
 
     def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:
-        if self.logprobs is not None:  # the model's distribution at this step, before any knob
+        if self.logprobs is not None or self.scored:  # the model's distribution at this step, before any knob
             # JSON has no -inf or NaN: a token the model rules out (a -inf logit) is -9999.0, as vLLM writes it
             self._step_logprobs = np.nan_to_num(log_softmax(logits[0]), nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
         if self.processors:  # on the model's logits, then the sampler's own (repetition penalty, warpers)
@@ -146,6 +149,8 @@ class TextRun:
         ends = token in self.eos or (grammar is not None and token in grammar.eos)
         if self.logprobs is not None and not ends:
             self.entries.append(self._entry(token))
+        if self.scored and not ends:
+            self.score += float(self._step_logprobs[token])
         if ends:
             self.finish, piece = "stop", self.row.finish()
         else:

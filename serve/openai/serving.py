@@ -234,8 +234,8 @@ class OpenAIFront:
         runs = []
         for p, ids in enumerate(prompts):
             prompt = np.asarray([ids], np.int64)
-            for j in range(ask.n):
-                index = p * ask.n + j
+            for j in range(ask.best_of):  # n choices, or best_of candidates of which the best n are answered
+                index = p * ask.best_of + j
                 sampler = Sampler(params, prompt, None, self.vocab)
                 if params.do_sample:  # choice j draws as row j of a batch of n copies of the prompt, one seed
                     sampler.rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence((params.seed, j))))]
@@ -254,10 +254,11 @@ class OpenAIFront:
                     prompt=ids,
                     processors=[OpenAIPenalties(len(ids), *_penalty_pair(ask)), bias],
                     constraint=self._constraint(grammar, len(ids)),
+                    score=ask.best_of > ask.n,
                 )
                 runs.append(run)
         items = [GenItem(ids=np.asarray([r.ids], np.int64), max_new_tokens=ask.max_tokens, decoder=r) for r in runs]
-        echoes = [self.codec.decode(ids) if ask.echo else "" for ids in prompts for _ in range(ask.n)]
+        echoes = [self.codec.decode(ids) if ask.echo else "" for ids in prompts for _ in range(ask.best_of)]
         used = usage(sum(len(ids) for ids in prompts), 0)
         batcher = self._batcher()
         if not ask.stream:
@@ -270,8 +271,9 @@ class OpenAIFront:
             failed = next((tokens for tokens, _ in results if isinstance(tokens, Exception)), None)
             if failed is not None:
                 raise OpenAIError(f"the model run failed: {type(failed).__name__}: {failed}", 500)
-            choices = [self._choice(answer, i, run, echoes[i], parser, tools) for i, run in enumerate(runs)]
-            used = usage(used["prompt_tokens"], sum(run.made for run in runs))
+            best = _best(runs, ask.n, ask.best_of)
+            choices = [self._choice(answer, i, runs[r], echoes[r], parser, tools) for i, r in enumerate(best)]
+            used = usage(used["prompt_tokens"], sum(run.made for run in runs))  # every candidate's tokens
             return Response(answer.whole(choices, used), media_type=JSON)
         tasks = [asyncio.ensure_future(batcher.submit(it)) for it in items]
         stream = ChoiceStreams(answer, runs, echoes, parser, tools)
@@ -289,6 +291,18 @@ class OpenAIFront:
                 text, calls = content, [as_call(name, args) for name, args in found]
                 finish = finish_reason(tools)
         return answer.choice(index, text, finish, run.entries, calls)
+
+
+def _best(runs: list[TextRun], n: int, best_of: int) -> list[int]:
+    """The runs answered, in order: all, or per prompt the n of best_of with the highest mean log-probability
+    per token (OpenAI's best_of), best first."""
+    if best_of == n:
+        return list(range(len(runs)))
+    out = []
+    for start in range(0, len(runs), best_of):
+        group = range(start, start + best_of)
+        out += sorted(group, key=lambda r: -runs[r].score / max(runs[r].made, 1))[:n]
+    return out
 
 
 def _penalty_pair(ask: Ask) -> tuple[float, float]:

@@ -218,3 +218,23 @@ def test_logit_bias_moves_the_choice(routes, codec, hf_lm):
     banned = {str(t): -100 for t in _penalized_greedy(hf_lm, ids, 1, 0, 0)}
     got = _completions(routes, prompt=ids, max_tokens=4, temperature=0, logit_bias=banned)
     assert got.choices[0].text == codec.decode(_penalized_greedy(hf_lm, ids, 4, 0, 0, banned))
+
+
+def test_best_of_answers_the_candidates_of_highest_mean_logprob(routes, sess, codec, hf_lm):
+    """best_of 4, n 2: the candidates are the rows of one generate call of 4 copies (seeded); the two answered are
+    those of highest mean log-probability per token under transformers' logits of the same model, best first."""
+    import torch
+
+    ids = codec.encode("def main(")
+    got = _completions(routes, prompt="def main(", max_tokens=8, n=2, best_of=4, temperature=1.2, seed=11)
+    run = Generation(sess, [ids] * 4, 8, tokenizer=codec.tok, temperature=1.2, seed=11)
+    rows = run.run()[:, len(ids) :].tolist()
+    means = []
+    for new in rows:
+        with torch.no_grad():
+            logits = hf_lm(torch.tensor([ids + new])).logits[0].double()
+        lp = torch.log_softmax(logits, -1)[len(ids) - 1 : -1]
+        means.append(float(lp[torch.arange(len(new)), torch.tensor(new)].mean()))
+    order = sorted(range(4), key=lambda r: -means[r])
+    assert [c.text for c in got.choices] == [run.texts[r] for r in order[:2]], (means, run.texts)
+    assert [c.index for c in got.choices] == [0, 1] and got.usage.completion_tokens == 32  # every candidate's
