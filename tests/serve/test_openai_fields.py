@@ -180,6 +180,17 @@ def test_several_prompts_echo_and_top_p_zero(routes, sess, codec):
         assert choice.index == i and choice.text == prompts[i // 2] + greedy.texts[0]  # echo; top_p 0 is greedy
     assert got.model_extra.get("seed") is None  # greedy: no seed drawn
 
+    async def streamed():
+        chunks = await openai_asgi.client(routes).completions.create(
+            model=MODEL, prompt=prompts, max_tokens=6, echo=True, temperature=0, stream=True
+        )
+        return [c async for c in chunks]
+
+    pieces = asyncio.run(streamed())
+    for i in (0, 1):  # streamed: the prompt's text first, then the answer's pieces
+        joined = "".join(c.choices[0].text for c in pieces if c.choices[0].index == i)
+        assert joined == got.choices[2 * i].text
+
 
 def _penalized_greedy(hf_lm, ids, steps, frequency, presence, bias=None):
     """Greedy under OpenAI's formula, step by step on transformers' logits of the same random LLaMA."""
