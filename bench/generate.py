@@ -63,6 +63,7 @@ def benchmark_generate(
     timeout: float = 1800.0,
     progress: bool = True,
     device: dict[str, Any] | None = None,
+    num_beams: int = 1,
 ) -> dict[str, Any]:
     """Build each path's model once per precision, then time every (prompt, precision, path), `rounds`
     times over (each row keeps its best round: the lowest end-to-end time).
@@ -94,6 +95,8 @@ def benchmark_generate(
         for path in paths:
             for precision in precisions:
                 why = _why_not(path, precision, pythons[path], device["provider"])
+                if num_beams > 1 and path in CPU_ONLY:
+                    why = f"beam search ({num_beams} beams) is timed on attnzoo and transformers here"
                 if why:
                     skipped[(path, precision)] = why
                     continue
@@ -149,6 +152,7 @@ def benchmark_generate(
                     "warmup": warmup,
                     "repeats": repeats,
                     "max_len": max_len,
+                    "num_beams": num_beams,
                     **device,
                 }
                 result = _spawn(pythons[path], job, timeout)
@@ -173,6 +177,7 @@ def benchmark_generate(
         "warmup": warmup,
         "repeats": repeats,
         "rounds": rounds,
+        "num_beams": num_beams,
         "device": device,
         "rows": rows,
         "memory_floor": floor,
@@ -306,6 +311,11 @@ def cpu_facts() -> dict[str, Any]:
     return facts
 
 
+def _beams(report: dict[str, Any]) -> str:
+    k = report.get("num_beams", 1)
+    return "greedy, " if k == 1 else f"beam search with {k} beams (eos off: every hypothesis makes them all), "
+
+
 def format_generate_table(report: dict[str, Any]) -> str:
     """A markdown table: one row per (prompt, precision, path), then the skipped paths."""
     m = report["machine"]
@@ -316,7 +326,8 @@ def format_generate_table(report: dict[str, Any]) -> str:
         else "CPU float32"
     )
     lines = [
-        f"generate: {report['checkpoint']}, {where}, B 1, {report['new']} new tokens, {report['threads']} threads, "
+        f"generate: {report['checkpoint']}, {where}, B 1, {report['new']} new tokens, {_beams(report)}"
+        f"{report['threads']} threads, "
         f"best of {report['repeats']} after {report['warmup']} warm-up{_rounds(report)}; {m.get('cpu')} "
         f"({'AVX-512' if m.get('avx512') else 'no AVX-512'}), load {', '.join(f'{x:.1f}' for x in m['load_avg'])}",
         "",

@@ -69,9 +69,11 @@ def load_attnzoo(job: dict):
         tf32=job.get("tf32", False),
     )
     ids = np.asarray([job["prompt"]], dtype=np.int64)
+    k = job.get("num_beams", 1)
+    beams = {"num_beams": k, "eos_token_id": []} if k > 1 else {}  # beams: eos off, every hypothesis makes n
 
     def generate(n: int) -> list[int]:
-        out = session.generate(ids, max_new_tokens=n)
+        out = session.generate(ids, max_new_tokens=n, **beams)
         return [int(t) for t in list(out[0])[len(job["prompt"]) :]]
 
     return generate
@@ -91,6 +93,10 @@ def _load_transformers(job: dict, cache_implementation: str | None):
     extra = {} if cache_implementation is None else {"cache_implementation": cache_implementation}
     pad = model.generation_config.pad_token_id
     pad = model.generation_config.eos_token_id if pad is None else pad
+    k = job.get("num_beams", 1)
+    if k > 1:  # beams: eos off on the model's own config (a None passed to generate falls back to it)
+        model.generation_config.eos_token_id = None
+        extra.update(num_beams=k)
 
     def generate(n: int) -> list[int]:
         with torch.inference_mode():
@@ -98,10 +104,10 @@ def _load_transformers(job: dict, cache_implementation: str | None):
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=n,
-                min_new_tokens=n,
                 do_sample=False,
                 pad_token_id=pad,
                 **extra,
+                **({} if k > 1 else {"min_new_tokens": n}),
             )
         return out[0, ids.shape[1] :].tolist()
 

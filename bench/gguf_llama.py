@@ -13,12 +13,14 @@ import json
 import os
 
 try:  # attnzoo's error root where attnzoo is importable (the bench's own process, the tests)
-    from zoo.errors import AttnzooError as _Root
+    from zoo.errors import AttnzooError
+
+    _ROOTS: tuple[type, ...] = (AttnzooError, ValueError)
 except ImportError:  # llama-cpp-python's environment: there the worker turns any exception into the row's error
-    _Root = Exception
+    _ROOTS = (ValueError,)  # not (Exception, ValueError): a base before its own subclass has no consistent MRO
 
 
-class GGUFError(_Root, ValueError):
+class GGUFError(*_ROOTS):
     """A checkpoint this writer cannot turn into llama.cpp's LLAMA model (an odd head_dim, a tensor with no
     llama.cpp name, a config llama.cpp reads differently); the message names the value."""
 

@@ -59,6 +59,11 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append("")
     if any(r["status"] == "ok" and contended(r) for r in report["rows"]):
         lines.append(f"* other processes used over {CONTENDED} CPUs during this measurement: the figure may be high")
+    if quantized:
+        lines.append(
+            f"% roofline: of the {cfg['dtype']} MatMul roofline below, for the {cfg['dtype']} rows only; an int8 / "
+            "int4 row runs integer kernels (MatMulNBits) whose peak is not measured here"
+        )
     for rt, r in sorted(report["roofline"].items()):
         label = "torch.matmul" if rt == "torch" else "ONNX Runtime MatMul"
         if r.get("ok"):

@@ -1,4 +1,5 @@
-"""Seq2seq greedy generation, tokens/s, each path in its own process: python scripts/bench_seq2seq.py.
+"""Seq2seq greedy generation or beam search, tokens/s, each path in its own process: python
+scripts/bench_seq2seq.py [--num-beams K].
 
 The models: a random T5 of t5-small's shape (6 + 6 layers, d_model 512, 8 heads of 64, ReLU d_ff 2048,
 vocab 32128, 32 relative buckets) and a random BART of the same size (6 + 6 layers, d_model 512, 8 heads,
@@ -7,9 +8,10 @@ Random weights time exactly as trained ones.
 
 The paths (bench/seq2seq_peers.py): attnzoo (zoo.seq2seq_from_checkpoint, export_seq2seq: encoder and
 decoder graphs, the decoder's static self-attention cache bound in place; Seq2SeqSession.generate under
-ONNX Runtime) and transformers' `generate(num_beams=1, do_sample=False)` (SDPA, its default cache). The
-same prompts (random ids, no padding), greedy, eos off on both, so each call makes exactly `new` tokens
-per row; tokens/s = B x new / the median call. The tokens of the two paths are compared, row by row.
+ONNX Runtime) and transformers' `generate(num_beams=K, do_sample=False)` (SDPA, its default cache). The
+same prompts (random ids, no padding), greedy (K = 1) or beam search, eos off on both, so each call makes
+exactly `new` tokens per row; tokens/s = B x new / the median call. The tokens of the two paths are compared,
+row by row.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def benchmark_seq2seq(
     shape: dict[str, int] | None = None,
     timeout: float = 900.0,
     progress: bool = True,
+    num_beams: int = 1,
 ) -> dict[str, Any]:
     """Each (model, path) in its own process over every B; the report (rows with median and spread)."""
     if sorted(set(models) - set(MODELS)):
@@ -106,7 +109,7 @@ def benchmark_seq2seq(
                 work = Path(tmp) / f"{family}-{path}"
                 work.mkdir()
                 job = dict(path=path, checkpoint=str(folder), work=str(work), prompts=prompts, batches=batches)
-                job.update(new=new, threads=threads, warmup=warmup, repeats=repeats)
+                job.update(new=new, threads=threads, warmup=warmup, repeats=repeats, num_beams=num_beams)
                 started = time.perf_counter()
                 result = spawn(sys.executable, WORKER, RESULT_MARK, job, timeout, threads)
                 if progress:
@@ -129,6 +132,7 @@ def benchmark_seq2seq(
         batches=batches,
         warmup=warmup,
         repeats=repeats,
+        num_beams=num_beams,
     )
     report.update(rows=rows, skipped=skipped, paths=facts, prompts=prompts)
     return report
@@ -148,13 +152,16 @@ def _agreement(rows: list[dict[str, Any]]) -> None:
 
 def format_table(report: dict[str, Any], command: str) -> str:
     s = report["shape"]
+    k = report.get("num_beams", 1)
+    how = "greedy" if k == 1 else f"beam search, {k} beams (each row's best hypothesis)"
     lines = [
-        "# Seq2seq greedy generation (tokens/s), each path in its own process",
+        f"# Seq2seq {'greedy generation' if k == 1 else f'beam search ({k} beams)'} (tokens/s), each path in its "
+        "own process",
         "",
         f"Models: a random T5 (t5-small's shape: {s['layers']} + {s['layers']} layers, d_model {s['d_model']}, "
         f"{s['heads']} heads, ReLU d_ff {s['d_ff']}, vocab {s['vocab']}) and a random BART of the same size "
         f"(GELU ffn {s['d_ff']}). Prompt {report['prompt']} tokens (random ids, no padding), {report['new']} new "
-        f"tokens per row, greedy, eos off; tokens/s = B x {report['new']} / the median call, the call being "
+        f"tokens per row, {how}, eos off; tokens/s = B x {report['new']} / the median call, the call being "
         f"the whole generate (encoder, then every step). {report['warmup']} warm-up call(s), then "
         f"{report['repeats']} timed; quartiles in brackets.",
         "",

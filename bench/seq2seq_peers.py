@@ -1,12 +1,12 @@
 """One seq2seq generation path, timed in its own process: `python seq2seq_peers.py JOB_JSON`.
 
 A job (JSON): {"path": "attnzoo"|"transformers", "checkpoint": DIR, "work": a folder of its own,
-"prompts": [[ids] * 8], "batches": [1, 8], "new": N, "threads": T, "warmup": W, "repeats": R}.
-Greedy, eos off on both paths (so every call makes exactly N tokens): attnzoo exports the checkpoint
-(export_seq2seq, both graphs) and times Seq2SeqSession.generate; transformers times
-AutoModelForSeq2SeqLM.generate(num_beams=1, do_sample=False) with its default attention (SDPA) and cache.
-For each B: W warm-up calls, then R timed calls on the first B prompts; every call's seconds and the
-tokens. The one result line on stdout starts with RESULT_MARK.
+"prompts": [[ids] * 8], "batches": [1, 8], "new": N, "threads": T, "warmup": W, "repeats": R,
+"num_beams": K}. Greedy (or beam search with K > 1: each row's best hypothesis), eos off on both paths (so
+every call makes exactly N tokens): attnzoo exports the checkpoint (export_seq2seq, both graphs) and times
+Seq2SeqSession.generate; transformers times AutoModelForSeq2SeqLM.generate(num_beams=K, do_sample=False) with
+its default attention (SDPA) and cache. For each B: W warm-up calls, then R timed calls on the first B prompts;
+every call's seconds and the tokens. The one result line on stdout starts with RESULT_MARK.
 """
 
 from __future__ import annotations
@@ -36,9 +36,15 @@ def _attnzoo(job: dict):
     built = time.perf_counter() - started
     sess = Seq2SeqSession(path, "cpu", threads=job["threads"])
 
+    beams = job.get("num_beams", 1)
+
     def generate(prompts: list[list[int]]) -> list[list[int]]:
         out = sess.generate(
-            np.asarray(prompts, np.int64), max_new_tokens=job["new"], decoder_start_token_id=start, **OFF
+            np.asarray(prompts, np.int64),
+            max_new_tokens=job["new"],
+            decoder_start_token_id=start,
+            num_beams=beams,
+            **OFF,
         )
         return out[:, 1:].tolist()  # after the decoder start token
 
@@ -58,7 +64,11 @@ def _transformers(job: dict):
         ids = torch.tensor(prompts, dtype=torch.long)
         with torch.inference_mode():
             out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=job["new"], num_beams=1, do_sample=False
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=job["new"],
+                num_beams=job.get("num_beams", 1),
+                do_sample=False,
             )
         return out[:, 1:].tolist()
 

@@ -146,6 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--new", type=int, default=64, metavar="N", help="new tokens per call (default %(default)s)")
     gen.add_argument(
+        "--num-beams",
+        type=int,
+        default=1,
+        metavar="K",
+        help="beam search with K beams on attnzoo and transformers (eos off; default 1: greedy)",
+    )
+    gen.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -224,6 +231,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             ("--llama-python", args.llama_python),
             ("--gguf", args.gguf),
             ("--rounds", args.rounds != 1),
+            ("--num-beams", args.num_beams != 1),
             ("--cuda-graph", args.cuda_graph),
         )
         if v
@@ -312,6 +320,8 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         raise BenchError(f"--precision {','.join(bad)}: --generate takes {','.join(PRECISIONS)}")
     if not 1 <= args.new <= 100_000:
         raise BenchError(f"--new {args.new} is outside 1..100000")
+    if not 1 <= args.num_beams <= 64:
+        raise BenchError(f"--num-beams {args.num_beams} is outside 1..64")
     report = benchmark_generate(
         args.checkpoint,
         prompts=args.prompt or [128, 1024],
@@ -328,6 +338,7 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         progress=not args.no_progress,
         device={"provider": args.provider, "dtype": args.dtype, "cuda_graph": args.cuda_graph, "tf32": args.tf32},
+        num_beams=args.num_beams,
     )
     table = format_generate_table(report)
     code = _finish(args, report, table, any(not r.get("ok") for r in report["rows"]))
@@ -339,6 +350,7 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
             f" --new {args.new} --precision {','.join(report['precisions'])} --threads {report['threads']}"
             f" --repeats {report['repeats']}" + (f" --rounds {report['rounds']}" if report["rounds"] > 1 else "")
         )
+        command += f" --num-beams {args.num_beams}" * (args.num_beams > 1)
         if args.provider != "cpu":
             command += f" --provider {args.provider} --dtype {args.dtype}"
             command += " --cuda-graph" * args.cuda_graph + " --tf32" * args.tf32

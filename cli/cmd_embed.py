@@ -128,6 +128,11 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if args.json:
         ensure_writable_parent(args.json)
     if source.is_dir():
+        if (source / "config.json").is_file() and not (source / "modules.json").is_file():
+            from .export_cache import checkpoint_config
+            from .families import check_embed_family
+
+            check_embed_family(source, checkpoint_config(str(source))[1])  # a decoder: `attnzoo generate`
         emb, ran = _eager(source, texts, args.prompt_name, args.batch_size)
     elif source.suffix == ".onnx" and source.is_file():
         from runtime.embedding import EmbeddingSession
@@ -136,11 +141,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
         emb = sess.encode(texts, prompt_name=args.prompt_name, batch_size=args.batch_size)
         ran = f"ONNX Runtime ({sess.provider})"
     else:
+        from .common import refuse_hub_id
+
+        refuse_hub_id(args.source)
         raise CliError(
             f"{source}: give a model folder (a sentence-transformers or transformers encoder folder) or an .onnx "
             f"written by `attnzoo export --checkpoint FOLDER --whole -o MODEL.onnx`"
         )
-    print(f"{len(texts)} texts -> {emb.shape[1]}-dim embeddings ({ran})")
+    print(f"{len(texts)} text{'s' * (len(texts) != 1)} -> {emb.shape[1]}-dim embeddings ({ran})")
     for text, e in zip(texts, emb):
         head = " ".join(f"{v:+.4f}" for v in e[:4])
         print(f"  [{head} ...] |e|={float((e**2).sum() ** 0.5):.4f}  {text[:60]!r}")

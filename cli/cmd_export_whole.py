@@ -12,12 +12,11 @@ from zoo.files import ensure_writable_parent, write_atomic
 from .cmd_generate import tokenizer_beside
 from .common import CliError
 from .export_cache import default_max_len, generation_config, load_lm
+from .progress import export_bar
 
 
 def export_whole(args: argparse.Namespace) -> int:
     """`attnzoo export --checkpoint DIR --whole -o PATH`: the whole model as one graph."""
-    from export.lm_export import export_lm
-
     if args.checkpoint is None or args.name is not None or args.config is not None:
         raise CliError("--whole exports a checkpoint's whole model: give --checkpoint DIR (not NAME or --config)")
     from . import cmd_seq2seq
@@ -45,7 +44,24 @@ def export_whole(args: argparse.Namespace) -> int:
     max_len = args.max_len
     if max_len is None:
         max_len = default_max_len(Path(args.checkpoint), model, args.lowering, args.target, args.dtype)
-    result = export_lm(
+    with export_bar(getattr(args, "quiet", False)):  # trace, optimize, quantize, save: 30-45 s for a real model
+        result = _export(args, model, max_len)
+    print(result.summary())
+    if tokenizer is not None:
+        src, dst = tokenizer
+        write_atomic(dst, lambda tmp: tmp.write_bytes(src))
+        print(f"tokenizer: {Path(args.checkpoint) / 'tokenizer.json'} copied to {dst} (generate --prompt reads it)")
+        for name in ("tokenizer_config.json", "chat_template.jinja"):  # the chat template (generate --chat)
+            if (Path(args.checkpoint) / name).is_file():
+                data = (Path(args.checkpoint) / name).read_bytes()
+                write_atomic(dst.with_name(Path(args.output).stem + "." + name), lambda tmp, d=data: tmp.write_bytes(d))
+    return 0
+
+
+def _export(args: argparse.Namespace, model, max_len: int | None):
+    from export.lm_export import export_lm
+
+    return export_lm(
         model,
         args.output,
         cache=args.cache,
@@ -60,16 +76,6 @@ def export_whole(args: argparse.Namespace) -> int:
         label=args.checkpoint,
         generation_config=generation_config(Path(args.checkpoint)),
     )
-    print(result.summary())
-    if tokenizer is not None:
-        src, dst = tokenizer
-        write_atomic(dst, lambda tmp: tmp.write_bytes(src))
-        print(f"tokenizer: {Path(args.checkpoint) / 'tokenizer.json'} copied to {dst} (generate --prompt reads it)")
-        for name in ("tokenizer_config.json", "chat_template.jinja"):  # the chat template (generate --chat)
-            if (Path(args.checkpoint) / name).is_file():
-                data = (Path(args.checkpoint) / name).read_bytes()
-                write_atomic(dst.with_name(Path(args.output).stem + "." + name), lambda tmp, d=data: tmp.write_bytes(d))
-    return 0
 
 
 def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] | None:
@@ -82,7 +88,7 @@ def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] 
     if not src.is_file() or is_special(resolve_output(onnx_path)):
         return None
     dst = tokenizer_beside(onnx_path)
-    resolve_output(dst)  # a folder or a dangling link there: refused now, in one line
+    resolve_output(dst)  # a folder there (or a link to one): refused now, in one line
     try:
         raw = src.read_bytes()
     except OSError as e:

@@ -18,16 +18,19 @@ from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
-from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
+from .common import CliError, number_in, positive, refuse_broken_cuda, refuse_hub_id, shipped_folder, with_tf32
 from .export_cache import (
     _cache_root,
-    _checkpoint_folder,
     _export_key,
     _max_positions,
+    cached_lm,
+    checkpoint_config,
     exported,
     generation_config,
 )
-from .generate_flags import add_generation_flags, chat_prompt, options, short
+from .families import check_generate_family
+from .generate_beams import beams_asked, run_beams
+from .generate_flags import add_generation_flags, chat_prompt, options, read_prompt, short
 
 
 def tokenizer_file(source: Path) -> Path | None:
@@ -62,7 +65,10 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     if args.prompt is not None and args.prompt_ids is not None:
         raise CliError("give --prompt TEXT or --prompt-ids 1,2,3, not both")
     if args.prompt is None and args.prompt_ids is None:
-        raise CliError("give the prompt: --prompt TEXT (needs a tokenizer.json) or --prompt-ids 1,2,3")
+        raise CliError(
+            "give the prompt: --prompt TEXT (needs a tokenizer.json), --prompt-file PATH, text on stdin "
+            "(echo TEXT | attnzoo generate ...) or --prompt-ids 1,2,3"
+        )
     if args.prompt_ids is not None:
         text = args.prompt_ids.strip()
         # "1,2", "1, 2" and "1 2" are lists; "1,,2" and "1,2," have an empty place, not a shorter list
@@ -157,40 +163,66 @@ def _check_device(args: argparse.Namespace) -> None:
         raise CliError(why)
 
 
+def _seq2seq_cached(args: argparse.Namespace, folder: Path) -> Path:
+    """Where an encoder-decoder folder's pair is cached (PATH: PATH.encoder.onnx and PATH.decoder.onnx)."""
+    key = _export_key(folder, args.precision, None, generation=True)
+    return _cache_root() / "seq2seq" / f"{folder.resolve().name}-{key}.onnx"
+
+
+def _seq2seq(args: argparse.Namespace, source: Path) -> int:
+    from . import cmd_seq2seq
+
+    if args.dtype != "float32":
+        raise CliError(f"--dtype {args.dtype} is for decoder-only folders; an encoder-decoder pair runs float32")
+    cached = _seq2seq_cached(args, source) if source.is_dir() else source
+    return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import sys
 
     if args.json:
         ensure_writable_parent(Path(args.json))
     _check_device(args)
+    read_prompt(args)  # --prompt-file, or a piped stdin
     refuse_broken_cuda(args.provider)  # before an export: a machine without CUDA learns it at once
-    source = Path(args.source)
     from . import cmd_seq2seq
 
     # an encoder-decoder pair is named by its base PATH (PATH.encoder.onnx, PATH.decoder.onnx) or either file
-    if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
-        if args.dtype != "float32":
-            raise CliError(f"--dtype {args.dtype} is for decoder-only folders; an encoder-decoder pair runs float32")
-        key = _export_key(source, args.precision, None) if source.is_dir() else ""
-        cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
-        return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
+    if cmd_seq2seq.is_seq2seq_export(Path(args.source)):
+        return _seq2seq(args, Path(args.source))
     source = _source(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
     import numpy as np
 
-    from runtime.generation import Generation, lm_vocab, positions_needed
+    from runtime.generation import Generation, generation_defaults, lm_vocab, positions_needed
     from runtime.session import OnnxSession
 
     args.source = str(source)
-    config = None
+    config = model_path = None
     if source.is_dir():
-        _checkpoint_folder(args.source)  # before anything else: is it a checkpoint at all
+        from runtime.providers import choose
+
+        data = checkpoint_config(args.source)[1]  # before anything else: is it a checkpoint at all
+        target = "cuda" if choose(args.provider)[0] else "cpu"  # export for where the session will run
+        model_path = cached_lm(
+            source, args.precision, args.max_len, target=target, dtype=args.dtype, kv_precision=args.kv_precision
+        )  # a cache hit reads no model (no torch); a miss learns the folder's family first
+        if model_path is None and (
+            cmd_seq2seq.is_seq2seq_export(_seq2seq_cached(args, source)) or cmd_seq2seq.is_seq2seq_folder(source)
+        ):
+            return _seq2seq(args, source)
+        if model_path is None:
+            check_generate_family(source, data)  # an encoder: `attnzoo embed`; another family: which ones are read
         config = generation_config(source) or {}
     else:
         _refuse_export_flags(args, source)
+        model_path = source
     tok = _tokenizer(source)
     if args.chat or args.messages is not None:
         chat_prompt(args, tok, source)
     ids = _prompt_ids(args, tok, source)  # before the export: a mistake costs nothing
+    if config is not None:
+        beams_asked(args, config)  # a folder's beam settings and the flags they refuse, before its export
     if source.is_dir():
         needed = positions_needed(len(ids), args.max_new_tokens)
         if args.max_len is not None and needed > args.max_len:
@@ -198,9 +230,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 f"--max-len {args.max_len}: a prompt of {len(ids)} tokens and {args.max_new_tokens} new ones need "
                 f"{needed} cache positions; pass --max-len {needed} or more"
             )
-        from runtime.providers import choose
-
-        target = "cuda" if choose(args.provider)[0] else "cpu"  # export for where the session will run
+    if model_path is None:
         model_path = exported(
             args.source,
             args.precision,
@@ -209,9 +239,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             target=target,
             dtype=args.dtype,
             kv_precision=args.kv_precision,
+            quiet=args.quiet,
         )
-    else:
-        model_path = source
     if args.stop and tok is None:
         raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
     sess = OnnxSession(
@@ -225,6 +254,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     _check_vocab(args, ids, lm_vocab(sess))
+    beams = beams_asked(args, config if config is not None else generation_defaults(sess))
+    if beams.on:
+        return run_beams(args, sess, ids, tok, config, beams, model_path, args.source)
     run = Generation(
         sess,
         np.array([ids], np.int64),
@@ -305,9 +337,10 @@ def _source(text: str) -> Path:
     given = Path(text)
     if given.exists():
         return given
-    shipped = SHIPPED / text
-    if given.name == text and (shipped / "config.json").is_file():
+    shipped = shipped_folder(text)
+    if shipped is not None:
         return shipped
+    refuse_hub_id(text)
     near = {}
     for folder in dict.fromkeys((given.parent, SHIPPED)):
         if folder.is_dir():
@@ -322,8 +355,9 @@ def _source(text: str) -> Path:
 def add_commands(sub) -> None:
     sp = sub.add_parser(
         "generate",
-        help="tokens (greedy or sampled) from a checkpoint folder or a whole-model .onnx, under ONNX Runtime",
-        description="Generation under ONNX Runtime (greedy unless a sampling flag or the checkpoint says so). "
+        help="tokens (greedy, sampled or beam search) from a checkpoint folder or a whole-model .onnx, under ONNX "
+        "Runtime",
+        description="Generation under ONNX Runtime (greedy unless a sampling or beam flag or the checkpoint says so). "
         "A checkpoint folder (config.json + *.safetensors) "
         "is exported whole once (cached in ATTNZOO_CACHE, default ~/.cache/attnzoo); a .onnx is a whole-model "
         "export (attnzoo export --checkpoint DIR --whole, which writes MODEL.tokenizer.json beside it from the "
@@ -384,6 +418,7 @@ def add_commands(sub) -> None:
         "generation_config.json eos_token_id)",
     )
     add_generation_flags(sp)
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar (a folder's first export)")
     sp.add_argument(
         "--json",
         metavar="PATH",

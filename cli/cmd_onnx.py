@@ -370,6 +370,7 @@ def add_commands(sub) -> None:
         "the checkpoint's tokenizer.json is copied beside it as PATH's stem + .tokenizer.json",
     )
     sp.add_argument("--force", action="store_true", help="overwrite an existing file")
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar (a --whole export's stages)")
     with_set(sp)
     sp.set_defaults(func=cmd_export)
 

@@ -1,6 +1,7 @@
 """Encoder-decoder models (T5, BART, mBART, Marian) in `attnzoo export --checkpoint DIR --whole` and `attnzoo
 generate`: the pair of graphs export/seq2seq_export.py writes (PATH -> PATH.encoder.onnx, PATH.decoder.onnx)
-and greedy tokens from them (export/seq2seq_session.py). cmd_generate hands a source here when it is one."""
+and greedy or beam-search tokens from them (export/seq2seq_session.py). cmd_generate hands a source here when
+it is one."""
 
 from __future__ import annotations
 
@@ -123,25 +124,38 @@ def cmd_generate(args: argparse.Namespace, source: Path, cached: Path, prompt_id
         print(f"note   {sess.note}")
     import numpy as np
 
+    from .generate_beams import beams_asked, print_hypotheses
+    from .generate_flags import beam_options
+
+    beams = beams_asked(args, sess.generation)
     extra = {} if args.eos_token_id is None else {"eos_token_id": args.eos_token_id}
+    extra.update(beam_options(args), return_dict_in_generate=beams.on)
     timings: dict = {}
     started = time.perf_counter()
-    tokens = sess.generate(np.array([ids], np.int64), args.max_new_tokens, timings=timings, **extra)
+    out = sess.generate(np.array([ids], np.int64), args.max_new_tokens, timings=timings, **extra)
     total = time.perf_counter() - started
+    tokens, scores = (out.sequences, out.sequences_scores) if beams.on else (out, None)
     row = tokens[0].tolist()
     new = len(row) - 1
     timings.update(total_s=total, new_tokens=new, tokens_per_s=new / total if total else None)
-    print("tokens", " ".join(map(str, row)))
     text = None
-    if tok is not None:
-        text = tok.decode(row[1:])
-        print("text  ", repr(tok.decode(ids)), "->", repr(text))
+    if beams.on:
+        texts = print_hypotheses(tokens, scores, 1, tok)
+        text = texts[0] if texts else None
+    else:
+        print("tokens", " ".join(map(str, row)))
+        if tok is not None:
+            text = tok.decode(row[1:])
+            print("text  ", repr(tok.decode(ids)), "->", repr(text))
+    how = f", beam search ({beams.num_beams} beams)" if beams.on else ""
     print(
         f"took   {total:.3f} s for {new} new tokens (encoder {1e3 * timings['encode_s']:.1f} ms, "
-        f"{1e3 * timings['decode_s'] / max(timings['steps'], 1):.2f} ms per decoder step), on {sess.provider}"
+        f"{1e3 * timings['decode_s'] / max(timings['steps'], 1):.2f} ms per decoder step), on {sess.provider}{how}"
     )
     if args.json:
         doc = {"tokens": tokens.tolist(), "text": [text] if text is not None else None, "timings": timings}
+        if beams.on:
+            doc.update(sequences_scores=[float(x) for x in scores], num_beams=beams.num_beams)
         doc.update(source=str(source), model=str(model_path), provider=sess.provider, note=sess.note)
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")

@@ -16,8 +16,9 @@ from export.names import DTYPES, PROVIDERS, SESSION_DTYPES
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
-from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
-from .serve_model import capacity_line, folder_target, model_path, served_facts
+from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, shipped_folder, with_set, with_tf32
+from .serve_model import auth_header, capacity_line, folder_target, model_path, served_facts
+from .serve_ops import ops_from, with_ops
 
 
 def _need(module: str, what: str) -> None:
@@ -29,6 +30,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _need("ray", "attnzoo serve")
     from serve.app import check_options, check_port_free, start
     from serve.auth import key_from
+
+    args.model = str(shipped_folder(args.model) or args.model)  # the shipped checkpoint's bare name, as generate
 
     if args.max_tokens is not None:  # the old spelling: it never meant OpenAI's max_tokens (new tokens)
         print(
@@ -86,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 text_from=args.model,
                 tool_call_parser=args.tool_call_parser,
                 cuda_graph=args.cuda_graph,
+                ops=ops_from(args),
                 **options,
             )
         except BaseException:
@@ -95,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             wait_ready(dep.url)
             print(f"ready: serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
-            auth = '-H "Authorization: Bearer $ATTNZOO_API_KEY" ' if api_key else ""
+            auth = auth_header(api_key, args.api_key)
             if api_key:
                 print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
             print(f"  curl -s {dep.url}healthz; curl -s {auth}{dep.url}metadata")
@@ -108,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
                 print(f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
                 print(f"  OpenAI's API: {dep.url}v1 (GET /v1/models; POST /v1/completions, /v1/chat/completions)")
+                print(f"  operations: GET {dep.url}health, /ready, /metrics (Prometheus); POST /tokenize, /detokenize")
                 print(f"  {capacity_line(metadata, args.capacity, args.batching)}")
             else:
                 save = f"np.save('x.npy', np.random.randn(16, {width}).astype('float32'))"
@@ -373,6 +378,7 @@ def add_commands(sub) -> None:
         help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it "
         "(not yet run on a GPU: docs/gpu.md)",
     )
+    with_ops(sp)
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")

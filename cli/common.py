@@ -27,6 +27,34 @@ def refuse_broken_cuda(provider: str) -> None:
             raise CliError(f"--provider cuda: {why}; use --provider cpu or auto")
 
 
+def shipped_folder(text: str):
+    """The shipped checkpoint a bare name means (`tiny-stdlib-llama` -> models/tiny-stdlib-llama), where `text` is
+    no path here; else None. generate, serve and embed take it as `heads` takes the tiny models' names."""
+    from pathlib import Path
+
+    given = Path(text)
+    folder = Path(__file__).resolve().parent.parent / "models" / text
+    if given.exists() or given.name != text or not (folder / "config.json").is_file():
+        return None
+    return folder
+
+
+def refuse_hub_id(text: str) -> None:
+    """A Hugging Face Hub id (ORG/NAME, and no ORG folder here) given where a local folder goes: one line saying ids
+    are not fetched and how to get the folder."""
+    import re
+    from pathlib import Path
+
+    given = Path(text)
+    if given.exists() or given.parent.exists() or not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", text):
+        return
+    raise CliError(
+        f"{text}: no such folder here, and attnzoo does not fetch Hub ids; download the checkpoint into a folder and "
+        f"give that: `huggingface-cli download {text} --local-dir DIR` (or save_pretrained(DIR) the model and "
+        "tokenizer that transformers' from_pretrained loads)"
+    )
+
+
 def with_tf32(parser: argparse.ArgumentParser) -> None:
     """--tf32, on every command that opens a session: fp32 products in TF32 on CUDA (OnnxSession(tf32=True))."""
     parser.add_argument(

@@ -1,6 +1,10 @@
-"""A checkpoint folder's whole-model export, made once per (weights, precision, max_len, target provider, dtype,
-KV precision, attnzoo version) into the cache folder (ATTNZOO_CACHE, default ~/.cache/attnzoo), so the second
-`attnzoo generate` or `serve` of a folder starts at once; and the checks a folder passes first."""
+"""A checkpoint folder's whole-model export, made once per (config.json, weights, precision, max_len, target
+provider, dtype, KV precision, attnzoo version) into the cache folder (ATTNZOO_CACHE, default ~/.cache/attnzoo), so
+the second `attnzoo generate` or `serve` of a folder starts at once; and the checks a folder passes first.
+
+The key holds what changes the graph, nothing else: the chat template, the tokenizer and generation_config.json
+are read from the folder at run time (a cached export whose recorded generation_config differs from the folder's
+gets the folder's in its metadata, without a new export). A cache hit reads no model: no torch is imported."""
 
 from __future__ import annotations
 
@@ -16,6 +20,16 @@ from .common import CliError
 
 
 def _checkpoint_folder(folder: str) -> Path:
+    """The folder, refused in one line where it is no checkpoint of a family whose whole model the zoo reads."""
+    path, data = checkpoint_config(folder)
+    from peers.lm import lm_row
+
+    lm_row(data)  # an unknown model_type: one line naming the families that take whole models
+    return path
+
+
+def checkpoint_config(folder: str) -> tuple[Path, dict]:
+    """(the folder, its config.json) where it is a folder with a config.json naming a model_type (no torch)."""
     path = Path(folder)
     if not path.is_dir():
         raise CliError(f"{folder}: not a folder; give a checkpoint folder (config.json + *.safetensors)")
@@ -27,10 +41,7 @@ def _checkpoint_folder(folder: str) -> Path:
         raise CliError(f"{folder}/config.json is not JSON ({type(e).__name__})") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise CliError(f"{folder}/config.json has no model_type; attnzoo needs it to build the model")
-    from peers.lm import lm_row
-
-    lm_row(data)  # an unknown model_type: one line naming the families that take whole models
-    return path
+    return path, data
 
 
 def load_lm(folder: str):
@@ -51,10 +62,16 @@ def _export_key(
     target: str = "cpu",
     dtype: str = "float32",
     kv_precision: str = "fp32",
+    *,
+    generation: bool = False,
 ) -> str:
+    """What the export of `folder` depends on: config.json, the weights (names, sizes, times), the options and
+    attnzoo's version; with `generation`, generation_config.json too (an encoder-decoder pair records its
+    generation settings for its session). A decoder's generation_config.json, chat template and tokenizer are
+    read from the folder at run time and stay out of the key."""
     h = hashlib.sha256()
     h.update((folder / "config.json").read_bytes())
-    if (folder / "generation_config.json").is_file():
+    if generation and (folder / "generation_config.json").is_file():
         h.update((folder / "generation_config.json").read_bytes())
     for f in sorted(folder.glob("*.safetensors")):
         st = f.stat()
@@ -68,15 +85,16 @@ def _export_key(
 
 
 def _max_positions(folder: Path) -> int | None:
-    """The checkpoint's maximum positions as the model reads its config.json (peers.config: a nested
-    text_config, the config class's default where the key is missing); GPT-2's and GPT-J's n_positions."""
-    from peers.config import model_type, normalized
-
+    """The checkpoint's maximum positions as the model reads its config.json: its max_position_embeddings (GPT-2's
+    and GPT-J's n_positions), else as peers.config reads it (a nested text_config, the config class's default
+    where the key is missing; that import takes torch, which the plain key does not)."""
     data = json.loads((folder / "config.json").read_text())
     value = data.get("max_position_embeddings")
     if value is None and data.get("n_positions") is not None:
         value = data["n_positions"]
-    else:
+    elif value is None:
+        from peers.config import model_type, normalized
+
         value = normalized(model_type(data), data)["max_position_embeddings"]
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -98,17 +116,16 @@ def exported(
     target: str = "cpu",
     dtype: str = "float32",
     kv_precision: str = "fp32",
+    quiet: bool = False,
 ) -> Path:
     """The whole-model export of `folder` at `precision` (and `kv_precision` for its cache), for provider
     `target` in `dtype`: made once, then found in the cache folder. `check(model)`, when given, may refuse
-    the loaded model before its export."""
-    from export.lm_export import export_lm
-
+    the loaded model before its export. Its stages show as a progress bar on a terminal, unless `quiet`."""
+    hit = cached_lm(folder, precision, max_len, target=target, dtype=dtype, kv_precision=kv_precision)
+    if hit is not None:
+        return hit
     path = _checkpoint_folder(folder)
-    key = _export_key(path, precision, max_len, target, dtype, kv_precision)
-    out = _cache_root() / "lm" / f"{path.resolve().name}-{key}.onnx"
-    if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
-        return out
+    out = _cached_path(path, precision, max_len, target, dtype, kv_precision)
     model = load_lm(folder)
     if check is not None:
         check(model)
@@ -117,20 +134,70 @@ def exported(
         max_len = default_max_len(path, model, lowering, provider=target, dtype=dtype)
     kv = f", {kv_precision} KV cache" if kv_precision != "fp32" else ""
     print(f"exporting {folder} ({precision}{kv}, for {target}, {dtype}) to {out} (once)")
-    export_lm(
-        model,
-        out,
-        precision=precision,
-        kv_precision=kv_precision,
-        lowering=lowering,
-        max_len=max_len,
-        provider=target,
-        dtype=dtype,
-        overwrite=True,
-        label=str(folder),
-        generation_config=generation_config(path),
-    )
+    from export.lm_export import export_lm
+
+    from .progress import export_bar
+
+    with export_bar(quiet):  # trace, optimize, quantize, save: 30-45 s for a real model
+        export_lm(
+            model,
+            out,
+            precision=precision,
+            kv_precision=kv_precision,
+            lowering=lowering,
+            max_len=max_len,
+            provider=target,
+            dtype=dtype,
+            overwrite=True,
+            label=str(folder),
+            generation_config=generation_config(path),
+        )
     return out
+
+
+def _cached_path(path: Path, precision, max_len, target, dtype, kv_precision) -> Path:
+    key = _export_key(path, precision, max_len, target, dtype, kv_precision)
+    return _cache_root() / "lm" / f"{path.resolve().name}-{key}.onnx"
+
+
+def cached_lm(
+    folder: str | Path,
+    precision: str,
+    max_len: int | None,
+    *,
+    target: str = "cpu",
+    dtype: str = "float32",
+    kv_precision: str = "fp32",
+) -> Path | None:
+    """`exported`'s answer when the cache holds it (read without the model, so without torch), else None. The
+    folder's generation_config.json, where it differs from the one the export recorded, replaces it in the
+    graph's metadata (the weights' file stays as it is)."""
+    path = checkpoint_config(str(folder))[0]
+    out = _cached_path(path, precision, max_len, target, dtype, kv_precision)
+    if not (out.is_file() and weights_file(out).is_file()):  # a graph and its weights (an older export: made again)
+        return None
+    _record_generation_config(out, generation_config(path))
+    return out
+
+
+def _record_generation_config(out: Path, config: dict | None) -> None:
+    """The graph file's attnzoo.generation_config made `config` (removed for None), written atomically."""
+    import onnx
+
+    from zoo.files import write_atomic
+
+    key = "attnzoo.generation_config"
+    model = onnx.load(str(out), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    want = json.dumps(config) if config else None
+    if props.get(key) == want:
+        return
+    kept = [p for p in model.metadata_props if p.key != key]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    if want is not None:
+        model.metadata_props.add(key=key, value=want)
+    write_atomic(out, lambda tmp: tmp.write_bytes(model.SerializeToString()))
 
 
 def generation_config(folder: Path) -> dict | None:

@@ -9,6 +9,38 @@ from pathlib import Path
 from .common import CliError, number_in
 
 
+def read_prompt(args, stdin=None) -> None:
+    """--prompt-file PATH, else a piped stdin (when no --prompt, --prompt-ids or --messages is given and stdin is not
+    a terminal), into args.prompt; one trailing newline dropped (the one `echo` and editors add)."""
+    import sys
+
+    stdin = sys.stdin if stdin is None else stdin
+    given = [
+        flag
+        for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--messages", args.messages))
+        if value is not None
+    ]
+    if args.prompt_file is not None:
+        if given:
+            raise CliError(f"--prompt-file {args.prompt_file} is the prompt; leave out {given[0]}")
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise CliError(f"--prompt-file {args.prompt_file}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise CliError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
+    elif not given and stdin is not None and not stdin.isatty():
+        try:
+            text = stdin.read()
+        except (OSError, ValueError):  # closed, or a test runner's stand-in: no prompt there
+            return
+        if not text:
+            return
+    else:
+        return
+    args.prompt = text.removesuffix("\n")
+
+
 def chat_prompt(args, tok, source: Path) -> None:
     """--chat / --messages: the messages rendered by the checkpoint's chat template into args.prompt."""
     from runtime.chat import ChatTemplate, read_messages
@@ -65,6 +97,43 @@ def json_schema(path: str) -> dict:
     return schema
 
 
+def beam_options(args) -> dict:
+    """--num-beams, --length-penalty, --early-stopping, --num-return-sequences as given (None: the checkpoint's)."""
+    keys = ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def refuse_with_beams(args, beams: int, live_asked: bool) -> None:
+    """Beam search with what it does not do here: one line naming the flag."""
+    sampling = (
+        args.do_sample
+        or (args.temperature or 0) > 0
+        or any(getattr(args, k) is not None for k in ("top_k", "top_p", "min_p", "seed"))
+    )
+    given = [
+        name
+        for name, on in (
+            ("--do-sample / --temperature / --top-k / --top-p / --min-p / --seed (sampling)", sampling),
+            ("--stream", live_asked),
+            ("--stop", bool(getattr(args, "stop", None))),
+        )
+        if on
+    ]
+    if given:
+        raise CliError(
+            f"{given[0]} with beam search (num_beams={beams}, --num-beams or the checkpoint's generation_config): "
+            "not done here; drop it, or pass --num-beams 1"
+        )
+
+
+def early_stopping(text: str):
+    """--early-stopping: true, false or never (transformers' early_stopping)."""
+    value = {"true": True, "false": False, "never": "never"}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: give true, false or never")
+    return value
+
+
 def short(text: str, keep: int = 60) -> str:
     """A long prompt's echo: its start and end."""
     return text if len(text) <= 2 * keep + 5 else f"{text[:keep]} ... {text[-keep:]}"
@@ -79,6 +148,18 @@ def add_generation_flags(sp) -> None:
     g.add_argument("--min-p", type=float, help="drop tokens below min_p x the top token's probability")
     g.add_argument("--repetition-penalty", type=float, help="> 1 makes tokens already in the text less likely")
     g.add_argument("--seed", type=number_in(int, 0), help="the seed of a sampling call (default: fresh, printed)")
+    b = sp.add_argument_group("beam search (default: the checkpoint's generation_config.json num_beams, else 1)")
+    b.add_argument("--num-beams", type=number_in(int, 1), help="beam search with this many beams (1: greedy)")
+    b.add_argument(
+        "--length-penalty", type=float, help="a hypothesis' score is its log-probability / length ** this (default 1)"
+    )
+    b.add_argument(
+        "--early-stopping",
+        type=early_stopping,
+        metavar="{true,false,never}",
+        help="true: stop once num_beams hypotheses end; false (default) and never: transformers' heuristics",
+    )
+    b.add_argument("--num-return-sequences", type=number_in(int, 1), help="the best N hypotheses (<= --num-beams)")
     sp.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeat for several)")
     sp.add_argument(
         "--json-schema", metavar="FILE", help="constrain the text to a JSON document valid under this JSON schema"
@@ -91,6 +172,12 @@ def add_generation_flags(sp) -> None:
         help="--prompt is a user message, rendered with the checkpoint's chat template",
     )
     sp.add_argument("--messages", metavar="FILE.json", help="chat messages as JSON ([{role, content}, ...])")
+    sp.add_argument(
+        "--prompt-file",
+        metavar="PATH",
+        help="the prompt's text from a file (UTF-8; one trailing newline dropped); without --prompt, --prompt-ids, "
+        "--messages or this, a piped stdin is the prompt (echo TEXT | attnzoo generate FOLDER)",
+    )
     sp.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,

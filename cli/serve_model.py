@@ -81,6 +81,19 @@ def model_path(
     return out
 
 
+def auth_header(api_key: str | None, flag: str | None) -> str:
+    """The curl header of `serve`'s example lines, so that they work as printed: none without a key; the key
+    itself where --api-key gave it (the shell that runs the curls has no ATTNZOO_API_KEY then; the key is on the
+    command line already); $ATTNZOO_API_KEY where the server read the key from that variable."""
+    import shlex
+
+    if not api_key:
+        return ""
+    if flag:
+        return f"-H {shlex.quote(f'Authorization: Bearer {api_key}')} "
+    return '-H "Authorization: Bearer $ATTNZOO_API_KEY" '
+
+
 def served_facts(path: Path) -> tuple[int | str | None, dict[str, str]]:
     """(the block's d_model for the example request, None for a whole-model export, "embed" for a sentence
     encoder; the export's metadata)."""
@@ -104,4 +117,4 @@ def capacity_line(metadata: dict[str, str], capacity: int, batching: str) -> str
     return f"{where}: prompt + max_tokens - 1 <= {cap} tokens (--capacity{lowered})"
 
 
-__all__ = ["capacity_line", "folder_target", "model_path", "served_facts"]
+__all__ = ["auth_header", "capacity_line", "folder_target", "model_path", "served_facts"]

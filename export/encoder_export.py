@@ -31,7 +31,7 @@ from .errors import ExportError
 from .graphs import op_counts
 from .lowerings import record
 from .lowerings.base import EXPECTED_NODES
-from .names import PRECISIONS
+from .names import PRECISIONS, precision_words
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
@@ -100,7 +100,7 @@ class EncoderExportResult:
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights})",
             f"  model     {self.name}: encoder of {self.layers} layers, {self.parameters:,} parameters",
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
-            f"  precision {self.precision_method or self.precision}",
+            f"  precision {precision_words(self.precision, self.dtype, self.precision_method)}",
             f"  inputs    {', '.join(self.inputs)} (b t), dynamic b and t",
             f"  outputs   {out}",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",

@@ -38,10 +38,9 @@ import numpy as np
 from runtime.io import LM_PAST, LM_PRESENT, TensorIO
 
 from .errors import ExportError
+from .lowerings import able
 from .names import KV_PRECISIONS
 
-# The lowerings whose traced static step the rewrite matches: the folded decomposed graph.
-KV_INT8_LOWERINGS = ("decomposed",)
 SCALE_KINDS = ("key_scale", "value_scale")
 # The integer products' operands stay within 7 bits (u8 <= 127): x86's u8 x s8 kernels without VNNI add pairs
 # of products in int16 (VPMADDUBSW), which saturates past 2 x 127 x 127; full-range u8 (255 x 127 x 2) did, on
@@ -61,9 +60,10 @@ def why_not(kv_precision, lowering: str, dtype: str) -> str | None:
         return f"kv_precision={kv_precision!r} is not one of {', '.join(KV_PRECISIONS)}"
     if kv_precision == "fp32":
         return None
-    if lowering != "auto" and lowering not in KV_INT8_LOWERINGS:
+    carriers = able("int8_cache")  # the lowerings whose traced static step the rewrite matches (their records')
+    if lowering != "auto" and lowering not in carriers:
         return (
-            f"kv_precision='int8' is carried by the {' / '.join(KV_INT8_LOWERINGS)} lowering only, not "
+            f"kv_precision='int8' is carried by the {' / '.join(carriers)} lowering only, not "
             f"lowering={lowering!r}: pass lowering='decomposed' (or 'auto')"
         )
     if dtype != "float32":
@@ -317,7 +317,6 @@ def _replace_products(ir, graph, const, layer: int, scales: dict) -> None:
 
 
 __all__ = [
-    "KV_INT8_LOWERINGS",
     "KV_PRECISIONS",
     "KVPrecisionError",
     "rewrite",

@@ -46,11 +46,12 @@ from .choice import first_that_exports, lm_order, lowerings_to_try, why_not
 from .errors import ExportError
 from .graphs import op_counts
 from .lm_fusions import fuse_norms
-from .lowerings import record
-from .names import CACHE_CHOICES, PRECISIONS
+from .lowerings import able, record
+from .names import CACHE_CHOICES, DTYPE_SHORT, PRECISIONS, precision_words
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
+from .progress import stage
 from .tracing import BF16_CPU, DTYPES, check_interface, configured, trace
 
 PADDINGS = ("auto", "left", "packed")
@@ -118,12 +119,13 @@ class LMExportResult:
         caches = [n for n, _, _ in self.inputs if n.startswith(LM_PAST[:5])]
         per_layer = f"{caches[0]} .. (b g n d) per layer" if caches else ""
         cap = f"at most {self.max_len} positions" if self.max_len else "sized per call"
+        kv = self.kv_precision if self.kv_precision != "fp32" else DTYPE_SHORT.get(self.dtype, self.dtype)
         lines = [
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
             f"  model     {self.name}: {self.layers} layers, vocabulary {self.vocab}, {self.parameters:,} parameters",
             f"  lowering  {self.lowering} (opset {self.opset}) in every layer, {self.dtype}",
-            f"  precision {self.precision_method or self.precision}",
-            f"  cache     static, in place, {self.kv_precision}; capacity n {cap}",
+            f"  precision {precision_words(self.precision, self.dtype, self.precision_method)}",
+            f"  cache     static, in place, {kv}; capacity n {cap}",
             f"  inputs    {', '.join(n for n, _, _ in self.inputs if n not in caches)}, {per_layer}",
             f"  outputs   {', '.join(n for n, _, _ in self.outputs[:2])}, present.i.key / .value per layer",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",
@@ -306,10 +308,10 @@ def export_lm(
     specs, vocab = layer_specs(model), vocab_size(model)
     order = candidates(specs, lowering, provider, dtype, padding)
     if kv_precision != "fp32":
-        order = [lw for lw in order if lw in kv_int8.KV_INT8_LOWERINGS]
+        order = [lw for lw in order if record(lw).int8_cache]
         if not order:
             raise kv_int8.KVPrecisionError(
-                f"kv_precision={kv_precision!r}: no lowering of {', '.join(kv_int8.KV_INT8_LOWERINGS)} "
+                f"kv_precision={kv_precision!r}: no lowering of {', '.join(able('int8_cache'))} "
                 "can express every layer of this model"
             )
     path = Path(path)
@@ -323,6 +325,7 @@ def export_lm(
 
     def build(lw: str):
         ins, outs = interfaces[packs(lw, padding, provider)]
+        stage("trace")  # then optimize (in _trace_lm), quantize (precision.apply) and save (save_atomic)
         onnx_model = _trace_lm(model, record(lw), dtype, ins, outs, all_logits, argmax, specs[0], max_len)
         if kv_precision != "fp32":
             onnx_model = kv_int8.rewrite(onnx_model, len(specs))
@@ -421,6 +424,7 @@ def _trace_lm(model, rec, dtype, ins, outs, all_logits, argmax, spec0, max_len):
         translations = None if blocks is None else splice.translation_table()
         step = (_PackedStep if packed else _Step)(lm, all_logits, argmax).eval()
         onnx_model = trace(step, example, dynamic, rec, outs, translations)
+    stage("optimize")
     if blocks is not None:
         onnx_model = splice.splice(onnx_model, rec, blocks, dtype, max_len)
     onnx_model, _ = fuse_norms(onnx_model)

@@ -31,6 +31,19 @@ ERROR_BOUNDS = {"int8": 0.04, "int4": 0.22}  # a precision's relative L2 error b
 ENCODER_SUFFIX, DECODER_SUFFIX = ".encoder.onnx", ".decoder.onnx"
 
 
+DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def precision_words(precision: str, dtype: str = "float32", method: str = "") -> str:
+    """What an export's summary says of its weights: precision fp32 means unquantized, so the weights are in the
+    export's dtype ("fp16" for a float16 export); int8 / int4 is its method, with the activations' dtype where it is
+    not fp32."""
+    if precision == "fp32":
+        return DTYPE_SHORT.get(dtype, dtype)
+    said = method or precision
+    return said if dtype == "float32" else f"{said}, {DTYPE_SHORT.get(dtype, dtype)} activations"
+
+
 def seq2seq_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """PATH -> (its encoder graph, its decoder graph): `m.onnx` -> `m.encoder.onnx`, `m.decoder.onnx`; a
     path that names one of the pair gives the pair."""
@@ -52,11 +65,13 @@ __all__ = [
     "DEFAULT_MAX_LEN",
     "DEVICES",
     "DTYPES",
+    "DTYPE_SHORT",
     "KV_PRECISIONS",
     "LOWERINGS",
     "PRECISIONS",
     "PROVIDERS",
     "SESSION_DTYPES",
     "STATIC_CACHE_LOWERINGS",
+    "precision_words",
     "seq2seq_paths",
 ]

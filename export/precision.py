@@ -262,6 +262,10 @@ def apply(model, precision: str, *, decode: bool = False):
     Works in memory; the caller publishes the result atomically as for any export."""
     import onnx_ir as ir
 
+    from .progress import stage
+
+    stage("quantize")
+
     m = method(precision, decode=decode)
     proto = ir.serde.serialize_model(model)
     targets = _weight_nodes(proto)

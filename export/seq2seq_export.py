@@ -42,7 +42,7 @@ from .errors import ExportError
 from .graphs import op_counts
 from .lm_export import check_precision_and_dtype
 from .lm_fusions import fuse_norms
-from .lowerings import record
+from .lowerings import able, record
 from .names import seq2seq_paths
 from .precision import apply as apply_precision
 from .tracing import DTYPES, check_interface, configured, trace
@@ -51,7 +51,6 @@ SELF_PAST, SELF_PRESENT = "past_key_values.{i}.decoder.{kv}", "present.{i}.decod
 CROSS_PAST, CROSS_PRESENT = "past_key_values.{i}.encoder.{kv}", "present.{i}.encoder.{kv}"
 ENCODER_HIDDEN = "encoder_hidden_states"
 ENCODER_MASK = "encoder_attention_mask"
-LOWERINGS = ("decomposed", "onnx-attention")  # the traced ones that take a bias and cross-attention
 # example sizes: all >= 2 and different, so none is baked in
 EXAMPLE_B, EXAMPLE_S, EXAMPLE_T, EXAMPLE_N, EXAMPLE_PAST = 2, 7, 3, 11, 4
 
@@ -211,10 +210,11 @@ def export_seq2seq(
     if not isinstance(model, Seq2SeqLM):
         raise zoo.InputTypeError(f"export_seq2seq takes a zoo Seq2SeqLM, got {type(model).__name__}")
     check_precision_and_dtype(precision, dtype, provider)
+    takes = able("encoder_decoder")  # the lowerings whose records take a bias and cross-attention
     if lowering == "auto":
-        lowering = LOWERINGS[0]
-    if lowering not in LOWERINGS:
-        raise ExportError(f"lowering={lowering!r}: a seq2seq model takes one of {', '.join(('auto', *LOWERINGS))}")
+        lowering = takes[0]
+    if lowering not in takes:
+        raise ExportError(f"lowering={lowering!r}: a seq2seq model takes one of {', '.join(('auto', *takes))}")
     s = model.spec
     for name, specs in (("encoder", s.encoder), ("decoder", s.decoder), ("cross", s.cross)):
         for i, a in enumerate(specs):

@@ -23,7 +23,7 @@ from .choice import TARGETS, auto_order, decode_cache, decode_order, decode_why_
 from .errors import ExportError
 from .graphs import op_counts
 from .lowerings import record
-from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS
+from .names import CACHE_CHOICES, DEFAULT_MAX_LEN, LOWERINGS, precision_words
 from .precision import PrecisionError
 from .precision import apply as apply_precision
 from .precision import why_not as precision_why_not
@@ -63,7 +63,7 @@ class ExportResult:
             f"wrote {self.path} ({size / 1e6:.2f} MB{weights_note})",
             f"  block     {self.name}: {self.spec.describe()}",
             f"  lowering  {self.lowering} (opset {self.opset}), {self.dtype}, {self.parameters:,} parameters",
-            f"  precision {self.precision_method or self.precision}",
+            f"  precision {precision_words(self.precision, self.dtype, self.precision_method)}",
             f"  inputs    {fmt(self.inputs)}",
             f"  outputs   {fmt(self.outputs)}",
             f"  nodes     {sum(self.op_counts.values())}: {ops}",

@@ -2,6 +2,7 @@
 
     transformers.py  from_hf / to_hf (a transformers attention module <-> a block), family_table
     rows.py          the Row type, and the one reader / writer of a module's weights by its row
+    fused_qkv.py     the fused Q|K|V row layouts that reader and writer split and fuse
     classes.py       the rows, one per transformers attention class (the family table)
     checks.py        the readers and refusal checks the rows share
     model_types.py   per config model_type: what its attention module computes from the config

@@ -28,6 +28,7 @@ from zoo import AttentionSpec
 from zoo.errors import HFConversionError
 from zoo.heads import Projections
 
+from .fused_qkv import fuse_fused, split_fused
 from .rope import rope_fields
 
 CONV1D_TO_LINEAR = "i o -> o i"  # GPT-2's Conv1D stores (in, out); nn.Linear stores (out, in)
@@ -72,7 +73,9 @@ class Row:
     k: str = "k_proj"
     v: str = "v_proj"
     qkv: str | None = None  # or one fused projection ...
-    fused: str | Callable[[nn.Module], str] = "zoo"  # ... in this row layout (FUSED_LAYOUTS), or a function giving it
+    fused: str | Callable[[nn.Module], str] = (
+        "zoo"  # ... in this row layout (fused_qkv.FUSED_LAYOUTS), or a function giving it
+    )
     out: str = "o_proj"
     q_gate: bool = False  # q's rows hold each head's [query | output gate] (Qwen3-Next): output_gate
     conv1d: bool = False  # GPT-2's Conv1D (in, out) weights
@@ -163,53 +166,6 @@ def complete_biases(biases: list[Tensor | None], weights: list[Tensor]) -> tuple
     if all(b is None for b in biases):
         return False, biases
     return True, [b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)]
-
-
-# -- fused projection layouts: rows of one (out, in) weight (biases as one-column weights) -------
-# Each layout splits the fused rows into the zoo's Q ((h d) c), K ((g d) c), V ((g d) c) and fuses
-# them back. "zoo": [Q | K | V] (GPT-2's c_attn, Phi-3, MPT, ModernBERT, Falcon-7B's multi-query);
-# "per_head": (h r d), q/k/v inside each head (BLOOM, GPT-NeoX, Persimmon); "grouped": per kv
-# group its h/g query heads then K then V, (g (r+2) d) (Falcon-40B); "codegen": 4 shards, each
-# [q | v | k] of (h d)/4 rows, (m r l).
-
-
-def _split(t: Tensor, layout: str, h: int, g: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
-    if layout == "zoo":
-        q, k, v = t.split([h * d, g * d, g * d])
-        return q, k, v
-    if layout == "per_head":
-        q, k, v = rearrange(t, "(h r d) c -> r (h d) c", r=3, h=h)
-        return q, k, v
-    if layout == "grouped":
-        t4 = rearrange(t, "(g m d) c -> g m d c", g=g, d=d)
-        q = rearrange(t4[:, : h // g], "g r d c -> (g r d) c")
-        k, v = (rearrange(t4[:, i], "g d c -> (g d) c") for i in (h // g, h // g + 1))
-        return q, k, v
-    if layout == "codegen":
-        q, v, k = rearrange(t, "(m r l) c -> r (m l) c", m=4, r=3)
-        return q, k, v
-    raise _unknown_layout(layout)
-
-
-def _fuse(q: Tensor, k: Tensor, v: Tensor, layout: str, h: int, g: int) -> Tensor:
-    if layout == "zoo":
-        return torch.cat([q, k, v])
-    if layout == "per_head":
-        return rearrange(torch.stack([q, k, v]), "r (h d) c -> (h r d) c", h=h)
-    if layout == "grouped":
-        q4 = rearrange(q, "(g r d) c -> g r d c", g=g, r=h // g)
-        k4, v4 = (rearrange(x, "(g d) c -> g 1 d c", g=g) for x in (k, v))
-        return rearrange(torch.cat([q4, k4, v4], dim=1), "g m d c -> (g m d) c")
-    if layout == "codegen":
-        return rearrange(torch.stack([q, v, k]), "r (m l) c -> (m r l) c", m=4)
-    raise _unknown_layout(layout)
-
-
-FUSED_LAYOUTS = ("zoo", "per_head", "grouped", "codegen")
-
-
-def _unknown_layout(layout: str) -> HFConversionError:
-    return HFConversionError(f"fused row layout {layout!r} is not one of {', '.join(FUSED_LAYOUTS)}")
 
 
 def _layout(row: Row, m: nn.Module) -> str:
@@ -334,8 +290,8 @@ def read(row: Row, m: nn.Module, model: nn.Module | None = None) -> tuple[Attent
     if row.qkv is not None:
         layout = _layout(row, m)
         w, b = read_linear(value(m, row.qkv), row.conv1d)
-        wq, wk, wv = _split(w, layout, h, g, d)
-        bq, bk, bv = (x[:, 0] for x in _split(_as_col(b), layout, h, g, d)) if b is not None else (None,) * 3
+        wq, wk, wv = split_fused(w, layout, h, g, d)
+        bq, bk, bv = (x[:, 0] for x in split_fused(_as_col(b), layout, h, g, d)) if b is not None else (None,) * 3
     else:
         lins = (value(m, row.q), value(m, row.k), value(m, row.v))
         (wq, bq), (wk, bk), (wv, bv) = (read_linear(lin, row.conv1d) for lin in lins)
@@ -430,10 +386,10 @@ def write(row: Row, m: nn.Module, spec: AttentionSpec, p: Projections, model: nn
             )
     if row.qkv is not None:
         layout, h, g = _layout(row, m), spec.heads, spec.kv_heads_
-        w = _fuse(p.w_q, p.w_k, p.w_v, layout, h, g)
+        w = fuse_fused(p.w_q, p.w_k, p.w_v, layout, h, g)
         b = None
         if p.b_q is not None:
-            b = _fuse(*(_as_col(x) for x in (p.b_q, p.b_k, p.b_v)), layout, h, g)[:, 0]
+            b = fuse_fused(*(_as_col(x) for x in (p.b_q, p.b_k, p.b_v)), layout, h, g)[:, 0]
         write_linear(value(m, row.qkv), w, b, row.qkv, row.conv1d)
     else:
         wq, bq, h = p.w_q, p.b_q, spec.heads

@@ -4,10 +4,9 @@ renders it (utils/chat_template_utils.py), in the same sandbox: a template is da
     template = ChatTemplate.from_folder("ckpt/")        # chat_template.jinja, else tokenizer_config.json's
     text = template.render([{"role": "user", "content": "Hi"}])     # add_generation_prompt=True
 
-The environment is transformers': jinja2's ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks,
-the loopcontrols extension and a `{% generation %}` block (rendered as its body); `raise_exception`,
-`strftime_now`, a `tojson` that does not escape HTML (ensure_ascii False, indent/separators/sort_keys), a
-`dict` and a `namespace` that refuses underscore names. The special tokens of tokenizer_config.json
+The environment is transformers' (runtime/chat_sandbox.py), with a budget per rendering (time, steps, call
+depth, size: Limits) that a template from an untrusted folder cannot run past: ChatTemplateLimitError, one line.
+The special tokens of tokenizer_config.json
 (bos_token, eos_token, ...) are the template's variables, as transformers passes them. The rendered text
 is then encoded without special tokens (transformers' apply_chat_template(tokenize=True) does the same).
 """
@@ -15,80 +14,11 @@ is then encoded without special tokens (transformers' apply_chat_template(tokeni
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 
-import zoo
+from .chat_sandbox import ChatTemplateError, ChatTemplateLimitError, Limits, compiled, render_limited
 
 SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-
-
-class ChatTemplateError(zoo.ArgumentError):
-    """A chat template missing, unreadable, or refusing the messages (its own raise_exception)."""
-
-
-@lru_cache(maxsize=16)
-def _compiled(source: str):
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(jinja2.ext.Extension):  # transformers' AssistantTracker, without the tracking
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt):
-        return datetime.now().strftime(fmt)
-
-    class TemplateDict:
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class TemplateNamespace(jinja2.utils.Namespace):
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                TemplateNamespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name, value):
-            TemplateNamespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"a chat template cannot store {name!r} on a namespace")
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals.update(
-        raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(), namespace=TemplateNamespace
-    )
-    try:
-        return env.from_string(source)
-    except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
 
 
 def _plain(value):
@@ -108,11 +38,12 @@ def _plain(value):
 class ChatTemplate:
     """A chat template and the special tokens it may read."""
 
-    def __init__(self, source: str, special: dict[str, str] | None = None) -> None:
+    def __init__(self, source: str, special: dict[str, str] | None = None, limits: Limits | None = None) -> None:
         if not isinstance(source, str) or not source:
             raise ChatTemplateError(f"chat template {source!r} is not a template (a non-empty str)")
         self.source = source
         self.special = dict(special or {})
+        self.limits = limits or Limits()  # each rendering's budget (runtime/chat_sandbox.py)
 
     @classmethod
     def from_folder(cls, folder, stem: str = "") -> ChatTemplate:
@@ -151,9 +82,16 @@ class ChatTemplate:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ChatTemplateError(f"messages must be a list of dicts with role and content, got {messages!r:.80}")
         data = {**self.special, "tools": None, "documents": None, **_plain(variables)}  # as transformers passes
+        messages = _plain(messages)
+        size = len(json.dumps([messages, data], ensure_ascii=False))
         try:
-            return _compiled(self.source).render(
-                messages=_plain(messages), add_generation_prompt=add_generation_prompt, **data
+            return render_limited(
+                compiled(self.source),
+                self.limits,
+                size,
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                **data,
             )
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"the chat template refused the messages: {e}") from None
@@ -172,4 +110,4 @@ def read_messages(text: str) -> list[dict]:
     return data
 
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "read_messages"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "ChatTemplateLimitError", "Limits", "read_messages"]

@@ -29,6 +29,7 @@ import zoo
 from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
+from .beam_search import beam_settings, split_beam_options
 from .constraints import row_constraint
 from .device_decode import LeftRows, PackedRows, is_packed
 from .io import LM_PAST, NEXT_TOKEN
@@ -173,7 +174,7 @@ class Generation:
         if stops and self.pad is None and b > 1:
             raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
         self.codec = Codec(tokenizer) if tokenizer is not None else None
-        self.rows = row_texts(self.codec, stops, self.ids, attention_mask) if self.codec else None
+        self.rows = row_texts(self.codec, stops, self.ids, attention_mask, in_prompt=True) if self.codec else None
         self.params = resolve(knobs, config)
         self.mask = attention_mask
         self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))
@@ -312,7 +313,9 @@ def generate(
     **options,
 ):
     """(b, t + N) int64: the prompt then the new tokens (fewer than N when every row ended at an eos id or a
-    stop string), greedy unless the options sample (runtime/sampling.py; Generation for every option).
+    stop string), greedy unless the options sample (runtime/sampling.py; Generation for every option). Beam
+    search: runtime/beam_generation.generate, which OnnxSession.generate calls (it takes num_beams, given or
+    the checkpoint's, and comes here without beams).
 
     torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
     prefill_s, decode_s, steps and capacity (and the seed of a sampling call)."""
@@ -332,6 +335,15 @@ def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=
         if tokenizer is None:
             raise zoo.ArgumentError("a text prompt needs tokenizer=... (a tokenizers.Tokenizer or a tokenizer.json)")
         input_ids = [Codec(tokenizer).encode(input_ids)]
+    call, options = split_beam_options(options)
+    config = options.get("generation_config")
+    config = generation_defaults(sess) if config is None else config
+    beams = beam_settings(call, config if isinstance(config, dict) else None)
+    if beams.on:
+        raise zoo.ArgumentError(
+            f"num_beams={beams.num_beams} (the call's or the checkpoint's generation_config): beam search does not "
+            "stream (its best hypothesis is known at the end); give num_beams=1 to stream, or call generate"
+        )
     run = Generation(sess, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
     for token in run:
         if tokenizer is None:

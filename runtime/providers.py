@@ -7,9 +7,12 @@ created session: its `get_providers()` must start with CUDAExecutionProvider.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -73,7 +76,52 @@ def ort():
 
 @functools.lru_cache(maxsize=1)
 def cuda_status() -> tuple[bool, str]:
-    """(usable, one-line reason): can ONNX Runtime really run a CUDA session here?"""
+    """(usable, one-line reason): can ONNX Runtime really run a CUDA session here? Asked quietly: what ONNX
+    Runtime prints while it looks (its preload_dlls' "Failed to load libcublasLt.so.13 ..." on stdout, its
+    logger on stderr) is kept, not shown; `probe_said()` gives its first line, for a refusal of provider='cuda'."""
+    said: list[str] = []
+    try:
+        with quietly(said):
+            return _probe()
+    finally:
+        _SAID[:] = said
+
+
+_SAID: list[str] = []  # what the last probe printed, kept
+
+
+def probe_said() -> str:
+    """The first line ONNX Runtime printed while the CUDA probe ran ('' for none): a missing library, say."""
+    lines = [line.strip() for text in _SAID for line in text.splitlines() if line.strip()]
+    first = next((line for line in lines if line.startswith("Failed to load")), lines[0] if lines else "")
+    return re.sub(r"\x1b\[[0-9;]*m", "", first)[:200]
+
+
+@contextlib.contextmanager
+def quietly(sink: list[str]):
+    """What is printed inside, by Python (sys.stdout/sys.stderr) or by a C library (file descriptors 1 and 2), goes
+    to `sink` instead of the terminal. For the one-time probe only: another thread's output meanwhile goes there too."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved: list[tuple[int, int]] = []
+    with tempfile.TemporaryFile() as caught, io.StringIO() as py:
+        try:
+            for fd in (1, 2):
+                with contextlib.suppress(OSError):
+                    saved.append((fd, os.dup(fd)))
+                    os.dup2(caught.fileno(), fd)
+            with contextlib.redirect_stdout(py), contextlib.redirect_stderr(py):
+                yield
+        finally:
+            for fd, old in saved:
+                os.dup2(old, fd)
+                os.close(old)
+            caught.seek(0)
+            sink.append(py.getvalue() + caught.read().decode("utf-8", "replace"))
+
+
+def _probe() -> tuple[bool, str]:
     rt = ort()
     if CUDA not in rt.get_available_providers():
         return False, f"onnxruntime {rt.__version__} ({rt.get_device()} build) has no CUDA provider"
@@ -121,12 +169,14 @@ def choose(provider: str) -> tuple[bool, str]:
     """(use CUDA, note) for a session asked to run on `provider` ("auto", "cpu" or "cuda").
 
     The note says what "auto" chose and why ('' for a concrete provider); "cuda" where CUDA does
-    not really work is a SessionError naming the reason."""
+    not really work is a SessionError naming the reason (and what ONNX Runtime said while it looked)."""
     if provider == "cpu":
         return False, ""
     ok, why = cuda_status()
     if provider == "cuda" and not ok:
-        raise SessionError(f"provider='cuda' asked for, but {why}; use provider='cpu' or 'auto'")
+        said = probe_said()
+        said = f" (ONNX Runtime: {said})" if said else ""
+        raise SessionError(f"provider='cuda' asked for, but {why}{said}; use provider='cpu' or 'auto'")
     return ok, f"provider auto -> {'cuda' if ok else 'cpu'}: {why}" if provider == "auto" else ""
 
 
@@ -219,6 +269,7 @@ __all__ = [
     "cuda_status",
     "device_of",
     "ort",
+    "probe_said",
     "providers_for",
     "run_failure",
     "session_options",

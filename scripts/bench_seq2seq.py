@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Seq2seq greedy generation side by side (bench/seq2seq_bench.py says what and how); writes OUT.md and
-OUT.json:
+"""Seq2seq greedy generation (or beam search: --num-beams K) side by side (bench/seq2seq_bench.py says what
+and how); writes OUT.md and OUT.json:
 
     python scripts/bench_seq2seq.py --out docs/bench/seq2seq-t5-bart
 
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens (default 32)")
     p.add_argument("--new", type=int, default=32, help="new tokens per row (default 32)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every path (default 2)")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search with K beams on both paths (default 1)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="docs/bench/seq2seq-t5-bart", help="OUT.md and OUT.json are written")
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=0 if smoke else args.warmup,
         repeats=1 if smoke else args.repeats,
         shape=SMOKE if smoke else SHAPE,
+        num_beams=args.num_beams,
     )
     command = "python scripts/bench_seq2seq.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     md, js = write(report, format_table(report, command.strip()), args.out)

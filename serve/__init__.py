@@ -29,19 +29,25 @@ The package, a folder per job (as vLLM's entrypoints/openai/ keeps one per route
     schema.py    media types, fields, limits, errors, ModelInfo, Item (what every route shares)
     replica.py   what every replica does first (its session from the model's bytes, gRPC on loopback)
     auth.py      the optional API key (a Bearer token, compared in constant time)
+    ops.py       a whole model's operations settings (ServeOps: --max-waiting, --request-timeout,
+                 --prefix-cache-mb, --access-log, --log-prompts)
+    access.py    request ids (X-Request-Id) and the access log, one JSON line per request
+    metrics.py   GET /metrics: Prometheus' text format, vLLM's names under attnzoo:, one registry per replica
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
     blocks/      a zoo block's export: bodies.py (JSON, .npy, .npz read, headers first), protocol.py (checks,
                  answers), batching.py (padded runs, decode groups), app.py (OnnxServer, the replica)
     generate/    a whole model's export: protocol.py (/generate requests checked: GenInfo, GenItem),
                  batching.py (left-padded static batches, StaticBatcher), rows.py (what both continuous batchers
-                 share), continuous.py (ContinuousBatcher over a left-padded export; continuous_batcher picks
-                 one), packed.py (PackedBatcher over a packed-rows export), app.py (GenerateServer)
+                 share: admission control, timeouts), continuous.py (ContinuousBatcher over a left-padded export;
+                 continuous_batcher picks one), packed.py (PackedBatcher over a packed-rows export), prefix.py
+                 (the prefix cache both read), app.py (GenerateServer: also /health, /ready, /metrics)
     openai/      OpenAI's API: common.py (the routes, errors in OpenAI's format), protocol.py (/v1 requests
                  checked, answers, chunks), fields.py (every OpenAI request field's fate), tools.py (tools,
                  tool_choice, the tool-call parsers and grammars), run.py (TextRun: one choice's row, its
                  logits processors), streams.py (a stream's chunks, tool-call deltas), serving.py (the /v1
-                 routes on continuous batching: OpenAIFront)
+                 routes on continuous batching: OpenAIFront), tokenize.py (POST /tokenize, /detokenize in
+                 vLLM's shapes)
     embeddings/  /v1/embeddings: protocol.py (EmbedAsk, answers), batching.py (rows, length-sorted padded runs
                  across requests), app.py (EmbeddingServer)
     loadtest/    load, faults and checked answers against a running server (__init__.py); pool.py (the requests

@@ -23,6 +23,7 @@ from .generate.app import GenerateServer
 from .generate.continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .generate.protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
 from .openai.serving import text_files
+from .ops import ServeOps
 from .replica import (
     check_port_free,
     model_files,
@@ -116,6 +117,7 @@ def start(
     text_from: str | os.PathLike | None = None,
     cuda_graph: bool = False,
     tool_call_parser: str | None = None,
+    ops: ServeOps | None = None,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -133,7 +135,8 @@ def start(
     in (serve/openai/tools.py: hermes, llama3_json, mistral; default: the one the chat template teaches). A sentence
     encoder's export (export_encoder) is served on OpenAI's POST /v1/embeddings (serve/embeddings/app.py: its
     tokenizer the MODEL.tokenizer.json beside it, requests batched across clients up to `max_batch` rows, at most
-    `max_tokens` tokens a request).
+    `max_tokens` tokens a request). ops: a whole model's admission control, request timeout, prefix cache and access
+    log (serve/ops.py ServeOps; default ServeOps()).
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -165,6 +168,7 @@ def start(
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
         extra["cuda_graph"] = cuda_graph
+        extra["ops"] = ops or ServeOps()
         extra["text"] = text_files(text_from if text_from is not None else path)
         extra["tool_call_parser"] = tool_call_parser
     elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embeddings/app.py), with the export's tokenizer

@@ -109,6 +109,34 @@ def _declared() -> list[str]:
     return [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
 
 
+def test_the_serve_extra_holds_what_serving_imports_of_the_text_extra():
+    """`attnzoo serve` of a whole model or an encoder reads a tokenizer (tokenizers) and a chat template (jinja2,
+    through runtime/chat*.py), and constrains decoding (llguidance, runtime/constraints.py): each text-extra
+    package that serve/ or the runtime modules it uses import is in the serve extra, so `pip install
+    attnzoo[serve]` serves text."""
+    import ast
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = {Requirement(r).name for r in extras["text"]}  # the module names are the distributions' here
+    imported = set()
+    for path in [*(REPO / "serve").rglob("*.py"), *(REPO / "runtime").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    needed = text & imported
+    assert needed == {"tokenizers", "jinja2", "llguidance"}, needed  # llguidance: response_format, forced tool calls
+    assert needed <= {Requirement(r).name for r in extras["serve"]}
+
+
 def test_every_declared_dependency_is_pinned_within_its_range():
     """A fresh machine installs what passed: each package the package and its extras name has a pin, and the
     pin lies inside the declared range (a range that excludes what CI proves is a lie)."""
@@ -135,6 +163,39 @@ def test_heavy_dependencies_declare_an_upper_bound():
         req = Requirement(text)
         if req.name in heavy:
             assert any(s.operator == "<" for s in req.specifier), f"{text!r} has no upper bound"
+
+
+# The ends of a declared range proven other than by the pin (constraints.txt): docs/testing.md says when each ran.
+PROVEN_ELSEWHERE = {
+    ("transformers", ">=5.24"): "the suite with 5.24 until 2026-12-03, and the drift command",
+    ("torch", ">=2.11"): "the CUDA-marked tests on the H200 (docs/gpu.md)",
+}
+
+
+def test_every_declared_bound_is_a_proven_release():
+    """A lower bound is the pinned release's minor (the one the suite passed), an upper bound at most the next minor
+    after it: `numpy<2.6` with 2.4 pinned, or `tqdm>=4.60` with 4.70 pinned, claims releases no run has seen.
+    Another proven end is listed in PROVEN_ELSEWHERE, with where it ran."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pins = _pins()
+    for text in _declared():
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        if name == "tomli":
+            continue  # Python 3.10's tomllib: not installed where the suite runs (3.11)
+        pin = Version(pins.get(name) or pins["onnxruntime-gpu"])  # the other platforms' onnxruntime: the same release
+        for spec in req.specifier:
+            if spec.operator == "==" or (req.name, str(spec)) in PROVEN_ELSEWHERE:
+                continue
+            bound = Version(spec.version)
+            if spec.operator == ">=":
+                assert bound.release[:2] == pin.release[:2] and bound <= pin, f"{text!r}: {spec} with {pin} proven"
+            else:
+                assert spec.operator == "<", f"{text!r}: {spec}"
+                assert bound <= Version(f"{pin.major}.{pin.minor + 1}"), f"{text!r}: {spec} with {pin} proven"
 
 
 def test_ci_and_the_readme_install_with_the_pins():

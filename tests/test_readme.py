@@ -125,3 +125,21 @@ def test_families_table_is_the_commands():
 
     page = (REPO / "docs" / "transformers.md").read_text()
     assert families_markdown() in page, "docs/transformers.md's families table differs from `attnzoo families`"
+
+
+def test_every_docs_page_is_in_the_readmes_list():
+    """docs/seq2seq.md was linked from nowhere: each page is an entry of README's "The rest, in docs/"."""
+    section = (REPO / "README.md").read_text().split("## The rest, in docs/")[1].split("\n## ")[0]
+    missing = [p.name for p in sorted((REPO / "docs").glob("*.md")) if f"](docs/{p.name})" not in section]
+    assert missing == []
+
+
+def test_the_readmes_generate_usage_names_every_flag():
+    """The command-line block's `attnzoo generate` lines name every flag the command takes."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("\nattnzoo generate FOLDER|MODEL.onnx")
+    usage = text[start : text.index("\nattnzoo ", start + 1)]
+    parser = build_parser()
+    generate = next(a for a in parser._subparsers._group_actions[0].choices.items() if a[0] == "generate")[1]
+    flags = [s for a in generate._actions for s in a.option_strings if s not in ("-h", "--help")]
+    assert [f for f in flags if f not in usage] == []

@@ -26,6 +26,11 @@ if set(RUN_FACTS) != set(LOWERINGS):  # what a session knows of each lowering (r
     raise ImportError(f"runtime/lowering_facts.py RUN_FACTS {sorted(RUN_FACTS)} != LOWERINGS {sorted(LOWERINGS)}")
 
 
+def able(field: str) -> tuple[str, ...]:
+    """The names of the lowerings whose record says they can (`field`: encoder_decoder, int8_cache), in order."""
+    return tuple(name for name, lw in RECORDS.items() if getattr(lw, field))
+
+
 def record(name: str) -> Lowering:
     try:
         return RECORDS[name]
@@ -47,6 +52,9 @@ def support_table() -> str:
         lines.append(f"| {mod.label} | " + " | ".join(cell(lw.modifiers.get(mod.name)) for lw in LOWERING_LIST) + " |")
     lines.append("| non-causal, cross-attention, `d_v != d_k` | " + " | ".join(lw.kinds for lw in LOWERING_LIST) + " |")
     lines.append("| fp16 | " + " | ".join(lw.fp16 for lw in LOWERING_LIST) + " |")
+    for what, field in (("whole encoder-decoders (bias + cross-attention)", "encoder_decoder"),
+                        ("int8 KV cache (whole models)", "int8_cache")):  # fmt: skip
+        lines.append(f"| {what} | " + " | ".join("yes" if getattr(lw, field) else "no" for lw in LOWERING_LIST) + " |")
     lines.append("| static KV cache (decode) | " + " | ".join(_static_cell(lw) for lw in LOWERING_LIST) + " |")
     lines.append(
         "| attention weights out | " + " | ".join("yes" if lw.weights_out else "no" for lw in LOWERING_LIST) + " |"
@@ -60,4 +68,4 @@ def _static_cell(lw: Lowering) -> str:
     return f"no: {lw.static_cache_note or lw.static_cache}"
 
 
-__all__ = ["FUSED_OPS", "LOWERING_LIST", "RECORDS", "Limit", "Lowering", "record", "support_table"]
+__all__ = ["FUSED_OPS", "LOWERING_LIST", "RECORDS", "Limit", "Lowering", "able", "record", "support_table"]

@@ -62,6 +62,11 @@ class Lowering:
     # fix, or None; `static_cache_note` says why in the README's table (empty: `static_cache` itself).
     static_cache: str | None = "not offered for this lowering"
     static_cache_note: str = ""
+    # A whole encoder-decoder in one traced graph per stack (export/seq2seq_export.py): a position bias on the
+    # scores (T5's buckets) and cross-attention to the encoder's cached keys, in every layer.
+    encoder_decoder: bool = False
+    # Its traced static step is the one export/kv_int8.py rewrites to an int8 cache (kv_precision="int8").
+    int8_cache: bool = False
     fp16: str = "yes"  # the README's fp16 cell
     kinds: str = "yes"  # the README's cell for non-causal, cross-attention, d_v != d_k
     # What the CUDA kernels of its fused nodes accept (kernel_rules.KernelRules, one per op it may write;

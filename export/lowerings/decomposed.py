@@ -19,6 +19,8 @@ LOWERING = Lowering(
     opset=18,
     graph="MatMul/Einsum, an explicit NaN-safe softmax, opset 18",
     weights_out=True,
+    encoder_decoder=True,
+    int8_cache=True,
     fused=False,
     # The static cache: ScatterElements writes this call's keys into the bound buffer in place, and
     # the folded query heads read each kv head once (zoo/attend.py, folded_attention).

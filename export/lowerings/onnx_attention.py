@@ -66,6 +66,7 @@ LOWERING = Lowering(
     name="onnx-attention",
     opset=23,
     graph="the standard `Attention` op, opset 23",
+    encoder_decoder=True,
     op="ONNX Attention",
     sdpa_fp32=True,
     static_cache=f"{_NO_SHARED_BUFFER} (use lowering='decomposed')",

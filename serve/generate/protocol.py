@@ -71,6 +71,7 @@ class GenItem:
     # tokens under continuous batching (serve/openai/serving.TextRun: sampling, stop strings, streaming, a
     # client that left): choose(logits (r v), argmax (r,)) -> (r,); add(tokens (r,)) -> ended; cancelled.
     decoder: object | None = None
+    cancelled: bool = False  # its client left (a /generate request; a decoder says so for itself)
 
     @property
     def rows(self) -> int:

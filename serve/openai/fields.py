@@ -16,7 +16,11 @@ APPLIED, IGNORED, REFUSED = "applied", "ignored", "refused"
 SHARED = {
     "model": (APPLIED, "must be the served model's id (GET /v1/models); another is a 404 model_not_found"),
     "max_tokens": (APPLIED, "the most new tokens (completions' default 16; chat's: as many as fit)"),
-    "stop": (APPLIED, "up to 4 strings; the text ends before the first one made"),
+    "stop": (
+        APPLIED,
+        "up to 4 strings, looked for in the completion alone (one begun in the prompt does not "
+        "count, as OpenAI's); the text ends before the first one made",
+    ),
     "n": (
         APPLIED,
         "n independent choices, each a row of the continuous batch; with a seed, choice i draws "

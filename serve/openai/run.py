@@ -138,6 +138,15 @@ class TextRun:
             if token:
                 self.ready, self._ready_at = i, at
 
+    def expire(self) -> None:
+        """The server's request timeout ended the run: finish_reason "length", its held text released (as
+        llama.cpp's t_max_predict_ms ends a prediction)."""
+        if self.finish is None:
+            self.finish, piece = "length", self.row.finish()
+            if self.logprobs is not None:
+                self._settle()
+            self.emit(piece, self.finish)
+
     def add(self, tokens: np.ndarray) -> bool:
         """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
         string ends it too, and so does a grammar that is complete; at max_tokens it ends at its length."""

@@ -41,7 +41,9 @@ from runtime.sampling import Sampler, resolve
 from runtime.stopping import Codec, RowText, eos_ids
 from zoo import AttnzooError
 
+from .. import access
 from ..generate.protocol import GenItem
+from ..generate.rows import Busy, TimedOut
 from ..schema import JSON
 from .protocol import (
     CHAT,
@@ -59,6 +61,7 @@ from .protocol import (
 )
 from .run import LOGPROB_FLOOR, TextRun
 from .streams import ChoiceStreams
+from .tokenize import TOKENIZE, detokenize, tokenize
 from .tools import PARSERS, as_call, finish_reason, parser_for
 
 TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -141,8 +144,20 @@ class OpenAIFront:
                 raise OpenAIError(f"{route} answers POST", 405)
             body = await read_limited(request, self.max_body)
             ask = parse(route, body, self.name)
-            ids = self._prompt_ids(ask)
+            ids = await asyncio.to_thread(self._prompt_ids, ask)  # a chat template's rendering: off the loop
             return await self._run(ask, ids)
+        except OpenAIError as e:
+            return Response(e.body(), e.status, media_type=JSON, headers=getattr(e, "headers", None))
+
+    async def tokens(self, request, path: str):
+        """POST /tokenize or /detokenize (serve/openai/tokenize.py: vLLM's shapes)."""
+        from starlette.responses import JSONResponse, Response
+
+        try:
+            if request.method != "POST":
+                raise OpenAIError(f"{path} answers POST", 405)
+            body = await read_limited(request, self.max_body)
+            return JSONResponse((tokenize if path == TOKENIZE else detokenize)(self, body))
         except OpenAIError as e:
             return Response(e.body(), e.status, media_type=JSON)
 
@@ -247,7 +262,9 @@ class OpenAIFront:
                 run = TextRun(
                     sampler,
                     self.eos,
-                    RowText(self.codec, ask.stop, context=prompt[0]),
+                    RowText(
+                        self.codec, ask.stop, context=prompt[0], in_prompt=False
+                    ),  # OpenAI's stop: the completion's
                     ask.max_tokens,
                     emit,
                     ask.logprobs,
@@ -260,23 +277,35 @@ class OpenAIFront:
         items = [GenItem(ids=np.asarray([r.ids], np.int64), max_new_tokens=ask.max_tokens, decoder=r) for r in runs]
         echoes = [self.codec.decode(ids) if ask.echo else "" for ids in prompts for _ in range(ask.best_of)]
         used = usage(sum(len(ids) for ids in prompts), 0)
-        batcher = self._batcher()
+        rec = access.current()
+        rec.prompt_tokens = used["prompt_tokens"]
+        rec.prompt = ask.prompt if ask.prompt is not None else self.codec.decode(prompts[0])
+        batcher, tasks = self._batcher(), []
+        try:
+            for it in items:
+                tasks.append(batcher.enqueue(it))
+        except Busy as e:  # the choices queued already leave with the request
+            for run in runs:
+                run.cancelled = True
+            access.LOG.warning("refused: %s", e)
+            raise Unavailable(f"this server is busy: {e}; retry after {e.retry_after} s", 429, e.retry_after) from None
         if not ask.stream:
             try:
-                results = await asyncio.gather(*(batcher.submit(it) for it in items))
+                results = await asyncio.gather(*tasks)
             except asyncio.CancelledError:  # the client left before its answer
                 for run in runs:
                     run.cancelled = True
                 raise
-            failed = next((tokens for tokens, _ in results if isinstance(tokens, Exception)), None)
-            if failed is not None:
-                raise OpenAIError(f"the model run failed: {type(failed).__name__}: {failed}", 500)
+            rec.ran(runs[0], results[0][1])
+            rec.completion_tokens = sum(run.made for run in runs)
+            err = next((tokens for tokens, _ in results if isinstance(tokens, Exception)), None)
+            if err is not None:
+                raise failed(err)
             best = _best(runs, ask.n, ask.best_of)
             choices = [self._choice(answer, i, runs[r], echoes[r], parser, tools) for i, r in enumerate(best)]
             used = usage(used["prompt_tokens"], sum(run.made for run in runs))  # every candidate's tokens
             return Response(answer.whole(choices, used), media_type=JSON)
-        tasks = [asyncio.ensure_future(batcher.submit(it)) for it in items]
-        stream = ChoiceStreams(answer, runs, echoes, parser, tools)
+        stream = ChoiceStreams(answer, runs, echoes, parser, tools, failed=failed, rec=rec)
         events = stream.events(pieces, tasks, used["prompt_tokens"])
         return StreamingResponse(events, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
 
@@ -309,6 +338,28 @@ def _penalty_pair(ask: Ask) -> tuple[float, float]:
     return ask.penalties.get("frequency_penalty", 0.0), ask.penalties.get("presence_penalty", 0.0)
 
 
+class Unavailable(OpenAIError):
+    """A request the server cannot take now: 429 (--max-waiting: OpenAI's rate-limit error) or 503 (it waited
+    past --request-timeout), with Retry-After."""
+
+    def __init__(self, message: str, status: int, retry_after: int = 1) -> None:
+        super().__init__(message, status, code="rate_limit_exceeded" if status == 429 else "timeout")
+        self.headers = {"retry-after": str(retry_after)}
+
+    @property
+    def kind(self) -> str:
+        return "requests" if self.status == 429 else "server_error"
+
+
+def failed(err: Exception) -> OpenAIError:
+    """The OpenAI error of a run the batcher ended with an exception (logged with the request's id)."""
+    if isinstance(err, TimedOut):
+        access.LOG.warning("timed out: %s", err)
+        return Unavailable(f"this server is busy: {err}", 503)
+    access.LOG.error("the model run failed: %s: %s", type(err).__name__, err)
+    return OpenAIError(f"the model run failed: {type(err).__name__}: {err}", 500)
+
+
 def _load_text(files: dict[str, bytes]):
     """(Codec or None, ChatTemplate or None) from text_files' bytes."""
     if "tokenizer.json" not in files:
@@ -329,4 +380,4 @@ def _load_text(files: dict[str, bytes]):
     return codec, template
 
 
-__all__ = ["LOGPROB_FLOOR", "TEXT_FILES", "OpenAIFront", "TextRun", "text_files"]
+__all__ = ["LOGPROB_FLOOR", "TEXT_FILES", "OpenAIFront", "TextRun", "Unavailable", "failed", "text_files"]

@@ -13,8 +13,11 @@ from .tools import CallStream, as_call, finish_reason
 class ChoiceStreams:
     """The chunks of one streamed request's choices (runs[i] is choice i), as server-sent events."""
 
-    def __init__(self, answer: Answer, runs: list, echoes: list[str], parser, tools) -> None:
+    def __init__(self, answer: Answer, runs: list, echoes: list[str], parser, tools, *, failed=None, rec=None) -> None:
         self.answer, self.runs, self.echoes, self.parser, self.tools = answer, runs, echoes, parser, tools
+        # failed(err) -> the OpenAIError of a run the batcher ended with an exception; rec: the access record
+        self.failed = failed or (lambda err: OpenAIError(f"the model run failed: {err}", 500))
+        self.rec = rec
         self.sent = [0] * len(runs)  # logprob entries already in a chunk, per choice
         self.calls = [CallStream(parser, tools) if parser is not None else None for _ in runs]
         self.made_calls = [0] * len(runs)
@@ -60,16 +63,21 @@ class ChoiceStreams:
                     get.cancel()
                     if not pieces.empty():  # its last piece came before its answer: read it first
                         continue
-                    failed = next(t for t in running if t.done())
-                    tokens, _ = failed.result()
+                    ended = next(t for t in running if t.done())
+                    tokens, timing = ended.result()
+                    if self.rec is not None:
+                        self.rec.ran(runs[tasks.index(ended)], timing)
                     err = tokens if isinstance(tokens, Exception) else RuntimeError("the run ended early")
-                    yield error_chunk(OpenAIError(f"the model run failed: {err}", 500))
+                    yield error_chunk(self.failed(err))
                     return
                 index, piece, finish, ready = get.result()
                 for chunk in self._chunks(index, piece, finish, ready):
                     yield chunk
                 if finish:
                     left.discard(index)
+            if self.rec is not None:  # the batchers answer right after the last pieces: their timings to the log
+                self.rec.ran(runs[0], (await tasks[0])[1])
+                self.rec.completion_tokens = sum(run.made for run in runs)
             if answer.ask.include_usage:
                 yield answer.usage_chunk(usage(prompt_tokens, sum(run.made for run in runs)))
             yield DONE

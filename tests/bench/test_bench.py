@@ -210,3 +210,25 @@ def test_the_plot_rings_the_points_the_table_stars(tmp_path, monkeypatch):
     ringed = [tuple(p) for c in ax_t.collections for p in c.get_offsets() if c.get_edgecolor().size]
     assert ringed == [(16.0, 39.5)], ringed
     assert "measured under load" in [t.get_text() for t in ax_t.get_legend().get_texts()][-1]
+
+
+def test_a_quantized_rows_share_of_the_fp32_roofline_is_not_given():
+    """The roofline is an fp32 MatMul's; an int8 row ran at 110% of it (integer kernels have another peak): its
+    share is left out, and the table says what the share is against."""
+    import zoo
+    from bench.jobs import ort_path
+    from bench.plan import Export, _rows
+    from bench.report import format_table
+
+    spec = zoo.spec("mha-causal")
+    path = ort_path("decomposed")
+    exports = {"decomposed": Export("decomposed", "a.onnx"), "decomposed int8": Export("decomposed", "b.onnx")}
+    measured = {(1, 8, path, prec): {"ok": True, "median_ms": 0.01, "repeats": 5} for prec in ("fp32", "int8")}
+    roofline = {"ort": {"ok": True, "gflops": 1.0, "n": 64, "median_ms": 1.0}}
+    rows = _rows(spec, [(1, 8)], [(path, "fp32"), (path, "int8")], exports, measured, roofline, "cpu")
+    fraction = {r["precision"]: r["roofline_fraction"] for r in rows}
+    assert fraction["int8"] is None and fraction["fp32"] == pytest.approx(rows[0]["gflops"] / 1.0)
+    config = {"name": "mha-causal", "spec": spec.to_dict(), "provider": "cpu", "dtype": "float32", "threads": 1}
+    report = {"config": {**config, "precisions": ["fp32", "int8"]}, "rows": rows, "roofline": roofline}
+    table = format_table({**report, "ort_call_overhead": [], "auto_lowering": "decomposed", "machine": {}})
+    assert "% roofline: of the float32 MatMul roofline below, for the float32 rows only" in table

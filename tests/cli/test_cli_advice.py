@@ -224,6 +224,17 @@ def test_what_cannot_run_here_is_refused_before_an_export_or_ray_starts(capsys, 
     assert "exporting" not in out and "starting Ray" not in out, out
 
 
+def test_serve_takes_the_shipped_checkpoints_bare_name_as_generate_does(capsys, monkeypatch, tmp_path):
+    """`serve tiny-stdlib-llama` from any folder reaches the shipped folder (here: its --dtype check, before an
+    export), as `generate tiny-stdlib-llama` does; it was "neither an .onnx file nor a zoo name"."""
+    monkeypatch.chdir(tmp_path)
+    for command in ("serve", "generate"):
+        extra = ["--prompt-ids", "1"] if command == "generate" else []
+        assert _exit([command, "tiny-stdlib-llama", *extra, "--dtype", "bfloat16"]) == 2
+        out, err = capsys.readouterr()
+        assert dtype_refusal("cpu", "bfloat16") in err and len(err.strip().splitlines()) == 1, (command, err)
+
+
 def test_generate_names_a_block_export_as_such_before_asking_for_its_tokenizer(capsys, tmp_path):
     """A block export given to generate with --prompt was told it lacked a tokenizer; it is not a whole model."""
     from export import export_onnx

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli import export_cache
-from cli.serve_model import capacity_line, folder_target, model_path
+from cli.serve_model import auth_header, capacity_line, folder_target, model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 import lm_cases  # noqa: E402 - small random transformers models, one per family
@@ -56,3 +56,20 @@ def test_the_ready_lines_say_what_a_request_may_hold_and_a_lowered_capacity(max_
     """A /v1 request of more than --capacity was refused with a limit the server never showed, and a --capacity
     past the export's max_len was lowered to it in silence: the ready lines say both."""
     assert capacity_line({"attnzoo.max_len": max_len}, capacity, batching) == words
+
+
+@pytest.mark.parametrize("key", ["s3cret-0123", "it's $HOME"])
+def test_the_ready_lines_curls_carry_the_key_they_need(key, monkeypatch):
+    """With --api-key KEY the example curls carry KEY itself (the shell running them has no ATTNZOO_API_KEY, and
+    $ATTNZOO_API_KEY made them 401); with the key from ATTNZOO_API_KEY, that variable; without a key, nothing."""
+    import shlex
+    import subprocess
+
+    assert shlex.split(auth_header(key, key)) == ["-H", f"Authorization: Bearer {key}"]  # what curl is given
+    from_env = auth_header(key, None)
+    assert "$ATTNZOO_API_KEY" in from_env and key not in from_env
+    shell = subprocess.run(  # the line as a shell that has the variable expands it
+        ["bash", "-c", f"printf '%s\\n' {from_env}"], env={"ATTNZOO_API_KEY": key}, capture_output=True, text=True
+    )
+    assert shell.stdout.splitlines() == ["-H", f"Authorization: Bearer {key}"]
+    assert auth_header(None, None) == ""

@@ -104,8 +104,10 @@ def cuda_lm(tmp_path_factory):
             r = export_onnx(model, path, provider="cuda", dtype=dtype, precision=precision, max_len=32)
             assert r.dtype == dtype and r.precision == precision
             made[key] = (model, path)
+            get.summaries[key] = r.summary()
         return made[key]
 
+    get.summaries = {}
     return get
 
 
@@ -244,6 +246,19 @@ def test_quantized_half_whole_model_for_cuda_is_within_the_rules(dtype, precisio
     for row in range(len(ids)):
         ours, theirs = rel_l2(got[row], eager[row]), rel_l2(fp32_got[row], eager32[row])
         assert ours <= QUANTIZED_RATIO * theirs, f"row {row}: {ours:.3f} against the fp32 export's {theirs:.3f}"
+
+
+@pytest.mark.parametrize(
+    "precision, weights, cache", [("fp32", "bf16", "bf16"), ("int4", "int4 (weight-only MatMulNBits", "bf16")]
+)
+def test_a_half_exports_summary_says_its_dtype(precision, weights, cache, cuda_lm):
+    """A bfloat16 export's weights and cache are bf16: its summary says so (it said fp32, the unquantized name)."""
+    cuda_lm("llama", "bfloat16", precision)
+    lines = dict(ln.split(None, 1) for ln in cuda_lm.summaries[("llama", "bfloat16", precision)].splitlines()[1:])
+    assert lines["precision"].startswith(weights) and "fp32" not in lines["precision"], lines["precision"]
+    assert lines["cache"].startswith(f"static, in place, {cache};"), lines["cache"]
+    if precision != "fp32":
+        assert lines["precision"].endswith(", bf16 activations")
 
 
 def test_quantized_half_activations_are_for_cuda_only():

@@ -121,3 +121,22 @@ def test_the_cli_refuses_kv_precision_outside_a_whole_export_and_on_a_made_onnx(
     assert main(["generate", str(result.path), "--prompt-ids", "3,4", "--kv-precision", "int8"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--kv-precision int8" in err and "own precision" in err and len(err.splitlines()) == 1, err
+
+
+def test_which_lowerings_carry_an_int8_cache_is_their_records_field(monkeypatch, tmp_path):
+    """kv_precision="int8" goes with the lowerings whose record has int8_cache (export/lowerings/), read by
+    kv_int8.why_not and export_lm alike: a record that says no is refused by both, with no list of names kept
+    beside the records."""
+    import dataclasses
+
+    from export import kv_int8
+    from export.lowerings import RECORDS
+
+    assert kv_int8.why_not("int8", "decomposed", "float32") is None
+    monkeypatch.setitem(RECORDS, "decomposed", dataclasses.replace(RECORDS["decomposed"], int8_cache=False))
+    monkeypatch.setitem(RECORDS, "onnx-attention", dataclasses.replace(RECORDS["onnx-attention"], int8_cache=True))
+    assert "lowering='decomposed'" in kv_int8.why_not("int8", "decomposed", "float32")
+    assert kv_int8.why_not("int8", "onnx-attention", "float32") is None
+    lm = lm_from_hf(lm_cases.hf_model("llama")).eval()
+    with pytest.raises(KVPrecisionError, match="no lowering of onnx-attention can express"):
+        export_onnx(lm, tmp_path / "m.onnx", kv_precision="int8", lowering="auto", provider="cpu")

@@ -3,8 +3,9 @@
 right-padded batch, with the checkpoint's decoder start and forced eos, an eos that ends rows early, and a
 forced bos; the pair's names; the CLI's export --whole and generate on a folder made here.
 
-T5 v1.1 (gated, buckets), BART and Marian (sinusoidal positions, its pad id banned) export in the default run
-(one session-scoped export each); T5 v1.0, mBART and Marian with a decoder vocabulary of its own under -m slow."""
+T5 v1.0 and v1.1 (gated, buckets), BART, mBART and Marian (sinusoidal positions, its pad id banned) export in the
+default run (one session-scoped export each); T5 with a deeper decoder and Marian with a decoder vocabulary of its
+own under -m slow. Greedy tokens are checked to vary (seq2seq_cases.vary), so that equal tokens say something."""
 
 from __future__ import annotations
 
@@ -17,33 +18,19 @@ import seq2seq_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.
 import torch
 
 from cli.main import main as cli
-from export.seq2seq_export import export_seq2seq, seq2seq_paths
+from export.seq2seq_export import seq2seq_paths
 from export.seq2seq_session import Seq2SeqSession
-from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
 
 NEW = 12
-FAST = ("t5-gated", "bart", "marian")
+FAST = ("t5", "t5-gated", "bart", "mbart", "marian")
+# Marian's random decoder still repeats one token in each row (rows differ): seq2seq_cases.vary does not move it yet
+ONE_TOKEN_A_ROW = ("marian", "marian-unshared")
 
 
 @pytest.fixture(scope="session")
-def pairs(tmp_path_factory):
-    """case -> (checkpoint folder, transformers model, the export's PATH), each exported once."""
-    root = tmp_path_factory.mktemp("seq2seq_exports")
-    made = {}
-
-    def get(case: str):
-        if case not in made:
-            folder, hf = seq2seq_cases.checkpoint(case, root)
-            path = root / f"{case}.onnx"
-            if case == "bart":  # through the CLI: export --checkpoint DIR --whole -o PATH
-                assert cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(path)]) == 0
-            else:
-                model = seq2seq_from_checkpoint(folder)
-                export_seq2seq(model, path, generation=generation_settings(folder))
-            made[case] = folder, hf, path
-        return made[case]
-
-    return get
+def pairs(seq2seq_pairs):
+    """case -> (checkpoint folder, transformers model, the export's PATH): tests/conftest.py's, shared."""
+    return seq2seq_pairs
 
 
 def cases() -> list:
@@ -66,6 +53,10 @@ def test_greedy_tokens_equal_transformers(case, pairs):
     want = hf_generate(hf, ids, mask)
     got = sess.generate(ids, NEW, mask)
     assert torch.equal(got, want), f"{case}:\n{got}\n{want}"
+    cfg = hf.generation_config  # tokens that vary, so that equal tokens say something (seq2seq_cases.vary)
+    skip = {cfg.eos_token_id, cfg.pad_token_id, cfg.forced_eos_token_id} - {None}
+    overall, in_a_row = seq2seq_cases.distinct_new_tokens(want.tolist(), skip)
+    assert overall >= 2 and (in_a_row >= 2 or case in ONE_TOKEN_A_ROW), f"{case}: the new tokens hardly vary:\n{want}"
     # an eos that one row makes early: that row is padded after it, as transformers pads it
     eos = int(want[0, 4])
     want = hf_generate(hf, ids, mask, eos_token_id=eos, forced_eos_token_id=None, forced_bos_token_id=7)
@@ -152,3 +143,23 @@ def test_cli_generate_on_a_folder(pairs, tmp_path, monkeypatch, capsys):
     assert "exporting" in capsys.readouterr().out
     assert cli(["generate", str(folder), "--prompt", "w5 w9", "--max-new-tokens", "3"]) == 0
     assert "exporting" not in capsys.readouterr().out  # the second run finds the cached pair
+
+
+def test_which_lowerings_take_an_encoder_decoder_is_their_records_field(monkeypatch, tmp_path):
+    """export_seq2seq takes the lowerings whose record has encoder_decoder (a bias and cross-attention in one
+    traced graph), and `auto` the first of them: a record that says no is refused, by name, before any work."""
+    import dataclasses
+
+    from export.errors import ExportError
+    from export.lowerings import RECORDS
+
+    folder, _ = seq2seq_cases.checkpoint("bart", tmp_path / "ckpt")
+    model = seq2seq_from_checkpoint(folder)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setitem(
+        RECORDS, "onnx-attention", dataclasses.replace(RECORDS["onnx-attention"], encoder_decoder=False)
+    )
+    with pytest.raises(ExportError, match="takes one of auto, decomposed$"):
+        export_seq2seq(model, out / "m.onnx", lowering="onnx-attention")
+    assert not list(out.iterdir())

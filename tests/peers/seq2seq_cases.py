@@ -77,11 +77,34 @@ def hf_model(name: str):
         for p in model.parameters():
             if p.requires_grad:  # Marian's sinusoidal positions are fixed (and not saved)
                 p.add_(torch.randn_like(p) * 0.05)
+        vary(model, seed=sum(map(ord, name)))
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(std=0.1)  # std 1 outweighs the head: one token everywhere
     if model.config.model_type == "marian":  # as Helsinki-NLP's generation_config.json: pad is never made
         model.generation_config.bad_words_ids = [[model.config.pad_token_id]]
     return model
+
+
+def vary(model, seed: int) -> None:
+    """So that greedy tokens vary between steps (T5, BART, mBART: at least two in a row; Marian not yet): at its
+    initial weights a decoder with tied embeddings makes one token everywhere (its norms near 1 carry the input
+    token's own embedding to the head, which picks it again, and the cross-attention outweighs the input). The
+    decoder's norm weights are drawn N(0, 1) (signs and sizes that no longer mirror the token) and its
+    cross-attention output is scaled down to 0.3."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "decoder" not in name:
+            continue
+        if "norm" in name.lower() and name.endswith("weight"):
+            p.copy_(torch.randn(p.shape, generator=g))
+        elif ("encoder_attn." in name or "EncDecAttention" in name) and name.endswith(("out_proj.weight", ".o.weight")):
+            p.mul_(0.3)
+
+
+def distinct_new_tokens(tokens, skip=()) -> tuple[int, int]:
+    """(distinct ids among a batch's new tokens, the most distinct in one row), the ids in `skip` (eos, pad) aside."""
+    rows = [{int(t) for t in row[1:]} - set(skip) for row in tokens]
+    return len(set().union(*rows)), max(len(r) for r in rows)
 
 
 def cached_generate_ok(model) -> bool:  # noqa: ANN001 - a transformers model

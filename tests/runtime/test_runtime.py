@@ -106,6 +106,33 @@ def test_a_cpu_session_passes_no_cuda_options_and_says_whether_tf32_was_asked(ti
     assert OnnxSession(tiny_model, provider="cpu").tf32 is False
 
 
+def test_the_cuda_probe_is_quiet_where_torch_is_not_and_says_why_only_when_cuda_is_asked(tiny_model):
+    """In a process without torch, onnxruntime-gpu on a machine with no GPU printed "Failed to load
+    libcublasLt.so.13 ..." (its preload_dlls) for every session that asked for "auto". Now nothing of ONNX
+    Runtime's reaches stdout or stderr; provider="cuda" is refused in one line that says what it said."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # `import torch` raises ImportError from here on\n"
+        "from runtime import OnnxSession, SessionError, cuda_status\n"
+        f"s = OnnxSession({str(tiny_model)!r}, provider='auto', verbose=False)\n"
+        "print('auto ->', s.provider)\n"
+        "ok, why = cuda_status()\n"
+        "try:\n"
+        f"    OnnxSession({str(tiny_model)!r}, provider='cuda', verbose=False)\n"
+        "except SessionError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] in ("auto -> cpu", "auto -> cuda") and len(lines) <= 2, p.stdout
+    if lines[0] == "auto -> cpu":
+        (refusal,) = lines[1:]
+        assert refusal.startswith("refused: provider='cuda' asked for, but "), refusal
+        if "could not start" in refusal:  # the GPU build with no GPU: ONNX Runtime's first words are kept
+            assert "(ONNX Runtime: " in refusal, refusal
+
+
 def test_tf32_must_be_a_bool(tiny_model):
     with pytest.raises(zoo.ArgumentError, match="tf32='yes' must be True or False"):
         OnnxSession(tiny_model, provider="cpu", tf32="yes")

@@ -34,6 +34,8 @@ from serve.openai.protocol import CHAT, COMPLETIONS, OpenAIError, max_body, pars
 from serve.openai.serving import TextRun, text_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ops_http import check_operations  # noqa: E402 - tests/serve: the operations through HTTP
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
 KEY = "test-key-0123"
@@ -258,12 +260,14 @@ def test_a_cancelled_request_gives_its_row_back_at_the_next_step(sess, codec):
 @pytest.fixture(scope="module")
 def server(lm_path):
     """`attnzoo serve chat.onnx` in a process group of its own (as a terminal runs it), its key from the
-    environment, the old --max-tokens spelling; yields (url, process). Killed at the end if still running."""
+    environment, the old --max-tokens spelling, a bounded queue and an access log beside the model (ops_http.py);
+    yields (url, process). Killed at the end if still running."""
     pytest.importorskip("openai")
     pytest.importorskip("ray")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "ATTNZOO_API_KEY": KEY}
     flags = ["--port", str(port), "--max-batch", "4", "--max-new-tokens", "3000", "--capacity", "3072"]
+    flags += ["--max-waiting", "2", "--request-timeout", "600", "--access-log", str(lm_path.with_name("access.log"))]
     cmd = [sys.executable, "-m", "cli", "serve", str(lm_path), *flags, "--threads", "1", "--max-tokens", "9000"]
     yield from served(cmd, env, port)
 
@@ -292,6 +296,20 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), made)
     got = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, stop=[text[3:6]])
     assert got.choices[0].text == text[: text.index(text[3:6])] and got.choices[0].finish_reason == "stop"
+    # OpenAI's stop looks at the completion alone: one begun in the prompt (its last character and the first new
+    # one, found nowhere in the completion) does not end it; generate's, as transformers' stop_strings, ends after
+    # the first token
+    run = Generation(sess, [ids], 12).run()[0].tolist()
+    for at in range(len(ids), len(run)):  # the first such pair of printable bytes
+        longer, spanning = run[:at], bytes(run[at - 1 : at + 1]).decode("latin-1")
+        whole = _alone(sess, codec, longer, 8)[0]
+        if all(32 <= t < 127 for t in run[at - 1 : at + 1]) and spanning not in whole:
+            break
+    else:
+        pytest.fail(f"no stop string to try in {run}")
+    got = client.completions.create(model=MODEL, prompt=longer, max_tokens=8, stop=[spanning]).choices[0]
+    assert (got.text, got.finish_reason) == (whole, "length")
+    assert _alone(sess, codec, longer, 8, stop=[spanning])[1:] == ("stop", 1)
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     rendered = ChatTemplate(TEMPLATE, {"bos_token": "<s>"}).render(messages)
@@ -346,7 +364,8 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
 
     def ask(i):
-        kw = {"model": MODEL, "messages": messages, "max_tokens": 90, "temperature": 1.0, "seed": i, "n": 2}
+        # n=1, two at a time: this server queues at most 2 (--max-waiting 2), and each choice waits as a row
+        kw = {"model": MODEL, "messages": messages, "max_tokens": 90, "temperature": 1.0, "seed": i}
         kw.update(response_format=fmt) if i % 2 else kw.update(tools=[tool], tool_choice="required")
         if i < 4:
             return client.chat.completions.create(**kw).choices
@@ -354,10 +373,10 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
         return [
             [c.delta.content or "" for c in chunks if c.index == j]
             + [t.function.arguments for c in chunks if c.index == j for t in c.delta.tool_calls or []]
-            for j in range(2)
+            for j in range(1)
         ]
 
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(ask, range(8)))
     for i, choices in enumerate(answers):
         for c in choices:
@@ -403,6 +422,12 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert meta["max_positions"] == 9000  # --max-tokens, the old spelling, still sets it
     plain.close()
 
+    # /health, /ready, /metrics, /tokenize, request ids, the prefix cache, a burst past --max-waiting, the
+    # access log (tests/serve/ops_http.py)
+    check_operations(
+        url, KEY, MODEL, codec, lambda ids, n: _alone(sess, codec, ids, n), lm_path.with_name("access.log")
+    )
+
     # `attnzoo loadtest --chat`: streamed chat requests at a stated concurrency, tokens/s and time to first token
     capsys.readouterr()
     assert main(["loadtest", url, "--chat", "--concurrency", "2", "--requests", "4", "--new-tokens", "8"]) == 0
@@ -420,3 +445,50 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
         "attnzoo serve: --max-tokens is now --max-positions (the most b*t positions per request); "
         "the old spelling will go"
     ], err  # nothing of Ray's: no token notice, no Serve INFO lines, no "(raylet) ... killed by ray.kill"
+
+
+def test_a_chat_template_past_its_budget_is_a_400_while_the_replica_answers_others(sess, lm_path):
+    """The front of a replica whose folder's template loops without end: its chat request is a 400 naming the
+    budget; a GET /v1/models sent with it is answered first (the rendering runs off the replica's event loop)."""
+    from starlette.requests import Request
+
+    from serve.openai.serving import OpenAIFront
+
+    files = text_files(lm_path)
+    files["chat_template.jinja"] = b"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    files.pop("tokenizer_config.json", None)  # the .jinja file alone holds the template
+    front = OpenAIFront(
+        sess,
+        lambda made=False: [],
+        MODEL,
+        "fingerprint",
+        files,
+        max_new=8,
+        max_positions=256,
+        capacity=256,
+        server_max_body=1 << 20,
+    )
+
+    def request(method: str, path: str, body: bytes = b"") -> Request:
+        async def receive():  # the whole body at once, without waiting
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        return Request({"type": "http", "method": method, "path": path, "headers": headers}, receive)
+
+    chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    done = []
+
+    async def ask(method, path, body=b""):
+        response = await front.handle(request(method, path, body), path)
+        done.append(path)
+        return response
+
+    async def both():
+        return await asyncio.gather(ask("POST", CHAT, chat), ask("GET", "/v1/models"))
+
+    refused, models = asyncio.run(both())
+    assert refused.status_code == 400 and models.status_code == 200
+    error = json.loads(refused.body)["error"]
+    assert error["param"] == "messages" and "the chat template took more than 1,000,000 steps" in error["message"]
+    assert done == ["/v1/models", CHAT], "the models request waited for the template's rendering"

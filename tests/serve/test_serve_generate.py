@@ -169,7 +169,8 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
     import time
 
     items = _requests(sess)[:4]
-    for max_requests, wait_s, most in ((1, 30.0, 1), (None, 0.05, len(items))):
+    # max_requests 1 with a 900 s window: a run per request at once (waiting for more would take 900 s a run)
+    for max_requests, wait_s, most in ((1, 900.0, 1), (None, 0.05, len(items))):
         runs: list[int] = []
 
         def run(batch, runs=runs):
@@ -180,7 +181,7 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
         answers = submit_concurrently(
             StaticBatcher(run, max_rows=8, wait_s=wait_s, max_requests=max_requests), items, 0.0
         )
-        assert time.perf_counter() - started < 10  # one request is a run's worth: no wait for more
+        assert time.perf_counter() - started < 600  # a ceiling far under one window: no run waited for more
         assert max(runs) == most and sum(runs) == len(items), runs
         for (tokens, _), it in zip(answers, items):
             np.testing.assert_array_equal(tokens, it.ids)
@@ -588,7 +589,7 @@ def plain_http(lm_path):
 def _raw(port: int, head: bytes, body: bytes = b"", *, read: bool = True) -> socket.socket | bytes:
     """Send a request's head and (part of) its body on a fresh socket; the answer's status line, or the
     socket still open when read=False."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)  # a ceiling against a hang on a loaded host
     s.sendall(head + body)
     if not read:
         return s
@@ -617,14 +618,10 @@ def test_a_generate_body_is_limited_to_what_a_valid_request_can_be(plain_http):
 def test_stalled_uploads_time_out_and_give_their_slots_back(plain_http):
     """Clients that declare a body and send one byte of it are answered 408 once the body's time is up,
     and the server answers others meanwhile."""
-    import time
-
     _, port = plain_http
-    started = time.perf_counter()
     stalled = [_raw(port, _post(100_000), b"{", read=False) for _ in range(4)]
     body = json.dumps({"input_ids": [1, 2, 3], "max_new_tokens": 2}).encode()
     assert b" 200 " in _raw(port, _post(len(body)), body)
-    for s in stalled:
+    for s in stalled:  # answered by the server's body timer (1 s here), not by this socket's own timeout
         with s:
             assert s.recv(65536).split(b"\r\n", 1)[0].endswith(b"408 Request Timeout")
-    assert time.perf_counter() - started < 8
