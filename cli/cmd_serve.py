@@ -87,6 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 app=args.app,
                 api_key=api_key,
                 text_from=args.model,
+                tool_call_parser=args.tool_call_parser,
                 cuda_graph=args.cuda_graph,
                 ops=ops_from(args),
                 **options,
@@ -365,6 +366,11 @@ def add_commands(sub) -> None:
     )
     sp.add_argument(
         "--capacity", type=positive, default=512, help="--batching continuous: cache slots (prompt + new tokens)"
+    )
+    sp.add_argument(
+        "--tool-call-parser",
+        choices=["hermes", "llama3_json", "mistral"],
+        help="the format /v1/chat/completions reads tool calls in (default: the one the chat template teaches)",
     )
     sp.add_argument(
         "--cuda-graph",

@@ -75,7 +75,26 @@ def options(args) -> dict:
         out["max_time"] = args.max_time
     if args.eos_token_id is not None:
         out["eos_token_id"] = args.eos_token_id
+    if args.json_schema is not None:
+        out["json_schema"] = json_schema(args.json_schema)
+    elif args.json_object:
+        out["response_format"] = {"type": "json_object"}
     return out
+
+
+def json_schema(path: str) -> dict:
+    """--json-schema FILE: the schema the text is constrained to (runtime/constraints.py)."""
+    import json
+
+    try:
+        schema = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise CliError(f"--json-schema {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CliError(f"--json-schema {path} is not JSON ({e})") from None
+    if not isinstance(schema, dict):
+        raise CliError(f"--json-schema {path} holds a {type(schema).__name__}; a JSON schema is an object")
+    return schema
 
 
 def beam_options(args) -> dict:
@@ -142,6 +161,10 @@ def add_generation_flags(sp) -> None:
     )
     b.add_argument("--num-return-sequences", type=number_in(int, 1), help="the best N hypotheses (<= --num-beams)")
     sp.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeat for several)")
+    sp.add_argument(
+        "--json-schema", metavar="FILE", help="constrain the text to a JSON document valid under this JSON schema"
+    )
+    sp.add_argument("--json-object", action="store_true", help="constrain the text to one JSON object (JSON mode)")
     sp.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after this many seconds")
     sp.add_argument(
         "--chat",

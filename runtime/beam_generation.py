@@ -180,6 +180,11 @@ def generate(
     beams = beam_settings(call, config if isinstance(config, dict) else None)
     max_new_tokens = _new_tokens(input_ids, max_new_tokens, options.pop("max_length", None), config)
     processors, as_dict = options.pop("processors", None), options.pop("return_dict_in_generate", False)
+    if beams.on and any(options.get(k) is not None for k in ("json_schema", "response_format")):
+        raise zoo.ArgumentError(
+            f"json_schema / response_format with beam search (num_beams={beams.num_beams}): not done here; "
+            "give num_beams=1 (greedy or sampled decoding is constrained)"
+        )
     if beams.on:
         beam = BeamGeneration(
             sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, beams=beams,

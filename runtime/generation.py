@@ -31,6 +31,7 @@ from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_c
 from zoo.spec_fields import rope_switch_at
 
 from .beam_search import beam_settings, split_beam_options, without_beams
+from .constraints import row_constraint
 from .device_decode import LeftRows, PackedRows, is_packed
 from .generation_keys import unapplied
 from .io import LM_PAST, NEXT_TOKEN
@@ -133,7 +134,9 @@ class Generation:
     text, ending before a stop string) and `pieces` (each row's text released by the last step).
 
     Knobs (runtime/sampling.py) and eos_token_id / pad_token_id left None come from `generation_config`
-    (default: the checkpoint's, recorded in the export); eos_token_id=[] stops at no token."""
+    (default: the checkpoint's, recorded in the export); eos_token_id=[] stops at no token. `json_schema` (a
+    schema) or `response_format` (OpenAI's) constrains each row's text to it (runtime/constraints.py; needs
+    the tokenizer): a row whose document is complete ends at an eos id."""
 
     def __init__(
         self,
@@ -148,6 +151,8 @@ class Generation:
         tokenizer=None,
         max_time: float | None = None,
         generation_config: dict | None = None,
+        json_schema=None,
+        response_format=None,
         **knobs,
     ) -> None:
         self.sess = sess
@@ -200,6 +205,11 @@ class Generation:
             encoder_ids=prompt,
         )
         self.seed = self.sampler.seed
+        # structured output (runtime/constraints.py): each row's logits masked to its grammar before the choice
+        self.constraint = row_constraint(json_schema, response_format, self.codec, vocab, self.eos, self.ids.shape)
+        if self.constraint is not None:
+            self.eos = tuple(dict.fromkeys((*self.eos, *self.constraint.eos)))  # a row whose grammar is complete ends
+            self.pad = self.eos[0] if self.pad is None else self.pad
         self.finish_reason = [None] * b
         self.pieces = [""] * b if self.rows else None
         self.made = 0
@@ -253,12 +263,13 @@ class Generation:
         sess, ids, max_new_tokens = self.sess, self.ids, self.max_new_tokens
         b, t = ids.shape
         # the graph's argmax is the token unless the choice reads the logits (sampling, a repetition penalty)
-        argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits
+        argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits and self.constraint is None
+        choose = self.sampler.choose if self.constraint is None else self._constrained
         # runtime/device_decode.py: what the prompt and each step bind and run
         if is_packed(sess):
-            driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, self.sampler.choose)
+            driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, choose)
         else:
-            driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, self.sampler.choose)
+            driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, choose)
 
         out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
         done = np.zeros(b, np.bool_)
@@ -295,6 +306,11 @@ class Generation:
         self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=self.n)
         if self.seed is not None:
             self.timings["seed"] = self.seed
+
+    def _constrained(self, logits) -> np.ndarray:
+        """The grammar's mask over the prompt and the tokens made so far, then the sampler's choice."""
+        seen = self._out[:, : self.ids.shape[1] + self.made]
+        return self.sampler.choose(self.constraint(seen, np.asarray(logits, np.float32)))
 
     def _finish(self, done: np.ndarray) -> None:
         """Rows still going end at their length; the text each row held back is released."""

@@ -42,9 +42,12 @@ The package, a folder per job (as vLLM's entrypoints/openai/ keeps one per route
                  share: admission control, timeouts), continuous.py (ContinuousBatcher over a left-padded export;
                  continuous_batcher picks one), packed.py (PackedBatcher over a packed-rows export), prefix.py
                  (the prefix cache both read), app.py (GenerateServer: also /health, /ready, /metrics)
-    openai/      OpenAI's API: protocol.py (/v1 requests checked, answers, chunks, errors in its format),
-                 serving.py (the /v1 routes on continuous batching: OpenAIFront, TextRun), tokenize.py
-                 (POST /tokenize, /detokenize in vLLM's shapes)
+    openai/      OpenAI's API: common.py (the routes, errors in OpenAI's format), protocol.py (/v1 requests
+                 checked, answers, chunks), fields.py (every OpenAI request field's fate), tools.py (tools,
+                 tool_choice, the tool-call parsers and grammars), run.py (TextRun: one choice's row, its
+                 logits processors), streams.py (a stream's chunks, tool-call deltas), serving.py (the /v1
+                 routes on continuous batching: OpenAIFront), tokenize.py (POST /tokenize, /detokenize in
+                 vLLM's shapes)
     embeddings/  /v1/embeddings: protocol.py (EmbedAsk, answers), batching.py (rows, length-sorted padded runs
                  across requests), app.py (EmbeddingServer)
     loadtest/    load, faults and checked answers against a running server (__init__.py); pool.py (the requests

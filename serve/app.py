@@ -116,6 +116,7 @@ def start(
     api_key: str | None = None,
     text_from: str | os.PathLike | None = None,
     cuda_graph: bool = False,
+    tool_call_parser: str | None = None,
     ops: ServeOps | None = None,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
@@ -130,10 +131,12 @@ def start(
     copies beside it); a block on POST /predict. api_key: every route but /healthz asks for it as a Bearer
     token (serve/auth.py). tf32: each replica's session runs fp32 products in TF32 on CUDA
     (OnnxSession(tf32=True)); off by default. cuda_graph: a packed-rows whole model's decode steps captured as
-    CUDA graphs (OnnxSession(cuda_graph=True)). A sentence encoder's export (export_encoder) is served on OpenAI's
-    POST /v1/embeddings (serve/embeddings/app.py: its tokenizer the MODEL.tokenizer.json beside it, requests batched
-    across clients up to `max_batch` rows, at most `max_tokens` tokens a request). ops: a whole model's admission
-    control, request timeout, prefix cache and access log (serve/ops.py ServeOps; default ServeOps()).
+    CUDA graphs (OnnxSession(cuda_graph=True)). tool_call_parser: the format /v1/chat/completions reads tool calls
+    in (serve/openai/tools.py: hermes, llama3_json, mistral; default: the one the chat template teaches). A sentence
+    encoder's export (export_encoder) is served on OpenAI's POST /v1/embeddings (serve/embeddings/app.py: its
+    tokenizer the MODEL.tokenizer.json beside it, requests batched across clients up to `max_batch` rows, at most
+    `max_tokens` tokens a request). ops: a whole model's admission control, request timeout, prefix cache and access
+    log (serve/ops.py ServeOps; default ServeOps()).
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -167,6 +170,7 @@ def start(
         extra["cuda_graph"] = cuda_graph
         extra["ops"] = ops or ServeOps()
         extra["text"] = text_files(text_from if text_from is not None else path)
+        extra["tool_call_parser"] = tool_call_parser
     elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embeddings/app.py), with the export's tokenizer
         server, extra = EmbeddingServer, {"text": embed_files(path)}
     else:

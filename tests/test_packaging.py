@@ -111,8 +111,9 @@ def _declared() -> list[str]:
 
 def test_the_serve_extra_holds_what_serving_imports_of_the_text_extra():
     """`attnzoo serve` of a whole model or an encoder reads a tokenizer (tokenizers) and a chat template (jinja2,
-    through runtime/chat*.py): each text-extra package that serve/ or the runtime modules it uses import is in
-    the serve extra, so `pip install attnzoo[serve]` serves text."""
+    through runtime/chat*.py), and constrains decoding (llguidance, runtime/constraints.py): each text-extra
+    package that serve/ or the runtime modules it uses import is in the serve extra, so `pip install
+    attnzoo[serve]` serves text."""
     import ast
 
     try:
@@ -132,7 +133,7 @@ def test_the_serve_extra_holds_what_serving_imports_of_the_text_extra():
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 imported.add(node.module.split(".")[0])
     needed = text & imported
-    assert needed == {"tokenizers", "jinja2"}, needed
+    assert needed == {"tokenizers", "jinja2", "llguidance"}, needed  # llguidance: response_format, forced tool calls
     assert needed <= {Requirement(r).name for r in extras["serve"]}
 
 

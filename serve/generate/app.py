@@ -72,6 +72,7 @@ class GenerateServer:
         text: dict[str, bytes] | None = None,
         key_digest: str | None = None,
         cuda_graph: bool = False,
+        tool_call_parser: str | None = None,
         ops: ServeOps | None = None,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
@@ -128,6 +129,7 @@ class GenerateServer:
         # OpenAI's model id: the checkpoint folder's name its export recorded, else the file's stem
         label = md.get("attnzoo.name") or "DecoderLM"
         model_id = name if label == "DecoderLM" else Path(label).name
+        self.tool_call_parser = tool_call_parser
         self.openai = self._openai(model_id, text or {}, batching, capacity, max_batch, batch_wait_ms, max_body)
         self.meta["openai"] = {"model": self.openai.name, "chat": self.openai.template is not None}
         self.metrics = ReplicaMetrics(self.openai.name, self.openai.batchers)
@@ -174,6 +176,7 @@ class GenerateServer:
             capacity=capacity,
             server_max_body=max_body,
             unavailable=unavailable,
+            tool_call_parser=self.tool_call_parser,
         )
 
     async def __call__(self, request):

@@ -5,10 +5,11 @@ no Ray, no torch.
     {"model": "llama", "prompt": "def main(", "max_tokens": 16, "temperature": 0, "stop": ["\\n"]}
     {"model": "llama", "messages": [{"role": "user", "content": "Hi"}], "stream": true, "seed": 7}
 
-OpenAI's `max_tokens` (and chat's newer `max_completion_tokens`) counts new tokens. A request is refused
-with {"error": {"message", "type", "param", "code"}} and a 4xx: 400 for a field it cannot take (n other than
-1, an unknown field, a prompt too long for the server: code "context_length_exceeded"), 401 for a missing or
-wrong API key, 404 for another model's name or path, 413 for a body past the endpoint's size limit.
+OpenAI's `max_tokens` (and chat's newer `max_completion_tokens`) counts new tokens. Every field of OpenAI's
+request types has its fate in serve/openai/fields.py (applied, ignored, refused). A request is refused with
+{"error": {"message", "type", "param", "code"}} and a 4xx: 400 for a field it cannot take (audio output, an
+unknown field, a prompt too long for the server: code "context_length_exceeded"), 401 for a missing or wrong
+API key, 404 for another model's name or path, 413 for a body past the endpoint's size limit.
 """
 
 from __future__ import annotations
@@ -18,41 +19,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from zoo import AttnzooError
+from . import fields, tools
+from .common import CHAT, COMPLETIONS, EMBEDDINGS, MODELS, OpenAIError, number
 
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
-MODELS = "/v1/models"
-EMBEDDINGS = "/v1/embeddings"  # a sentence encoder's server (serve/embeddings/protocol.py)
-SAMPLING = ("temperature", "top_p", "seed")
 EXTRAS = ("top_k", "min_p", "repetition_penalty")  # beyond OpenAI's fields, as vLLM takes them (extra_body)
-COMMON = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", *SAMPLING, *EXTRAS)
-FIELDS = {
-    COMPLETIONS: (*COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"),
-    CHAT: (*COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs"),
-}
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: as many as fit
 MAX_LOGPROBS = {COMPLETIONS: 5, CHAT: 20}  # the most alternatives per token: OpenAI's limits
 MAX_MESSAGES = 1024
 BYTES_PER_POSITION = 128  # a token's text in JSON, escaped, is far below this: a body's size from the positions
-
-
-class OpenAIError(AttnzooError, ValueError):
-    """A request answered with `status` and OpenAI's error body (type, param, code)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-    @property
-    def kind(self) -> str:
-        return {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error"
-        )
-
-    def body(self) -> bytes:
-        doc = {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
-        return json.dumps(doc).encode()
 
 
 def max_body(max_positions: int, server_max_body: int) -> int:
@@ -66,30 +40,26 @@ class Ask:
 
     route: str
     max_tokens: int | None  # None: the chat default (as many as fit)
-    prompt: str | None = None  # /v1/completions' text
-    prompt_ids: list[int] | None = None  # /v1/completions' token ids
+    prompt: str | None = None  # /v1/completions' text (the first prompt's)
+    prompt_ids: list[int] | None = None  # /v1/completions' token ids (the first prompt's)
     messages: list[dict] | None = None  # /v1/chat/completions
     knobs: dict = field(default_factory=dict)  # temperature, top_p, seed, top_k, min_p, repetition_penalty
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None  # the alternatives listed per token (0: the chosen one only); None: no logprobs
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # candidates per prompt (completions), the best n returned
+    prompts: list = field(default_factory=list)  # completions: (text or None, ids or None) per prompt
+    echo: bool = False  # completions: the prompt's text before each choice's
+    penalties: dict = field(default_factory=dict)  # frequency_penalty, presence_penalty, logit_bias
+    response_format: dict | None = None  # OpenAI's, checked by runtime/constraints.schema_of
+    tools: object | None = None  # serve/openai/tools.Tools
+    variables: dict = field(default_factory=dict)  # chat template variables (reasoning_effort)
 
     @property
     def chat(self) -> bool:
         return self.route == CHAT
-
-
-def number(doc: dict, name: str, low: float, high: float | None = None, *, integer: bool = False):
-    v = doc.get(name)
-    if v is None:
-        return None
-    kinds = (int,) if integer else (int, float)
-    if isinstance(v, bool) or not isinstance(v, kinds) or v < low or (high is not None and v > high):
-        what = "an integer" if integer else "a number"
-        span = f">= {low}" if high is None else f"in {low}..{high}"
-        raise OpenAIError(f"{name}={v!r} must be {what} {span}", param=name)
-    return v
 
 
 def json_object(body: bytes, route: str, fields) -> dict:
@@ -121,23 +91,12 @@ def check_model(doc: dict, model: str) -> None:
 
 def parse(route: str, body: bytes, model: str) -> Ask:
     """Check one /v1 body for `route` (COMPLETIONS or CHAT) on the server of `model`; OpenAIError otherwise."""
-    doc = json_object(body, route, FIELDS[route])
+    doc = json_object(body, route, (*fields.FATES[route], "stream", *EXTRAS))
     check_model(doc, model)
-    n = number(doc, "n", 1, integer=True)
-    if n not in (None, 1):
-        raise OpenAIError(f"n={n}: this server makes one choice per request (n=1)", param="n")
-    if doc.get("best_of") not in (None, 1):
-        raise OpenAIError(f"best_of={doc['best_of']!r}: only 1", param="best_of")
-    if doc.get("echo") not in (None, False):
-        raise OpenAIError(f"echo={doc['echo']!r} is not served here; leave it out", param="echo")
-    if doc.get("suffix") is not None:
-        raise OpenAIError("suffix is not served here; leave it out", param="suffix")
+    fields.check_refused(doc, route)
     stream = doc.get("stream") or False
     if not isinstance(stream, bool):
         raise OpenAIError(f"stream={stream!r} must be true or false", param="stream")
-    options = doc.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise OpenAIError(f"stream_options={options!r}: only {{'include_usage': bool}}", param="stream_options")
     key = "max_completion_tokens" if doc.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = number(doc, key, 1, integer=True)
     if max_tokens is None and route == COMPLETIONS:
@@ -150,8 +109,8 @@ def parse(route: str, body: bytes, model: str) -> Ask:
         "min_p": number(doc, "min_p", 0, 1),
         "repetition_penalty": number(doc, "repetition_penalty", 0),
     }
-    if knobs["top_p"] == 0:
-        raise OpenAIError("top_p=0 keeps no token; give a value in (0, 1]", param="top_p")
+    if knobs["top_p"] == 0:  # keeps the most likely token only: greedy, as transformers' TopPLogitsWarper reads it
+        knobs.update(top_p=None, do_sample=False)
     if knobs["repetition_penalty"] == 0:
         raise OpenAIError("repetition_penalty=0 must be > 0 (1 is off)", param="repetition_penalty")
     ask = Ask(
@@ -160,14 +119,48 @@ def parse(route: str, body: bytes, model: str) -> Ask:
         knobs={k: v for k, v in knobs.items() if v is not None},
         stop=_stop(doc.get("stop")),
         stream=stream,
-        include_usage=bool(options and options.get("include_usage")),
+        include_usage=fields.stream_options(doc),
         logprobs=_logprobs(route, doc),
+        penalties=fields.penalties(doc),
     )
+    ask.n, ask.best_of = fields.choices(doc, route)
     if route == CHAT:
         ask.messages = _messages(doc.get("messages"))
+        ask.tools = tools.check(doc)
+        ask.response_format = _response_format(doc.get("response_format"), ask.tools)
+        effort = doc.get("reasoning_effort")
+        if effort is not None:
+            if not isinstance(effort, str):
+                raise OpenAIError(f"reasoning_effort={effort!r} must be a string", param="reasoning_effort")
+            ask.variables["reasoning_effort"] = effort
     else:
-        ask.prompt, ask.prompt_ids = _prompt(doc.get("prompt"))
+        ask.prompts = _prompts(doc.get("prompt"))
+        ask.prompt, ask.prompt_ids = ask.prompts[0]
+        echo = doc.get("echo") or False
+        if not isinstance(echo, bool):
+            raise OpenAIError(f"echo={echo!r} must be true or false", param="echo")
+        if echo and ask.logprobs is not None:
+            raise OpenAIError("echo with logprobs needs the prompt's logprobs, which are not made here", param="echo")
+        ask.echo = echo
     return ask
+
+
+def _response_format(value, offered) -> dict | None:
+    """OpenAI's response_format, checked (runtime/constraints.schema_of); json with a forced tool call is refused."""
+    if value is None:
+        return None
+    from runtime.constraints import ConstraintError, schema_of
+
+    try:
+        wanted = schema_of(response_format=value)
+    except ConstraintError as e:
+        raise OpenAIError(str(e), param="response_format") from None
+    if wanted is not None and offered is not None and offered.constrained:
+        raise OpenAIError(
+            "response_format asks for JSON content while tool_choice asks for a tool call; give one",
+            param="response_format",
+        )
+    return value if wanted is not None else None
 
 
 def _logprobs(route: str, doc: dict) -> int | None:
@@ -194,18 +187,25 @@ def _stop(value) -> tuple[str, ...]:
     return tuple(many)
 
 
+MAX_PROMPTS = 128
+
+
+def _prompts(value) -> list[tuple[str | None, list[int] | None]]:
+    """(text, None) or (None, ids) per prompt: a string, a list of ids, or a list of either (several prompts)."""
+    many = value if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value) else [value]
+    if len(many) > MAX_PROMPTS:
+        raise OpenAIError(f"{len(many)} prompts; at most {MAX_PROMPTS} per request", param="prompt")
+    return [_prompt(v) for v in many]
+
+
 def _prompt(value) -> tuple[str | None, list[int] | None]:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]  # one prompt in a list
     if isinstance(value, str):
         if not value:
             raise OpenAIError("prompt is empty; give some text", param="prompt")
         return value, None
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return None, value
-    raise OpenAIError(
-        "prompt must be one non-empty string or one list of token ids (one prompt per request)", param="prompt"
-    )
+    raise OpenAIError("prompt must be a non-empty string or list of token ids, or a list of those", param="prompt")
 
 
 def _messages(value) -> list[dict]:
@@ -224,7 +224,31 @@ def _messages(value) -> list[dict]:
             content = "".join(str(p.get("text", "")) for p in content)
         if content is not None and not isinstance(content, str):
             raise OpenAIError(f"messages[{i}].content must be a string", param="messages")
-        out.append({**m, "content": content or ""})
+        calls = m.get("tool_calls")
+        if calls:  # an assistant's calls, their arguments as the objects chat templates write (as vLLM passes them)
+            out.append({**m, "content": content, "tool_calls": _history_calls(calls, i)})
+        else:
+            out.append({**m, "content": content or ""})
+    return out
+
+
+def _history_calls(calls, i: int) -> list[dict]:
+    if not isinstance(calls, list):
+        raise OpenAIError(f"messages[{i}].tool_calls must be a list", param="messages")
+    out = []
+    for call in calls:
+        f = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise OpenAIError(f"messages[{i}].tool_calls: each needs function {{name, arguments}}", param="messages")
+        args = f.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise OpenAIError(
+                    f"messages[{i}].tool_calls: arguments {args!r:.40} are not JSON", param="messages"
+                ) from None
+        out.append({**call, "function": {**f, "arguments": args}})
     return out
 
 
@@ -250,15 +274,15 @@ def _chat_entry(text: str, logprob: float, raw: bytes | None) -> dict:
 
 
 class Answer:
-    """The ids, times and names one request's answer and chunks share."""
+    """The ids, times and names one request's answer and chunks share; its choices by index."""
 
     def __init__(self, ask: Ask, model: str, fingerprint: str, seed: int | None) -> None:
         self.ask, self.model, self.fingerprint, self.seed = ask, model, fingerprint, seed
         self.id = ("chatcmpl-" if ask.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.offset = 0  # completions' text_offset: where the next token's text starts in the answer
+        self.offsets: dict[int, int] = {}  # completions' text_offset per choice: where its next token's text starts
 
-    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict | None:
+    def _logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
         """OpenAI's logprobs object for these tokens (None where the request asked for none)."""
         if self.ask.logprobs is None:
             return None
@@ -269,10 +293,11 @@ class Answer:
                 for e in entries
             ]
             return {"content": content, "refusal": None}
-        offsets = []
+        offsets, at = [], self.offsets.get(index, 0)
         for e in entries:
-            offsets.append(self.offset)
-            self.offset += len(e.token)
+            offsets.append(at)
+            at += len(e.token)
+        self.offsets[index] = at
         return {
             "tokens": [e.token for e in entries],
             "token_logprobs": [e.logprob for e in entries],
@@ -290,25 +315,45 @@ class Answer:
             head["seed"] = self.seed  # the request's, or the fresh one drawn for it: rerun it with this
         return head
 
-    def _choice(self, text, finish, chunk: bool, first: bool = False, entries=None) -> dict:
-        logprobs = None if first else self._logprobs(entries)
+    def choice(self, index: int, text, finish, entries=None, tool_calls=None) -> dict:
+        """A whole answer's choice: completions' text, or chat's message (its tool_calls where it made some)."""
+        logprobs = self._logprobs(index, entries)
         if not self.ask.chat:
-            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        if chunk:
-            delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         message = {"role": "assistant", "content": text, "refusal": None}
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        if tool_calls:
+            message.update(self._calls(tool_calls))
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
-    def whole(self, text: str, finish: str, usage: dict, entries: list[TokenLogprob] | None = None) -> bytes:
-        doc = {**self._head(False), "choices": [self._choice(text, finish, False, entries=entries)], "usage": usage}
-        return json.dumps(doc).encode()
+    def _calls(self, calls: list[dict]) -> dict:
+        """{"tool_calls": calls}, or for OpenAI's deprecated functions {"function_call": {name, arguments}}."""
+        if self.ask.tools is not None and self.ask.tools.legacy:
+            return {"function_call": calls[0]["function"]}
+        return {"tool_calls": calls}
+
+    def whole(self, choices: list[dict], usage: dict) -> bytes:
+        return json.dumps({**self._head(False), "choices": choices, "usage": usage}).encode()
 
     def chunk(
-        self, text: str | None, finish: str | None = None, first: bool = False, entries: list | None = None
+        self,
+        text: str | None,
+        finish: str | None = None,
+        first: bool = False,
+        entries: list | None = None,
+        index: int = 0,
+        tool_calls: list | None = None,
     ) -> bytes:
-        """One stream chunk: its piece of text and the logprobs of the tokens made since the last chunk."""
-        doc = {**self._head(True), "choices": [self._choice(text, finish, True, first, entries)]}
+        """One stream chunk of choice `index`: its piece of text (chat: or its tool_calls deltas) and the
+        logprobs of the tokens made since its last chunk."""
+        logprobs = None if first else self._logprobs(index, entries)
+        if not self.ask.chat:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        else:
+            delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+            if tool_calls:
+                delta.update(self._calls(tool_calls))
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        doc = {**self._head(True), "choices": [choice]}
         if self.ask.include_usage:
             doc["usage"] = None
         return b"data: " + json.dumps(doc).encode() + b"\n\n"

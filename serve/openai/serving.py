@@ -2,13 +2,15 @@
 /v1/chat/completions, on continuous batching (serve/generate/continuous.py), as text, or streamed as server-sent
 events. No Ray here: the replica hands its requests to `OpenAIFront.handle`.
 
-Each request becomes one row of the running batch, followed by a `TextRun` (GenItem.decoder): it chooses the
-row's tokens as `OnnxSession.generate` of that request alone does (every key of the checkpoint's
-generation_config under the request's knobs, runtime/sampling.py and its processors; a seed of its own, the
-request's or a fresh one reported in the answer), stops at the checkpoint's eos ids, at `stop` strings (text
-ends before them) or at max_tokens, and
-hands each piece of text to the request's stream. A stream whose client leaves marks its run cancelled: its
-row is given back before the next step.
+Each choice of a request (n per prompt) becomes one row of the running batch, followed by a `TextRun`
+(serve/openai/run.py, GenItem.decoder): it chooses the row's tokens as `OnnxSession.generate` of that request
+alone does (every key of the checkpoint's generation_config under the request's knobs, runtime/sampling.py
+and its processors; choice i seeded as row i of n, SeedSequence([seed, i]), the request's seed or a fresh one
+reported in the answer), after the request's logits processors (frequency/presence penalties and logit_bias: runtime/penalties.py; the grammar of
+its response_format or forced tool calls: runtime/constraints.py), stops at the checkpoint's eos ids, at `stop`
+strings (text ends before them), where its grammar is complete, or at max_tokens, and hands each piece of text
+to the request's stream (serve/openai/streams.py; chat's tool calls parsed by serve/openai/tools.py). A stream
+whose client leaves marks its runs cancelled: their rows are given back before the next step.
 
 `logprobs` (completions: N; chat: true with top_logprobs N) lists each new token's log-probability and its N
 most likely alternatives: the log-softmax of the model's own logits at that step, before the request's
@@ -33,9 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from runtime.chat import ChatTemplate, ChatTemplateError
+from runtime.constraints import ConstraintError, GrammarConstraint, grammar_of, lltokenizer
 from runtime.generation import generation_defaults, lm_vocab
 from runtime.generation_keys import unapplied
-from runtime.sampling import Sampler, log_softmax, resolve
+from runtime.penalties import LogitBias, OpenAIPenalties
+from runtime.sampling import Sampler, resolve
 from runtime.stopping import Codec, RowText, eos_ids
 from zoo import AttnzooError
 
@@ -46,21 +50,21 @@ from ..schema import JSON
 from .protocol import (
     CHAT,
     COMPLETIONS,
-    DONE,
     EMBEDDINGS,
     MODELS,
     Answer,
     Ask,
     OpenAIError,
-    TokenLogprob,
-    error_chunk,
     max_body,
     models_list,
     parse,
     read_limited,
     usage,
 )
+from .run import LOGPROB_FLOOR, TextRun
+from .streams import ChoiceStreams
 from .tokenize import TOKENIZE, detokenize, tokenize
+from .tools import PARSERS, as_call, finish_reason, parser_for
 
 TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 EVENT_STREAM = "text/event-stream"
@@ -78,134 +82,6 @@ def text_files(source: str | Path) -> dict[str, bytes]:
         plain = {name: source.with_name(name) for name in TEXT_FILES}
         found = own if own["tokenizer.json"].is_file() else plain
     return {name: path.read_bytes() for name, path in found.items() if path.is_file()}
-
-
-LOGPROB_FLOOR = -9999.0  # a logprob JSON can carry for a token of probability 0 (vLLM's value)
-
-
-class TextRun:
-    """One request's row in the continuous batch (the ContinuousBatcher calls choose, then add, per token)."""
-
-    def __init__(
-        self, sampler: Sampler, eos: tuple[int, ...], row: RowText, max_tokens: int, emit, logprobs: int | None = None
-    ) -> None:
-        self.sampler, self.eos, self.row, self.max_tokens = sampler, eos, row, max_tokens
-        self.emit = emit  # emit(piece, finish_reason or None), from the batch's thread
-        self.cancelled = False
-        self.finish: str | None = None
-        self.made = 0
-        self.logprobs = logprobs  # alternatives per token, or None: no logprobs
-        self.entries: list[TokenLogprob] = []  # one per token made (an ending eos excepted), when asked
-        self.ready = 0  # entries a stream may send, never changed after (all, once the run has ended)
-        self._ready_at = 0  # where the next entry's text starts in the answer
-        self._pending = False  # the tokens since the last text began a character (their bytes are out)
-        self._step_logprobs: np.ndarray | None = None
-
-    @property
-    def needs_logits(self) -> bool:
-        """Whether choose reads the logits (a sampler, logprobs); else the argmax is all (a packed batch then
-        reads no logits back: serve/generate/packed.py)."""
-        return self.logprobs is not None or self.sampler.params.needs_logits
-
-    def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:
-        if self.logprobs is not None:  # the model's distribution at this step, before any knob
-            # JSON has no -inf or NaN: a token the model rules out (a -inf logit) is -9999.0, as vLLM writes it
-            self._step_logprobs = np.nan_to_num(log_softmax(logits[0]), nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
-        return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
-
-    def _entry(self, token: int) -> TokenLogprob:
-        """The token's entry, it and its alternatives named by the text each would add here, in context, and
-        by the bytes each would add to the answer's UTF-8."""
-        lp, n = self._step_logprobs, self.logprobs
-        best = [int(i) for i in np.argsort(-lp, kind="stable")[:n]] if n else []
-        texts = self.row.peek([token, *best])
-        named = [
-            (text, float(lp[t]), self._bytes(t, text, partial)) for t, (text, partial) in zip([token, *best], texts)
-        ]
-        (text, logprob, raw), partial = named[0], texts[0][1]
-        if partial or text:  # a character begun: the token that completes it carries the character
-            self._pending = partial
-        return TokenLogprob(text, logprob, raw, tuple(named[1:]))
-
-    def _bytes(self, token: int, text: str, partial: bool) -> bytes | None:
-        """The bytes `token` adds to the answer: its own, except where they do not read as its text and no
-        character is pending before it (a SentencePiece space the decoder strips at the answer's start, a
-        special token left out of the text): there, its text's UTF-8. None where its own are unknown and its
-        text is none of its own (it ends inside a character)."""
-        own = self.row.codec.token_bytes(token)
-        if own is not None and (partial or self._pending or own.decode("utf-8", "replace") == text):
-            return own
-        return None if partial else text.encode()
-
-    def _settle(self) -> None:
-        """At the end: the entries' texts made to join to the answer's text. An incomplete character released
-        at the end (U+FFFD) goes to the last token; after a stop string, the tokens listed are those whose text
-        is in the answer, the last cut where the answer ends (the stop string's tokens are left out)."""
-        text = self.row.text
-        joined = sum(len(e.token) for e in self.entries)
-        if self.entries and joined < len(text):
-            self.entries[-1] = replace(self.entries[-1], token=self.entries[-1].token + text[joined:])
-        if self.row.stopped:
-            kept, at = [], 0
-            for e in self.entries:
-                if at >= len(text):
-                    break
-                kept.append(e)
-                at += len(e.token)
-            if at > len(text):  # the last runs into the stop string: cut it, with the bytes of its character's
-                start = at - len(kept[-1].token)  # tokens (the textless ones before it), none of them sent yet
-                first = len(kept) - 1
-                while first and not kept[first - 1].token:
-                    first -= 1
-                kept[-1] = replace(kept[-1], token=text[start:])
-                raw = text[start:].encode()
-                for i in range(first, len(kept)) if all(e.raw is not None for e in kept[first:]) else ():
-                    cut = raw if i == len(kept) - 1 else raw[: len(kept[i].raw)]
-                    kept[i], raw = replace(kept[i], raw=cut), raw[len(cut) :]
-            self.entries = kept
-        self.ready = len(self.entries)
-
-    def _advance(self) -> None:
-        """Count the entries a stream may send: up to a token whose text is all shown, with the textless ones
-        before it (a character it completes: they go out together, so nothing sent is cut by a stop later)."""
-        shown, i, at = self.row.shown, self.ready, self._ready_at
-        while i < len(self.entries):
-            token = self.entries[i].token
-            if at + len(token) > shown:
-                break
-            i, at = i + 1, at + len(token)
-            if token:
-                self.ready, self._ready_at = i, at
-
-    def expire(self) -> None:
-        """The server's request timeout ended the run: finish_reason "length", its held text released (as
-        llama.cpp's t_max_predict_ms ends a prediction)."""
-        if self.finish is None:
-            self.finish, piece = "length", self.row.finish()
-            if self.logprobs is not None:
-                self._settle()
-            self.emit(piece, self.finish)
-
-    def add(self, tokens: np.ndarray) -> bool:
-        """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
-        string ends it too; at max_tokens it ends at its length."""
-        token = int(tokens[0])
-        self.made += 1
-        self.sampler.observe(tokens)
-        if self.logprobs is not None and token not in self.eos:
-            self.entries.append(self._entry(token))
-        if token in self.eos:
-            self.finish, piece = "stop", self.row.finish()
-        else:
-            piece = self.row.add(token)
-            if self.row.stopped:
-                self.finish = "stop"
-            elif self.made >= self.max_tokens:
-                self.finish, piece = "length", piece + self.row.finish()
-        if self.logprobs is not None:
-            self._settle() if self.finish else self._advance()
-        self.emit(piece, self.finish)
-        return self.finish is not None
 
 
 class OpenAIFront:
@@ -227,6 +103,7 @@ class OpenAIFront:
         capacity: int,
         server_max_body: int,
         unavailable: str | None = None,
+        tool_call_parser: str | None = None,
     ) -> None:
         self.sess, self._batcher, self.name, self.fingerprint = sess, batcher, name, fingerprint
         self.max_new, self.max_positions, self.capacity = max_new, max_positions, capacity
@@ -244,6 +121,12 @@ class OpenAIFront:
             warnings.warn(f"the generation_config's {self.note}: not applied", UserWarning, stacklevel=2)
         self.created = int(time.time())
         self.codec, self.template = _load_text(files)
+        # the tool-call format: serve --tool-call-parser, else the one the chat template teaches (tools.parser_for)
+        if tool_call_parser is not None and tool_call_parser not in PARSERS:
+            raise AttnzooError(f"tool_call_parser={tool_call_parser!r}: one of {', '.join(PARSERS)}")
+        self.tool_parser = tool_call_parser or parser_for(self.template.source if self.template else None)
+        self.template_eos = self.template.special.get("eos_token") if self.template else None
+        self._lltokenizer = None  # llguidance's, built on the first constrained request
 
     def batchers(self) -> list:
         """The continuous batchers made so far (none before the first /v1 request, unless the server's own)."""
@@ -287,7 +170,8 @@ class OpenAIFront:
         except OpenAIError as e:
             return Response(e.body(), e.status, media_type=JSON)
 
-    def _prompt_ids(self, ask: Ask) -> list[int]:
+    def _prompt_ids(self, ask: Ask) -> list[list[int]]:
+        """Each prompt's ids (chat: the rendered messages, with the tools), checked against the server's room."""
         if self.unavailable:
             raise OpenAIError(f"this export cannot run on continuous batching: {self.unavailable}", 400)
         if self.codec is None:
@@ -295,18 +179,27 @@ class OpenAIFront:
         if ask.chat:
             if self.template is None:
                 raise OpenAIError(f"{self.name} has no chat template; POST {COMPLETIONS}", param="messages")
+            offered = ask.tools.offered() if ask.tools is not None and ask.tools.choice != "none" else None
+            if offered and self.tool_parser is None:
+                raise OpenAIError(
+                    f"{self.name}'s chat template names no tool-call format: serve it with --tool-call-parser "
+                    f"({', '.join(PARSERS)})",
+                    param="tools",
+                )
             try:
-                ids = self.codec.encode(self.template.render(ask.messages, add_generation_prompt=True))
+                text = self.template.render(ask.messages, add_generation_prompt=True, tools=offered, **ask.variables)
             except ChatTemplateError as e:
                 raise OpenAIError(str(e), param="messages") from None
+            prompts = [self.codec.encode(text)]
         else:
-            ids = ask.prompt_ids if ask.prompt is None else self.codec.encode(ask.prompt)
-            bad = [i for i in ids if not 0 <= i < self.vocab]
-            if bad:
-                raise OpenAIError(f"token id {bad[0]} is outside the vocabulary of {self.vocab}", param="prompt")
-        if not ids:
+            prompts = [ids if text is None else self.codec.encode(text) for text, ids in ask.prompts]
+            for ids in prompts:
+                bad = [i for i in ids if not 0 <= i < self.vocab]
+                if bad:
+                    raise OpenAIError(f"token id {bad[0]} is outside the vocabulary of {self.vocab}", param="prompt")
+        t = max(len(ids) for ids in prompts)
+        if min(len(ids) for ids in prompts) == 0:
             raise OpenAIError("the prompt is empty once tokenized", param="prompt" if not ask.chat else "messages")
-        t = len(ids)
         room = min(self.max_new, self.capacity - t + 1, self.max_positions - t)
         if ask.max_tokens is None:
             ask.max_tokens = room
@@ -324,77 +217,134 @@ class OpenAIFront:
                 param="max_tokens" if room > 0 else ("messages" if ask.chat else "prompt"),
                 code="context_length_exceeded",
             )
-        return ids
+        return prompts
 
-    async def _run(self, ask: Ask, ids: list[int]):
+    def _grammar(self, ask: Ask, parser) -> str | None:
+        """The request's grammar (llguidance's): its response_format's, or its forced tool calls'."""
+        try:
+            if ask.tools is not None and ask.tools.constrained:
+                return parser.grammar(ask.tools)
+            return grammar_of(response_format=ask.response_format) if ask.response_format else None
+        except ConstraintError as e:
+            raise OpenAIError(str(e), param="tools" if ask.tools is not None else "response_format") from None
+
+    def _constraint(self, grammar: str | None, prompt_len: int):
+        if grammar is None:
+            return None
+        try:
+            if self._lltokenizer is None:
+                ends = self.eos or eos_ids(self.codec.tok.token_to_id(self.template_eos) if self.template_eos else None)
+                self._lltokenizer = lltokenizer(self.codec.tok, self.vocab, ends or None)
+            return GrammarConstraint(self._lltokenizer, grammar, rows=1, prompt_len=prompt_len)
+        except ConstraintError as e:
+            raise OpenAIError(str(e), param="response_format") from None
+
+    async def _run(self, ask: Ask, prompts: list[list[int]]):
         from starlette.responses import Response, StreamingResponse
 
-        prompt = np.asarray([ids], np.int64)
         try:
             params = resolve(ask.knobs, {**self.config, "num_return_sequences": 1})
-            sampler = Sampler(params, prompt, None, self.vocab, eos=self.eos, max_new_tokens=ask.max_tokens)
+            if params.do_sample and params.seed is None:  # one fresh seed for the request: choice i's is (seed, i)
+                params = replace(params, seed=int(np.random.SeedSequence().entropy % (2**63)))
+            bias = LogitBias(ask.penalties.get("logit_bias") or {}, self.vocab)  # ids past the vocabulary refused
         except AttnzooError as e:  # the sampling knobs' own checks (zoo.ArgumentError)
-            raise OpenAIError(str(e)) from None
-        seed = sampler.seed if params.do_sample else ask.knobs.get("seed")
-        answer = Answer(ask, self.name, self.fingerprint, seed)
+            raise OpenAIError(str(e), param="logit_bias" if "logit_bias" in str(e) else None) from None
+        tools = ask.tools if ask.tools is not None and ask.tools.choice != "none" else None
+        parser = PARSERS[self.tool_parser]([f["name"] for f in tools.functions]) if tools else None
+        grammar = self._grammar(ask, parser)
+        answer = Answer(ask, self.name, self.fingerprint, params.seed)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
+        runs = []
+        for p, ids in enumerate(prompts):
+            prompt = np.asarray([ids], np.int64)
+            for j in range(ask.best_of):  # n choices, or best_of candidates of which the best n are answered
+                index = p * ask.best_of + j
+                sampler = Sampler(params, prompt, None, self.vocab, eos=self.eos, max_new_tokens=ask.max_tokens)
+                if params.do_sample:  # choice j draws as row j of a batch of n copies of the prompt, one seed
+                    sampler.rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence((params.seed, j))))]
 
-        def emit(piece: str, finish: str | None) -> None:
-            if ask.stream:  # with the count of logprob entries it may send: the chunk takes those not yet sent
-                loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, run.ready))
+                def emit(piece: str, finish: str | None, index=index) -> None:
+                    if ask.stream:  # with the count of logprob entries it may send: the chunk takes those not sent
+                        loop.call_soon_threadsafe(pieces.put_nowait, (index, piece, finish, runs[index].ready))
 
-        row = RowText(self.codec, ask.stop, context=prompt[0], in_prompt=False)  # OpenAI's stop: the completion's
-        run = TextRun(sampler, self.eos, row, ask.max_tokens, emit, ask.logprobs)
-        item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
+                run = TextRun(
+                    sampler,
+                    self.eos,
+                    RowText(
+                        self.codec, ask.stop, context=prompt[0], in_prompt=False
+                    ),  # OpenAI's stop: the completion's
+                    ask.max_tokens,
+                    emit,
+                    ask.logprobs,
+                    prompt=ids,
+                    processors=[OpenAIPenalties(len(ids), *_penalty_pair(ask)), bias],
+                    constraint=self._constraint(grammar, len(ids)),
+                    score=ask.best_of > ask.n,
+                )
+                runs.append(run)
+        items = [GenItem(ids=np.asarray([r.ids], np.int64), max_new_tokens=ask.max_tokens, decoder=r) for r in runs]
+        echoes = [self.codec.decode(ids) if ask.echo else "" for ids in prompts for _ in range(ask.best_of)]
+        used = usage(sum(len(ids) for ids in prompts), 0)
         rec = access.current()
-        rec.prompt_tokens, rec.prompt = len(ids), ask.prompt if ask.prompt is not None else self.codec.decode(ids)
+        rec.prompt_tokens = used["prompt_tokens"]
+        rec.prompt = ask.prompt if ask.prompt is not None else self.codec.decode(prompts[0])
+        batcher, tasks = self._batcher(), []
         try:
-            task = self._batcher().enqueue(item)
-        except Busy as e:
+            for it in items:
+                tasks.append(batcher.enqueue(it))
+        except Busy as e:  # the choices queued already leave with the request
+            for run in runs:
+                run.cancelled = True
             access.LOG.warning("refused: %s", e)
             raise Unavailable(f"this server is busy: {e}; retry after {e.retry_after} s", 429, e.retry_after) from None
         if not ask.stream:
             try:
-                tokens, timing = await task
+                results = await asyncio.gather(*tasks)
             except asyncio.CancelledError:  # the client left before its answer
-                run.cancelled = True
-                raise
-            rec.ran(run, timing)
-            if isinstance(tokens, Exception):
-                raise failed(tokens)
-            body = answer.whole(run.row.text, run.finish or "length", usage(len(ids), run.made), run.entries)
-            return Response(body, media_type=JSON)
-
-        async def events():
-            sent = 0  # logprob entries already in a chunk
-            try:
-                yield answer.chunk("", first=True) if ask.chat else answer.chunk("")
-                while True:
-                    get = asyncio.ensure_future(pieces.get())
-                    await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-                    if not get.done():  # the batcher answered without a last piece: the run failed
-                        get.cancel()
-                        tokens, timing = task.result()
-                        rec.ran(run, timing)
-                        err = tokens if isinstance(tokens, Exception) else RuntimeError("the run ended early")
-                        yield error_chunk(failed(err))
-                        break
-                    piece, finish, made = get.result()
-                    if piece or finish:  # a token whose text is held back sends its logprobs with its text
-                        yield answer.chunk(piece or None, finish, entries=run.entries[sent:made])
-                        sent = made
-                    if finish:  # the batcher answers right after the last piece: its timings to the access log
-                        rec.ran(run, (await task)[1])
-                        if ask.include_usage:
-                            yield answer.usage_chunk(usage(len(ids), run.made))
-                        break
-                yield DONE
-            finally:  # also when the client left mid-stream (the generator is closed or cancelled)
-                if not task.done():
+                for run in runs:
                     run.cancelled = True
+                raise
+            rec.ran(runs[0], results[0][1])
+            rec.completion_tokens = sum(run.made for run in runs)
+            err = next((tokens for tokens, _ in results if isinstance(tokens, Exception)), None)
+            if err is not None:
+                raise failed(err)
+            best = _best(runs, ask.n, ask.best_of)
+            choices = [self._choice(answer, i, runs[r], echoes[r], parser, tools) for i, r in enumerate(best)]
+            used = usage(used["prompt_tokens"], sum(run.made for run in runs))  # every candidate's tokens
+            return Response(answer.whole(choices, used), media_type=JSON)
+        stream = ChoiceStreams(answer, runs, echoes, parser, tools, failed=failed, rec=rec)
+        events = stream.events(pieces, tasks, used["prompt_tokens"])
+        return StreamingResponse(events, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
 
-        return StreamingResponse(events(), media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
+    @staticmethod
+    def _choice(answer: Answer, index: int, run: TextRun, echo: str, parser, tools) -> dict:
+        text, finish = echo + run.row.text, run.finish or "length"
+        calls = None
+        if parser is not None:
+            content, found = parser.parse(text)
+            found = found if tools.parallel else found[:1]
+            if found:
+                text, calls = content, [as_call(name, args) for name, args in found]
+                finish = finish_reason(tools)
+        return answer.choice(index, text, finish, run.entries, calls)
+
+
+def _best(runs: list[TextRun], n: int, best_of: int) -> list[int]:
+    """The runs answered, in order: all, or per prompt the n of best_of with the highest mean log-probability
+    per token (OpenAI's best_of), best first."""
+    if best_of == n:
+        return list(range(len(runs)))
+    out = []
+    for start in range(0, len(runs), best_of):
+        group = range(start, start + best_of)
+        out += sorted(group, key=lambda r: -runs[r].score / max(runs[r].made, 1))[:n]
+    return out
+
+
+def _penalty_pair(ask: Ask) -> tuple[float, float]:
+    return ask.penalties.get("frequency_penalty", 0.0), ask.penalties.get("presence_penalty", 0.0)
 
 
 class Unavailable(OpenAIError):
@@ -439,4 +389,4 @@ def _load_text(files: dict[str, bytes]):
     return codec, template
 
 
-__all__ = ["TEXT_FILES", "OpenAIFront", "TextRun", "Unavailable", "failed", "text_files"]
+__all__ = ["LOGPROB_FLOOR", "TEXT_FILES", "OpenAIFront", "TextRun", "Unavailable", "failed", "text_files"]

@@ -35,3 +35,6 @@ def tiny_lm(tmp_path_factory):
         return made[kind]
 
     return get
+
+
+from openai_lm import codec, hf_lm, lm_path, sess  # noqa: E402, F401 - the /v1 tests' model (tests/serve/openai_lm.py)

@@ -76,7 +76,8 @@ def _answers(run: TextRun, steps) -> tuple[dict, dict, list[dict], list[dict]]:
     out = []
     for route in (COMPLETIONS, CHAT):
         ask = Ask(route, 8, logprobs=run.logprobs)
-        whole = json.loads(Answer(ask, "m", "fp", None).whole(run.row.text, run.finish, {}, run.entries))
+        one = Answer(ask, "m", "fp", None)
+        whole = json.loads(one.whole([one.choice(0, run.row.text, run.finish, run.entries)], {}))
         streamed, sent, answer = [], 0, Answer(ask, "m", "fp", None)
         for piece, finish, sendable in steps:  # as OpenAIFront's stream sends them
             if piece or finish:
