@@ -96,8 +96,10 @@ class LeftRows:
         if prompt_mask is not None:
             self.key_mask[:, :t] = prompt_mask
         self.binding = binding = sess.new_binding()
+        self.cache_arrays = {}  # name -> the host buffer (runtime/speculative.py binds each row's slice of it)
         for name, (arr, buf) in _caches(sess, b, n, "cpu").items():
             self.keep.append(arr)
+            self.cache_arrays[name] = arr
             layer, kv = name.split(".")[1:3]
             binding.bind_ortvalue_input(name, buf)
             binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), buf)

@@ -33,6 +33,7 @@ from .device_decode import LeftRows, PackedRows, is_packed
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
 from .sampling import Sampler, resolve
+from .speculative import SpeculativeRows, check_target, speculation
 from .stopping import Codec, eos_ids, row_texts, stop_strings
 from .tensors import from_numpy, is_tensor
 
@@ -141,6 +142,10 @@ class Generation:
         tokenizer=None,
         max_time: float | None = None,
         generation_config: dict | None = None,
+        prompt_lookup_num_tokens: int | None = None,
+        max_matching_ngram_size: int | None = None,
+        assistant_model=None,
+        num_assistant_tokens: int | None = None,
         **knobs,
     ) -> None:
         self.sess = sess
@@ -170,6 +175,12 @@ class Generation:
         self.codec = Codec(tokenizer) if tokenizer is not None else None
         self.rows = row_texts(self.codec, stops, self.ids, attention_mask) if self.codec else None
         self.params = resolve(knobs, config)
+        # runtime/speculative.py: candidates from the text so far or a draft, verified k at a time
+        self.speculation = speculation(
+            prompt_lookup_num_tokens, max_matching_ngram_size, assistant_model, num_assistant_tokens
+        )
+        if self.speculation is not None:
+            check_target(sess, self.speculation)
         self.mask = attention_mask
         self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))
         self.seed = self.sampler.seed
@@ -178,6 +189,8 @@ class Generation:
         self.made = 0
         self.timings: dict = {}
         self.n = self._room()  # before anything of the call's size is allocated
+        if self.speculation is not None and self.speculation.draft is not None:
+            self._room(self.speculation.draft)
         self._out = np.empty((b, self.ids.shape[1] + max_new_tokens), np.int64)
         self._out[:, : self.ids.shape[1]] = self.ids
 
@@ -188,10 +201,10 @@ class Generation:
         am = am.detach().cpu().numpy() if is_tensor(am) else am
         return left_padded_mask(am, self.ids.shape)  # zoo.generation_inputs: the one rule for every generate
 
-    def _room(self) -> int:
+    def _room(self, sess=None) -> int:
         """The cache positions n this call binds, checked against the export's max_len and the memory
-        free (the cache, the key mask and the tokens out) before any of them is allocated."""
-        sess, (b, t), max_new_tokens = self.sess, self.ids.shape, self.max_new_tokens
+        free (the cache, the key mask and the tokens out) before any of them is allocated (sess: a draft's)."""
+        sess, (b, t), max_new_tokens = sess or self.sess, self.ids.shape, self.max_new_tokens
         need = positions_needed(t, max_new_tokens)
         cap = lm_max_len(sess)
         if cap is not None and need > cap:
@@ -229,13 +242,18 @@ class Generation:
         # the graph's argmax is the token unless the choice reads the logits (sampling, a repetition penalty)
         argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits
         # runtime/device_decode.py: what the prompt and each step bind and run
-        if is_packed(sess):
+        spec = self.speculation
+        if spec is not None:
+            driver = SpeculativeRows(sess, b, t, self.n, self._prompt_mask(), argmax, self.sampler, spec, self.eos)
+        elif is_packed(sess):
             driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, self.sampler.choose)
         else:
             driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, self.sampler.choose)
 
         out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
         done = np.zeros(b, np.bool_)
+        if spec is not None:
+            driver.done = done  # updated in place below: an ended row makes no more calls
         started = time.perf_counter()
         # the prefill: the prompt at slots 0..t-1, in chunks for one row (prefill_chunk)
         token = driver.prefill(ids, prefill_chunk(sess, b, t))
@@ -264,9 +282,11 @@ class Generation:
             if t + i == again:  # the whole sequence as one call from slot 0, as DecoderLM.generate does
                 token = driver.recompute(np.ascontiguousarray(out[:, : t + i + 1]))
                 continue
-            token = driver.step(token, i)
+            token = driver.step(token, i) if spec is None else driver.step(token, i, max_new_tokens - i - 2)
         decode = time.perf_counter() - started - prefill
         self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=self.n)
+        if spec is not None:
+            self.timings["speculation"] = driver.summary()
         if self.seed is not None:
             self.timings["seed"] = self.seed
 
