@@ -27,7 +27,7 @@ from .export_cache import (
     exported,
     generation_config,
 )
-from .generate_flags import add_generation_flags, chat_prompt, options, short
+from .generate_flags import add_generation_flags, add_speculation_flags, chat_prompt, options, short, speculates
 
 
 def tokenizer_file(source: Path) -> Path | None:
@@ -209,6 +209,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             target=target,
             dtype=args.dtype,
             kv_precision=args.kv_precision,
+            all_logits=speculates(args),
         )
     else:
         model_path = source
@@ -225,6 +226,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not sess.is_lm:
         raise CliError(f"{model_path} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
     _check_vocab(args, ids, lm_vocab(sess))
+    extra = {}
+    if args.draft is not None:
+        extra["assistant_model"] = _draft_session(args)
+    elif args.draft_tokens is not None:
+        raise CliError("--draft-tokens K goes with --draft FOLDER (the model that proposes them)")
     run = Generation(
         sess,
         np.array([ids], np.int64),
@@ -232,6 +238,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         tokenizer=tok,
         generation_config=config,
         **options(args),
+        **extra,
     )
     if source.is_dir():  # past the positions the model was made for, a rotary or position table extrapolates
         made_for = _max_positions(source)
@@ -270,6 +277,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("text  ", repr(short(tok.decode(ids))), "->", repr(text))
     step = timings["decode_s"] / max(timings["steps"], 1)
     how = "greedy" if not run.params.do_sample else f"sampled, seed {run.seed}"
+    spec = timings.get("speculation")
+    if spec:
+        print(
+            f"spec   {spec['kind']} (k {spec['k']}): {spec['accepted']} of {spec['proposed']} candidates kept "
+            f"(acceptance {spec['acceptance_rate']:.2f}), {spec['tokens_per_target_call']:.2f} tokens per target "
+            f"call ({spec['target_calls']} calls)"
+        )
     print(
         f"took   {total:.3f} s for {new} new tokens ({new / total:.1f} tokens/s end to end; prefill "
         f"{1e3 * timings['prefill_s']:.1f} ms, {1e3 * step:.2f} ms per decode step), {sess.precision}, "
@@ -292,6 +306,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")
     return 0
+
+
+def _draft_session(args):
+    """--draft: a folder (exported as the target is, once) or a whole-model .onnx, opened as the target is."""
+    from runtime.session import OnnxSession
+
+    draft = _source(args.draft)
+    if draft.is_dir():
+        _checkpoint_folder(str(draft))
+        from runtime.providers import choose
+
+        target = "cuda" if choose(args.provider)[0] else "cpu"
+        path = exported(str(draft), args.precision, args.max_len, target=target, dtype=args.dtype)
+    else:
+        _whole_model(draft)
+        path = draft
+    return OnnxSession(path, provider=args.provider, threads=args.threads, verbose=False)
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "models"  # the checkpoints in the box (tiny-stdlib-llama)
@@ -384,6 +415,7 @@ def add_commands(sub) -> None:
         "generation_config.json eos_token_id)",
     )
     add_generation_flags(sp)
+    add_speculation_flags(sp)
     sp.add_argument(
         "--json",
         metavar="PATH",

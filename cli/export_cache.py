@@ -51,6 +51,7 @@ def _export_key(
     target: str = "cpu",
     dtype: str = "float32",
     kv_precision: str = "fp32",
+    all_logits: bool = False,
 ) -> str:
     h = hashlib.sha256()
     h.update((folder / "config.json").read_bytes())
@@ -64,6 +65,8 @@ def _export_key(
     h.update(f"{precision}:{cap}:{target}:{dtype}:{zoo.__version__}".encode())
     if kv_precision != "fp32":  # fp32 keeps the keys exports had before the option
         h.update(f"kv:{kv_precision}".encode())
+    if all_logits:  # the logits at every position of a call (speculative decoding verifies k at once)
+        h.update(b"all_logits")
     return h.hexdigest()[:20]
 
 
@@ -98,14 +101,16 @@ def exported(
     target: str = "cpu",
     dtype: str = "float32",
     kv_precision: str = "fp32",
+    all_logits: bool = False,
 ) -> Path:
     """The whole-model export of `folder` at `precision` (and `kv_precision` for its cache), for provider
-    `target` in `dtype`: made once, then found in the cache folder. `check(model)`, when given, may refuse
-    the loaded model before its export."""
+    `target` in `dtype` (all_logits: the logits of every position, as speculative decoding reads them): made
+    once, then found in the cache folder. `check(model)`, when given, may refuse the loaded model before its
+    export."""
     from export.lm_export import export_lm
 
     path = _checkpoint_folder(folder)
-    key = _export_key(path, precision, max_len, target, dtype, kv_precision)
+    key = _export_key(path, precision, max_len, target, dtype, kv_precision, all_logits)
     out = _cache_root() / "lm" / f"{path.resolve().name}-{key}.onnx"
     if out.is_file() and weights_file(out).is_file():  # a graph and its weights (an older export: made again)
         return out
@@ -127,6 +132,7 @@ def exported(
         provider=target,
         dtype=dtype,
         overwrite=True,
+        all_logits=all_logits,
         label=str(folder),
         generation_config=generation_config(path),
     )

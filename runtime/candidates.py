@@ -50,37 +50,54 @@ def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray) -> np.ndarr
 
 class RowCalls:
     """One row's calls on a whole-model session whose batch cache LeftRows holds: the row's slice of each
-    buffer (a view, no copy), its key mask row and its own past_len; input_ids (1 t) after the row's past."""
+    buffer (a view, no copy), its key mask row and its own past_len; input_ids (1 t) after the row's past. A
+    one-token call runs a binding made once (its ids and logits arrays bound as plain decoding binds them)."""
 
     def __init__(self, sess: RuntimeSession, rows: LeftRows, r: int) -> None:
         self.sess, self.keep, self.length = sess, [], 0
-        self.binding = binding = sess.new_binding()
-        types = buffer_types(sess._sess.get_inputs(), PREFIX)
+        self.past_len = np.zeros((), np.int64)
+        self.logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+        self.binding = self._bind(rows, r)
+        self.single = None
+        if self.logits_type == "tensor(float)":
+            self.one_ids = np.zeros((1, 1), np.int64)
+            self.one_logits = np.zeros((1, 1, rows.step_logits.shape[-1]), np.float32)
+            self.single = self._bind(rows, r)
+            self.single.bind_ortvalue_input(INPUT_IDS.name, self._held(self.one_ids))
+            self.single.bind_ortvalue_output(LOGITS.name, self._held(self.one_logits))
+
+    def _held(self, arr: np.ndarray, element_type: str = ""):
+        self.keep.append(arr)  # a CPU OrtValue wraps its array: it stays alive with this object
+        return ort_value(arr, element_type, "cpu")
+
+    def _bind(self, rows: LeftRows, r: int):
+        binding = self.sess.new_binding()
+        types = buffer_types(self.sess._sess.get_inputs(), PREFIX)
         for name, arr in rows.cache_arrays.items():
-            view = arr[r : r + 1]  # the leading axis is the row: a contiguous slice, written in place
-            self.keep.append(view)
+            value = self._held(arr[r : r + 1], types[name])  # the row is the leading axis: contiguous, in place
             layer, kv = name.split(".")[1:3]
-            value = ort_value(view, types[name], "cpu")
             binding.bind_ortvalue_input(name, value)
             binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), value)
-        mask = rows.key_mask[r : r + 1]
-        self.past_len = np.zeros((), np.int64)
-        self.keep += [mask, self.past_len]
-        binding.bind_ortvalue_input(ATTENTION_MASK.name, ort_value(mask, "", "cpu"))
-        binding.bind_ortvalue_input(PAST_LEN.name, ort_value(self.past_len, "", "cpu"))
-        if NEXT_TOKEN.name in sess.output_names:
+        binding.bind_ortvalue_input(ATTENTION_MASK.name, self._held(rows.key_mask[r : r + 1]))
+        binding.bind_ortvalue_input(PAST_LEN.name, self._held(self.past_len))
+        if NEXT_TOKEN.name in self.sess.output_names:
             binding.bind_output(NEXT_TOKEN.name, "cpu")
-        self.logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+        return binding
 
     def run(self, ids: np.ndarray) -> np.ndarray:
         """ids (t,) at slots length..length+t-1 -> the logits (t v) float32 (all_logits) or the last one's (1 v);
-        length advances by t (the caller rolls it back by setting it lower)."""
+        length advances by t (the caller rolls it back by setting it lower). The result is read before the next
+        call (a one-token call's is its bound array)."""
+        self.past_len[()] = self.length
+        self.length += len(ids)
+        if len(ids) == 1 and self.single is not None:
+            self.one_ids[0, 0] = ids[0]
+            self.sess.run_with_iobinding(self.single)
+            return self.one_logits[0]
         chunk = np.ascontiguousarray(ids, np.int64)[None]
         self.binding.bind_ortvalue_input(INPUT_IDS.name, ort_value(chunk, "", "cpu"))
         self.binding.bind_output(LOGITS.name, "cpu")
-        self.past_len[()] = self.length
         self.sess.run_with_iobinding(self.binding)
-        self.length += len(ids)
         logits = next(o for o in self.binding.get_outputs() if len(o.shape()) == 3)
         return as_float32(logits)[0]
 

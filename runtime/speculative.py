@@ -21,9 +21,10 @@ reproduces a call.
 Each row runs its own calls (its slice of the bound buffers, its own past_len): rows accept different counts, and
 ONNX Runtime's CPU GroupQueryAttention takes a chunk after a past for one row only. The generation loop
 (runtime/generation.Generation) takes one token per row per step from each row's queue of accepted tokens, so eos
-ids, stop strings, streaming and max_time work as before. Back-off: k follows transformers' "heuristic" schedule
-(+2 after a round that kept every candidate, -1 otherwise, within 1..K), and a round that kept none pauses a
-row's speculation for 1, 2, 4 ... 16 plain steps (no candidates: a one-token call, bound once, as plain decoding).
+ids, stop strings, streaming and max_time work as before. Back-off: k doubles after a round that kept every
+candidate and is one more than the kept count after one that did not (within 1..K: a rejected candidate costs a
+chunk position), and a round that kept none pauses the row's speculation for 1, 2, 4 ... 16 plain steps (no
+candidates: a one-token call, bound once, as plain decoding).
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ class SpeculativeRows:
         base = calls.length
         logits = calls.run(np.concatenate([[seq[-1]], cand]))
         self.stats["target_calls"] += 1
-        kept, token = self._verdict(r, logits, cand, qs, rng)
+        seen = None if self.sampler.seen is None else self.sampler.seen[r].copy()
+        kept, token = verdict(logits, cand, qs, params, seen, rng)
         calls.length = base + 1 + kept  # the rejected candidates' slots are written over next time
         if self.draft is not None and len(cand):
             self.draft.keep(r, int(self.real[r]), len(seq) + min(kept, len(cand) - 1))
@@ -185,29 +187,37 @@ class SpeculativeRows:
         self.stats["proposed"] += m
         self.stats["accepted"] += kept
         if m:
-            self.k[r] = min(spec.k, self.k[r] + 2) if kept == m else max(1, self.k[r] - 1)
+            self.k[r] = min(spec.k, 2 * self.k[r]) if kept == m else max(1, kept + 1)
             if kept == 0:
                 self.backoff[r] = min(MAX_PAUSE, max(1, 2 * self.backoff[r]))
                 self.pause[r] = self.backoff[r]
             else:
                 self.backoff[r] = 0
 
-    def _verdict(self, r: int, logits: np.ndarray, cand: np.ndarray, qs: list, rng) -> tuple[int, int]:
-        """(candidates kept, the target's token after them) from the target's logits (m + 1, v)."""
-        params, sampler = self.sampler.params, self.sampler
-        seen = None if sampler.seen is None else sampler.seen[r].copy()
-        m = len(cand)
-        for j in range(m + 1):
-            scores = np.asarray(logits[j], np.float64)
-            if seen is not None:
-                scores = penalize(scores[None], seen[None], params.repetition_penalty)[0]
-            if not params.do_sample:
-                token = int(scores.argmax())
-                if j < m and token == cand[j]:
-                    if seen is not None:
-                        seen[token] = True
-                    continue
+    def summary(self) -> dict:
+        s = dict(self.stats, kind=self.spec.kind, k=self.spec.k)
+        if self.draft is not None:
+            s["draft_calls"] = self.draft.runs
+        s["acceptance_rate"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
+        s["tokens_per_target_call"] = s["emitted"] / s["target_calls"] if s["target_calls"] else 0.0
+        return s
+
+
+def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, seen, rng) -> tuple[int, int]:
+    """(candidates kept, the target's token after them) from the target's logits (m + 1, v) at the row's last
+    token and each of its m candidates. qs: the draft's distribution each candidate was drawn from ([] for prompt
+    lookup, or greedy); seen (v) bool: the row's tokens for a repetition penalty (updated with the kept ones), or
+    None; rng: the row's stream (sampling)."""
+    m = len(cand)
+    for j in range(m + 1):
+        scores = np.asarray(logits[j], np.float64)
+        if seen is not None:
+            scores = penalize(scores[None], seen[None], params.repetition_penalty)[0]
+        if not params.do_sample:
+            token = int(scores.argmax())  # first of ties, as plain greedy
+            if j == m or token != cand[j]:
                 return j, token
+        else:
             p = distribution(scores[None], params)[0]
             if j == m:
                 return j, draw(p, rng)
@@ -219,17 +229,9 @@ class SpeculativeRows:
             elif rng.random() * qs[j][c] >= p[c]:  # rejected with probability 1 - min(1, p / q)
                 residual = np.maximum(p - qs[j], 0.0)
                 return j, draw(residual if residual.sum() > 0 else p, rng)
-            if seen is not None:
-                seen[c] = True
-        raise AssertionError("unreachable")
-
-    def summary(self) -> dict:
-        s = dict(self.stats, kind=self.spec.kind, k=self.spec.k)
-        if self.draft is not None:
-            s["draft_calls"] = self.draft.runs
-        s["acceptance_rate"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
-        s["tokens_per_target_call"] = s["emitted"] / s["target_calls"] if s["target_calls"] else 0.0
-        return s
+        if seen is not None:
+            seen[int(cand[j])] = True
+    raise AssertionError("unreachable: the loop returns at j == m")
 
 
-__all__ = ["MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation"]
+__all__ = ["MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation", "verdict"]
