@@ -99,7 +99,7 @@ def benchmark_generate(
         models: dict[tuple[str, str], str] = {}
         skipped: dict[tuple[str, str], str] = {}
         builds: dict[str, Any] = {}
-        for path in paths:
+        for path in sorted(paths, key=lambda p: p != "attnzoo-prompt-lookup"):  # the one the others share first
             for precision in precisions:
                 why = _why_not(path, precision, pythons[path], device["provider"])
                 if why:
@@ -111,8 +111,16 @@ def benchmark_generate(
                     continue
                 if path in ONLY_FP32:
                     continue
-                name = {"attnzoo": "model.onnx", "llama.cpp": "model.gguf"}.get(path, "")
+                name = "model.gguf" if path == "llama.cpp" else "model.onnx" if path.startswith("attnzoo") else ""
                 target = str(Path(tmp) / f"{path}-{precision}" / name)
+                # one all_logits target for every attnzoo row of a speculative run (plain decoding's step is the
+                # same graph at t = 1): the draft path exports its draft only, plain nothing
+                shared = models.get(("attnzoo-prompt-lookup", precision)) if speculative else None
+                if shared and path == "attnzoo":
+                    models[(path, precision)] = shared
+                    continue
+                shared = shared if path == "attnzoo-draft" else None
+                target = shared or target
                 job = {
                     "stage": "build",
                     "path": path,
@@ -123,6 +131,7 @@ def benchmark_generate(
                     "threads": threads,
                     **device,
                     **spec_job(path, speculative),
+                    **({"draft_only": True} if shared else {}),
                 }
                 started = time.perf_counter()
                 result = _spawn(pythons[path], job, timeout)
@@ -141,9 +150,10 @@ def benchmark_generate(
         floor = memory_floor(folder, prompts, new)
         best: dict[tuple[int, str, str], dict[str, Any]] = {}  # insertion order: the table's
         took: dict[tuple[int, str, str], list[float | None]] = {}  # every round's end-to-end time (None: failed)
-        ids_of = {prompt: workload_ids(folder, prompt, speculative, prompt_ids) for prompt in prompts}
+        # the prompts' rows: the length, or with --speculative "LENGTH WORKLOAD" for each workload
+        ids_of = workload_ids(folder, prompts, speculative, prompt_ids)
         for round_ in range(rounds):
-            for prompt, precision, path in ((q, r, p) for q in prompts for r in precisions for p in paths):
+            for prompt, precision, path in ((q, r, p) for q in ids_of for r in precisions for p in paths):
                 if (path, precision) in skipped or (path in ONLY_FP32 and precision != "fp32"):
                     continue
                 job = {

@@ -44,6 +44,15 @@ def build_attnzoo(job: dict) -> dict:
     extra = {} if job["precision"] == "fp32" else {"precision": job["precision"]}
     provider, dtype = job.get("provider", "cpu"), job.get("dtype", "float32")
     spec = job.get("spec") or {}
+    if not job.get("draft_only"):  # else the target's export is the prompt-lookup path's, already made
+        _export_target(export_onnx, model, job, provider, dtype, bool(spec), extra)
+    if spec.get("draft"):  # the draft's own export, at the same precision, beside the target's
+        draft = zoo.lm_from_checkpoint(spec["draft"], dtype=torch.float32)
+        export_onnx(draft, job["model"] + ".draft.onnx", max_len=job["max_len"], provider=provider, **extra)
+    return {}
+
+
+def _export_target(export_onnx, model, job: dict, provider: str, dtype: str, all_logits: bool, extra: dict) -> None:
     export_onnx(
         model,
         job["model"],
@@ -52,13 +61,9 @@ def build_attnzoo(job: dict) -> dict:
         max_len=job["max_len"],
         provider=provider,
         dtype=dtype,
-        all_logits=bool(spec),  # a speculating path verifies k tokens a call: the logits of each
+        all_logits=all_logits,  # a speculating path verifies k tokens a call: the logits of each
         **extra,
     )
-    if spec.get("draft"):  # the draft's own export, at the same precision, beside the target's
-        draft = zoo.lm_from_checkpoint(spec["draft"], dtype=torch.float32)
-        export_onnx(draft, job["model"] + ".draft.onnx", max_len=job["max_len"], provider=provider, **extra)
-    return {}
 
 
 def load_attnzoo(job: dict):

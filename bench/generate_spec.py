@@ -2,11 +2,15 @@
 
     attnzoo bench --generate --speculative --checkpoint models/tiny-stdlib-llama --workload grounded \
         --prompt 384 --new 128 --precision fp32,int4 [--spec-k 10] [--ngram 3] [--draft DIR]
+        (--workload grounded,free: both; a row's prompt is "LENGTH WORKLOAD")
 
 The paths: attnzoo plain, attnzoo with prompt lookup (runtime/speculative.py) and with a draft (--draft DIR),
 transformers' generate plain, with `prompt_lookup_num_tokens` and with `assistant_model` (its "heuristic" schedule
 from k), each in its own process (bench/generate_peers.py), greedy. The same k and n-gram for both; transformers'
 prompt lookup proposes k every round, attnzoo's backs off (runtime/speculative.py).
+
+In a speculative run every attnzoo row runs the same all_logits export (plain decoding's step is the same
+graph at t = 1; its prefill also computes the head at every prompt position).
 
 Workloads: "grounded" is continuing text given in the prompt: the prompt is a held-out source's first P - C
 tokens, then its first C again (C = GROUNDED_REPEAT), as when a model re-writes a file it was shown (an edit), so
@@ -33,8 +37,9 @@ def check(speculative: dict[str, Any] | None, paths) -> None:
     if asked and not speculative:
         raise BenchError(f"--paths {','.join(asked)}: speculating paths go with --speculative")
     if speculative:
-        if speculative.get("workload") not in WORKLOADS:
-            raise BenchError(f"--workload {speculative.get('workload')!r} is not one of {', '.join(WORKLOADS)}")
+        bad = [w for w in speculative.get("workloads") or [None] if w not in WORKLOADS]
+        if bad:
+            raise BenchError(f"--workload {bad[0]!r} is not one of {', '.join(WORKLOADS)}")
         drafts = [p for p in paths or () if p.endswith(("-draft", "-assistant"))]
         if drafts and not speculative.get("draft"):
             raise BenchError(f"--paths {','.join(drafts)} need --draft DIR (a checkpoint of the same tokenizer)")
@@ -61,15 +66,23 @@ def spec_job(path: str, speculative: dict[str, Any] | None) -> dict[str, Any]:
     return {"spec": spec}
 
 
-def workload_ids(folder: str, length: int, speculative: dict[str, Any] | None, prompt_ids) -> list[int]:
-    """The prompt of `length` tokens: the bench's own text, or (grounded) its first length - C tokens then its
-    first C again."""
-    if not speculative or speculative.get("workload") == "free":
-        return prompt_ids(folder, length)
-    if length <= 2 * GROUNDED_REPEAT:
-        raise BenchError(f"--workload grounded needs --prompt above {2 * GROUNDED_REPEAT}, got {length}")
-    text = prompt_ids(folder, length - GROUNDED_REPEAT)
-    return text + text[:GROUNDED_REPEAT]
+def workload_ids(folder: str, lengths: list[int], speculative: dict[str, Any] | None, prompt_ids) -> dict:
+    """The rows' prompts, {label: ids}: each length's (label: the length), or with --speculative each workload's
+    (label "LENGTH WORKLOAD"): the bench's own text, or (grounded) its first length - C tokens then its first C
+    again."""
+    if not speculative:
+        return {n: prompt_ids(folder, n) for n in lengths}
+    out = {}
+    for workload in speculative["workloads"]:
+        for n in lengths:
+            if workload == "free":
+                out[f"{n} free"] = prompt_ids(folder, n)
+                continue
+            if n <= 2 * GROUNDED_REPEAT:
+                raise BenchError(f"--workload grounded needs --prompt above {2 * GROUNDED_REPEAT}, got {n}")
+            text = prompt_ids(folder, n - GROUNDED_REPEAT)
+            out[f"{n} grounded"] = text + text[:GROUNDED_REPEAT]
+    return out
 
 
 def equal_to_plain(rows: list[dict[str, Any]]) -> None:
@@ -94,7 +107,7 @@ def format_speculative_table(report: dict[str, Any]) -> str:
     """The speculative run's markdown table: one row per (prompt, precision, path), speed against plain."""
     m, spec = report["machine"], report["speculative"]
     lines = [
-        f"generate --speculative: {report['checkpoint']}, workload {spec['workload']}, CPU float32, B 1, "
+        f"generate --speculative: {report['checkpoint']}, CPU float32, B 1, "
         f"{report['new']} new tokens, k {spec['k']}, n-gram {spec['ngram']}"
         + (f", draft {spec['draft']}" if spec.get("draft") else "")
         + f", {report['threads']} threads, best of {report['repeats']}; {m.get('cpu')} "

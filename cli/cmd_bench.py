@@ -174,10 +174,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--workload",
-        choices=("grounded", "free"),
-        default="grounded",
+        type=_path_list,
+        default=["grounded", "free"],
+        metavar="LIST",
         help="with --speculative: grounded = the prompt ends by repeating its own start (the continuation is in "
-        "the prompt), free = the bench's text continued (default %(default)s)",
+        "the prompt), free = the bench's text continued (default grounded,free)",
     )
     gen.add_argument("--spec-k", type=int, default=10, metavar="K", help="with --speculative: candidates a round")
     gen.add_argument("--ngram", type=int, default=3, metavar="N", help="with --speculative: prompt lookup's n-gram")
@@ -369,7 +370,9 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
             command += f" {flag} {value}" if value else ""
         if args.speculative:
-            command += f" --speculative --workload {args.workload} --spec-k {args.spec_k} --ngram {args.ngram}"
+            command += (
+                f" --speculative --workload {','.join(args.workload)} --spec-k {args.spec_k} --ngram {args.ngram}"
+            )
             command += f" --draft {args.draft}" if args.draft else ""
         command += f" --json {args.json}"
         text = f"{table}\n\nCommand: `{command}`\n"
@@ -385,7 +388,7 @@ def _speculative(args: argparse.Namespace) -> dict | None:
             raise BenchError(f"{flag} {value} is outside 1..64")
     if args.draft and not (Path(args.draft) / "config.json").is_file():
         raise BenchError(f"--draft {args.draft} has no config.json; name a checkpoint folder of the same tokenizer")
-    return {"k": args.spec_k, "ngram": args.ngram, "draft": args.draft, "workload": args.workload}
+    return {"k": args.spec_k, "ngram": args.ngram, "draft": args.draft, "workloads": args.workload}
 
 
 def add_commands(sub) -> None:

@@ -120,8 +120,10 @@ class LeftRows:
     def _fresh_run(self, ids: np.ndarray, starts) -> np.ndarray:
         """Runs ids from each of `starts` (chunks of ids' columns) into a fresh logits output -> the token."""
         binding = self.binding
-        binding.bind_output(LOGITS.name, "cpu")
         for start, end in starts:
+            # a fresh logits output per chunk: an all_logits export's is (b, chunk, v), and a last, shorter chunk
+            # run into the first one's output failed in ONNX Runtime (an output of another shape)
+            binding.bind_output(LOGITS.name, "cpu")
             binding.bind_ortvalue_input(INPUT_IDS.name, self.bound(np.ascontiguousarray(ids[:, start:end])))
             self.past_len[()] = start
             self.sess.run_with_iobinding(binding)

@@ -266,10 +266,12 @@ from and to state quantization error on. Made by `{command}`, {seconds:.0f} s on
   hence other weights.
 - Held out: {held} ({held_tokens:,} bytes).
 - Training: {steps} steps of {batch} x {context} bytes (about {seen:,} bytes, a small part of one pass),
-  AdamW lr 3e-3 with warm-up and cosine decay, seed {seed}, torch {torch},
-  `torch.use_deterministic_algorithms(True)`, {threads} thread(s): two runs gave the same sha256.
+  AdamW lr {lr:g} with warm-up and cosine decay, seed {seed}, torch {torch},
+  `torch.use_deterministic_algorithms(True)`, {threads} thread(s): bit-reproducible at a fixed thread
+  count.{init}{repeats}
 - Loss (nats per byte): training {train_loss:.3f} (mean of the last 50 steps); held out {held_fp32:.3f}
-  in fp32 and {held_fp16:.3f} with the stored float16 weights. A uniform guess is 5.55.
+  in fp32 and {held_fp16:.3f} with the stored float16 weights, in windows of 256 bytes. A uniform guess
+  is 5.55.{copy}
 
 It is small and barely trained (the budget was set for a 2-core machine that six jobs shared): it
 has learned the bytes' statistics (spaces, letter runs, `self.`, ` = `, `_`), not Python yet, and
@@ -306,6 +308,26 @@ def write_readme(folder: Path) -> None:
         train_loss=facts["train_loss_last50"],
         held_fp32=facts["held_out_loss_fp32"],
         held_fp16=facts["held_out_loss_stored_fp16"],
+        lr=facts.get("lr", 3e-3),
+        init=(
+            "\n  Trained on from the checkpoint whose model.safetensors has sha256 "
+            f"`{facts['init_safetensors_sha256']}`"
+            " (the one before it, made by `python scripts/train_lm.py --steps 800`)."
+            if facts.get("init_safetensors_sha256")
+            else ""
+        ),
+        repeats=(
+            f"\n  {facts['repeats']:.0%} of the windows go back at a random point and repeat their own earlier text"
+            " from there (what teaches the model to continue what it was just shown)."
+            if facts.get("repeats")
+            else ""
+        ),
+        copy=(
+            f"\n- Copy rate {facts['copy_rate']:.3f} (`copy_rate`: 64 held-out spans of 96 bytes shown twice, the share"
+            " of the second copy's bytes the greedy next byte gets right)."
+            if "copy_rate" in facts
+            else ""
+        ),
         samples=shown,
     )
     tmp = folder / ".README.md.tmp"

@@ -185,3 +185,16 @@ def test_cli_generate_speculates_and_reports_it(exports, tmp_path, capsys):
     export_onnx(lm_from_hf(exports("llama")[0]).eval(), last_only, max_len=64)
     rc, _, err = _cli(["generate", str(last_only), "--prompt-ids", ids, "--prompt-lookup", "3"], capsys)
     assert rc == 2 and "all_logits=True" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_prompt_in_chunks_of_several_widths_prefills_an_all_logits_export(exports, monkeypatch):
+    """One row's prompt runs in chunks (generation.prefill_chunk); an all_logits export's logits are (1, chunk, v),
+    and a last, shorter chunk once ran into the first one's output (ONNX Runtime refused its shape)."""
+    import runtime.generation
+
+    _, sess = exports("llama")
+    ids = lm_cases.prompt(batch=1, t=12, seed=9)
+    whole = sess.generate(ids, 6, eos_token_id=[])
+    monkeypatch.setattr(runtime.generation, "PREFILL_CHUNK", 5)  # chunks of 5, 5 and 2
+    assert torch.equal(sess.generate(ids, 6, eos_token_id=[]), whole)
+    assert torch.equal(sess.generate(ids, 6, eos_token_id=[], prompt_lookup_num_tokens=3), whole)
