@@ -168,7 +168,7 @@ def picture_format(path: str | os.PathLike) -> str:
 
 
 def _save(fig, plt, path: Path) -> Path:
-    """Written atomically in the format the suffix names (symlinks followed, /dev/null written through)."""
+    """Written atomically in the format the suffix names (a symlink replaced, /dev/null written through)."""
     try:
         fmt = picture_format(path)
         files.write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format=fmt))

@@ -54,7 +54,7 @@ def weight_path(name: str):
 
 
 def save(model: nn.Module, name: str, path: str | Path, log: dict[str, Any] | None = None) -> Path:
-    """Write model + config atomically (zoo.files: temp file + rename, links followed)."""
+    """Write model + config atomically (zoo.files: temp file + rename; a link there is replaced)."""
     path = Path(path)
     payload = {
         "name": name,

@@ -82,7 +82,7 @@ def _tokenizer_to_copy(checkpoint: Path, onnx_path: Path) -> tuple[bytes, Path] 
     if not src.is_file() or is_special(resolve_output(onnx_path)):
         return None
     dst = tokenizer_beside(onnx_path)
-    resolve_output(dst)  # a folder or a dangling link there: refused now, in one line
+    resolve_output(dst)  # a folder there (or a link to one): refused now, in one line
     try:
         raw = src.read_bytes()
     except OSError as e:

@@ -18,6 +18,7 @@ from zoo.files import ensure_writable_parent, write_atomic
 from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
 from .serve_model import capacity_line, folder_target, model_path, served_facts
+from .serve_ops import ops_from, with_ops
 
 
 def _need(module: str, what: str) -> None:
@@ -85,6 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 api_key=api_key,
                 text_from=args.model,
                 cuda_graph=args.cuda_graph,
+                ops=ops_from(args),
                 **options,
             )
         except BaseException:
@@ -107,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 body = '{"input_ids": [[72, 101, 108, 108, 111]], "max_new_tokens": 16}'
                 print(f"  curl -s {auth}-H 'Content-Type: application/json' -d '{body}' {dep.url}generate")
                 print(f"  OpenAI's API: {dep.url}v1 (GET /v1/models; POST /v1/completions, /v1/chat/completions)")
+                print(f"  operations: GET {dep.url}health, /ready, /metrics (Prometheus); POST /tokenize, /detokenize")
                 print(f"  {capacity_line(metadata, args.capacity, args.batching)}")
             else:
                 save = f"np.save('x.npy', np.random.randn(16, {width}).astype('float32'))"
@@ -245,9 +248,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def _chat_loadtest(args: argparse.Namespace) -> int:
-    """--chat: streamed POST /v1/chat/completions (serve/load_chat.py): tokens/s and time to first token."""
+    """--chat: streamed POST /v1/chat/completions (serve/loadtest/chat.py): tokens/s and time to first token."""
     from serve.auth import key_from
-    from serve.load_chat import chat_loadtest, format_chat_report
+    from serve.loadtest.chat import chat_loadtest, format_chat_report
 
     if args.json:
         ensure_writable_parent(Path(args.json))
@@ -367,6 +370,7 @@ def add_commands(sub) -> None:
         help="a packed-rows whole model (--provider cuda): capture each decode step as a CUDA graph and replay it "
         "(not yet run on a GPU: docs/gpu.md)",
     )
+    with_ops(sp)
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")

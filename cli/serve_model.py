@@ -33,7 +33,7 @@ def model_path(
 ) -> Path:
     """An .onnx path as given; a checkpoint folder exported whole (fp32 weights, once: export_cache.exported),
     for `provider` in `dtype` (for CUDA in float16 or bfloat16 a packed-rows export, which continuous batching
-    runs on the device: serve/gen_packed.py), a model continuous batching cannot serve refused before its
+    runs on the device: serve/generate/packed.py), a model continuous batching cannot serve refused before its
     export; or a zoo name exported with the mask input (so batches can pad; for a decode model, the key_mask)."""
     path = Path(target)
     if path.is_dir():
@@ -46,7 +46,7 @@ def model_path(
 
             return exported_encoder(target)
         from runtime.providers import dtype_refusal
-        from serve.gen_continuous import check_continuous_layers
+        from serve.generate.continuous import check_continuous_layers
 
         from .export_cache import exported
 

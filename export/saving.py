@@ -4,6 +4,7 @@ Shared by block exports (export/writer.py) and whole-model exports (export/lm_ex
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,11 +31,11 @@ MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
 def output_target(path: Path, overwrite: bool) -> Path:
-    """The file an export writes (symlinks followed; a device or FIFO is written through), refused
-    when it exists without overwrite or its folder cannot be written."""
+    """The file an export writes (a symlink there is replaced, not followed; a device or FIFO is written
+    through), refused when it exists (a link to nothing too) without overwrite or its folder cannot be written."""
     try:
         target = resolve_output(path)
-        if target.exists() and not overwrite and not is_special(target):
+        if os.path.lexists(target) and not overwrite and not is_special(target):
             raise zoo.OutputExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
         ensure_writable_parent(target)
     except zoo.OutputExistsError:  # stays what it was: a FileExistsError (and under the root)
@@ -61,6 +62,8 @@ def save_atomic(
     special = is_special(path)
     if special and big:
         raise ExportError(f"{path} is not a regular file, and this model keeps its weights in a .data file beside it")
+    if data_path is not None and data_path.exists() and not data_path.is_symlink() and not data_path.is_file():
+        raise ExportError(f"cannot write {data_path} (the export's weights): it is not a regular file; remove it")
     try:
         tmpdir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=None if special else path.parent))
     except OSError as e:
@@ -74,7 +77,7 @@ def save_atomic(
             raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
         _check_saved(tmp, model, dtype)
         if data_path is not None:
-            publish(tmpdir / data_path.name, data_path, overwrite=overwrite)
+            publish(tmpdir / data_path.name, data_path, overwrite=overwrite, through=False)
         try:
             publish(tmp, path, overwrite=overwrite)
         except BaseException:

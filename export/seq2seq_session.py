@@ -1,4 +1,4 @@
-"""Greedy generation from an encoder-decoder export (export/seq2seq_export.py) under ONNX Runtime.
+"""Greedy and beam-search generation from an encoder-decoder export (export/seq2seq_export.py) under ONNX Runtime.
 
     sess = Seq2SeqSession("t5.onnx")                  # opens t5.encoder.onnx and t5.decoder.onnx
     tokens = sess.generate(input_ids, max_new_tokens=32, attention_mask=mask)     # (b, 1 + k) int64
@@ -13,8 +13,9 @@ max_new_tokens budget allows (the lowest of several, as transformers' argmax ove
 suppress_tokens are never made (the single-token bad_words_ids too: Marian bans its pad id so); a row that
 produced an eos id (eos_token_id may list several: each ends a row) is padded (pad_token_id, default the first
 eos id) while others go on, and the loop stops once every row has ended. The ids default to what the
-checkpoint's generation_config.json says (kept in the export's metadata). Beam search is not done here: an
-export whose generation_config.json asks num_beams > 1 says so in `note`, and generates greedily.
+checkpoint's generation_config.json says (kept in the export's metadata). With num_beams > 1 (the call's,
+or the checkpoint's generation_config.json as in transformers) the tokens are transformers' beam search
+(runtime/seq2seq_beam.py), with sequences_scores.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ import time
 import numpy as np
 
 import zoo
+from runtime.beam_cache import HostReorder, position_axes
+from runtime.beam_generation import BeamOutput
+from runtime.beam_search import KEYS, beam_settings, split_beam_options
 from runtime.core import RuntimeSession
 from runtime.generation import ROUND
 from runtime.providers import SessionError
+from runtime.seq2seq_beam import beam_search, forced_processor
 from runtime.stopping import eos_ids
 from runtime.tensors import from_numpy, is_tensor
 
@@ -59,6 +64,45 @@ def _ids(x, name: str, vocab: int | None) -> np.ndarray:
     return x
 
 
+class _Bound:
+    """The decoder's binding for `rows` rows: the encoder's outputs and mask (each bound once), the self-attention
+    buffers (b g n d) bound as past and present (written in place: `arrays` holds them), past_len, the step's
+    input_ids (rows 1), next_token (rows) and logits (rows 1 v), host arrays the bound OrtValues wrap."""
+
+    def __init__(self, sess: Seq2SeqSession, enc: list, mask: np.ndarray, rows: int, n: int, start: int) -> None:
+        import onnxruntime as ort
+
+        self.keep, self.arrays = [], {}  # the arrays bound OrtValues wrap stay alive for the whole loop
+
+        def bound(arr: np.ndarray):
+            self.keep.append(arr)
+            return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
+
+        self.binding = binding = sess.decoder.new_binding()
+        inputs = {x.name: x for x in sess.decoder._sess.get_inputs()}
+        for i in range(sess.layers):
+            for kv in ("key", "value"):
+                x = inputs[SELF_PAST.format(i=i, kv=kv)]
+                self.arrays[x.name] = np.zeros((rows, int(x.shape[1]), n, int(x.shape[3])), enc[0].dtype)
+                buf = bound(self.arrays[x.name])
+                binding.bind_ortvalue_input(x.name, buf)
+                binding.bind_ortvalue_output(SELF_PRESENT.format(i=i, kv=kv), buf)
+        for i in range(sess.layers):  # the encoder's outputs after its hidden states: key, value per layer
+            for j, kv in enumerate(("key", "value")):
+                binding.bind_ortvalue_input(
+                    CROSS_PAST.format(i=i, kv=kv), bound(np.ascontiguousarray(enc[1 + 2 * i + j]))
+                )
+        binding.bind_ortvalue_input(ENCODER_MASK, bound(np.ascontiguousarray(mask)))
+        self.past_len = np.zeros((), np.int64)
+        binding.bind_ortvalue_input("past_len", bound(self.past_len))
+        self.step_ids = np.full((rows, 1), start, np.int64)
+        binding.bind_ortvalue_input("input_ids", bound(self.step_ids))
+        self.next_token = np.zeros((rows,), np.int64)
+        binding.bind_ortvalue_output("next_token", bound(self.next_token))
+        self.logits = np.zeros((rows, 1, sess.decoder_vocab), enc[0].dtype)
+        binding.bind_ortvalue_output("logits", bound(self.logits))
+
+
 class Seq2SeqSession:
     """The encoder and decoder graphs of one export (PATH, PATH.encoder.onnx or PATH.decoder.onnx)."""
 
@@ -81,13 +125,7 @@ class Seq2SeqSession:
         self.layers = int(meta["attnzoo.layers"])
         self.generation = json.loads(meta.get("attnzoo.generation") or "{}")
         self.provider = self.decoder.provider
-        beams = self.generation.get("num_beams")
         notes = []
-        if isinstance(beams, int) and beams > 1:
-            notes.append(
-                f"the checkpoint's generation_config.json asks num_beams={beams}; beam search is not done here: "
-                "these tokens are greedy (num_beams=1)"
-            )
         if self.generation.get("bad_sequences"):
             notes.append(
                 f"bad_words_ids of several tokens {self.generation['bad_sequences']} are not honoured here "
@@ -127,11 +165,23 @@ class Seq2SeqSession:
         forced_eos_token_id=_UNSET,
         suppress_tokens=_UNSET,
         timings: dict | None = None,
+        processors=None,
+        return_dict_in_generate: bool = False,
+        **beam_options,
     ):
         """(b, 1 + k) int64: decoder_start_token_id then k <= max_new_tokens greedy tokens (the module
-        docstring). Token ids left unset take the checkpoint's; None turns one off. torch in -> torch out."""
-        import onnxruntime as ort
+        docstring). Token ids left unset take the checkpoint's; None turns one off. torch in -> torch out.
 
+        Beam search when num_beams > 1 (the call's, else the checkpoint's generation_config), with length_penalty,
+        early_stopping and num_return_sequences (runtime/seq2seq_beam.py): (b * num_return_sequences, 1 + k),
+        or with return_dict_in_generate=True a BeamOutput (sequences, sequences_scores), as transformers'."""
+        beam_call, unknown = split_beam_options(beam_options)
+        if unknown:
+            raise zoo.ArgumentError(f"unknown generate options {sorted(unknown)}; beam options: {', '.join(KEYS)}")
+        beams = beam_settings(beam_call, self.generation)
+        if not beams.on and (processors is not None or return_dict_in_generate):
+            raise zoo.ArgumentError("processors= and return_dict_in_generate= are taken with num_beams > 1 here")
+        as_dict = return_dict_in_generate
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise zoo.ArgumentError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
         given = dict(
@@ -160,34 +210,15 @@ class Seq2SeqSession:
         mask = self._mask(attention_mask, enc[0].shape[:2])
         b = enc[0].shape[0]
         n = -(-max_new_tokens // ROUND) * ROUND
-        binding = self.decoder.new_binding()
-        keep = []  # the arrays bound OrtValues wrap stay alive for the whole loop
-
-        def bound(arr: np.ndarray):
-            keep.append(arr)
-            return ort.OrtValue.ortvalue_from_numpy(arr, "cpu", 0)
-
-        inputs = {x.name: x for x in self.decoder._sess.get_inputs()}
-        for i in range(self.layers):
-            for kv in ("key", "value"):
-                x = inputs[SELF_PAST.format(i=i, kv=kv)]
-                buf = bound(np.zeros((b, int(x.shape[1]), n, int(x.shape[3])), enc[0].dtype))
-                binding.bind_ortvalue_input(x.name, buf)
-                binding.bind_ortvalue_output(SELF_PRESENT.format(i=i, kv=kv), buf)
-        for i in range(self.layers):  # the encoder's outputs after its hidden states: key, value per layer
-            for j, kv in enumerate(("key", "value")):
-                binding.bind_ortvalue_input(
-                    CROSS_PAST.format(i=i, kv=kv), bound(np.ascontiguousarray(enc[1 + 2 * i + j]))
-                )
-        binding.bind_ortvalue_input(ENCODER_MASK, bound(np.ascontiguousarray(mask)))
-        past_len = np.zeros((), np.int64)
-        binding.bind_ortvalue_input("past_len", bound(past_len))
-        step_ids = np.full((b, 1), start, np.int64)
-        binding.bind_ortvalue_input("input_ids", bound(step_ids))
-        next_token = np.zeros((b,), np.int64)
-        binding.bind_ortvalue_output("next_token", bound(next_token))
-        logits = np.zeros((b, 1, self.decoder_vocab), enc[0].dtype)
-        binding.bind_ortvalue_output("logits", bound(logits))
+        if beams.on:
+            seqs, scores, spent = self._beams(enc, mask, n, max_new_tokens, ids_, beams, processors)
+            if timings is not None:
+                timings.update(encode_s=spent.pop("encoded") - started, capacity=n, **spent)
+            seqs, scores = (from_numpy(seqs), from_numpy(scores)) if as_torch else (seqs, scores)
+            return BeamOutput(seqs, scores) if as_dict else seqs
+        bound = _Bound(self, enc, mask, b, n, start)
+        binding, past_len, step_ids, logits = bound.binding, bound.past_len, bound.step_ids, bound.logits
+        next_token = bound.next_token
         encoded = time.perf_counter()
 
         eos = np.array(eos_ids(ids_["eos_token_id"]), np.int64)
@@ -225,6 +256,30 @@ class Seq2SeqSession:
             timings.update(encode_s=encoded - started, decode_s=end - encoded, steps=length - 1, capacity=n)
         out = out[:, :length]
         return from_numpy(out) if as_torch else out
+
+    def _beams(self, enc, mask, n, max_new_tokens, ids_, beams, processors):
+        """Beam search (runtime/seq2seq_beam.py) over the encoder's outputs repeated num_beams times ->
+        (sequences, sequences_scores, timings with `encoded`, when the decoder's binding was made)."""
+        k, start = beams.num_beams, ids_["decoder_start_token_id"]
+        enc = [np.repeat(e, k, axis=0) for e in enc]
+        bound = _Bound(self, enc, np.repeat(mask, k, axis=0), enc[0].shape[0], n, start)
+        encoded = time.perf_counter()
+        eos = eos_ids(ids_["eos_token_id"])
+        pad = ids_["pad_token_id"] if ids_["pad_token_id"] is not None else (eos[0] if eos else None)
+        if processors is None:
+            forced_eos, suppress = eos_ids(ids_["forced_eos_token_id"]), eos_ids(ids_["suppress_tokens"])
+            processors = forced_processor(suppress, ids_["forced_bos_token_id"], forced_eos, 1 + max_new_tokens)
+
+        def step(tokens: np.ndarray, past_len: int) -> np.ndarray:
+            bound.step_ids[:, 0] = tokens
+            bound.past_len[()] = past_len
+            self.decoder.run_with_iobinding(bound.binding)
+            return bound.logits[:, 0]
+
+        reorder = HostReorder(bound.arrays, position_axes(self.decoder._sess.get_inputs(), bound.arrays))
+        b = mask.shape[0]
+        seqs, scores, spent = beam_search(step, reorder, b, start, max_new_tokens, beams, eos, pad, processors)
+        return seqs, scores, dict(spent, encoded=encoded)
 
 
 __all__ = ["Seq2SeqSession"]

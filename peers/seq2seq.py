@@ -155,9 +155,25 @@ UNHONOURED = {
 }
 
 
+def _beam_keys(path: Path, gen: dict, data: dict) -> dict:
+    """length_penalty, early_stopping and num_return_sequences where the checkpoint sets them (beam search's,
+    runtime/beam_search.py), checked; None where it does not."""
+    out = {}
+    for key, ok, rule in (
+        ("length_penalty", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+        ("early_stopping", lambda v: v is True or v is False or v == "never", 'true, false or "never"'),
+        ("num_return_sequences", _token, "an int >= 1"),
+    ):
+        v = gen.get(key, data.get(key))
+        if v is not None and not ok(v):
+            raise CheckpointError(f"{path}: {key}={v!r} must be {rule}")
+        out[key] = v
+    return out
+
+
 def generation_settings(folder: str | os.PathLike) -> dict:
-    """The token ids greedy generation honours, and num_beams (beam search is not done here: the caller
-    says so where it is asked for). generation_config.json wins over config.json, as in transformers.
+    """The token ids generation honours, and the beam keys (num_beams, length_penalty, early_stopping,
+    num_return_sequences: runtime/seq2seq_beam.py). generation_config.json wins over config.json, as in transformers.
     eos_token_id and forced_eos_token_id keep a list where the checkpoint gives one; `suppress_tokens` (never
     generated) joins the single-token `bad_words_ids` (Marian bans its pad id so) and `suppress_tokens`;
     `bad_words_ids` longer than one token are kept as `bad_sequences`, and the UNHONOURED settings a checkpoint
@@ -180,6 +196,7 @@ def generation_settings(folder: str | os.PathLike) -> dict:
             out[key] = [int(x) for x in v] if v else None
             continue
         out[key] = v if _token(v) else None
+    out.update(_beam_keys(path, gen, data))
     bad = gen.get("bad_words_ids", data.get("bad_words_ids")) or []
     suppress = gen.get("suppress_tokens", data.get("suppress_tokens")) or []
     if not isinstance(bad, list) or not all(isinstance(w, list) and w and all(map(_token, w)) for w in bad):

@@ -96,9 +96,8 @@ class LeftRows:
         if prompt_mask is not None:
             self.key_mask[:, :t] = prompt_mask
         self.binding = binding = sess.new_binding()
-        self.cache_arrays = {}  # name -> the host buffer (runtime/speculative.py binds each row's slice of it)
+        self.cache_arrays = {}  # name -> the host array its bound OrtValue wraps (a beam search reorders it; speculative decoding binds each row's slice)
         for name, (arr, buf) in _caches(sess, b, n, "cpu").items():
-            self.keep.append(arr)
             self.cache_arrays[name] = arr
             layer, kv = name.split(".")[1:3]
             binding.bind_ortvalue_input(name, buf)

@@ -5,6 +5,7 @@ no torch.
 
     sess = EmbeddingSession("embed.onnx")                     # reads embed.tokenizer.json beside it
     e = sess.encode(["a text", "another"])                    # (n e) float32, = SentenceTransformer.encode
+    v = sess.encode("a text")                                 # (e): one string, one vector
 """
 
 from __future__ import annotations
@@ -98,19 +99,43 @@ class EmbeddingSession(RuntimeSession):
         self.tokenizer = TextTokenizer(tok, self.max_seq_length, int(meta.get("attnzoo.pad_id", "0")), lower=lower)
 
     def encode(
-        self, texts: list[str], *, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = BATCH
+        self, texts, *, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = BATCH
     ) -> np.ndarray:
-        """texts -> (n e) float32 embeddings, in batches of batch_size (each padded to its longest text)."""
+        """As SentenceTransformer.encode: a string -> its (e) embedding; a list (or tuple, or 1-D array) of
+        strings -> (n e) float32, in batches of batch_size (each padded to its longest text); an empty list
+        -> sentence-transformers' empty array, np.array([]). Anything else is refused naming it."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise zoo.InputError(f"batch_size={batch_size!r} must be a positive integer")
-        texts = with_prompt(texts, self.prompts, self.default_prompt_name, prompt_name, prompt)
+        one = isinstance(texts, str)
+        batch = [texts] if one else _text_list(texts)
+        if not batch:
+            return np.array([])  # what sentence-transformers returns for []
+        batch = with_prompt(batch, self.prompts, self.default_prompt_name, prompt_name, prompt)
         out = []
-        for i in range(0, len(texts), batch_size):
-            feeds = self.tokenizer(texts[i : i + batch_size])
+        for i in range(0, len(batch), batch_size):
+            feeds = self.tokenizer(batch[i : i + batch_size])
             if not self.token_types:
                 feeds.pop("token_type_ids")
             out.append(self.run_feeds(feeds)[0])
-        return np.concatenate(out).astype(np.float32, copy=False)
+        got = np.concatenate(out).astype(np.float32, copy=False)
+        return got[0] if one else got
+
+
+def _text_list(texts) -> list[str]:
+    """A batch of texts as a list, or an InputError naming what was given instead."""
+    if isinstance(texts, np.ndarray) and texts.ndim == 1 and texts.dtype.kind in ("U", "O"):
+        texts = texts.tolist()
+    if not isinstance(texts, (list, tuple)):
+        raise zoo.InputError(f"texts={_short(texts)} ({type(texts).__name__}): give a string or a list of strings")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise zoo.InputError(f"texts[{i}]={_short(t)} ({type(t).__name__}) is not a string; give strings only")
+    return list(texts)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 __all__ = ["BATCH", "EmbeddingSession", "TextTokenizer", "tokenizer_beside", "with_prompt"]

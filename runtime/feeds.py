@@ -2,7 +2,7 @@
 sessions (OnnxSession.run, decode, generate_steps, the static cache) and the server.
 
 A rule is written once and said to its audience (`Voice`): the Python API raises its own
-error naming what it expected; a request's answer (serve/protocol.py) says what to send, with
+error naming what it expected; a request's answer (serve/blocks/protocol.py) says what to send, with
 shapes as the client sent them. The static cache's capacity rule is `zoo.limits.check_room`.
 """
 

@@ -29,6 +29,7 @@ import zoo
 from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 from zoo.spec_fields import rope_switch_at
 
+from .beam_search import beam_settings, split_beam_options
 from .device_decode import LeftRows, PackedRows, is_packed
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
@@ -173,7 +174,7 @@ class Generation:
         if stops and self.pad is None and b > 1:
             raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
         self.codec = Codec(tokenizer) if tokenizer is not None else None
-        self.rows = row_texts(self.codec, stops, self.ids, attention_mask) if self.codec else None
+        self.rows = row_texts(self.codec, stops, self.ids, attention_mask, in_prompt=True) if self.codec else None
         self.params = resolve(knobs, config)
         # runtime/speculative.py: candidates from the text so far or a draft, verified k at a time
         self.speculation = speculation(
@@ -307,7 +308,7 @@ class Generation:
 def generate(
     sess: RuntimeSession,
     input_ids,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     attention_mask=None,
     eos_token_id=None,
     pad_token_id=None,
@@ -318,13 +319,54 @@ def generate(
     """(b, t + N) int64: the prompt then the new tokens (fewer than N when every row ended at an eos id or a
     stop string), greedy unless the options sample (runtime/sampling.py; Generation for every option).
 
+    Beam search (runtime/beam_generation.py) when num_beams > 1, given or in the checkpoint's generation_config,
+    as transformers' generate: with length_penalty, early_stopping, num_return_sequences and processors;
+    return_dict_in_generate=True returns its BeamOutput (sequences, sequences_scores). max_new_tokens None:
+    max_length (the option, else the generation_config's, else transformers' 20) less the prompt.
+
     torch in -> torch out; numpy (or lists) in -> numpy out. `timings`, a dict, receives
     prefill_s, decode_s, steps and capacity (and the seed of a sampling call)."""
+    call, options = split_beam_options(options)
+    config = options.get("generation_config")
+    config = generation_defaults(sess) if config is None else config
+    beams = beam_settings(call, config if isinstance(config, dict) else None)
+    max_new_tokens = _new_tokens(input_ids, max_new_tokens, options.pop("max_length", None), config)
+    processors, as_dict = options.pop("processors", None), options.pop("return_dict_in_generate", False)
+    if beams.on:
+        from .beam_generation import BeamGeneration
+
+        beam = BeamGeneration(
+            sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, beams=beams,
+            processors=processors, **options,
+        )  # fmt: skip
+        tokens = beam.run()
+        if timings is not None:
+            timings.update(beam.timings)
+        return beam.output if as_dict else tokens
+    for name, given in (("processors", processors is not None), ("return_dict_in_generate", as_dict)):
+        if given:
+            raise zoo.ArgumentError(f"{name}= is taken with beam search here (num_beams > 1); leave it out for greedy")
     run = Generation(sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options)
     tokens = run.run()
     if timings is not None:
         timings.update(run.timings)
     return tokens
+
+
+def _new_tokens(input_ids, max_new_tokens, max_length, config) -> int:
+    """max_new_tokens, or transformers' max_length (prompt included: the call's, the config's, else 20) less the
+    prompt's length."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    if max_length is None:
+        max_length = (config or {}).get("max_length") if isinstance(config, dict) else None
+    max_length = 20 if max_length is None else max_length
+    t = np.shape(input_ids)[-1] if not is_tensor(input_ids) else input_ids.shape[-1]
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= t:
+        raise zoo.ArgumentError(
+            f"max_length={max_length!r} (the prompt's {t} tokens included) leaves no new token: give max_new_tokens"
+        )
+    return max_length - t
 
 
 def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=None, *, tokenizer=None, **options):
@@ -336,6 +378,15 @@ def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=
         if tokenizer is None:
             raise zoo.ArgumentError("a text prompt needs tokenizer=... (a tokenizers.Tokenizer or a tokenizer.json)")
         input_ids = [Codec(tokenizer).encode(input_ids)]
+    call, options = split_beam_options(options)
+    config = options.get("generation_config")
+    config = generation_defaults(sess) if config is None else config
+    beams = beam_settings(call, config if isinstance(config, dict) else None)
+    if beams.on:
+        raise zoo.ArgumentError(
+            f"num_beams={beams.num_beams} (the call's or the checkpoint's generation_config): beam search does not "
+            "stream (its best hypothesis is known at the end); give num_beams=1 to stream, or call generate"
+        )
     run = Generation(sess, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
     for token in run:
         if tokenizer is None:

@@ -52,12 +52,20 @@ class OnnxSession(RuntimeSession):
     # -- whole models (export_onnx of a zoo.lm.DecoderLM) --------------------------------------
 
     def generate(
-        self, input_ids, max_new_tokens: int, attention_mask=None, eos_token_id=None, pad_token_id=None, **options
+        self,
+        input_ids,
+        max_new_tokens: int | None = None,
+        attention_mask=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        **options,
     ):
         """(b, t + N) int64, the prompt then the new tokens, as transformers' generate returns them: greedy,
         or sampled with do_sample / temperature / top_k / top_p / min_p / repetition_penalty / seed; stopped
         at eos ids (the checkpoint's by default), stop strings (with tokenizer=) or max_time
-        (runtime/generation.py's Generation); the buffers bound once and written in place."""
+        (runtime/generation.py's Generation); the buffers bound once and written in place. Beam search with
+        num_beams > 1 (the call's or the checkpoint's), length_penalty, early_stopping, num_return_sequences
+        (runtime/beam_generation.py; return_dict_in_generate=True adds sequences_scores)."""
         return generation.generate(
             self, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, **options
         )

@@ -1,6 +1,14 @@
 """Where a row stops, and its text as it grows (no torch): a list of eos ids, stop strings matched on the
 decoded text across token boundaries, and the call's `max_time`.
 
+Where a stop string may begin differs between the two references, so a row says which it follows:
+transformers' `stop_strings` (`StopStringCriteria`) checks the whole sequence, prompt included, and stops
+where a new token ends a stop string, even one that begins inside the prompt (stop "lon" after the prompt
+"hello" stops at a first new token "n"), never at one that lies wholly in the prompt; OpenAI's `stop`
+looks at the completion alone. `OnnxSession.generate`/`stream` (and `attnzoo generate --stop`) follow
+transformers (`row_texts(..., in_prompt=True)`); the server's `stop` follows OpenAI (a `RowText`'s default).
+Either way a text output ends where the stop string begins ("" where it began in the prompt).
+
 A row's text is decoded incrementally (`RowText`), as vLLM and text-generation-inference do: the new
 tokens are decoded with one token of context before them and only the part past that context's text is
 new; a piece ending in U+FFFD (a multi-byte character cut between tokens) is held back until the next
@@ -132,18 +140,21 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 CONTEXT = 4  # prompt tokens a row's new text is decoded after (vLLM's incremental detokenizer starts 5 back)
 
 
-def row_texts(codec: Codec, stops: tuple[str, ...], ids, attention_mask=None) -> list[RowText]:
-    """One RowText per prompt row of `ids` (b t), each read after its own real tokens (left padding skipped)."""
+def row_texts(codec: Codec, stops: tuple[str, ...], ids, attention_mask=None, *, in_prompt=False) -> list[RowText]:
+    """One RowText per prompt row of `ids` (b t), each read after its own real tokens (left padding skipped);
+    `in_prompt`: a stop string may begin in that row's prompt (transformers' `stop_strings`)."""
     ids = np.asarray(ids)
     real = np.ones(ids.shape, np.bool_) if attention_mask is None else np.asarray(attention_mask) != 0
-    return [RowText(codec, stops, context=row[keep]) for row, keep in zip(ids, real)]
+    return [RowText(codec, stops, context=row[keep], in_prompt=in_prompt) for row, keep in zip(ids, real)]
 
 
 class RowText:
     """One row's new tokens as text, decoded as they come; `add(token)` returns the text now safe to show
-    (possibly ""), and `stopped` turns True once a stop string appears (its text then ends before it)."""
+    (possibly ""), and `stopped` turns True once a new token ends a stop string (its text then ends before it).
+    A stop string is looked for in the new text alone (OpenAI's `stop`), or with `in_prompt` in the prompt's
+    text and the new text together (transformers' `stop_strings`): the prompt's last characters are `before`."""
 
-    def __init__(self, codec: Codec, stops: tuple[str, ...] = (), context=()) -> None:
+    def __init__(self, codec: Codec, stops: tuple[str, ...] = (), context=(), *, in_prompt: bool = False) -> None:
         self.codec, self.stops = codec, stops
         self.ids: list[int] = self._seed(context)  # the prompt's last tokens, then the new ones
         self.prefix, self.read = 0, len(self.ids)  # token offsets: the context decoded before, and what is text already
@@ -151,6 +162,7 @@ class RowText:
         self.shown = 0  # characters of `text` released
         self.stopped = False
         self._longest = max((len(s) for s in stops), default=0)
+        self.before = self._prompt_tail(context) if in_prompt and self._longest > 1 else ""
 
     def _seed(self, context) -> list[int]:
         """The prompt's last CONTEXT tokens, which the first new ones are read after: a SentencePiece "▁Paris"
@@ -158,6 +170,12 @@ class RowText:
         where they end inside a character (its rest would be read as the new text's)."""
         tail = [int(t) for t in list(context)[-CONTEXT:]]
         return tail if tail and not self.codec.decode(tail).endswith("\ufffd") else []
+
+    def _prompt_tail(self, context) -> str:
+        """The prompt's last characters a stop string may begin in (one fewer than the longest stop string's);
+        a character the prompt ends inside is left out (the new tokens' text completes it)."""
+        text = self.codec.decode([int(t) for t in context]).rstrip("\ufffd")
+        return text[len(text) - self._longest + 1 :] if len(text) >= self._longest else text
 
     def peek(self, tokens) -> list[tuple[str, bool]]:
         """For each of `tokens`, as if it came next: (the text it would add, whether it ends inside a character).
@@ -179,28 +197,33 @@ class RowText:
         before = self.codec.decode(self.ids[self.prefix : self.read])
         new, _ = self._new_text(before, self.codec.decode(self.ids[self.prefix :]))
         if new:
-            start = max(0, len(self.text) - self._longest + 1)
+            old = len(self.text)
             self.text += new
             self.prefix, self.read = self.read, len(self.ids)
-            hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-            if hits:
-                self.stopped = True
-                self.text = self.text[: min(hits)]
+            self._match(old)
         return self._release(final=self.stopped)
+
+    def _match(self, old: int) -> None:
+        """Stop where a stop string ends past the first `old` characters of the text (in what was just added),
+        beginning in it, before it or, with `before`, in the prompt; the text then ends where it begins."""
+        seen, full = len(self.before) + old, self.before + self.text
+        hits = [i for i in (full.find(s, max(0, seen - len(s) + 1)) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            self.text = self.text[: max(0, min(hits) - len(self.before))]
 
     def finish(self) -> str:
         """What is left at the end (held-back characters; an incomplete character as U+FFFD)."""
         if not self.stopped and self.read < len(self.ids):
-            before = self.codec.decode(self.ids[self.prefix : self.read])
+            before, old = self.codec.decode(self.ids[self.prefix : self.read]), len(self.text)
             self.text += self.codec.decode(self.ids[self.prefix :])[len(before) :]
             self.read = len(self.ids)
-            hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-            if hits:
-                self.stopped, self.text = True, self.text[: min(hits)]
+            self._match(old)
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
-        end = len(self.text) if final else len(self.text) - _held_back(self.text, self.stops)
+        held = min(_held_back(self.before + self.text, self.stops), len(self.text))  # a stop begun in the prompt too
+        end = len(self.text) if final else len(self.text) - held
         piece = self.text[self.shown : max(end, self.shown)]
         self.shown = max(end, self.shown)
         return piece

@@ -1,5 +1,5 @@
 """The server's continuous batching over a packed-rows whole model on one device (scripts/gpu_check.sh, call 2):
-serve/gen_packed.py's PackedBatcher binds each joining request's cache row by pointer and shape into buffers on
+serve/generate/packed.py's PackedBatcher binds each joining request's cache row by pointer and shape into buffers on
 the device, which only a GPU run proves there. Requests of different prompt lengths arrive a few ms apart into
 fewer rows than requests; each answer is compared with the same request run alone (OnnxSession.generate), and
 the batch's tokens/s printed, without and with the decode steps captured as CUDA graphs.
@@ -26,8 +26,8 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 
 from runtime.core import onnx_metadata  # noqa: E402
 from runtime.session import OnnxSession  # noqa: E402
-from serve.gen_packed import PackedBatcher  # noqa: E402
-from serve.gen_protocol import GenItem  # noqa: E402
+from serve.generate.packed import PackedBatcher  # noqa: E402
+from serve.generate.protocol import GenItem  # noqa: E402
 
 PROVIDER = os.environ.get("PROVIDER", "cuda")
 OUT = os.environ.get("OUT", "/tmp")

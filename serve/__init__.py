@@ -23,45 +23,39 @@ together in length-sorted padded runs.
 Everything except `start`/`OnnxServer`/`GenerateServer`/`EmbeddingServer` works without Ray (the decoding and
 batching are plain numpy, and `Client` uses the standard library only).
 
-The package, split by job:
+The package, a folder per job (as vLLM's entrypoints/openai/ keeps one per route):
 
-    schema.py    media types, fields, limits, errors, ModelInfo, Item
-    bodies.py    reading a body (JSON, .npy, .npz) into arrays, headers checked first
-    protocol.py  a request's checks, the answer's encoding
-    batching.py  padded batches and decode groups
-    app.py       the Ray Serve replica and `start`
+    app.py       starting a deployment (`start`): the replica a model takes, Ray on loopback or a cluster
+    schema.py    media types, fields, limits, errors, ModelInfo, Item (what every route shares)
     replica.py   what every replica does first (its session from the model's bytes, gRPC on loopback)
-    gen_protocol.py  a whole model's /generate requests, checked (GenInfo, GenItem)
-    gen_batching.py  left-padded static batches of them, and the StaticBatcher that forms them
-    gen_rows.py  what both continuous batchers share: the exports they serve, the thread, answers
-    gen_continuous.py  the ContinuousBatcher over a left-padded export: requests join the running batch
-                 at its next step; continuous_batcher picks the batcher an export takes
-    gen_packed.py  the PackedBatcher over a packed-rows export (a CUDA export's): rows on the device
-    gen_app.py   the Ray Serve replica of a whole model
-    openai_protocol.py  OpenAI's API: /v1 request checks (Ask), answers, chunks, errors in its format
-    openai_run.py  the /v1 routes of a whole model on continuous batching (OpenAIFront, TextRun)
-    embed_protocol.py  /v1/embeddings requests checked (EmbedAsk) and answered, in OpenAI's format
-    embed_batching.py  their rows (tokenized, truncated), length-sorted padded runs across requests
-    embed_app.py  the Ray Serve replica of a sentence encoder (EmbeddingServer)
     auth.py      the optional API key (a Bearer token, compared in constant time)
+    ops.py       a whole model's operations settings (ServeOps: --max-waiting, --request-timeout,
+                 --prefix-cache-mb, --access-log, --log-prompts)
+    access.py    request ids (X-Request-Id) and the access log, one JSON line per request
+    metrics.py   GET /metrics: Prometheus' text format, vLLM's names under attnzoo:, one registry per replica
     client.py    `Client` (standard library only)
     triton.py    a Triton model repository of zoo blocks
-    loadtest.py  load, faults and checked answers against a running server
-                 (load_pool.py: the requests sent; load_report.py: samples, levels, the table;
-                 load_chat.py: streamed /v1/chat/completions, tokens/s and time to first token)
+    blocks/      a zoo block's export: bodies.py (JSON, .npy, .npz read, headers first), protocol.py (checks,
+                 answers), batching.py (padded runs, decode groups), app.py (OnnxServer, the replica)
+    generate/    a whole model's export: protocol.py (/generate requests checked: GenInfo, GenItem),
+                 batching.py (left-padded static batches, StaticBatcher), rows.py (what both continuous batchers
+                 share: admission control, timeouts), continuous.py (ContinuousBatcher over a left-padded export;
+                 continuous_batcher picks one), packed.py (PackedBatcher over a packed-rows export), prefix.py
+                 (the prefix cache both read), app.py (GenerateServer: also /health, /ready, /metrics)
+    openai/      OpenAI's API: protocol.py (/v1 requests checked, answers, chunks, errors in its format),
+                 serving.py (the /v1 routes on continuous batching: OpenAIFront, TextRun), tokenize.py
+                 (POST /tokenize, /detokenize in vLLM's shapes)
+    embeddings/  /v1/embeddings: protocol.py (EmbedAsk, answers), batching.py (rows, length-sorted padded runs
+                 across requests), app.py (EmbeddingServer)
+    loadtest/    load, faults and checked answers against a running server (__init__.py); pool.py (the requests
+                 sent), report.py (samples, levels, the table), chat.py (streamed /v1/chat/completions)
 
 Depends on `zoo` and `export`.
 """
 
 from .app import Deployment, OnnxServer, check_options, check_port_free, init_local_ray, replica_states, start
-from .batching import length_groups, pad_batch, run_batch
-from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
-from .embed_app import EmbeddingServer
-from .gen_app import GenerateServer
-from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import ContinuousBatcher, PackedBatcher, continuous_batcher
-from .gen_protocol import GenInfo, GenItem, decode_generate_request
-from .protocol import (
+from .blocks.batching import length_groups, pad_batch, run_batch
+from .blocks.protocol import (
     JSON,
     NPY,
     NPZ,
@@ -73,6 +67,12 @@ from .protocol import (
     decode_request,
     encode_response,
 )
+from .client import Client, ClientError, ClientOptionError, Reply, decode_reply, parse_url
+from .embeddings.app import EmbeddingServer
+from .generate.app import GenerateServer
+from .generate.batching import StaticBatcher, run_generate_batch
+from .generate.continuous import ContinuousBatcher, PackedBatcher, continuous_batcher
+from .generate.protocol import GenInfo, GenItem, decode_generate_request
 
 __all__ = [
     "JSON",

@@ -1,154 +1,33 @@
-"""The Ray Serve application: the replica class, starting it (locally on loopback, or on a
+"""The Ray Serve application: starting a replica of the right kind for the model (locally on loopback, or on a
 cluster), and reading its replicas' states."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from zoo import MissingFileError
 
-from .auth import authorized, key_digest, refusal
-from .batching import run_batch
-from .embed_app import EmbeddingServer, embed_files, is_sentence_encoder
-from .gen_app import GenerateServer
-from .gen_continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
-from .gen_protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
-from .openai_run import text_files
-from .protocol import (
+from .auth import key_digest
+from .blocks.app import OnnxServer
+from .blocks.protocol import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_TOKENS,
-    Item,
     ModelInfo,
-    RequestError,
     ServeError,
-    decode_request,
-    encode_response,
-    failure_answer,
-    rows_of,
 )
+from .embeddings.app import EmbeddingServer, embed_files, is_sentence_encoder
+from .generate.app import GenerateServer
+from .generate.continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
+from .generate.protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
+from .openai.serving import text_files
+from .ops import ServeOps
 from .replica import (
-    answer_get,
     check_port_free,
-    files_digest,
     model_files,
-    open_session,
-    read_body,
-    replica_grpc_on_loopback,
-    request_path,
-    timing_headers,
 )
-
-# -- the Ray Serve deployment ------------------------------------------------------------------
-
-
-class OnnxServer:
-    """A Ray Serve replica: one OnnxSession, requests gathered by serve.batch.
-
-    GET /healthz -> "ok"; GET / or /metadata -> JSON; POST / or /predict -> the block's output.
-    Timing headers: x-attnzoo-model-ms (the batch's ORT run), x-attnzoo-queue-ms (waiting for
-    the batch to form and start), x-attnzoo-batch (rows in the batch), x-attnzoo-replica.
-    """
-
-    def __init__(
-        self,
-        files: dict[str, bytes],
-        name: str,
-        provider: str = "cpu",
-        max_batch: int = 16,
-        batch_wait_ms: float = 5.0,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        max_body: int = DEFAULT_MAX_BODY,
-        threads: int | None = None,
-        loopback: bool = False,
-        tf32: bool = False,
-        key_digest: str | None = None,
-    ) -> None:
-        if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
-            replica_grpc_on_loopback()
-        self.key_digest = key_digest  # serve/auth.py: every route but /healthz asks for the key
-        self.sess = open_session(files, provider, threads, tf32)
-        self.info = ModelInfo.of(self.sess, max_tokens=max_tokens, max_rows=max_batch, max_body=max_body)
-        self.max_body = max_body
-        self.replica = f"{os.uname().nodename}:{os.getpid()}"
-        self.meta = {
-            "name": self.sess.metadata.get("attnzoo.name", name),
-            "spec": self.sess.spec.to_dict(),
-            "lowering": self.sess.metadata.get("attnzoo.lowering"),
-            "dtype": self.sess.metadata.get("attnzoo.dtype"),
-            "precision": self.sess.precision,
-            "provider": self.sess.provider,
-            # What a client sends: a static cache's past_len is the session's to bind, not the client's.
-            "inputs": [n for n in self.sess.input_names if n != "past_len"],
-            "cache": self.sess.cache,
-            "max_len": self.info.max_len,  # a static cache's capacity: p + t past it is a 413
-            "outputs": self.sess.output_names,
-            "max_batch": max_batch,
-            "batch_wait_ms": batch_wait_ms,
-            "max_tokens": max_tokens,
-            "sha256": files_digest(files),
-        }
-        from ray import serve
-
-        # Built per replica (not as a class decorator) so the options are this server's and the
-        # module imports without Ray. Batch size counts rows (sequences), not requests.
-        self._batched = serve.batch(
-            max_batch_size=max_batch, batch_wait_timeout_s=batch_wait_ms / 1000, batch_size_fn=rows_of
-        )(self._run_items)
-
-    async def __call__(self, request):
-        from starlette.responses import PlainTextResponse, Response
-
-        path = request_path(request)
-        if not path.endswith("/healthz") and not authorized(request.headers, self.key_digest):
-            return refusal(path)
-        if request.method == "GET":
-            return answer_get(path, self.meta, self.replica, "/predict")
-        if request.method != "POST":
-            return PlainTextResponse(f"method {request.method} is not served; POST a request", 405)
-        if not (path == "/" or path.endswith("/predict")):
-            return PlainTextResponse(f"no such path {path}; POST to / or /predict", 404)
-        try:
-            body = await read_body(request, self.max_body)
-            item = decode_request(
-                body, request.headers.get("content-type", ""), self.info, request.headers.get("accept", "")
-            )
-        except RequestError as e:
-            return PlainTextResponse(str(e), e.status)
-        item.enqueued = time.perf_counter()
-        outputs, timing = await self._batched(item)
-        if isinstance(outputs, Exception):  # this request's group failed; the batch's other groups did not
-            return PlainTextResponse(*failure_answer(outputs))
-        try:
-            body, kind = encode_response(item, outputs, self.info.outputs)
-        except RequestError as e:
-            return PlainTextResponse(str(e), e.status)
-        return Response(body, media_type=kind, headers=timing_headers(timing, self.replica))
-
-    async def _run_items(self, items: list[Item]) -> list[tuple[tuple[np.ndarray, ...] | Exception, dict[str, float]]]:
-        started = time.perf_counter()
-        # The ORT run releases the GIL: in a thread, the replica keeps reading requests meanwhile.
-        results = await asyncio.to_thread(run_batch, self.sess, items, self.info)
-        model_ms = (time.perf_counter() - started) * 1e3
-        rows = sum(it.rows for it in items)
-        return [
-            (
-                res,
-                {
-                    "x-attnzoo-model-ms": model_ms,
-                    "x-attnzoo-queue-ms": (started - it.enqueued) * 1e3,
-                    "x-attnzoo-batch": rows,
-                },
-            )
-            for it, res in zip(items, results)
-        ]
-
 
 # -- starting a deployment ---------------------------------------------------------------------
 
@@ -237,6 +116,7 @@ def start(
     api_key: str | None = None,
     text_from: str | os.PathLike | None = None,
     cuda_graph: bool = False,
+    ops: ServeOps | None = None,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -245,14 +125,15 @@ def start(
     Ray for one GPU; "auto" means cuda when ONNX Runtime's CUDA provider works on this machine.
     A whole-model export (export_onnx of a zoo.DecoderLM) is served on POST /generate
     (GenerateServer: greedy tokens, at most `max_new_tokens` per request, `batching` "static" or
-    "continuous" with buffers of `capacity` slots), and on OpenAI's API under /v1 (serve/openai_run.py: its
+    "continuous" with buffers of `capacity` slots), and on OpenAI's API under /v1 (serve/openai/serving.py: its
     tokenizer and chat template from `text_from`, a checkpoint folder or an .onnx, default `model`: the
     copies beside it); a block on POST /predict. api_key: every route but /healthz asks for it as a Bearer
     token (serve/auth.py). tf32: each replica's session runs fp32 products in TF32 on CUDA
     (OnnxSession(tf32=True)); off by default. cuda_graph: a packed-rows whole model's decode steps captured as
     CUDA graphs (OnnxSession(cuda_graph=True)). A sentence encoder's export (export_encoder) is served on OpenAI's
-    POST /v1/embeddings (serve/embed_app.py: its tokenizer the MODEL.tokenizer.json beside it, requests batched
-    across clients up to `max_batch` rows, at most `max_tokens` tokens a request).
+    POST /v1/embeddings (serve/embeddings/app.py: its tokenizer the MODEL.tokenizer.json beside it, requests batched
+    across clients up to `max_batch` rows, at most `max_tokens` tokens a request). ops: a whole model's admission
+    control, request timeout, prefix cache and access log (serve/ops.py ServeOps; default ServeOps()).
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -284,8 +165,9 @@ def start(
             check_continuous(probe, path)
         server, extra = GenerateServer, {"max_new_tokens": max_new_tokens, "batching": batching, "capacity": capacity}
         extra["cuda_graph"] = cuda_graph
+        extra["ops"] = ops or ServeOps()
         extra["text"] = text_files(text_from if text_from is not None else path)
-    elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embed_app.py), with the export's tokenizer
+    elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embeddings/app.py), with the export's tokenizer
         server, extra = EmbeddingServer, {"text": embed_files(path)}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)

@@ -39,7 +39,7 @@ def refusal(path: str):
     message = "a missing or wrong API key: send the header 'Authorization: Bearer KEY'"
     headers = {"www-authenticate": "Bearer"}
     if "/v1/" in path + "/":
-        from .openai_protocol import OpenAIError
+        from .openai.protocol import OpenAIError
 
         body = OpenAIError(message, 401, code="invalid_api_key").body()
         return Response(body, 401, media_type="application/json", headers=headers)

@@ -15,7 +15,7 @@ import numpy as np
 
 from zoo import AttnzooError, InputTypeError
 
-from .protocol import DECODE_FIELDS, FIELDS, JSON, NPY, NPZ
+from .blocks.protocol import DECODE_FIELDS, FIELDS, JSON, NPY, NPZ
 
 # -- the client --------------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """What every Ray Serve replica of ours does: open its session from the model's bytes, keep its own gRPC
 server on loopback when Ray runs there, and read a request the same way (its path below the route
 prefix, GET /healthz and /metadata, a body within the size limit, timing headers); and, before any of them
-starts, whether this machine can listen on the host and port asked for. Imported by the replicas in app.py
-(blocks), gen_app.py (whole models) and embed_app.py (sentence encoders)."""
+starts, whether this machine can listen on the host and port asked for. Imported by the replicas in blocks/app.py
+(blocks), generate/app.py (whole models) and embeddings/app.py (sentence encoders)."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def write_repository(
         raise TritonError(f"{repo} is a file; give a folder for the model repository")
     ensure_writable_parent(repo / "probe")
     for n in names:
-        if (repo / n).exists() and not overwrite:
+        if os.path.lexists(repo / n) and not overwrite:  # a link too: replaced, never followed
             raise OutputExistsError(f"{repo / n} exists; pass overwrite=True (CLI: --force) to replace it")
     provider = "cuda" if kind == "gpu" else "cpu"
     # Folders and files get the modes open() and mkdir() would give them (mkdtemp's is 0700).
@@ -160,7 +160,7 @@ def write_repository(
             (tmp / "config.pbtxt").write_text(text)
             _apply_umask(tmp, umask)
             final = repo / n
-            if final.exists():
+            if os.path.lexists(final):
                 old = Path(tempfile.mkdtemp(prefix=f".{n}.old.", dir=repo))
                 os.replace(final, old / n)
                 shutil.rmtree(old, ignore_errors=True)

@@ -71,3 +71,31 @@ def exports(tmp_path_factory):
             return self[name]
 
     return Exports(blocks)
+
+
+@pytest.fixture(scope="session")
+def seq2seq_pairs(tmp_path_factory):
+    """case -> (checkpoint folder, transformers model, the export's PATH) of tests/peers/seq2seq_cases.py, each
+    exported once for the whole run (greedy and beam tests share them: each export is ~30 CPU-seconds)."""
+    import seq2seq_cases
+
+    from cli.main import main as cli
+    from export.seq2seq_export import export_seq2seq
+    from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
+
+    root = tmp_path_factory.mktemp("seq2seq_exports")
+    made = {}
+
+    def get(case: str):
+        if case not in made:
+            folder, hf = seq2seq_cases.checkpoint(case, root)
+            path = root / f"{case}.onnx"
+            if case == "bart":  # through the CLI: export --checkpoint DIR --whole -o PATH
+                assert cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(path)]) == 0
+            else:
+                model = seq2seq_from_checkpoint(folder)
+                export_seq2seq(model, path, generation=generation_settings(folder))
+            made[case] = folder, hf, path
+        return made[case]
+
+    return get

@@ -178,23 +178,73 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Piped:
+    """A child process whose stdout and stderr are drained line by line from the start by two threads, so that no
+    line is lost between a buffered reader and the raw pipe and a full pipe never blocks the child (a test that
+    read the first lines through the file object, then called `communicate()` on the raw pipe, lost the lines
+    already buffered and failed only under load). Reads: `wait_for(prefix)`, `communicate(timeout)`; the rest is
+    the Popen's (`pid`, `poll`, `returncode`, `send_signal`)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], **popen: Any) -> None:
+        import subprocess
+        import threading
+
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._drain, args=(pipe, lines), daemon=True)
+            for pipe, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
+        self._open = len(self._readers)
+        for t in self._readers:
+            t.start()
+
+    def _drain(self, pipe, lines: list[str]) -> None:
+        for line in pipe:
+            with self._changed:
+                lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._open -= 1
+            self._changed.notify_all()
+
+    def wait_for(self, prefix: str, timeout: float = 900) -> list[str]:
+        """stdout's lines up to and including the first that starts with `prefix`; AssertionError, with everything
+        the child printed, if it ends (or `timeout`, a ceiling against a hang, not a measure, runs out) first."""
+
+        def seen() -> bool:
+            return any(line.startswith(prefix) for line in self.out) or self._open == 0
+
+        with self._changed:
+            self._changed.wait_for(seen, timeout)
+            lines = list(self.out)
+        found = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+        assert found, f"no line starting {prefix!r}:\n" + "".join(lines) + "".join(self.err)
+        return lines[: found[0] + 1]
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the child to end (subprocess.TimeoutExpired past `timeout`), then every line of both pipes."""
+        self.proc.wait(timeout)
+        for t in self._readers:
+            t.join()
+        return "".join(self.out), "".join(self.err)
+
+    def __getattr__(self, name: str):
+        return getattr(self.proc, name)
+
+
 def served(cmd: list[str], env: dict[str, str], port: int):
     """Run `cmd` (an `attnzoo serve` command line) in a process group of its own, as a terminal runs it; yield
-    (url, process, its stdout lines up to the readiness line, which comes once /healthz answers). Killed with
-    its group at the end if still running. A generator, for a fixture to `yield from`."""
+    (url, the Piped process, its stdout lines up to the readiness line, which comes once /healthz answers). Killed
+    with its group at the end if still running. A generator, for a fixture to `yield from`."""
     import os
     import signal
-    import subprocess
 
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("ready:"):
-            break
-    assert proc.poll() is None, "".join(lines) + proc.stderr.read()
+    proc = Piped(cmd, env, start_new_session=True)
+    lines = proc.wait_for("ready:")
+    assert proc.poll() is None, "".join(proc.out) + "".join(proc.err)
     yield f"http://127.0.0.1:{port}/", proc, lines
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -321,11 +371,11 @@ def sentencepiece_tokenizer():
 
 
 def submit_concurrently(batcher, items: list, gap_s: float) -> list:
-    """Every item (serve.gen_protocol.GenItem) submitted to a continuous batcher from its own task, the i-th after
+    """Every item (serve.generate.protocol.GenItem) submitted to a continuous batcher from its own task, the i-th after
     i * gap_s, some while a run goes on: the answers, in the items' order."""
     import asyncio
 
-    from serve.gen_protocol import GenItem
+    from serve.generate.protocol import GenItem
 
     async def main():
         async def one(i, it):

@@ -5,11 +5,14 @@ Every writer of the package (ONNX exports, JSON reports, pictures) goes through 
 - a regular file (or a new name) is written into a temp file beside it and renamed into place,
   so a reader never sees half a file; the result gets the mode `open()` would give it: the
   mode of the file it replaces, or 0o666 less the umask for a new one;
-- a symlink is followed, and its target is written that way (the link stays a link); a dangling
-  one (its target, or a folder on the way to it, missing) is refused: it names no file to write;
-- a character device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe) is written through,
-  as `cat > path` would: replacing it would, as root, replace the system's /dev/null;
-- anything else that exists (a folder, a socket, a block device) is refused with one line.
+- a symlink named as the output is itself the output, never a way to its target: like a file it is
+  refused without overwrite (CLI: --force) and replaced by the new file with it, and the file it
+  points at (or would point at) is left as it was. `mv`, `ln -sf` and the atomic-save of editors
+  do the same; writing through it would let one stray link turn `--force` against an unrelated file.
+  A folder on the way may be a link (it is followed); a dangling one is refused: it names no folder;
+- a character device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe), named or linked to, is
+  written through, as `cat > path` would: replacing it would, as root, replace the system's /dev/null;
+- anything else that exists (a folder, a link to one, a socket, a block device) is refused with one line.
 """
 
 from __future__ import annotations
@@ -29,35 +32,35 @@ STALE_SECONDS = 3600
 
 
 def resolve_output(path: str | os.PathLike) -> Path:
-    """The path a write really goes to: symlinks followed, and a refusal for what cannot be written
-    (a dangling link among them: writing through it would create its target's folders anywhere).
-    Returns an absolute path."""
+    """The path a write really goes to: the named path in its real folder (a symlink there is replaced,
+    never followed), or the device or FIFO it names; refuses what cannot be written. Returns an absolute path."""
     if str(path) == "":
         raise OutputPathError("the output path is empty; name a file")
     _refuse_dangling(path)
-    target = Path(os.path.realpath(path))
+    here = Path(os.path.abspath(path))
+    target = Path(os.path.realpath(here.parent)) / here.name
     try:
-        st = target.stat()
-    except (FileNotFoundError, NotADirectoryError):  # a new file (a missing folder is found later)
+        st = target.stat()  # what a link there points at
+    except (FileNotFoundError, NotADirectoryError):  # a new file, or a link to none (replaced as a file is)
         return target
     except OSError as e:
         raise OutputPathError(f"cannot write {path}: {e.strerror or e}") from None
     if stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
-        return target
+        return target  # a regular file or a link is replaced; a device or FIFO, or a link to one, written through
     kind = "a folder" if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)
-    where = f" ({target})" if str(target) != os.path.abspath(path) else ""
-    raise OutputPathError(f"cannot write {path}{where}: it is {kind}; name a file")
+    if target.is_symlink():
+        kind = f"a symlink to {kind} ({os.readlink(target)})"
+    raise OutputPathError(f"cannot write {path}: it is {kind}; name a file")
 
 
 def _refuse_dangling(path: str | os.PathLike) -> None:
-    """A symlink on the way to `path` (the file itself or a folder above it) whose target is missing."""
+    """A symlink among the folders on the way to `path` whose target is missing."""
     here = Path(os.path.abspath(path))
-    for p in (here, *here.parents):
+    for p in here.parents:
         if p.is_symlink() and not p.exists():
-            what = "it is a dangling symlink" if p == here else f"its folder {p} is a dangling symlink"
             raise OutputPathError(
-                f"cannot write {path}: {what} (to {os.readlink(p)}, which does not exist); point the link at "
-                "an existing file or folder, or name another path"
+                f"cannot write {path}: its folder {p} is a dangling symlink (to {os.readlink(p)}, which does not "
+                "exist); point the link at an existing folder, or name another path"
             )
 
 
@@ -76,7 +79,7 @@ def weights_file(path: str | os.PathLike) -> Path:
 
 
 def is_special(path: Path) -> bool:
-    """A character device or FIFO: written through, never replaced."""
+    """A character device or FIFO, or a link to one: written through, never replaced."""
     try:
         mode = path.stat().st_mode
     except OSError:
@@ -85,10 +88,11 @@ def is_special(path: Path) -> bool:
 
 
 def new_file_mode(existing: Path | None = None) -> int:
-    """The mode `open()` would leave: the replaced file's own, or 0o666 less the umask."""
+    """The mode `open()` would leave: the replaced file's own, or 0o666 less the umask (a replaced
+    link's too: the file it pointed at is not the one replaced)."""
     if existing is not None:
         try:
-            st = existing.stat()
+            st = existing.lstat()
             if stat.S_ISREG(st.st_mode):
                 return stat.S_IMODE(st.st_mode)
         except OSError:
@@ -159,14 +163,15 @@ def _exists_error(path: Path) -> FileExistsError:
     return FileExistsError(f"{path} exists; pass overwrite=True (CLI: --force) to replace it")
 
 
-def publish(tmp: Path, path: Path, *, overwrite: bool) -> None:
+def publish(tmp: Path, path: Path, *, overwrite: bool, through: bool = True) -> None:
     """Move the finished file `tmp` to `path`, atomically. Without `overwrite` the final step is
     exclusive (a hard link, or an O_EXCL claim where links are unsupported): of two writers
     racing for one name exactly one wins and the other gets FileExistsError.
 
     `path` is what `resolve_output` returned. A character device or FIFO there gets `tmp`'s
-    bytes written through (it is not replaced, so `overwrite` does not apply)."""
-    if is_special(path):
+    bytes written through (it is not replaced, so `overwrite` does not apply); with `through=False` (a file
+    that must be a file, such as an export's weights) a link to one is replaced like any link."""
+    if through and is_special(path):
         with open(tmp, "rb") as src, open(path, "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.unlink(tmp)
@@ -191,7 +196,7 @@ def publish(tmp: Path, path: Path, *, overwrite: bool) -> None:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool = True) -> Path:
-    """write(tmp) into a temp file beside the real target of `path`, then publish it there
+    """write(tmp) into a temp file beside `path` (in its real folder), then publish it there
     (see the module docstring for links and special files). Returns the path written."""
     target = resolve_output(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """What `attnzoo serve` runs for a checkpoint folder (cli/serve_model.py): an export for the provider it will run
 on, in --dtype (for CUDA in float16 or bfloat16 that is a packed-rows graph, export.lm_export.packs, which
-continuous batching takes: serve/gen_packed.py). Before, a folder got the CPU's fp32 export on every provider."""
+continuous batching takes: serve/generate/packed.py). Before, a folder got the CPU's fp32 export on every provider."""
 
 from __future__ import annotations
 

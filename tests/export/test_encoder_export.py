@@ -24,22 +24,40 @@ ATOL = 1e-5
 COSINE_FLOOR = {"int8": 0.999, "int4": 0.98}
 
 
+class _Exports(dict):
+    """family -> (its sentence-transformers folder, its export), each made the first time a test asks."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, family):
+        self[family] = _export_family(self.root, family)
+        return self[family]
+
+
+def _export_family(root, family):
+    """BERT (token types, mean, Normalize) is exported by the CLI; the others by the API (ModernBERT: rotary,
+    local windows, mean + cls, no Normalize); each folder with a query prompt."""
+    prompts = {"query": "query "}
+    if family == "bert":
+        bert = cases.sentence_folder(root / "bert", "bert", "mean", prompts=prompts)
+        assert main(["export", "--checkpoint", str(bert), "--whole", "-o", str(root / "bert.onnx")]) == 0
+        return bert, root / "bert.onnx"
+    mode, normalize = (("mean", "cls"), False) if family == "modernbert" else ("mean", True)
+    folder = cases.sentence_folder(root / family, family, mode, normalize=normalize, prompts=prompts)
+    _, pad, lower = tokenizer_facts(folder)
+    export_encoder(sentence_encoder(folder), root / f"{family}.onnx", pad_id=pad, do_lower_case=lower)
+    (root / f"{family}.tokenizer.json").write_bytes((folder / "tokenizer.json").read_bytes())
+    return folder, root / f"{family}.onnx"
+
+
 @pytest.fixture(scope="session")
 def embed_models(tmp_path_factory):
-    """BERT (token types, mean, Normalize) exported by the CLI; ModernBERT (rotary, local windows, mean + cls)
-    by the API; each folder with a query prompt."""
-    root = tmp_path_factory.mktemp("embed")
-    prompts = {"query": "query "}
-    bert = cases.sentence_folder(root / "bert", "bert", "mean", prompts=prompts)
-    modern = cases.sentence_folder(root / "modern", "modernbert", ("mean", "cls"), normalize=False, prompts=prompts)
-    assert main(["export", "--checkpoint", str(bert), "--whole", "-o", str(root / "bert.onnx")]) == 0
-    _, pad, lower = tokenizer_facts(modern)
-    export_encoder(sentence_encoder(modern), root / "modern.onnx", pad_id=pad, do_lower_case=lower)
-    (root / "modern.tokenizer.json").write_bytes((modern / "tokenizer.json").read_bytes())
-    return {"bert": (bert, root / "bert.onnx"), "modernbert": (modern, root / "modern.onnx")}
+    return _Exports(tmp_path_factory.mktemp("embed"))
 
 
-@pytest.mark.parametrize("family", ["bert", "modernbert"])
+@pytest.mark.parametrize("family", cases.FAMILIES)
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_exported_embeddings_equal_encode(embed_models, family, batch_size):
     folder, onnx_path = embed_models[family]
@@ -52,6 +70,41 @@ def test_exported_embeddings_equal_encode(embed_models, family, batch_size):
     q = sess.encode(cases.TEXTS[:2], prompt_name="query")
     q_ref = cases.reference(folder, texts=cases.TEXTS[:2], prompt_name="query")
     assert np.abs(q - q_ref).max() <= ATOL * np.abs(q_ref).max()
+
+
+def test_encode_takes_what_sentence_transformers_takes(embed_models):
+    """A string -> one vector (d), a list or tuple -> (n d), [] -> the same empty array; as the real encode."""
+    from sentence_transformers import SentenceTransformer
+
+    folder, onnx_path = embed_models["bert"]
+    sess = EmbeddingSession(onnx_path, "cpu", verbose=False)
+    st = SentenceTransformer(str(folder), device="cpu")
+    for texts in ("hello world", ["hello world"], ("hello world", "the cat"), np.array(["a", "big dog"])):
+        got, ref = sess.encode(texts), st.encode(texts)
+        assert got.shape == ref.shape, (texts, got.shape, ref.shape)
+        assert np.abs(got - ref).max() <= ATOL, texts
+    got, ref = sess.encode([]), st.encode([])
+    assert (got.shape, got.dtype) == (ref.shape, ref.dtype) == ((0,), np.float64)
+
+
+@pytest.mark.parametrize(
+    ("texts", "words"),
+    [
+        (None, "texts=None (NoneType): give a string or a list of strings"),
+        (3, "texts=3 (int): give a string"),
+        (b"bytes", "texts=b'bytes' (bytes)"),
+        ({"a": 1}, "(dict)"),
+        (["a", None], "texts[1]=None (NoneType) is not a string"),
+        ([["nested"]], "texts[0]=['nested'] (list) is not a string"),
+    ],
+)
+def test_encode_refuses_what_is_not_text_naming_it(embed_models, texts, words):
+    import zoo
+
+    sess = EmbeddingSession(embed_models["bert"][1], "cpu", verbose=False)
+    with pytest.raises(zoo.InputError) as e:
+        sess.encode(texts)
+    assert words in str(e.value)
 
 
 def test_graph_interface(embed_models):

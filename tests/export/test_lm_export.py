@@ -580,7 +580,7 @@ def test_cli_export_whole_and_generate_from_a_folder(tmp_path, capsys, monkeypat
 def _generate_paths(lm_exports) -> dict:
     """Eager DecoderLM.generate, OnnxSession.generate and the server's POST /generate decoder, each as
     call(ids, max_new_tokens, attention_mask=None, eos_token_id=None)."""
-    from serve.gen_protocol import GenInfo, decode_generate_request
+    from serve.generate.protocol import GenInfo, decode_generate_request
 
     _, lm, path = lm_exports(DEFAULT)
     sess = OnnxSession(path, provider="cpu", verbose=False)

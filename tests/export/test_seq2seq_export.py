@@ -17,33 +17,17 @@ import seq2seq_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.
 import torch
 
 from cli.main import main as cli
-from export.seq2seq_export import export_seq2seq, seq2seq_paths
+from export.seq2seq_export import seq2seq_paths
 from export.seq2seq_session import Seq2SeqSession
-from peers.seq2seq import generation_settings, seq2seq_from_checkpoint
 
 NEW = 12
 FAST = ("t5-gated", "bart", "marian")
 
 
 @pytest.fixture(scope="session")
-def pairs(tmp_path_factory):
-    """case -> (checkpoint folder, transformers model, the export's PATH), each exported once."""
-    root = tmp_path_factory.mktemp("seq2seq_exports")
-    made = {}
-
-    def get(case: str):
-        if case not in made:
-            folder, hf = seq2seq_cases.checkpoint(case, root)
-            path = root / f"{case}.onnx"
-            if case == "bart":  # through the CLI: export --checkpoint DIR --whole -o PATH
-                assert cli(["export", "--checkpoint", str(folder), "--whole", "-o", str(path)]) == 0
-            else:
-                model = seq2seq_from_checkpoint(folder)
-                export_seq2seq(model, path, generation=generation_settings(folder))
-            made[case] = folder, hf, path
-        return made[case]
-
-    return get
+def pairs(seq2seq_pairs):
+    """case -> (checkpoint folder, transformers model, the export's PATH): tests/conftest.py's, shared."""
+    return seq2seq_pairs
 
 
 def cases() -> list:

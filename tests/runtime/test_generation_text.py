@@ -101,6 +101,64 @@ def test_a_stop_string_ends_its_row_tokens_keep_it_and_text_ends_before_it(text_
     assert both[0, _ids().shape[1] + len(new) :].tolist() == [258] * (both.shape[1] - _ids().shape[1] - len(new))
 
 
+def _transformers_stop_step(prompt: list[int], new: list[int], stops) -> int | None:
+    """The new token after which transformers' own StopStringCriteria stops (1-based), or None."""
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    criteria = StopStringCriteria(transformers.PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER)), list(stops))
+    hits = (k for k in range(1, len(new) + 1) if criteria(torch.tensor([prompt + new[:k]]), None).item())
+    return next(hits, None)
+
+
+def _row_stop_step(prompt: list[int], new: list[int], stops, in_prompt: bool) -> int | None:
+    row = RowText(Codec(str(TOKENIZER)), tuple(stops), context=prompt, in_prompt=in_prompt)
+    for k, token in enumerate(new, 1):
+        row.add(token)
+        if row.stopped:
+            return k
+    return None
+
+
+STOP_CASES = [  # (stop strings, the step transformers stops at after the prompt "hello" and "n world lonely")
+    (["lon"], 1),  # begun in the prompt, ended by the first new token
+    (["llon"], 1),
+    (["on", "nope"], 1),
+    (["ell"], None),  # wholly in the prompt: never
+    (["hello"], None),
+    (["y", "lo"], 10),  # "lo" ends the prompt: only the new text's counts
+    (["n w"], 3),  # in the new text alone
+    (["wor"], 5),
+    (["onel"], 13),
+]
+
+
+@pytest.mark.parametrize(("stops", "step"), STOP_CASES)
+def test_a_stop_string_may_begin_in_the_prompt_as_transformers_stop_strings(stops, step):
+    """Generation's rows (in_prompt) stop where transformers' StopStringCriteria stops over the same tokens;
+    OpenAI's rows (the server's) look at the completion alone."""
+    codec = Codec(str(TOKENIZER))
+    prompt, new = codec.encode("hello"), codec.encode("n world lonely")
+    assert _transformers_stop_step(prompt, new, stops) == step  # the table is transformers' answer
+    assert _row_stop_step(prompt, new, stops, in_prompt=True) == step
+    in_completion = [k for k in range(1, len(new) + 1) if any(s in codec.decode(new[:k]) for s in stops)]
+    assert _row_stop_step(prompt, new, stops, in_prompt=False) == next(iter(in_completion), None)
+
+
+def test_generate_stops_where_transformers_stops_a_stop_string_begun_in_the_prompt(text_lm):
+    """generate(stop=...) and stream: a stop string made of the prompt's last character and the first new one
+    ends the row after one token, as transformers' stop_strings does; the text ends where it begins: ""."""
+    sess, _ = text_lm
+    free = sess.generate(_ids(), NEW, eos_token_id=[])[0, _ids().shape[1] :].tolist()
+    j = next(j for j in range(NEW - 1) if all(32 <= t < 127 for t in free[j : j + 2]))  # two printable bytes
+    prompt = [*_ids()[0].tolist(), *free[: j + 1]]
+    stop = bytes(free[j : j + 2]).decode()
+    assert _transformers_stop_step(prompt, free[j + 1 :], [stop]) == 1
+    tokens = sess.generate(np.array([prompt]), NEW, eos_token_id=[], stop=stop, tokenizer=str(TOKENIZER))
+    assert tokens[0, len(prompt) :].tolist() == free[j + 1 : j + 2]
+    kw = {"eos_token_id": [], "stop": stop, "tokenizer": str(TOKENIZER)}
+    assert "".join(row for (row,) in sess.stream(np.array([prompt]), NEW, **kw)) == ""  # one row's pieces
+
+
 def test_max_time_ends_the_call_with_finish_reason_length(text_lm):
     from runtime.generation import Generation
 

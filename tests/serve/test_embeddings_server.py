@@ -24,10 +24,10 @@ import pytest
 
 from helpers import REPO, free_port, served
 from runtime.embedding import EmbeddingSession
-from serve.embed_batching import EmbedItem, id_rows, plan_runs, run_embed_batch, text_rows
-from serve.embed_protocol import MAX_INPUTS, embeddings_answer, parse_embeddings
-from serve.gen_batching import StaticBatcher
-from serve.openai_protocol import OpenAIError
+from serve.embeddings.batching import EmbedItem, id_rows, plan_runs, run_embed_batch, text_rows
+from serve.embeddings.protocol import MAX_INPUTS, embeddings_answer, parse_embeddings
+from serve.generate.batching import StaticBatcher
+from serve.openai.protocol import OpenAIError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 import encoder_cases as cases  # noqa: E402

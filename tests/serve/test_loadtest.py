@@ -18,7 +18,7 @@ from export import export_onnx
 from helpers import free_port, local_ray
 from runtime.session import OnnxSession
 from serve import ModelInfo, RequestError, decode_request, start
-from serve.gen_protocol import GenInfo, decode_generate_request
+from serve.generate.protocol import GenInfo, decode_generate_request
 from serve.loadtest import (
     BAD_KINDS,
     GEN_BAD_KINDS,

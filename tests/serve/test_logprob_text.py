@@ -21,8 +21,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from helpers import REPO, sentencepiece_tokenizer
 from runtime.sampling import Sampler, resolve
 from runtime.stopping import Codec, RowText
-from serve.openai_protocol import CHAT, COMPLETIONS, Answer, Ask
-from serve.openai_run import TextRun
+from serve.openai.protocol import CHAT, COMPLETIONS, Answer, Ask
+from serve.openai.serving import TextRun
 
 EMOJI = "😀"  # four UTF-8 bytes: F0 9F 98 80
 

@@ -28,13 +28,15 @@ from runtime.generation import Generation, lm_vocab
 from runtime.sampling import Sampler, resolve
 from runtime.session import OnnxSession
 from runtime.stopping import Codec, RowText
-from serve.gen_continuous import ContinuousBatcher
-from serve.gen_protocol import GenItem
-from serve.openai_protocol import CHAT, COMPLETIONS, OpenAIError, max_body, parse
-from serve.openai_run import TextRun, text_files
+from serve.generate.continuous import ContinuousBatcher
+from serve.generate.protocol import GenItem
+from serve.openai.protocol import CHAT, COMPLETIONS, OpenAIError, max_body, parse
+from serve.openai.serving import TextRun, text_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lm_cases  # noqa: E402 - randomize: every parameter random
+from ops_http import check_operations  # noqa: E402 - tests/serve: the operations through HTTP
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Serve's pydantic models
 TEMPLATE = (  # our own: a role tag per message, the assistant's tag as the generation prompt
@@ -273,7 +275,7 @@ def test_a_ruled_out_tokens_logprob_is_a_number_json_can_carry(sess, codec):
     vLLM writes it, in the token's entry and among the alternatives."""
     import json
 
-    from serve.openai_run import LOGPROB_FLOOR
+    from serve.openai.serving import LOGPROB_FLOOR
 
     it, _ = _text_item(sess, codec, codec.encode("def main("), 4, logprobs=5)
     logits = np.zeros((1, lm_vocab(sess)), np.float32)
@@ -320,12 +322,14 @@ def test_a_cancelled_request_gives_its_row_back_at_the_next_step(sess, codec):
 @pytest.fixture(scope="module")
 def server(lm_path):
     """`attnzoo serve chat.onnx` in a process group of its own (as a terminal runs it), its key from the
-    environment, the old --max-tokens spelling; yields (url, process). Killed at the end if still running."""
+    environment, the old --max-tokens spelling, a bounded queue and an access log beside the model (ops_http.py);
+    yields (url, process). Killed at the end if still running."""
     pytest.importorskip("openai")
     pytest.importorskip("ray")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "ATTNZOO_API_KEY": KEY}
     flags = ["--port", str(port), "--max-batch", "4", "--max-new-tokens", "3000", "--capacity", "3072"]
+    flags += ["--max-waiting", "2", "--request-timeout", "600", "--access-log", str(lm_path.with_name("access.log"))]
     cmd = [sys.executable, "-m", "cli", "serve", str(lm_path), *flags, "--threads", "1", "--max-tokens", "9000"]
     yield from served(cmd, env, port)
 
@@ -339,7 +343,7 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
 
     from cli.main import main
     from serve import Client
-    from serve.load_chat import chat_loadtest
+    from serve.loadtest.chat import chat_loadtest
 
     monkeypatch.setenv("ATTNZOO_API_KEY", KEY)  # for `attnzoo loadtest --chat`
     url, proc, started = server
@@ -354,6 +358,20 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), made)
     got = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, stop=[text[3:6]])
     assert got.choices[0].text == text[: text.index(text[3:6])] and got.choices[0].finish_reason == "stop"
+    # OpenAI's stop looks at the completion alone: one begun in the prompt (its last character and the first new
+    # one, found nowhere in the completion) does not end it; generate's, as transformers' stop_strings, ends after
+    # the first token
+    run = Generation(sess, [ids], 12).run()[0].tolist()
+    for at in range(len(ids), len(run)):  # the first such pair of printable bytes
+        longer, spanning = run[:at], bytes(run[at - 1 : at + 1]).decode("latin-1")
+        whole = _alone(sess, codec, longer, 8)[0]
+        if all(32 <= t < 127 for t in run[at - 1 : at + 1]) and spanning not in whole:
+            break
+    else:
+        pytest.fail(f"no stop string to try in {run}")
+    got = client.completions.create(model=MODEL, prompt=longer, max_tokens=8, stop=[spanning]).choices[0]
+    assert (got.text, got.finish_reason) == (whole, "length")
+    assert _alone(sess, codec, longer, 8, stop=[spanning])[1:] == ("stop", 1)
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     rendered = ChatTemplate(TEMPLATE, {"bos_token": "<s>"}).render(messages)
@@ -437,6 +455,12 @@ def test_the_openai_client_against_a_server(server, sess, codec, lm_path, hf_lm,
     assert meta["rows_running"] == 0 and meta["requests_left"] == 1  # dropped, not run to its end
     assert meta["max_positions"] == 9000  # --max-tokens, the old spelling, still sets it
     plain.close()
+
+    # /health, /ready, /metrics, /tokenize, request ids, the prefix cache, a burst past --max-waiting, the
+    # access log (tests/serve/ops_http.py)
+    check_operations(
+        url, KEY, MODEL, codec, lambda ids, n: _alone(sess, codec, ids, n), lm_path.with_name("access.log")
+    )
 
     # `attnzoo loadtest --chat`: streamed chat requests at a stated concurrency, tokens/s and time to first token
     capsys.readouterr()

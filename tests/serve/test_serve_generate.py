@@ -22,9 +22,9 @@ from export import export_onnx
 from helpers import free_port, local_ray, submit_concurrently
 from runtime.session import OnnxSession
 from serve import Client, RequestError, ServeError, start
-from serve.gen_batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
-from serve.gen_continuous import ContinuousBatcher
-from serve.gen_protocol import GEN_ROUTE, GenInfo, GenItem, decode_generate_request
+from serve.generate.batching import StaticBatcher, end_at_eos, left_pad, run_generate_batch
+from serve.generate.continuous import ContinuousBatcher
+from serve.generate.protocol import GEN_ROUTE, GenInfo, GenItem, decode_generate_request
 from serve.loadtest import loadtest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
@@ -159,7 +159,7 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
     """longrope picks its frequency set by a whole run's largest position, so requests of a longrope export
     never share a run: continuous batching is refused (before Ray starts) and static batches hold one
     request; other exports share runs."""
-    from serve.gen_continuous import shares_runs
+    from serve.generate.continuous import shares_runs
 
     longrope = OnnxSession(_longrope_copy(lm_path), provider="cpu", verbose=False)
     assert shares_runs(sess) and not shares_runs(longrope)
@@ -169,7 +169,8 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
     import time
 
     items = _requests(sess)[:4]
-    for max_requests, wait_s, most in ((1, 30.0, 1), (None, 0.05, len(items))):
+    # max_requests 1 with a 900 s window: a run per request at once (waiting for more would take 900 s a run)
+    for max_requests, wait_s, most in ((1, 900.0, 1), (None, 0.05, len(items))):
         runs: list[int] = []
 
         def run(batch, runs=runs):
@@ -180,11 +181,11 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
         answers = submit_concurrently(
             StaticBatcher(run, max_rows=8, wait_s=wait_s, max_requests=max_requests), items, 0.0
         )
-        assert time.perf_counter() - started < 10  # one request is a run's worth: no wait for more
+        assert time.perf_counter() - started < 600  # a ceiling far under one window: no run waited for more
         assert max(runs) == most and sum(runs) == len(items), runs
         for (tokens, _), it in zip(answers, items):
             np.testing.assert_array_equal(tokens, it.ids)
-    from serve.gen_app import GenerateServer
+    from serve.generate.app import GenerateServer
     from serve.replica import model_files
 
     for path, limit in ((lm_path, None), (longrope.path, 1)):  # the server's static batcher follows the export
@@ -196,8 +197,8 @@ def test_a_longrope_export_serves_one_request_a_run(lm_path, sess):
 
 def test_a_left_padded_bf16_export_is_refused_by_continuous_batching_in_one_line(sess):
     """The left-padded batcher's numpy buffers hold no bfloat16 (a packed-rows export's device buffers do:
-    tests/serve/test_gen_packed.py): refused before serving, pointing at static batching."""
-    from serve.gen_continuous import check_continuous
+    tests/serve/test_generate_packed.py): refused before serving, pointing at static batching."""
+    from serve.generate.continuous import check_continuous
 
     class Bf16Caches:  # the session's interface, its caches declared bfloat16
         def __getattr__(self, name):
@@ -559,7 +560,7 @@ def plain_http(lm_path):
     import uvicorn
 
     from serve import schema
-    from serve.gen_app import GenerateServer
+    from serve.generate.app import GenerateServer
     from serve.replica import model_files
 
     server = GenerateServer(model_files(lm_path), lm_path.stem, max_batch=8, max_new_tokens=40, threads=1)
@@ -588,7 +589,7 @@ def plain_http(lm_path):
 def _raw(port: int, head: bytes, body: bytes = b"", *, read: bool = True) -> socket.socket | bytes:
     """Send a request's head and (part of) its body on a fresh socket; the answer's status line, or the
     socket still open when read=False."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)  # a ceiling against a hang on a loaded host
     s.sendall(head + body)
     if not read:
         return s
@@ -617,14 +618,10 @@ def test_a_generate_body_is_limited_to_what_a_valid_request_can_be(plain_http):
 def test_stalled_uploads_time_out_and_give_their_slots_back(plain_http):
     """Clients that declare a body and send one byte of it are answered 408 once the body's time is up,
     and the server answers others meanwhile."""
-    import time
-
     _, port = plain_http
-    started = time.perf_counter()
     stalled = [_raw(port, _post(100_000), b"{", read=False) for _ in range(4)]
     body = json.dumps({"input_ids": [1, 2, 3], "max_new_tokens": 2}).encode()
     assert b" 200 " in _raw(port, _post(len(body)), body)
-    for s in stalled:
+    for s in stalled:  # answered by the server's body timer (1 s here), not by this socket's own timeout
         with s:
             assert s.recv(65536).split(b"\r\n", 1)[0].endswith(b"408 Request Timeout")
-    assert time.perf_counter() - started < 8

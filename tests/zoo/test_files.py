@@ -1,4 +1,4 @@
-"""Output files (export/files.py): whole or nothing, the user's mode, links followed, special
+"""Output files (zoo/files.py): whole or nothing, the user's mode, a link replaced (never its target), special
 files written through and never replaced, exclusive publishing without --force."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import stat
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from export import export_onnx
@@ -41,45 +42,148 @@ def test_replaced_file_keeps_its_own_mode(tmp_path):
     assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o604
 
 
-def test_symlink_is_followed_and_its_target_written(tmp_path):
+def test_symlink_is_replaced_never_written_through(tmp_path):
     real = tmp_path / "real" / "report.json"
     real.parent.mkdir()
     real.write_text("old")
     link = tmp_path / "link.json"
     link.symlink_to(real)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        write_atomic(link, _write("new"), overwrite=False)
+    assert link.is_symlink() and real.read_text() == "old"
     write_atomic(link, _write("new"))
-    assert link.is_symlink() and os.readlink(link) == str(real)
-    assert real.read_text() == "new"
+    assert not link.is_symlink() and link.read_text() == "new" and real.read_text() == "old"
     assert not list(real.parent.glob(".attnzoo-*")) and not list(tmp_path.glob(".attnzoo-*"))
 
 
-def test_dangling_symlink_is_refused(tmp_path):
+def test_dangling_symlink_is_replaced_and_a_dangling_folder_refused(tmp_path):
     link = tmp_path / "link.json"
-    link.symlink_to(tmp_path / "made.json")  # its folder exists, the file does not
-    with pytest.raises(OutputPathError, match=r"link.json: it is a dangling symlink \(to .*made.json, which does"):
-        write_atomic(link, _write("x"))
-    assert link.is_symlink() and not (tmp_path / "made.json").exists()
-    far = tmp_path / "far.json"
-    far.symlink_to(tmp_path / "nonexistent" / "dir" / "made.json")
+    link.symlink_to(tmp_path / "nonexistent" / "dir" / "made.json")
+    with pytest.raises(FileExistsError):
+        write_atomic(link, _write("x"), overwrite=False)  # the name is taken, by a link to nothing
+    write_atomic(link, _write("x"))
+    assert not link.is_symlink() and link.read_text() == "x"
     folder = tmp_path / "out"
     folder.symlink_to(tmp_path / "gone" / "dir")  # a folder on the way
-    for path in (far, folder / "r.json"):
-        with pytest.raises(OutputPathError, match="dangling symlink"):
-            files.ensure_writable_parent(path)
-        with pytest.raises(OutputPathError, match="dangling symlink"):
-            write_atomic(path, _write("x"))
+    with pytest.raises(OutputPathError, match=r"folder .*out is a dangling symlink \(to .*gone/dir, which does"):
+        files.ensure_writable_parent(folder / "r.json")
+    with pytest.raises(OutputPathError, match="dangling symlink"):
+        write_atomic(folder / "r.json", _write("x"))
     assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "gone").exists()  # no folder made
 
 
-def test_export_o_through_a_dangling_symlink_is_refused(tmp_path, capsys):
+def test_a_linked_folder_on_the_way_is_followed(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "real")
+    write_atomic(tmp_path / "via" / "r.json", _write("x"))
+    assert (tmp_path / "real" / "r.json").read_text() == "x"
+
+
+def test_a_link_to_a_folder_or_a_pipe(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "to-d").symlink_to(tmp_path / "d")
+    with pytest.raises(OutputPathError, match=r"to-d: it is a symlink to a folder \(.*d\); name a file"):
+        write_atomic(tmp_path / "to-d", _write("x"))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    (tmp_path / "to-pipe").symlink_to(fifo)  # /dev/stdout is such a link
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(tmp_path / "to-pipe", _write("through the link"))
+    reader.join(timeout=60)
+    assert got == [b"through the link"] and (tmp_path / "to-pipe").is_symlink()
+
+
+# -- every writer that takes -o / --json / --plot: --force replaces a link, never its target ------
+
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+}
+
+
+def _export(link, tmp_path, monkeypatch):  # a block export whose weights go to LINK.data (also a link)
     from cli.main import main
 
-    link = tmp_path / "model.onnx"
-    link.symlink_to(tmp_path / "nonexistent" / "dir" / "model.onnx")
-    assert main(["export", "mha-causal", "--set", "d_model=32", "--set", "heads=2", "-o", str(link)]) == 2
-    err = capsys.readouterr().err
-    assert "dangling symlink" in err and err.count("\n") == 1, err
-    assert not (tmp_path / "nonexistent").exists() and link.is_symlink()
+    monkeypatch.setattr(writer_mod, "EXTERNAL_DATA_BYTES", 1000)
+    argv = ["export", "mha-causal", "--set", "d_model=32", "--set", "heads=2", "--lowering", "decomposed"]
+    assert main([*argv, "-o", str(link), "--force"]) == 0
+    return [files.weights_file(link)]
+
+
+def _json_report(link, tmp_path, monkeypatch):
+    from cli.main import main
+
+    assert main(["families", "--json", str(link)]) == 0
+    return []
+
+
+def _plot(link, tmp_path, monkeypatch):
+    from cli.main import main
+
+    assert main(["heads", "tiny-induction", "--plot", str(link)]) == 0
+    return []
+
+
+def _preset(link, tmp_path, monkeypatch):
+    from cli.main import main
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    assert main(["preset", "--config", str(tmp_path), "--name", "my-llama", "-o", str(link), "--force"]) == 0
+    return []
+
+
+def _model_file(link, tmp_path, monkeypatch):
+    from analysis import store
+
+    store.save(store.load("tiny-induction"), "tiny-induction", link)
+    return []
+
+
+WRITERS = {  # the kind of writer: (the output's name, what writes it with --force)
+    "export -o, and its .data": ("m.onnx", _export),
+    "--json": ("report.json", _json_report),
+    "--plot": ("heads.png", _plot),
+    "preset -o": ("my-llama.toml", _preset),
+    "a saved model": ("model.pt", _model_file),
+}
+
+
+@pytest.mark.parametrize("kind", list(WRITERS))
+def test_force_replaces_the_link_not_the_file_it_points_at(kind, tmp_path, monkeypatch, capsys):
+    keep = tmp_path / "elsewhere"
+    keep.mkdir()
+    name, write = WRITERS[kind]
+    link = tmp_path / name
+    (keep / "keep.txt").write_text("an unrelated file")
+    link.symlink_to(keep / "keep.txt")
+    if kind.startswith("export"):
+        files.weights_file(link).symlink_to(keep / "keep.data.txt")  # a link to nothing beside it too
+    beside = write(link, tmp_path, monkeypatch)
+    for written in (link, *beside):
+        assert written.is_file() and not written.is_symlink(), (kind, written)
+    assert (keep / "keep.txt").read_text() == "an unrelated file"
+    assert sorted(p.name for p in keep.iterdir()) == ["keep.txt"], kind  # no KEEP.data, nothing made there
+    if kind.startswith("export"):
+        from runtime import OnnxSession
+
+        OnnxSession(link, provider="cpu", verbose=False).run(np.zeros((1, 2, 32), np.float32))
+
+
+def test_export_without_force_leaves_a_link_and_its_target(tmp_path, capsys):
+    keep = tmp_path / "keep.txt"
+    keep.write_text("an unrelated file")
+    link = tmp_path / "m.onnx"
+    link.symlink_to(keep)
+    line = one_line_error(capsys, ["export", "mha-causal", "--set", "d_model=32", "--set", "heads=2", "-o", str(link)])
+    assert "exists" in line and "--force" in line
+    assert link.is_symlink() and keep.read_text() == "an unrelated file"
 
 
 def test_fifo_is_written_through_not_replaced(tmp_path):
@@ -129,17 +233,6 @@ def test_cli_json_report_to_dev_null_leaves_the_device(capsys):
 
     assert main(["parity", "mha-causal", "--lowering", "ort-gqa", "--json", os.devnull]) == 0
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
-
-
-def test_cli_json_report_through_a_symlink(tmp_path, capsys):
-    from cli.main import main
-
-    real = tmp_path / "out.json"
-    real.write_text("old")  # a link to nothing is refused (test_dangling_symlink_is_refused)
-    link = tmp_path / "link.json"
-    link.symlink_to(real)
-    assert main(["parity", "mha-causal", "--lowering", "ort-gqa", "--json", str(link)]) == 0
-    assert link.is_symlink() and json.loads(real.read_text())
 
 
 def test_publish_race_has_exactly_one_winner(tmp_path):

@@ -18,8 +18,8 @@ from typing import Any
 
 from zoo import AttnzooError
 
-from .client import parse_url
-from .load_report import percentile
+from ..client import parse_url
+from .report import percentile
 
 ROUTE = "/v1/chat/completions"
 WORDS = "the a code model token batch cache server stream prompt reply test line value name list".split()

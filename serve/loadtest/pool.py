@@ -14,8 +14,8 @@ import numpy as np
 
 from zoo import AttnzooError
 
-from .client import Client
-from .protocol import JSON, NPY
+from ..blocks.protocol import JSON, NPY
+from ..client import Client
 
 BAD_KINDS = ("not-json", "wrong-width", "wrong-rank", "wrong-dtype", "too-large", "empty", "nan", "unknown-field")
 # A whole model's malformed /generate bodies, each a client mistake (4xx).
@@ -85,7 +85,7 @@ def _served_session(meta: dict[str, Any], model: str | os.PathLike | None):
         return None
     from runtime.session import OnnxSession
 
-    from .replica import files_digest, model_files
+    from ..replica import files_digest, model_files
 
     digest = files_digest(model_files(Path(model)))
     if meta.get("sha256") and digest != meta["sha256"]:

@@ -1,5 +1,5 @@
-"""The OpenAI routes of a whole-model replica (serve/gen_app.py): GET /v1/models, POST /v1/completions and
-/v1/chat/completions, on continuous batching (serve/gen_continuous.py), as text, or streamed as server-sent
+"""The OpenAI routes of a whole-model replica (serve/generate/app.py): GET /v1/models, POST /v1/completions and
+/v1/chat/completions, on continuous batching (serve/generate/continuous.py), as text, or streamed as server-sent
 events. No Ray here: the replica hands its requests to `OpenAIFront.handle`.
 
 Each request becomes one row of the running batch, followed by a `TextRun` (GenItem.decoder): it chooses the
@@ -36,8 +36,11 @@ from runtime.sampling import Sampler, log_softmax, resolve
 from runtime.stopping import Codec, RowText, eos_ids
 from zoo import AttnzooError
 
-from .gen_protocol import GenItem
-from .openai_protocol import (
+from .. import access
+from ..generate.protocol import GenItem
+from ..generate.rows import Busy, TimedOut
+from ..schema import JSON
+from .protocol import (
     CHAT,
     COMPLETIONS,
     DONE,
@@ -54,7 +57,7 @@ from .openai_protocol import (
     read_limited,
     usage,
 )
-from .schema import JSON
+from .tokenize import TOKENIZE, detokenize, tokenize
 
 TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 EVENT_STREAM = "text/event-stream"
@@ -98,7 +101,7 @@ class TextRun:
     @property
     def needs_logits(self) -> bool:
         """Whether choose reads the logits (a sampler, logprobs); else the argmax is all (a packed batch then
-        reads no logits back: serve/gen_packed.py)."""
+        reads no logits back: serve/generate/packed.py)."""
         return self.logprobs is not None or self.sampler.params.needs_logits
 
     def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:
@@ -170,6 +173,15 @@ class TextRun:
             i, at = i + 1, at + len(token)
             if token:
                 self.ready, self._ready_at = i, at
+
+    def expire(self) -> None:
+        """The server's request timeout ended the run: finish_reason "length", its held text released (as
+        llama.cpp's t_max_predict_ms ends a prediction)."""
+        if self.finish is None:
+            self.finish, piece = "length", self.row.finish()
+            if self.logprobs is not None:
+                self._settle()
+            self.emit(piece, self.finish)
 
     def add(self, tokens: np.ndarray) -> bool:
         """As Generation's loop: an eos id ends the row (its text released), else the token's text; a stop
@@ -251,6 +263,18 @@ class OpenAIFront:
             ids = self._prompt_ids(ask)
             return await self._run(ask, ids)
         except OpenAIError as e:
+            return Response(e.body(), e.status, media_type=JSON, headers=getattr(e, "headers", None))
+
+    async def tokens(self, request, path: str):
+        """POST /tokenize or /detokenize (serve/openai/tokenize.py: vLLM's shapes)."""
+        from starlette.responses import JSONResponse, Response
+
+        try:
+            if request.method != "POST":
+                raise OpenAIError(f"{path} answers POST", 405)
+            body = await read_limited(request, self.max_body)
+            return JSONResponse((tokenize if path == TOKENIZE else detokenize)(self, body))
+        except OpenAIError as e:
             return Response(e.body(), e.status, media_type=JSON)
 
     def _prompt_ids(self, ask: Ask) -> list[int]:
@@ -310,23 +334,27 @@ class OpenAIFront:
             if ask.stream:  # with the count of logprob entries it may send: the chunk takes those not yet sent
                 loop.call_soon_threadsafe(pieces.put_nowait, (piece, finish, run.ready))
 
-        run = TextRun(
-            sampler, self.eos, RowText(self.codec, ask.stop, context=prompt[0]), ask.max_tokens, emit, ask.logprobs
-        )
+        row = RowText(self.codec, ask.stop, context=prompt[0], in_prompt=False)  # OpenAI's stop: the completion's
+        run = TextRun(sampler, self.eos, row, ask.max_tokens, emit, ask.logprobs)
         item = GenItem(ids=prompt, max_new_tokens=ask.max_tokens, decoder=run)
-        batcher = self._batcher()
+        rec = access.current()
+        rec.prompt_tokens, rec.prompt = len(ids), ask.prompt if ask.prompt is not None else self.codec.decode(ids)
+        try:
+            task = self._batcher().enqueue(item)
+        except Busy as e:
+            access.LOG.warning("refused: %s", e)
+            raise Unavailable(f"this server is busy: {e}; retry after {e.retry_after} s", 429, e.retry_after) from None
         if not ask.stream:
             try:
-                tokens, _ = await batcher.submit(item)
+                tokens, timing = await task
             except asyncio.CancelledError:  # the client left before its answer
                 run.cancelled = True
                 raise
+            rec.ran(run, timing)
             if isinstance(tokens, Exception):
-                raise OpenAIError(f"the model run failed: {type(tokens).__name__}: {tokens}", 500)
+                raise failed(tokens)
             body = answer.whole(run.row.text, run.finish or "length", usage(len(ids), run.made), run.entries)
             return Response(body, media_type=JSON)
-
-        task = asyncio.ensure_future(batcher.submit(item))
 
         async def events():
             sent = 0  # logprob entries already in a chunk
@@ -337,15 +365,17 @@ class OpenAIFront:
                     await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
                     if not get.done():  # the batcher answered without a last piece: the run failed
                         get.cancel()
-                        tokens, _ = task.result()
+                        tokens, timing = task.result()
+                        rec.ran(run, timing)
                         err = tokens if isinstance(tokens, Exception) else RuntimeError("the run ended early")
-                        yield error_chunk(OpenAIError(f"the model run failed: {err}", 500))
+                        yield error_chunk(failed(err))
                         break
                     piece, finish, made = get.result()
                     if piece or finish:  # a token whose text is held back sends its logprobs with its text
                         yield answer.chunk(piece or None, finish, entries=run.entries[sent:made])
                         sent = made
-                    if finish:
+                    if finish:  # the batcher answers right after the last piece: its timings to the access log
+                        rec.ran(run, (await task)[1])
                         if ask.include_usage:
                             yield answer.usage_chunk(usage(len(ids), run.made))
                         break
@@ -355,6 +385,28 @@ class OpenAIFront:
                     run.cancelled = True
 
         return StreamingResponse(events(), media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
+
+
+class Unavailable(OpenAIError):
+    """A request the server cannot take now: 429 (--max-waiting: OpenAI's rate-limit error) or 503 (it waited
+    past --request-timeout), with Retry-After."""
+
+    def __init__(self, message: str, status: int, retry_after: int = 1) -> None:
+        super().__init__(message, status, code="rate_limit_exceeded" if status == 429 else "timeout")
+        self.headers = {"retry-after": str(retry_after)}
+
+    @property
+    def kind(self) -> str:
+        return "requests" if self.status == 429 else "server_error"
+
+
+def failed(err: Exception) -> OpenAIError:
+    """The OpenAI error of a run the batcher ended with an exception (logged with the request's id)."""
+    if isinstance(err, TimedOut):
+        access.LOG.warning("timed out: %s", err)
+        return Unavailable(f"this server is busy: {err}", 503)
+    access.LOG.error("the model run failed: %s: %s", type(err).__name__, err)
+    return OpenAIError(f"the model run failed: {type(err).__name__}: {err}", 500)
 
 
 def _load_text(files: dict[str, bytes]):
@@ -377,4 +429,4 @@ def _load_text(files: dict[str, bytes]):
     return codec, template
 
 
-__all__ = ["TEXT_FILES", "OpenAIFront", "TextRun", "text_files"]
+__all__ = ["TEXT_FILES", "OpenAIFront", "TextRun", "Unavailable", "failed", "text_files"]

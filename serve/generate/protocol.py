@@ -23,7 +23,7 @@ import numpy as np
 from zoo import AttnzooError
 from zoo.generation_inputs import check_token_ids, left_padded_mask, new_token_count, token_id
 
-from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError
+from ..schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError
 
 GEN_FIELDS = ("input_ids", "attention_mask", "max_new_tokens", "eos_token_id")
 DEFAULT_MAX_NEW_TOKENS = 256  # per request; a larger one is a 413 (raise it with --max-new-tokens)
@@ -68,9 +68,10 @@ class GenItem:
     squeeze: bool = False  # input_ids came as one flat row: answer one flat row
     enqueued: float = field(default_factory=time.perf_counter)
     # None: greedy, the graph's next_token (POST /generate). Else what chooses and follows this request's
-    # tokens under continuous batching (serve/openai_run.TextRun: sampling, stop strings, streaming, a
+    # tokens under continuous batching (serve/openai/serving.TextRun: sampling, stop strings, streaming, a
     # client that left): choose(logits (r v), argmax (r,)) -> (r,); add(tokens (r,)) -> ended; cancelled.
     decoder: object | None = None
+    cancelled: bool = False  # its client left (a /generate request; a decoder says so for itself)
 
     @property
     def rows(self) -> int:

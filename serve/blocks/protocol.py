@@ -5,7 +5,7 @@ Split by job: the vocabulary (media types, fields, limits, errors, `ModelInfo`, 
 `schema.py`, reading bodies in `bodies.py`, and here decoding a request (`decode_request`,
 `check_arrays`: the rules it shares with the sessions, the cache's and the mask's, are
 runtime/feeds.py's, said as a request's answer) and encoding the answer. Every name stays
-importable from `serve.protocol`."""
+importable from `serve.blocks.protocol`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from runtime.feeds import Voice, broadcast_mask, check_key_mask, check_past, che
 from zoo import AttnzooError, CacheFullError
 from zoo.limits import check_room
 
-from .bodies import read_json, read_npy, read_npz
-from .schema import (
+from ..schema import (
     DECODE_FIELDS,
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_TOKENS,
@@ -33,6 +32,7 @@ from .schema import (
     RequestError,
     ServeError,
 )
+from .bodies import read_json, read_npy, read_npz
 
 # -- decoding ----------------------------------------------------------------------------------
 

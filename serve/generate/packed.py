@@ -19,7 +19,7 @@ so rows are independent: no shared write index, no wait for one, no restart, and
 - With a cuda_graph session each k's step runs under a graph id of its own (ONNX Runtime captures it on its
   third run and replays it), every prefill under -1 (never captured). Unproven on a GPU so far.
 
-Each request's tokens equal `OnnxSession.generate` of the request alone (tests/serve/test_gen_packed.py).
+Each request's tokens equal `OnnxSession.generate` of the request alone (tests/serve/test_generate_packed.py).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from runtime.generation import prefill_chunk
 from runtime.io import INPUT_IDS, LM_PRESENT, LOGITS, NEXT_TOKEN, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH
 from runtime.kv_buffers import as_float32
 
-from .gen_protocol import GenItem
-from .gen_rows import RowBatcher
-from .schema import ServeError
+from ..schema import ServeError
+from .prefix import chunks
+from .protocol import GenItem
+from .rows import RowBatcher
 
 
 def _needs_logits(it: GenItem) -> bool:
@@ -49,11 +50,13 @@ class PackedBatcher(RowBatcher):
 
     capacity: the slots n of every row: a request needs its prompt + max_new_tokens - 1 <= n."""
 
-    def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
-        super().__init__(sess, max_rows, capacity, wait_s)
+    def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0, **options) -> None:
+        super().__init__(sess, max_rows, capacity, wait_s, **options)
         import onnxruntime as ort
 
         self.buf = _DeviceBuffers(sess, max_rows, capacity, graph_id=0)
+        if not self.buf.cache_arrays:  # the prefix cache copies numpy slices: the CPU's buffers only
+            self.prefix = None
         self.lengths = np.zeros(max_rows, np.int64)  # each held row's cache length before the next step
         self.held = np.zeros(max_rows, np.bool_)
         self._steps: dict[int, object] = {}  # k -> the step's binding over rows 0..k-1
@@ -102,11 +105,18 @@ class PackedBatcher(RowBatcher):
 
     def _prefill(self, row: int, ids: np.ndarray, logits: bool) -> tuple[int, np.ndarray | None]:
         """One row's real tokens (t,) into cache row `row` from slot 0 -> (the argmax token, with `logits` the
-        last position's logits (v,) float32, else None)."""
+        last position's logits (v,) float32, else None). With a prefix cache, its first cached blocks are copied
+        into the row's first slots (slot j is position j in every row: any row takes them) and the rest runs."""
         buf, t = self.buf, ids.shape[0]
         chunk = prefill_chunk(self.sess, 1, t)
-        for start in range(0, t, chunk):
-            end = min(start + chunk, t)
+        cached, prefix = 0, self.prefix
+        if prefix is not None:
+            cached, blocks = prefix.match(ids)
+            for i, blob in enumerate(blocks):
+                for name, arr in blob.items():
+                    buf.cache_arrays[name][0][row, :, i * prefix.block : (i + 1) * prefix.block] = arr
+            self._cached += cached
+        for start, end in chunks(cached, t, chunk):
             # held until the run: a CPU OrtValue wraps its array, which the binding alone does not keep alive
             held = (
                 buf.on_device(np.ascontiguousarray(ids[None, start:end])),
@@ -121,6 +131,8 @@ class PackedBatcher(RowBatcher):
             binding.bind_output(LOGITS.name, buf.device)
             binding.bind_output(NEXT_TOKEN.name, buf.device)
             self.sess.run_with_iobinding(binding, self.prefill_options)
+        if prefix is not None:
+            prefix.store(ids, lambda a, b: {k: v[0][row, :, a:b] for k, v in buf.cache_arrays.items()})
         outputs = binding.get_outputs()  # the presents are 4-d, the logits (1 w v) 3-d, next_token (1,) 1-d
         token = int(next(o for o in outputs if len(o.shape()) == 1).numpy()[0])
         if not logits:
@@ -152,6 +164,7 @@ class PackedBatcher(RowBatcher):
         rows = [int(r) for r in np.flatnonzero(~self.held)[: it.rows]]  # the lowest free rows
         first = np.zeros(it.rows, np.int64)
         logits, wanted = [], _needs_logits(it)
+        self._cached = 0
         for i, row in enumerate(rows):
             first[i], last = self._prefill(row, packed[i, : lengths[i]], wanted)
             logits.append(last)

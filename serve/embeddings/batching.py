@@ -1,6 +1,6 @@
 """Batching across /v1/embeddings requests: each request's inputs become rows of token ids (texts tokenized
 and truncated as sentence-transformers does), the rows of the requests a StaticBatcher gathered
-(serve/gen_batching.py) are sorted by length and run in padded runs of at most `max_rows` rows, a row joining
+(serve/generate/batching.py) are sorted by length and run in padded runs of at most `max_rows` rows, a row joining
 a run only while it is at least half as long as the run's longest (so padding never doubles a run's work),
 and each request's embeddings are put back in its own order. The graph's attention_mask hides the padding
 and its pooling reads only real tokens, so a request's embeddings equal what it gets alone (to float

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .openai_protocol import EMBEDDINGS, OpenAIError, check_model, json_object, number
+from ..openai.protocol import EMBEDDINGS, OpenAIError, check_model, json_object, number
 
 FIELDS = ("model", "input", "encoding_format", "dimensions", "user", "prompt_name")
 ENCODINGS = ("float", "base64")

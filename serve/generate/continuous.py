@@ -1,6 +1,6 @@
 """Continuous batching of a left-padded export's requests: a request joins the running batch at its next step
-(`continuous_batcher` gives a packed-rows export serve/gen_packed.py's batcher instead; serve/gen_rows.py holds
-what both share: the thread, the answers).
+(`continuous_batcher` gives a packed-rows export serve/generate/packed.py's batcher instead;
+serve/generate/rows.py holds what both share: the thread, the answers).
 
 The batch is `max_rows` rows of static buffers (b g n d) per layer, bound once, and one write index P
 shared by every row (the export's past_len). A request of prompt length t joins when rows are free,
@@ -30,18 +30,20 @@ from runtime.generation import prefill_chunk
 from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 from runtime.kv_buffers import buffer_arrays
 
-from .gen_packed import PackedBatcher
-from .gen_protocol import GenItem
-from .gen_rows import RowBatcher, check_continuous, check_continuous_layers, shares_runs
+from .packed import PackedBatcher
+from .prefix import chunks, slot_bound
+from .protocol import GenItem
+from .rows import RowBatcher, check_continuous, check_continuous_layers, shares_runs
 
 BATCHINGS = ("static", "continuous")
 DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
 
 
-def continuous_batcher(sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> RowBatcher:
-    """The continuous batcher of this export: over packed rows (gen_packed) or left-padded (this module)."""
+def continuous_batcher(sess, max_rows: int, capacity: int, wait_s: float = 0.0, **options) -> RowBatcher:
+    """The continuous batcher of this export: over packed rows (generate.packed) or left-padded (this module);
+    options: RowBatcher's (max_waiting, timeout_s, prefix, observer)."""
     kind = PackedBatcher if is_packed(sess) else ContinuousBatcher
-    return kind(sess, max_rows, capacity, wait_s=wait_s)
+    return kind(sess, max_rows, capacity, wait_s=wait_s, **options)
 
 
 class _Buffers:
@@ -91,9 +93,10 @@ class ContinuousBatcher(RowBatcher):
     capacity: the slots n of the batch's buffers (every row, every layer): a request needs
     prompt + max_new_tokens - 1 <= n to ever fit (GenInfo.max_len says so to clients)."""
 
-    def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0) -> None:
-        super().__init__(sess, max_rows, capacity, wait_s)
+    def __init__(self, sess, max_rows: int, capacity: int, wait_s: float = 0.0, **options) -> None:
+        super().__init__(sess, max_rows, capacity, wait_s, **options)
         self.batch = _Buffers(sess, max_rows, capacity, 1)
+        self.slot_bound = slot_bound(sess)  # cached blocks serve only prompts starting at their slot (prefix.py)
         self.write = 0  # P: the slot the next step writes, shared by every row
 
     def _fits(self, it: GenItem, write: int) -> bool:
@@ -122,7 +125,9 @@ class ContinuousBatcher(RowBatcher):
         reads them as one that counts a row's real keys does. A prompt after masked slots runs one row
         at a time, through one scratch row of P slots (GroupQueryAttention takes a chunk with a past for
         one row only; any lowering takes one row); one row's prompt runs in chunks, each after the ones
-        before, as OnnxSession.generate runs it (runtime.generation.prefill_chunk)."""
+        before, as OnnxSession.generate runs it (runtime.generation.prefill_chunk). With a prefix cache
+        (generate/prefix.py) a one-row prompt's first cached whole blocks are copied into the scratch row at the
+        slots they take and only the rest runs, on the same chunk grid; its whole blocks are kept after."""
         import onnxruntime as ort
 
         started = time.perf_counter()
@@ -133,11 +138,17 @@ class ContinuousBatcher(RowBatcher):
         chunk = prefill_chunk(self.sess, len(parts[0]), t)
         alone = _Buffers(self.sess, len(parts[0]), p, chunk)
         alone.mask[:, : p - t] = False
+        cached, root, prefix = 0, (p - t) * self.slot_bound, self.prefix if it.rows == 1 and it.mask is None else None
+        if prefix is not None:  # its first whole blocks' keys and values from the cache, at the slots they take
+            cached, blocks = prefix.match(it.ids[0], root)
+            for i, blob in enumerate(blocks):
+                for name, arr in blob.items():
+                    alone.cache[name][0, :, p - t + i * prefix.block : p - t + (i + 1) * prefix.block] = arr
         for part in parts:
             alone.mask[:, p - t :] = True if it.mask is None else it.mask[part]
             binding = alone.binding(len(part))
-            for start in range(0, t, chunk):
-                ids = np.ascontiguousarray(it.ids[part, start : start + chunk])  # the last chunk may be short
+            for start, end in chunks(cached, t, chunk):
+                ids = np.ascontiguousarray(it.ids[part, start:end])
                 binding.bind_ortvalue_input(INPUT_IDS.name, ort.OrtValue.ortvalue_from_numpy(ids, "cpu", 0))
                 alone.past_len[()] = p - t + start
                 self.sess.run_with_iobinding(binding)
@@ -146,6 +157,10 @@ class ContinuousBatcher(RowBatcher):
             first[part] = alone.next_token[: len(part)]
             if it.decoder is not None:
                 first[part] = it.decoder.choose(alone.logits[: len(part), -1], first[part])
+        if prefix is not None:  # one row, one part: its prompt's keys and values are still in `alone`
+            at = p - t
+            prefix.store(it.ids[0], lambda a, b: {k: v[0, :, at + a : at + b] for k, v in alone.cache.items()}, root)
+        self._cached = cached
         self.used += it.rows
         self.batch.mask[rows] = True
         self.batch.mask[rows, : p - t] = False

@@ -1,4 +1,4 @@
-"""Continuous batching over a packed-rows export (serve/gen_packed.py): check_continuous takes it, the server picks
+"""Continuous batching over a packed-rows export (serve/generate/packed.py): check_continuous takes it, the server picks
 the packed batcher for it, and each request's tokens equal `OnnxSession.generate` of the request alone: requests
 of different prompt lengths, rows, own left padding, max_new_tokens and eos, joining a running batch, leaving, rows
 reused lowest first (a free row below the highest held one fed and ignored), a request at the capacity's edge, a
@@ -18,8 +18,8 @@ from export import export_onnx
 from helpers import submit_concurrently
 from runtime.device_decode import GRAPH_ID, NOT_CAPTURED
 from runtime.session import OnnxSession
-from serve.gen_continuous import PackedBatcher, check_continuous, continuous_batcher
-from serve.gen_protocol import GenInfo, GenItem, decode_generate_request
+from serve.generate.continuous import PackedBatcher, check_continuous, continuous_batcher
+from serve.generate.protocol import GenInfo, GenItem, decode_generate_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 import lm_cases  # noqa: E402 - the small random transformers models of the whole-model tests
@@ -68,7 +68,7 @@ def _requests(sess) -> list[GenItem]:
 def test_continuous_batching_takes_a_packed_rows_export(sess):
     """A packed-rows export (a CUDA export's default) was refused ("serve it with --batching static"); now it
     passes check_continuous and gets the packed batcher, through the server too."""
-    from serve.gen_app import GenerateServer
+    from serve.generate.app import GenerateServer
     from serve.replica import model_files
 
     check_continuous(sess)

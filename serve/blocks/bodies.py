@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import FIELDS, NPY, NPZ, ModelInfo, RequestError
+from ..schema import FIELDS, NPY, NPZ, ModelInfo, RequestError
 
 
 def read_json(body: bytes, info: ModelInfo) -> tuple[dict[str, np.ndarray], set[str]]:

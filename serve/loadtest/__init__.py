@@ -9,8 +9,8 @@ own actor kill mid-run and the time until the deployment is whole again is measu
 
 The client retries a failed request once (a connection error or a 5xx), and says how often.
 
-Split by job: the requests sent (`load_pool.py`), what was measured and the table
-(`load_report.py`), and here the running, the replica killer and the whole run. Every name
+Split by job: the requests sent (`pool.py`), what was measured and the table
+(`report.py`), and here the running, the replica killer and the whole run. Every name
 stays importable from `serve.loadtest`.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .client import Client, decode_reply
-from .load_pool import (
+from ..client import Client, decode_reply
+from .pool import (
     BAD_KINDS,
     GEN_BAD_KINDS,
     LoadTestError,
@@ -36,7 +36,7 @@ from .load_pool import (
     build_pool,
     gen_bad_body,
 )
-from .load_report import Level, Sample, format_report, percentile
+from .report import Level, Sample, format_report, percentile
 
 # Relative to the output scale, as the parity target says (fp32, CPU).
 CHECK_RTOL = 1e-5
@@ -163,7 +163,7 @@ def replica_killer(app: str = "attnzoo", address: str | None = "auto", recover_w
     recovery (as many RUNNING replicas as before)."""
     import ray
 
-    from .app import replica_states
+    from ..app import replica_states
 
     if not ray.is_initialized():
         try:

@@ -1,27 +1,22 @@
-"""The Ray Serve replica of a whole-model export: POST /generate (serve/gen_protocol.py), requests
-gathered by a StaticBatcher and generated from as one left-padded batch (serve/gen_batching.py)."""
+"""The Ray Serve replica of a whole-model export: POST /generate (serve/generate/protocol.py), requests
+gathered by a StaticBatcher and generated from as one left-padded batch (serve/generate/batching.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
 from pathlib import Path
 
-from .auth import authorized, refusal
-from .gen_batching import StaticBatcher, run_generate_batch
-from .gen_continuous import DEFAULT_CAPACITY, check_continuous, continuous_batcher, shares_runs
-from .gen_protocol import (
-    DEFAULT_MAX_NEW_TOKENS,
-    GEN_ROUTE,
-    GenInfo,
-    decode_generate_request,
-    encode_tokens,
-)
-from .gen_rows import RowBatcher
-from .openai_run import OpenAIFront
-from .protocol import failure_answer
-from .replica import (
+from ..access import HEADER, LOG, AccessLog, current
+from ..auth import authorized, refusal
+from ..blocks.protocol import failure_answer
+from ..metrics import TEXT_FORMAT, ReplicaMetrics
+from ..openai.serving import OpenAIFront
+from ..openai.tokenize import DETOKENIZE, TOKENIZE
+from ..ops import ServeOps
+from ..replica import (
     answer_get,
     files_digest,
     open_session,
@@ -30,21 +25,33 @@ from .replica import (
     request_path,
     timing_headers,
 )
-from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError, generate_body_limit
+from ..schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, RequestError, ServeError, generate_body_limit
+from .batching import StaticBatcher, run_generate_batch
+from .continuous import DEFAULT_CAPACITY, check_continuous, continuous_batcher, shares_runs
+from .protocol import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GEN_ROUTE,
+    GenInfo,
+    decode_generate_request,
+    encode_tokens,
+)
+from .rows import Busy, RowBatcher, TimedOut
 
 
 class GenerateServer:
     """A Ray Serve replica over a whole-model export: one OnnxSession, static batches (StaticBatcher) or,
-    with batching="continuous", requests joining the running batch at its next step (gen_continuous's
+    with batching="continuous", requests joining the running batch at its next step (generate.continuous's
     continuous_batcher: left-padded or packed rows, as the export takes them; buffers of `capacity` slots).
 
     GET /healthz -> "ok"; GET / or /metadata -> JSON; POST /generate -> {"tokens": ...}; OpenAI's API under /v1
-    (serve/openai_run.py: text in and out with the export's tokenizer and chat template, `text`).
+    (serve/openai/serving.py: text in and out with the export's tokenizer and chat template, `text`).
     key_digest: the sha256 of an API key every route but /healthz asks for (serve/auth.py). cuda_graph: a
-    packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/gen_packed.py).
+    packed-rows export's decode steps captured per row count (OnnxSession(cuda_graph=True), serve/generate/packed.py).
     Timing headers as the block server's: x-attnzoo-model-ms (the batch's generate call),
     x-attnzoo-queue-ms, x-attnzoo-batch (rows in the batch), x-attnzoo-replica; and
-    x-attnzoo-new-tokens (this answer's new tokens, all rows).
+    x-attnzoo-new-tokens (this answer's new tokens, all rows). ops (serve/ops.py): the continuous batch's
+    admission control, request timeout and prefix cache, and the access log; GET /health, /ready and /metrics
+    (serve/metrics.py) ask for no key, POST /tokenize and /detokenize (serve/openai/tokenize.py) do.
     """
 
     def __init__(
@@ -65,6 +72,7 @@ class GenerateServer:
         text: dict[str, bytes] | None = None,
         key_digest: str | None = None,
         cuda_graph: bool = False,
+        ops: ServeOps | None = None,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
@@ -76,19 +84,23 @@ class GenerateServer:
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )
         per_run = None if shares_runs(self.sess) else 1  # longrope: one request a run
+        self.ops = ops or ServeOps()
+        self.replica = f"{os.uname().nodename}:{os.getpid()}"
+        self.access = AccessLog(self.ops.access_log, self.ops.log_prompts, self.replica)
         if batching == "continuous":  # one set of buffers of `capacity` slots: a request must fit in it
             capacity = min(capacity, self.info.max_len or capacity)
             self.info = dataclasses.replace(self.info, max_len=capacity)
-            self._batcher = continuous_batcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000)
+            self._batcher = continuous_batcher(
+                self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000, **self._batcher_options()
+            )
         else:
-            # Not serve.batch: it forms a batch before waiting for the running one (gen_batching.StaticBatcher).
+            # Not serve.batch: it forms a batch before waiting for the running one (generate.batching.StaticBatcher).
             self._batcher = StaticBatcher(
                 lambda items: run_generate_batch(self.sess, items),
                 max_rows=max_batch,
                 wait_s=batch_wait_ms / 1000,
                 max_requests=per_run,
             )
-        self.replica = f"{os.uname().nodename}:{os.getpid()}"
         self.key_digest = key_digest  # serve/auth.py: every route but /healthz asks for the key
         md = self.sess.metadata
         self.meta = {
@@ -105,7 +117,7 @@ class GenerateServer:
             # None: each batch's cache is sized to what it needs; continuous: the one batch's capacity
             "max_len": self.info.max_len,
             "max_batch": max_batch,
-            # 1: requests never share a run (longrope: gen_continuous.shares_runs); None: any that fit
+            # 1: requests never share a run (longrope: generate.continuous.shares_runs); None: any that fit
             "requests_per_run": per_run,
             "batch_wait_ms": batch_wait_ms,
             "max_tokens": max_tokens,
@@ -118,9 +130,20 @@ class GenerateServer:
         model_id = name if label == "DecoderLM" else Path(label).name
         self.openai = self._openai(model_id, text or {}, batching, capacity, max_batch, batch_wait_ms, max_body)
         self.meta["openai"] = {"model": self.openai.name, "chat": self.openai.template is not None}
+        self.metrics = ReplicaMetrics(self.openai.name, self.openai.batchers)
+        self.meta["prefix_cache_mb"] = self.ops.prefix_cache_mb
+        self.meta["max_waiting"], self.meta["request_timeout"] = self.ops.max_waiting, self.ops.request_timeout
+
+    def _batcher_options(self) -> dict:
+        """A continuous batcher's admission, timeout, prefix cache and metrics (serve/ops.py); the observer is
+        looked up when a request leaves, so the metrics may be made after the batcher."""
+        return self.ops.batcher_options(observer=self)
+
+    def finished(self, run, now: float, reason: str) -> None:  # the batchers' observer: to the metrics
+        self.metrics.finished(run, now, reason)
 
     def _openai(self, model_id, text, batching, capacity, max_batch, batch_wait_ms, max_body) -> OpenAIFront:
-        """The /v1 routes (serve/openai_run.py), on continuous batching: this server's batcher when it batches
+        """The /v1 routes (serve/openai/serving.py), on continuous batching: this server's batcher when it batches
         continuously, else one of their own, made on the first /v1 request (capacity: --capacity)."""
         unavailable = None
         try:
@@ -136,7 +159,8 @@ class GenerateServer:
             if made:
                 return list(own)
             if not own:
-                own.append(continuous_batcher(self.sess, max_batch, capacity, wait_s=batch_wait_ms / 1000))
+                wait = batch_wait_ms / 1000
+                own.append(continuous_batcher(self.sess, max_batch, capacity, wait_s=wait, **self._batcher_options()))
             return own[0]
 
         return OpenAIFront(
@@ -153,13 +177,54 @@ class GenerateServer:
         )
 
     async def __call__(self, request):
-        from starlette.responses import PlainTextResponse, Response
+        """Every route, its answer carrying the request's id (X-Request-Id) and one access-log line when it
+        ends (a stream: at its last event)."""
+        from starlette.responses import StreamingResponse
 
         path = request_path(request)
+        rec = self.access.begin(request, path)
+        try:
+            response = await self._route(request, path)
+        except asyncio.CancelledError:  # the client left before its answer (nginx's 499)
+            self.access.end(rec, 499)
+            raise
+        except Exception:  # a fault of ours: logged with the request's id, then Ray Serve answers 500
+            LOG.exception("%s %s failed", request.method, path)
+            self.access.end(rec, 500)
+            raise
+        if HEADER not in request.headers:  # Ray Serve's proxy puts one in every request and returns it itself
+            response.headers[HEADER] = rec.request_id
+        if not isinstance(response, StreamingResponse):
+            self.access.end(rec, response.status_code)
+            return response
+        events = response.body_iterator
+
+        async def logged():
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                self.access.end(rec, response.status_code)
+
+        response.body_iterator = logged()
+        return response
+
+    async def _route(self, request, path: str):
+        from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+        if request.method == "GET" and path in ("/health", "/ready", "/metrics"):  # open, as /healthz
+            if path == "/metrics":
+                return Response(self.metrics.text(), media_type=TEXT_FORMAT)
+            failed = [b.failed for b in self.openai.batchers() if b.failed]
+            if path == "/ready" and failed:  # the model is loaded (this replica exists) but its last step failed
+                return JSONResponse({"status": "failed", "model": self.openai.name, "error": failed[0]}, 503)
+            return JSONResponse({"status": "ready" if path == "/ready" else "ok", "model": self.openai.name})
         if not path.endswith("/healthz") and not authorized(request.headers, self.key_digest):
             return refusal(path)
         if path.startswith("/v1/") or path == "/v1":
             return await self.openai.handle(request, path)
+        if path in (TOKENIZE, DETOKENIZE):
+            return await self.openai.tokens(request, path)
         if request.method == "GET":  # with the rows running now, on each continuous batcher
             batchers = self.openai.batchers()
             live = {"rows_running": sum(b.used for b in batchers), "requests_left": sum(b.left for b in batchers)}
@@ -174,9 +239,22 @@ class GenerateServer:
         except RequestError as e:
             return PlainTextResponse(str(e), e.status)
         item.enqueued = time.perf_counter()
-        tokens, timing = await self._batcher.submit(item)
+        rec = current()
+        rec.prompt_tokens = int(item.ids.size if item.mask is None else item.mask.sum())
+        try:
+            tokens, timing = await self._batcher.submit(item)
+        except Busy as e:
+            LOG.warning("refused: %s", e)
+            return PlainTextResponse(f"{e}; retry after {e.retry_after} s", 429, {"retry-after": str(e.retry_after)})
+        except asyncio.CancelledError:  # the client left: its rows are given back at the next step
+            item.cancelled = True
+            raise
+        rec.queue_ms, rec.ttft_ms = timing.get("x-attnzoo-queue-ms"), timing.get("x-attnzoo-ttft-ms")
+        if isinstance(tokens, TimedOut):
+            return PlainTextResponse(str(tokens), 503, {"retry-after": "1"})
         if isinstance(tokens, Exception):
             return PlainTextResponse(*failure_answer(tokens))
+        rec.completion_tokens = item.rows * (tokens.shape[1] - item.t)
         headers = timing_headers(timing, self.replica)
         headers["x-attnzoo-new-tokens"] = str(item.rows * (tokens.shape[1] - item.t))
         return Response(encode_tokens(item, tokens), media_type=JSON, headers=headers)

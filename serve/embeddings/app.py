@@ -1,6 +1,6 @@
 """The Ray Serve replica of a sentence encoder's export (`export_encoder`, attnzoo.kind "sentence_encoder"):
-OpenAI's POST /v1/embeddings (serve/embed_protocol.py) and GET /v1/models, requests gathered across clients
-by a StaticBatcher into padded runs (serve/embed_batching.py); GET /healthz and /metadata as every replica's.
+OpenAI's POST /v1/embeddings (serve/embeddings/protocol.py) and GET /v1/models, requests gathered across clients
+by a StaticBatcher into padded runs (serve/embeddings/batching.py); GET /healthz and /metadata as every replica's.
 The routes of a language model's server (/v1/completions, /v1/chat/completions, /generate) are a 404 here
 that names what this server serves."""
 
@@ -13,14 +13,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from .auth import authorized, refusal
-from .embed_batching import EmbedItem, id_rows, run_embed_batch, text_rows
-from .embed_protocol import MAX_INPUTS, embeddings_answer, parse_embeddings
-from .gen_batching import StaticBatcher
-from .openai_protocol import CHAT, COMPLETIONS, EMBEDDINGS, MODELS, OpenAIError, models_list, read_limited
-from .openai_protocol import max_body as body_limit
-from .replica import answer_get, files_digest, replica_grpc_on_loopback, request_path, timing_headers
-from .schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, ServeError
+from ..auth import authorized, refusal
+from ..generate.batching import StaticBatcher
+from ..openai.protocol import CHAT, COMPLETIONS, EMBEDDINGS, MODELS, OpenAIError, models_list, read_limited
+from ..openai.protocol import max_body as body_limit
+from ..replica import answer_get, files_digest, replica_grpc_on_loopback, request_path, timing_headers
+from ..schema import DEFAULT_MAX_BODY, DEFAULT_MAX_TOKENS, JSON, ServeError
+from .batching import EmbedItem, id_rows, run_embed_batch, text_rows
+from .protocol import MAX_INPUTS, embeddings_answer, parse_embeddings
 
 KIND = "sentence_encoder"
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .gen_protocol import GenItem
-from .schema import ServeError
+from ..schema import ServeError
+from .protocol import GenItem
 
 PAD_ID = 0  # the id under a padded (masked) position: never attended to, its logits never read
 
@@ -91,7 +91,7 @@ class StaticBatcher:
     what is waiting when the last run ends, up to `max_rows` rows, in arrival order; when fewer rows wait,
     it waits until `wait_s` after the first of them arrived for more. `run(items)` returns one result
     per item (run_generate_batch, bound to a session). `max_requests`: at most that many requests a run
-    (1 for an export whose requests cannot share one: gen_continuous.shares_runs); None, no limit."""
+    (1 for an export whose requests cannot share one: generate.continuous.shares_runs); None, no limit."""
 
     def __init__(
         self, run: Callable[[list[GenItem]], list], max_rows: int, wait_s: float, max_requests: int | None = None

@@ -23,7 +23,7 @@ from zoo import AttnzooError
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MODELS = "/v1/models"
-EMBEDDINGS = "/v1/embeddings"  # a sentence encoder's server (serve/embed_protocol.py)
+EMBEDDINGS = "/v1/embeddings"  # a sentence encoder's server (serve/embeddings/protocol.py)
 SAMPLING = ("temperature", "top_p", "seed")
 EXTRAS = ("top_k", "min_p", "repetition_penalty")  # beyond OpenAI's fields, as vLLM takes them (extra_body)
 COMMON = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", *SAMPLING, *EXTRAS)

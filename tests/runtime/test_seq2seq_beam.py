@@ -1,0 +1,152 @@
+"""Beam search for encoder-decoders (runtime/seq2seq_beam.py through Seq2SeqSession.generate(num_beams=k)):
+tokens and sequences_scores equal transformers' generate(num_beams=k, do_sample=False, output_scores=True,
+return_dict_in_generate=True) on a batch of prompts of different lengths (right-padded), for the three
+early_stopping values, length penalties other than 1 and num_return_sequences > 1, with each checkpoint's
+own processors (BART's forced eos, Marian's banned pad id) and an eos that ends hypotheses early; the
+checkpoint's num_beams by default; the self-attention cache reordered (skipping it changes the beams).
+
+T5 v1.1, BART and Marian in the default run (the session-scoped exports of tests/conftest.py, shared with
+tests/export/test_seq2seq_export.py); T5 v1.0, mBART and Marian with its own decoder vocabulary under -m slow."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import seq2seq_cases  # noqa: E402 - tests/peers is on sys.path (tests/conftest.py)
+import torch
+
+import zoo
+from export.seq2seq_session import Seq2SeqSession
+from peers.seq2seq import generation_settings
+from runtime import beam_cache
+
+NEW = 12
+FAST = ("t5-gated", "bart", "marian")
+SCORE_ATOL = 1e-4  # ORT's fp32 logits against torch's (measured: up to 1e-4 with length_penalty -0.5)
+# (num_beams, early_stopping, length_penalty, num_return_sequences)
+SETTINGS = [(4, False, 1.0, 1), (3, True, 2.0, 2), (4, "never", -0.5, 3)]
+
+
+def cases() -> list:
+    skip = ("t5-deep-decoder",)  # transformers' cached generate fails on it (seq2seq_cases.cached_generate_ok)
+    return [pytest.param(c, marks=() if c in FAST else pytest.mark.slow) for c in seq2seq_cases.CASES if c not in skip]
+
+
+def hf_beams(hf, ids, mask, **kw):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kw,
+        )
+
+
+def assert_same(got, want, what: str) -> None:
+    assert got.sequences.shape == tuple(want.sequences.shape), f"{what}: {got.sequences.shape} {want.sequences.shape}"
+    assert np.array_equal(np.asarray(got.sequences), want.sequences.numpy()), (
+        f"{what}:\n{got.sequences}\n{want.sequences}"
+    )
+    np.testing.assert_allclose(got.sequences_scores, want.sequences_scores.numpy(), atol=SCORE_ATOL, err_msg=what)
+
+
+@pytest.mark.parametrize("case", cases())
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"k{s[0]}-es{s[1]}-lp{s[2]}-n{s[3]}")
+def test_beams_equal_transformers_tokens_and_scores(case, setting, seq2seq_pairs):
+    _, hf, path = seq2seq_pairs(case)
+    k, early, lp, n = setting
+    ids, mask = seq2seq_cases.batch()
+    kw = dict(num_beams=k, early_stopping=early, length_penalty=lp, num_return_sequences=n)
+    want = hf_beams(hf, ids, mask, **kw)
+    sess = Seq2SeqSession(path)
+    timings: dict = {}
+    got = sess.generate(ids.numpy(), NEW, mask.numpy(), return_dict_in_generate=True, timings=timings, **kw)
+    assert_same(got, want, f"{case} {setting}")
+    assert got.sequences.shape[0] == ids.shape[0] * n and timings["beam_reorders"] > 0
+    assert torch.equal(sess.generate(ids, NEW, mask, **kw), want.sequences)  # torch in, torch out; sequences alone
+
+
+@pytest.mark.parametrize("case", ["bart", pytest.param("t5", marks=pytest.mark.slow)])
+def test_an_eos_ends_hypotheses_early_as_in_transformers(case, seq2seq_pairs):
+    _, hf, path = seq2seq_pairs(case)
+    ids, mask = seq2seq_cases.batch()
+    free = hf_beams(hf, ids, mask, num_beams=4, forced_eos_token_id=None).sequences
+    eos = int(free[0, 3])
+    kw = dict(num_beams=4, num_return_sequences=4, eos_token_id=eos, forced_eos_token_id=None)
+    want = hf_beams(hf, ids, mask, **kw)
+    got = Seq2SeqSession(path).generate(ids, NEW, mask, return_dict_in_generate=True, **kw)
+    assert_same(got, want, f"{case} eos {eos}")
+    first = [int(np.flatnonzero(row[1:] == eos)[0]) for row in got.sequences.numpy() if (row[1:] == eos).any()]
+    assert any(f < got.sequences.shape[1] - 2 for f in first), f"no hypothesis ended early at eos {eos}"
+
+
+def test_skipping_the_cache_reorder_changes_the_beams(seq2seq_pairs, monkeypatch):
+    """On BART (the random T5 and Marian are peaked enough that their beams rarely change rows)."""
+    _, hf, path = seq2seq_pairs("bart")
+    ids, mask = seq2seq_cases.batch()
+    want = hf_beams(hf, ids, mask, num_beams=4).sequences
+    sess = Seq2SeqSession(path)
+    assert torch.equal(sess.generate(ids, NEW, mask, num_beams=4), want)
+    monkeypatch.setattr(beam_cache.HostReorder, "__call__", lambda self, idx, length: None)
+    assert not torch.equal(sess.generate(ids, NEW, mask, num_beams=4), want)
+
+
+def test_the_checkpoints_beam_settings_are_the_default(seq2seq_pairs):
+    """A generation_config asking num_beams (and length_penalty, early_stopping) gets beams, as transformers'
+    generate does; the call's num_beams=1 is greedy."""
+    _, hf, path = seq2seq_pairs("bart")
+    sess = Seq2SeqSession(path)
+    ids, mask = seq2seq_cases.batch()
+    asked = dict(num_beams=3, length_penalty=0.6, early_stopping=True)
+    sess.generation.update(asked)  # as an export of such a checkpoint records it (generation_settings below)
+    config = type(hf.generation_config).from_dict({**hf.generation_config.to_dict(), **asked})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = hf.generate(input_ids=ids, attention_mask=mask, generation_config=config, max_new_tokens=NEW)
+        greedy = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, num_beams=1)
+    assert torch.equal(sess.generate(ids, NEW, mask), want)
+    assert torch.equal(sess.generate(ids, NEW, mask, num_beams=1), greedy)
+    assert not torch.equal(want, greedy)
+
+
+def test_generation_settings_read_the_beam_keys(tmp_path):
+    import json
+
+    folder, _ = seq2seq_cases.checkpoint("bart", tmp_path)
+    gen = json.loads((folder / "generation_config.json").read_text())
+    gen.update(num_beams=4, length_penalty=2.0, early_stopping="never", num_return_sequences=2)
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    got = generation_settings(folder)
+    assert {k: got[k] for k in ("num_beams", "length_penalty", "early_stopping", "num_return_sequences")} == {
+        "num_beams": 4,
+        "length_penalty": 2.0,
+        "early_stopping": "never",
+        "num_return_sequences": 2,
+    }
+    gen["early_stopping"] = "sometimes"
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    with pytest.raises(zoo.CheckpointError, match="early_stopping='sometimes'"):
+        generation_settings(folder)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(num_beams=2, num_return_sequences=3), "num_return_sequences=3 must be <= num_beams=2"),
+        (dict(num_beams=2, early_stopping=1.5), "early_stopping=1.5"),
+        (dict(num_return_sequences=2), "needs num_beams >= 2"),
+        (dict(return_dict_in_generate=True), "taken with num_beams > 1"),
+        (dict(num_beam=2), r"unknown generate options \['num_beam'\]"),
+    ],
+)
+def test_bad_beam_options_are_refused_by_name(options, match, seq2seq_pairs):
+    _, _, path = seq2seq_pairs("t5-gated")
+    ids, mask = seq2seq_cases.batch()
+    with pytest.raises(zoo.ArgumentError, match=match):
+        Seq2SeqSession(path).generate(ids, 4, mask, **options)
