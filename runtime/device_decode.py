@@ -96,7 +96,7 @@ class LeftRows:
         if prompt_mask is not None:
             self.key_mask[:, :t] = prompt_mask
         self.binding = binding = sess.new_binding()
-        # name -> the host array its bound OrtValue wraps (a beam search reorders it; speculation binds each row's slice)
+        # name -> the host array its bound OrtValue wraps (a beam search reorders it; speculation binds row slices)
         self.cache_arrays = {}
         for name, (arr, buf) in _caches(sess, b, n, "cpu").items():
             self.cache_arrays[name] = arr
