@@ -21,10 +21,10 @@ reproduces a call.
 Each row runs its own calls (its slice of the bound buffers, its own past_len): rows accept different counts, and
 ONNX Runtime's CPU GroupQueryAttention takes a chunk after a past for one row only. The generation loop
 (runtime/generation.Generation) takes one token per row per step from each row's queue of accepted tokens, so eos
-ids, stop strings, streaming and max_time work as before. Back-off: k doubles after a round that kept every
-candidate and is one more than the kept count after one that did not (within 1..K: a rejected candidate costs a
-chunk position), and a round that kept none pauses the row's speculation for 1, 2, 4 ... 16 plain steps (no
-candidates: a one-token call, bound once, as plain decoding).
+ids, stop strings, streaming and max_time work as before. Back-off: k starts at 2 (at most K), doubles after a
+round that kept every candidate and is one more than the kept count after one that did not (within 1..K: a
+rejected candidate costs a chunk position), and a round that kept none pauses the row's speculation for 1, 2, 4 ...
+16 plain steps (no candidates: a one-token call, bound once, as plain decoding).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 MAX_PAUSE = 16  # plain steps at most between two tries of a row whose candidates were all rejected
 NGRAM = 2  # transformers' max_matching_ngram_size default
+FIRST_K = 2  # a row's first round proposes at most this many: a rejected candidate costs a position of the chunk
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class SpeculativeRows:
         self.t = t
         self.real = np.full(b, t, np.int64) if prompt_mask is None else np.asarray(prompt_mask).sum(1).astype(np.int64)
         self.done = np.zeros(b, np.bool_)
-        self.k = np.full(b, spec.k, np.int64)
+        self.k = np.full(b, min(spec.k, FIRST_K), np.int64)  # grows by doubling while every candidate is kept
         self.pause, self.backoff = np.zeros(b, np.int64), np.zeros(b, np.int64)
         self.queue: list[list[int]] = [[] for _ in range(b)]
         self.stats = dict(target_calls=0, proposed=0, accepted=0, emitted=0, draft_calls=0)
@@ -234,4 +235,4 @@ def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, seen, rng) -
     raise AssertionError("unreachable: the loop returns at j == m")
 
 
-__all__ = ["MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation", "verdict"]
+__all__ = ["FIRST_K", "MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation", "verdict"]
