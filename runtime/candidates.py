@@ -105,12 +105,11 @@ class RowCalls:
 class Draft:
     """A draft model's proposals for every row of a call (the module docstring)."""
 
-    def __init__(self, sess: RuntimeSession, b: int, t: int, n: int, prompt_mask, vocab: int) -> None:
-        from .generation import lm_vocab
-
-        if lm_vocab(sess) != vocab:
+    def __init__(self, sess: RuntimeSession, b: int, t: int, n: int, prompt_mask, vocabs: tuple[int, int]) -> None:
+        """vocabs: (the draft's, the target's)."""
+        if vocabs[0] != vocabs[1]:
             raise zoo.ArgumentError(
-                f"the draft {sess.path.name} has a vocabulary of {lm_vocab(sess)}, the target {vocab}: a draft must "
+                f"the draft {sess.path.name} has a vocabulary of {vocabs[0]}, the target {vocabs[1]}: a draft must "
                 "share the target's tokenizer"
             )
         self.sess = sess

@@ -181,7 +181,8 @@ class Generation:
             prompt_lookup_num_tokens, max_matching_ngram_size, assistant_model, num_assistant_tokens
         )
         if self.speculation is not None:
-            check_target(sess, self.speculation)
+            longrope = lambda s: recompute_at(s) is not None or one_call_prompt_len(s) is not None  # noqa: E731
+            check_target(sess, self.speculation, longrope)
         self.mask = attention_mask
         self.sampler = Sampler(self.params, self.ids, self._prompt_mask(), lm_vocab(sess))
         self.seed = self.sampler.seed
@@ -245,7 +246,9 @@ class Generation:
         # runtime/device_decode.py: what the prompt and each step bind and run
         spec = self.speculation
         if spec is not None:
-            driver = SpeculativeRows(sess, b, t, self.n, self._prompt_mask(), argmax, self.sampler, spec, self.eos)
+            vocabs = (lm_vocab(spec.draft) if spec.draft is not None else lm_vocab(sess), lm_vocab(sess))
+            mask = self._prompt_mask()
+            driver = SpeculativeRows(sess, b, t, self.n, mask, argmax, self.sampler, spec, self.eos, vocabs)
         elif is_packed(sess):
             driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, self.sampler.choose)
         else:

@@ -92,10 +92,9 @@ def speculation(
     return Speculation(n_draft, ngram, assistant_model)
 
 
-def check_target(sess: RuntimeSession, spec: Speculation) -> None:
-    """Refuse, in one line, an export the rounds cannot run on."""
-    from .generation import one_call_prompt_len, recompute_at
-
+def check_target(sess: RuntimeSession, spec: Speculation, longrope) -> None:
+    """Refuse, in one line, an export the rounds cannot run on; longrope(session) says whether its layers' rotary
+    frequencies depend on a call's positions (runtime/generation.py's one_call_prompt_len and recompute_at)."""
     for s, role in ((sess, "target"), (spec.draft, "draft")):
         if s is None:
             continue
@@ -104,7 +103,7 @@ def check_target(sess: RuntimeSession, spec: Speculation) -> None:
                 f"speculative decoding runs each row's chunk after its past on a left-padded export; the {role} "
                 f"{s.path.name} takes packed rows (attnzoo.padding=packed): export it with padding='left'"
             )
-        if recompute_at(s) is not None or one_call_prompt_len(s) is not None:
+        if longrope(s):
             raise zoo.ArgumentError(
                 f"the {role} {s.path.name} has longrope layers, whose frequencies depend on a call's largest "
                 "position: a chunk of candidates could change them, so speculative decoding is refused for it"
@@ -122,12 +121,13 @@ class SpeculativeRows:
     """The driver runtime/generation.Generation runs (prefill, step) when a call speculates (the module
     docstring). `done` (b) bool, set by the loop, marks the rows that ended: they make no more calls."""
 
-    def __init__(self, sess, b: int, t: int, n: int, prompt_mask, argmax: bool, sampler, spec: Speculation, eos):
-        from .generation import lm_vocab
-
+    def __init__(
+        self, sess, b: int, t: int, n: int, prompt_mask, argmax: bool, sampler, spec: Speculation, eos, vocabs
+    ):
+        """vocabs: (the draft's, the target's) vocabulary sizes."""
         self.sess, self.spec, self.sampler, self.eos = sess, spec, sampler, np.asarray(eos, np.int64)
         self.rows = LeftRows(sess, b, t, n, prompt_mask, argmax, sampler.choose)
-        self.draft = Draft(spec.draft, b, t, n, prompt_mask, lm_vocab(sess)) if spec.draft is not None else None
+        self.draft = Draft(spec.draft, b, t, n, prompt_mask, vocabs) if spec.draft is not None else None
         self.t = t
         self.real = np.full(b, t, np.int64) if prompt_mask is None else np.asarray(prompt_mask).sum(1).astype(np.int64)
         self.done = np.zeros(b, np.bool_)
