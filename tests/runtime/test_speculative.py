@@ -96,15 +96,35 @@ def test_rows_accept_their_own_counts_and_each_row_is_its_generation_alone(expor
         assert torch.equal(alone[0], got[r, pad:])
 
 
-def test_a_copying_prompt_is_verified_many_tokens_per_call(exports):
-    """Greedy random models fall into loops: prompt lookup then keeps whole rounds of candidates."""
+@pytest.mark.parametrize("wrong_at", [None, 1, 0])
+def test_kept_candidates_advance_many_tokens_per_call_and_rejected_ones_are_rolled_back(exports, monkeypatch, wrong_at):
+    """An oracle in prompt lookup's place proposes plain greedy's own next tokens (one of each round's made wrong
+    at `wrong_at`): the tokens stay plain greedy's, and a round keeps exactly the candidates before the wrong one."""
+    import runtime.speculative
+
     _, sess = exports("llama")
     ids = lm_cases.prompt(batch=1, t=8, seed=2)
     plain = sess.generate(ids, 40, eos_token_id=[])
+    future = plain[0, 8:].numpy()
+
+    def oracle(seq, k, max_ngram, eos):
+        out = future[len(seq) - 8 : len(seq) - 8 + k].copy()
+        if wrong_at is not None and len(out) > wrong_at:
+            out[wrong_at] = (out[wrong_at] + 1) % lm_cases.VOCAB
+        return out
+
+    monkeypatch.setattr(runtime.speculative, "lookup", oracle)
     timings: dict = {}
     got = sess.generate(ids, 40, eos_token_id=[], prompt_lookup_num_tokens=6, timings=timings)
     assert torch.equal(got, plain)
-    assert timings["speculation"]["tokens_per_target_call"] > 1.5, timings["speculation"]
+    stats = timings["speculation"]
+    if wrong_at is None:
+        assert stats["acceptance_rate"] == 1.0 and stats["tokens_per_target_call"] > 3, stats
+    elif wrong_at == 1:
+        # one kept a round (a last round may have had room for none), the wrong one rolled back
+        assert stats["target_calls"] - 1 <= stats["accepted"] < stats["proposed"], stats
+    else:
+        assert stats["accepted"] == 0 and stats["tokens_per_target_call"] == 1.0, stats
 
 
 def test_eos_stop_strings_and_streaming_work_on_top(exports):
