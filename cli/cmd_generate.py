@@ -171,6 +171,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if cmd_seq2seq.is_seq2seq_folder(source) or cmd_seq2seq.is_seq2seq_export(source):
         if args.dtype != "float32":
             raise CliError(f"--dtype {args.dtype} is for decoder-only folders; an encoder-decoder pair runs float32")
+        if speculates(args):
+            raise CliError("--prompt-lookup and --draft are for decoder-only models, not an encoder-decoder pair")
         key = _export_key(source, args.precision, None) if source.is_dir() else ""
         cached = _cache_root() / "seq2seq" / f"{source.resolve().name}-{key}.onnx"
         return cmd_seq2seq.cmd_generate(args, source, cached, lambda tok: _prompt_ids(args, tok, source))
