@@ -37,8 +37,10 @@ from .machine import default_threads, machine_info, versions
 from .worker import import_root
 
 PATHS = ("attnzoo", "transformers-dynamic", "transformers-static", "onnxruntime-genai", "llama.cpp")
+# --speculative (bench/generate_spec.py): candidates from the text so far, or from a draft (--draft DIR)
+SPEC_PATHS = ("attnzoo-prompt-lookup", "attnzoo-draft", "transformers-prompt-lookup", "transformers-assistant")
 PRECISIONS = ("fp32", "int8", "int4")
-ONLY_FP32 = ("transformers-dynamic", "transformers-static")
+ONLY_FP32 = ("transformers-dynamic", "transformers-static", "transformers-prompt-lookup", "transformers-assistant")
 REFERENCE = "transformers-dynamic"
 CPU_ONLY = ("onnxruntime-genai", "llama.cpp")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -64,16 +66,22 @@ def benchmark_generate(
     progress: bool = True,
     device: dict[str, Any] | None = None,
     num_beams: int = 1,
+    speculative: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build each path's model once per precision, then time every (prompt, precision, path), `rounds`
     times over (each row keeps its best round: the lowest end-to-end time).
     device: where attnzoo and transformers run (`device_settings`: provider, dtype, cuda_graph, tf32); the
     default is the CPU in float32. On CUDA, attnzoo exports for CUDA in that dtype (packed rows in float16 and
     bfloat16; float32 is left-padded through the decomposed lowering: no fp32 GroupQueryAttention kernel), and
-    transformers runs on the GPU in it; onnxruntime-genai and llama.cpp stay CPU paths, skipped there."""
+    transformers runs on the GPU in it; onnxruntime-genai and llama.cpp stay CPU paths, skipped there.
+    speculative: {"k", "ngram", "draft" (a folder or None), "workload" ("grounded" | "free")}
+    (bench/generate_spec.py): the speculating paths join, and the prompts are the workload's."""
+    from .generate_spec import check, default_paths, spec_job, workload_ids
+
+    check(speculative, paths)
     device = device_settings(**(device or {}))
-    paths = list(paths or PATHS)
-    bad = sorted(set(paths) - set(PATHS)) + sorted(set(precisions) - set(PRECISIONS))
+    paths = list(paths or default_paths(PATHS, speculative))
+    bad = sorted(set(paths) - set(PATHS + SPEC_PATHS)) + sorted(set(precisions) - set(PRECISIONS))
     if bad:
         raise BenchError(f"unknown path or precision {bad}; paths: {', '.join(PATHS)}; precisions: fp32,int8,int4")
     if new < 1 or not prompts or min(prompts) < 1:
@@ -81,7 +89,7 @@ def benchmark_generate(
     if rounds < 1:
         raise BenchError(f"--rounds {rounds} must be 1 or more")
     threads = threads or default_threads()
-    pythons = {p: sys.executable for p in PATHS}
+    pythons = {p: sys.executable for p in PATHS + SPEC_PATHS}
     pythons["onnxruntime-genai"] = genai_python or ""
     pythons["llama.cpp"] = llama_python or ""
     with tempfile.TemporaryDirectory(prefix="attnzoo-bench-generate-") as tmp:
@@ -92,7 +100,7 @@ def benchmark_generate(
         models: dict[tuple[str, str], str] = {}
         skipped: dict[tuple[str, str], str] = {}
         builds: dict[str, Any] = {}
-        for path in paths:
+        for path in sorted(paths, key=lambda p: p != "attnzoo-prompt-lookup"):  # the one the others share first
             for precision in precisions:
                 why = _why_not(path, precision, pythons[path], device["provider"])
                 if num_beams > 1 and path in CPU_ONLY:
@@ -106,8 +114,16 @@ def benchmark_generate(
                     continue
                 if path in ONLY_FP32:
                     continue
-                name = {"attnzoo": "model.onnx", "llama.cpp": "model.gguf"}.get(path, "")
+                name = "model.gguf" if path == "llama.cpp" else "model.onnx" if path.startswith("attnzoo") else ""
                 target = str(Path(tmp) / f"{path}-{precision}" / name)
+                # one all_logits target for every attnzoo row of a speculative run (plain decoding's step is the
+                # same graph at t = 1): the draft path exports its draft only, plain nothing
+                shared = models.get(("attnzoo-prompt-lookup", precision)) if speculative else None
+                if shared and path == "attnzoo":
+                    models[(path, precision)] = shared
+                    continue
+                shared = shared if path == "attnzoo-draft" else None
+                target = shared or target
                 job = {
                     "stage": "build",
                     "path": path,
@@ -117,6 +133,8 @@ def benchmark_generate(
                     "max_len": max_len,
                     "threads": threads,
                     **device,
+                    **spec_job(path, speculative),
+                    **({"draft_only": True} if shared else {}),
                 }
                 started = time.perf_counter()
                 result = _spawn(pythons[path], job, timeout)
@@ -135,9 +153,10 @@ def benchmark_generate(
         floor = memory_floor(folder, prompts, new)
         best: dict[tuple[int, str, str], dict[str, Any]] = {}  # insertion order: the table's
         took: dict[tuple[int, str, str], list[float | None]] = {}  # every round's end-to-end time (None: failed)
-        ids_of = {prompt: prompt_ids(folder, prompt) for prompt in prompts}
+        # the prompts' rows: the length, or with --speculative "LENGTH WORKLOAD" for each workload
+        ids_of = workload_ids(folder, prompts, speculative, prompt_ids)
         for round_ in range(rounds):
-            for prompt, precision, path in ((q, r, p) for q in prompts for r in precisions for p in paths):
+            for prompt, precision, path in ((q, r, p) for q in ids_of for r in precisions for p in paths):
                 if (path, precision) in skipped or (path in ONLY_FP32 and precision != "fp32"):
                     continue
                 job = {
@@ -154,6 +173,7 @@ def benchmark_generate(
                     "max_len": max_len,
                     "num_beams": num_beams,
                     **device,
+                    **spec_job(path, speculative),
                 }
                 result = _spawn(pythons[path], job, timeout)
                 key = (prompt, precision, path)
@@ -179,6 +199,7 @@ def benchmark_generate(
         "rounds": rounds,
         "num_beams": num_beams,
         "device": device,
+        **({"speculative": speculative} if speculative else {}),
         "rows": rows,
         "memory_floor": floor,
         "skipped": [{"path": p, "precision": q, "why": why} for (p, q), why in skipped.items()],
@@ -267,6 +288,9 @@ def _agreement(rows: list[dict[str, Any]]) -> None:
         lead = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         row["agree_leading"] = lead
         row["agree_count"] = sum(x == y for x, y in zip(a, b))
+    from .generate_spec import equal_to_plain
+
+    equal_to_plain(rows)
 
 
 def _better(row: dict[str, Any], than: dict[str, Any]) -> bool:

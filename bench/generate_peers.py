@@ -43,6 +43,16 @@ def build_attnzoo(job: dict) -> dict:
     model = zoo.lm_from_checkpoint(job["checkpoint"], dtype=torch.float32)
     extra = {} if job["precision"] == "fp32" else {"precision": job["precision"]}
     provider, dtype = job.get("provider", "cpu"), job.get("dtype", "float32")
+    spec = job.get("spec") or {}
+    if not job.get("draft_only"):  # else the target's export is the prompt-lookup path's, already made
+        _export_target(export_onnx, model, job, provider, dtype, bool(spec), extra)
+    if spec.get("draft"):  # the draft's own export, at the same precision, beside the target's
+        draft = zoo.lm_from_checkpoint(spec["draft"], dtype=torch.float32)
+        export_onnx(draft, job["model"] + ".draft.onnx", max_len=job["max_len"], provider=provider, **extra)
+    return {}
+
+
+def _export_target(export_onnx, model, job: dict, provider: str, dtype: str, all_logits: bool, extra: dict) -> None:
     export_onnx(
         model,
         job["model"],
@@ -51,9 +61,9 @@ def build_attnzoo(job: dict) -> dict:
         max_len=job["max_len"],
         provider=provider,
         dtype=dtype,
+        all_logits=all_logits,  # a speculating path verifies k tokens a call: the logits of each
         **extra,
     )
-    return {}
 
 
 def load_attnzoo(job: dict):
@@ -70,12 +80,22 @@ def load_attnzoo(job: dict):
     )
     ids = np.asarray([job["prompt"]], dtype=np.int64)
     k = job.get("num_beams", 1)
-    beams = {"num_beams": k, "eos_token_id": []} if k > 1 else {}  # beams: eos off, every hypothesis makes n
+    spec, kw, stats = job.get("spec") or {}, {}, {}
+    if k > 1:
+        kw = {"num_beams": k, "eos_token_id": []}  # beams: eos off, every hypothesis makes n
+    elif spec.get("draft"):
+        draft = OnnxSession(job["model"] + ".draft.onnx", provider=job.get("provider", "cpu"), threads=job["threads"])
+        kw = {"assistant_model": draft, "num_assistant_tokens": spec["k"]}
+    elif spec:
+        kw = {"prompt_lookup_num_tokens": spec["k"], "max_matching_ngram_size": spec["ngram"]}
 
     def generate(n: int) -> list[int]:
-        out = session.generate(ids, max_new_tokens=n, **beams)
+        timings: dict = {}
+        out = session.generate(ids, max_new_tokens=n, timings=timings, **kw)
+        stats.update(timings.get("speculation", {}))
         return [int(t) for t in list(out[0])[len(job["prompt"]) :]]
 
+    generate.stats = stats if spec else None
     return generate
 
 
@@ -91,6 +111,15 @@ def _load_transformers(job: dict, cache_implementation: str | None):
     model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], dtype=dtype).to(device).eval()
     ids = torch.tensor([job["prompt"]], dtype=torch.long, device=device)
     extra = {} if cache_implementation is None else {"cache_implementation": cache_implementation}
+    spec, calls = job.get("spec") or {}, [0]
+    if spec.get("draft"):  # transformers' assisted generation, its schedule as attnzoo's (heuristic, from k)
+        assistant = AutoModelForCausalLM.from_pretrained(spec["draft"], dtype=dtype).to(device).eval()
+        assistant.generation_config.num_assistant_tokens = spec["k"]
+        assistant.generation_config.num_assistant_tokens_schedule = "heuristic"
+        extra["assistant_model"] = assistant
+    elif spec:
+        extra.update(prompt_lookup_num_tokens=spec["k"], max_matching_ngram_size=spec["ngram"])
+    model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))  # the target's calls
     pad = model.generation_config.pad_token_id
     pad = model.generation_config.eos_token_id if pad is None else pad
     k = job.get("num_beams", 1)
@@ -99,6 +128,7 @@ def _load_transformers(job: dict, cache_implementation: str | None):
         extra.update(num_beams=k)
 
     def generate(n: int) -> list[int]:
+        calls[0] = 0
         with torch.inference_mode():
             out = model.generate(
                 ids,
@@ -109,8 +139,11 @@ def _load_transformers(job: dict, cache_implementation: str | None):
                 **extra,
                 **({} if k > 1 else {"min_new_tokens": n}),
             )
+        if generate.stats is not None:  # the prefill is one call; the other n - 1 tokens took the rest
+            generate.stats.update(target_calls=calls[0] - 1, tokens_per_target_call=(n - 1) / max(calls[0] - 1, 1))
         return out[0, ids.shape[1] :].tolist()
 
+    generate.stats = {} if spec else None
     return generate
 
 
@@ -120,6 +153,15 @@ def load_transformers_dynamic(job: dict):
 
 def load_transformers_static(job: dict):
     return _load_transformers(job, "static")
+
+
+# speculative paths (bench --generate --speculative): the same loaders, the job's "spec" turning it on
+SPECULATIVE = {
+    "attnzoo-prompt-lookup": "attnzoo",
+    "attnzoo-draft": "attnzoo",
+    "transformers-prompt-lookup": "transformers-dynamic",
+    "transformers-assistant": "transformers-dynamic",
+}
 
 
 # ---- onnxruntime-genai: its builder, then og.Generator's greedy loop ----
@@ -221,6 +263,8 @@ LOADERS = {
     "onnxruntime-genai": load_genai,
     "llama.cpp": load_llama,
 }
+BUILDERS.update({path: BUILDERS[base] for path, base in SPECULATIVE.items() if base in BUILDERS})
+LOADERS.update({path: LOADERS[base] for path, base in SPECULATIVE.items()})
 
 
 # What each path imports before it loads a model: the runtime's share of the worker's memory, measured
@@ -232,6 +276,7 @@ RUNTIMES = {
     "onnxruntime-genai": ("onnxruntime_genai",),
     "llama.cpp": ("numpy", "llama_cpp"),
 }
+RUNTIMES.update({path: RUNTIMES[base] for path, base in SPECULATIVE.items()})
 
 
 def time_path(job: dict) -> dict:
@@ -257,7 +302,9 @@ def time_path(job: dict) -> dict:
         best_all = min(best_all, time.perf_counter() - t0)
     if len(tokens) != n:
         return {"ok": False, "error": f"{job['path']} returned {len(tokens)} new tokens, not {n}"}
+    spec = getattr(generate, "stats", None)
     return {
+        **({"speculation": dict(spec)} if spec is not None else {}),
         "tokens": tokens,
         "load_s": load_s,
         "end_to_end_s": best_all,

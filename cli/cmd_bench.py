@@ -174,6 +174,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "each precision's GGUF there (F32; int8 Q8_0, int4 Q4_0 by llama_model_quantize) unless --gguf gives it",
     )
     gen.add_argument(
+        "--speculative",
+        action="store_true",
+        help="with --generate: speculative decoding side by side (bench/generate_spec.py): attnzoo and transformers "
+        "plain, with prompt lookup and with --draft DIR",
+    )
+    gen.add_argument(
+        "--workload",
+        type=_path_list,
+        default=["grounded", "free"],
+        metavar="LIST",
+        help="with --speculative: grounded = the prompt ends by repeating its own start (the continuation is in "
+        "the prompt), free = the bench's text continued (default grounded,free)",
+    )
+    gen.add_argument("--spec-k", type=int, default=10, metavar="K", help="with --speculative: candidates a round")
+    gen.add_argument("--ngram", type=int, default=3, metavar="N", help="with --speculative: prompt lookup's n-gram")
+    gen.add_argument("--draft", metavar="DIR", help="with --speculative: a draft checkpoint of the same tokenizer")
+    gen.add_argument(
         "--gguf",
         type=_gguf_map,
         default={},
@@ -233,6 +250,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             ("--rounds", args.rounds != 1),
             ("--num-beams", args.num_beams != 1),
             ("--cuda-graph", args.cuda_graph),
+            ("--speculative", args.speculative),
+            ("--draft", args.draft),
         )
         if v
     ]
@@ -339,8 +358,14 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         device={"provider": args.provider, "dtype": args.dtype, "cuda_graph": args.cuda_graph, "tf32": args.tf32},
         num_beams=args.num_beams,
+        speculative=_speculative(args),
     )
-    table = format_generate_table(report)
+    if args.speculative:
+        from bench.generate_spec import format_speculative_table
+
+        table = format_speculative_table(report)
+    else:
+        table = format_generate_table(report)
     code = _finish(args, report, table, any(not r.get("ok") for r in report["rows"]))
     if args.json:  # the table beside the JSON, with the command that made both
         from zoo.files import write_atomic
@@ -356,10 +381,26 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
             command += " --cuda-graph" * args.cuda_graph + " --tf32" * args.tf32
         for flag, value in (("--genai-python", args.genai_python), ("--llama-python", args.llama_python)):
             command += f" {flag} {value}" if value else ""
+        if args.speculative:
+            command += (
+                f" --speculative --workload {','.join(args.workload)} --spec-k {args.spec_k} --ngram {args.ngram}"
+            )
+            command += f" --draft {args.draft}" if args.draft else ""
         command += f" --json {args.json}"
         text = f"{table}\n\nCommand: `{command}`\n"
         write_atomic(Path(args.json).with_suffix(".md"), lambda tmp: tmp.write_text(text))
     return code
+
+
+def _speculative(args: argparse.Namespace) -> dict | None:
+    if not args.speculative:
+        return None
+    for flag, value in (("--spec-k", args.spec_k), ("--ngram", args.ngram)):
+        if not 1 <= value <= 64:
+            raise BenchError(f"{flag} {value} is outside 1..64")
+    if args.draft and not (Path(args.draft) / "config.json").is_file():
+        raise BenchError(f"--draft {args.draft} has no config.json; name a checkpoint folder of the same tokenizer")
+    return {"k": args.spec_k, "ngram": args.ngram, "draft": args.draft, "workloads": args.workload}
 
 
 def add_commands(sub) -> None:

@@ -30,7 +30,15 @@ from .export_cache import (
 )
 from .families import check_generate_family
 from .generate_beams import beams_asked, run_beams
-from .generate_flags import add_generation_flags, chat_prompt, options, read_prompt, short
+from .generate_flags import (
+    add_generation_flags,
+    add_speculation_flags,
+    chat_prompt,
+    options,
+    read_prompt,
+    short,
+    speculates,
+)
 
 
 def tokenizer_file(source: Path) -> Path | None:
@@ -241,6 +249,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             kv_precision=args.kv_precision,
             quiet=args.quiet,
+            all_logits=speculates(args),
         )
     if args.stop and tok is None:
         raise CliError("--stop matches text: it needs a tokenizer.json (see --prompt)")
@@ -257,7 +266,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _check_vocab(args, ids, lm_vocab(sess))
     beams = beams_asked(args, config if config is not None else generation_defaults(sess))
     if beams.on:
+        if speculates(args):
+            raise CliError(
+                "--prompt-lookup and --draft verify one sequence a row: not with beam search (--num-beams 1)"
+            )
         return run_beams(args, sess, ids, tok, config, beams, model_path, args.source)
+    extra = {}
+    if args.draft is not None:
+        extra["assistant_model"] = _draft_session(args)
+    elif args.draft_tokens is not None:
+        raise CliError("--draft-tokens K goes with --draft FOLDER (the model that proposes them)")
     with warnings.catch_warnings():  # a key the checkpoint sets that is not applied: the note line below
         warnings.simplefilter("ignore", UserWarning)
         run = Generation(
@@ -267,6 +285,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             tokenizer=tok,
             generation_config=config,
             **options(args),
+            **extra,
         )
     if run.note:
         print(f"note   the checkpoint's generation_config.json sets {run.note}: not applied")
@@ -307,6 +326,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("text  ", repr(short(tok.decode(ids))), "->", repr(text))
     step = timings["decode_s"] / max(timings["steps"], 1)
     how = "greedy" if not run.params.do_sample else f"sampled, seed {run.seed}"
+    spec = timings.get("speculation")
+    if spec:
+        print(
+            f"spec   {spec['kind']} (k {spec['k']}): {spec['accepted']} of {spec['proposed']} candidates kept "
+            f"(acceptance {spec['acceptance_rate']:.2f}), {spec['tokens_per_target_call']:.2f} tokens per target "
+            f"call ({spec['target_calls']} calls)"
+        )
     print(
         f"took   {total:.3f} s for {new} new tokens ({new / total:.1f} tokens/s end to end; prefill "
         f"{1e3 * timings['prefill_s']:.1f} ms, {1e3 * step:.2f} ms per decode step), {sess.precision}, "
@@ -329,6 +355,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")
     return 0
+
+
+def _draft_session(args):
+    """--draft: a folder (exported as the target is, once) or a whole-model .onnx, opened as the target is."""
+    from runtime.session import OnnxSession
+
+    draft = _source(args.draft)
+    if draft.is_dir():
+        checkpoint_config(str(draft))  # is it a checkpoint at all
+        from runtime.providers import choose
+
+        target = "cuda" if choose(args.provider)[0] else "cpu"
+        path = exported(str(draft), args.precision, args.max_len, target=target, dtype=args.dtype)
+    else:
+        _whole_model(draft)
+        path = draft
+    return OnnxSession(path, provider=args.provider, threads=args.threads, verbose=False)
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "models"  # the checkpoints in the box (tiny-stdlib-llama)
@@ -424,6 +467,7 @@ def add_commands(sub) -> None:
     )
     add_generation_flags(sp)
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar (a folder's first export)")
+    add_speculation_flags(sp)
     sp.add_argument(
         "--json",
         metavar="PATH",

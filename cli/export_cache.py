@@ -64,6 +64,7 @@ def _export_key(
     kv_precision: str = "fp32",
     *,
     generation: bool = False,
+    all_logits: bool = False,
 ) -> str:
     """What the export of `folder` depends on: config.json, the weights (names, sizes, times), the options and
     attnzoo's version; with `generation`, generation_config.json too (an encoder-decoder pair records its
@@ -81,6 +82,8 @@ def _export_key(
     h.update(f"{precision}:{cap}:{target}:{dtype}:{zoo.__version__}".encode())
     if kv_precision != "fp32":  # fp32 keeps the keys exports had before the option
         h.update(f"kv:{kv_precision}".encode())
+    if all_logits:  # the logits at every position of a call (speculative decoding verifies k at once)
+        h.update(b"all_logits")
     return h.hexdigest()[:20]
 
 
@@ -117,15 +120,19 @@ def exported(
     dtype: str = "float32",
     kv_precision: str = "fp32",
     quiet: bool = False,
+    all_logits: bool = False,
 ) -> Path:
     """The whole-model export of `folder` at `precision` (and `kv_precision` for its cache), for provider
-    `target` in `dtype`: made once, then found in the cache folder. `check(model)`, when given, may refuse
-    the loaded model before its export. Its stages show as a progress bar on a terminal, unless `quiet`."""
-    hit = cached_lm(folder, precision, max_len, target=target, dtype=dtype, kv_precision=kv_precision)
+    `target` in `dtype` (all_logits: the logits of every position, as speculative decoding reads them): made
+    once, then found in the cache folder. `check(model)`, when given, may refuse the loaded model before its
+    export. Its stages show as a progress bar on a terminal, unless `quiet`."""
+    hit = cached_lm(
+        folder, precision, max_len, target=target, dtype=dtype, kv_precision=kv_precision, all_logits=all_logits
+    )
     if hit is not None:
         return hit
     path = _checkpoint_folder(folder)
-    out = _cached_path(path, precision, max_len, target, dtype, kv_precision)
+    out = _cached_path(path, precision, max_len, target, dtype, kv_precision, all_logits)
     model = load_lm(folder)
     if check is not None:
         check(model)
@@ -149,6 +156,7 @@ def exported(
             provider=target,
             dtype=dtype,
             overwrite=True,
+            all_logits=all_logits,
             label=str(folder),
             generation_config=generation_config(path),
         )

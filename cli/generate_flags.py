@@ -79,6 +79,12 @@ def options(args) -> dict:
         out["json_schema"] = json_schema(args.json_schema)
     elif args.json_object:
         out["response_format"] = {"type": "json_object"}
+    if args.prompt_lookup is not None:
+        out["prompt_lookup_num_tokens"] = args.prompt_lookup
+    if args.ngram is not None:
+        out["max_matching_ngram_size"] = args.ngram
+    if args.draft_tokens is not None:
+        out["num_assistant_tokens"] = args.draft_tokens
     return out
 
 
@@ -132,6 +138,40 @@ def early_stopping(text: str):
     if value is None:
         raise argparse.ArgumentTypeError(f"{text!r}: give true, false or never")
     return value
+
+
+def speculates(args) -> bool:
+    """Whether the call verifies candidates (--prompt-lookup or --draft): a folder is then exported with the
+    logits of every position."""
+    return args.prompt_lookup is not None or args.draft is not None
+
+
+def add_speculation_flags(sp) -> None:
+    g = sp.add_argument_group("speculative decoding (exact: greedy gives greedy's tokens; docs/generation.md)")
+    g.add_argument(
+        "--prompt-lookup",
+        type=number_in(int, 1),
+        metavar="K",
+        help="propose up to K tokens that followed the text's last n-gram earlier in it (transformers' "
+        "prompt_lookup_num_tokens); the target verifies them in one call",
+    )
+    g.add_argument(
+        "--ngram",
+        type=number_in(int, 1),
+        metavar="N",
+        help="--prompt-lookup matches n-grams of at most N tokens (default 2, transformers' max_matching_ngram_size)",
+    )
+    g.add_argument(
+        "--draft",
+        metavar="FOLDER|MODEL.onnx",
+        help="a smaller model of the same tokenizer proposes the tokens (transformers' assistant_model)",
+    )
+    g.add_argument(
+        "--draft-tokens",
+        type=number_in(int, 1),
+        metavar="K",
+        help="--draft proposes at most K tokens a round (default 5; transformers' num_assistant_tokens)",
+    )
 
 
 def short(text: str, keep: int = 60) -> str:

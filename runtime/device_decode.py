@@ -96,7 +96,8 @@ class LeftRows:
         if prompt_mask is not None:
             self.key_mask[:, :t] = prompt_mask
         self.binding = binding = sess.new_binding()
-        self.cache_arrays = {}  # name -> the host array its bound OrtValue wraps (a beam search reorders it)
+        # name -> the host array its bound OrtValue wraps (a beam search reorders it; speculation binds row slices)
+        self.cache_arrays = {}
         for name, (arr, buf) in _caches(sess, b, n, "cpu").items():
             self.cache_arrays[name] = arr
             layer, kv = name.split(".")[1:3]
@@ -119,8 +120,10 @@ class LeftRows:
     def _fresh_run(self, ids: np.ndarray, starts) -> np.ndarray:
         """Runs ids from each of `starts` (chunks of ids' columns) into a fresh logits output -> the token."""
         binding = self.binding
-        binding.bind_output(LOGITS.name, "cpu")
         for start, end in starts:
+            # a fresh logits output per chunk: an all_logits export's is (b, chunk, v), and a last, shorter chunk
+            # run into the first one's output failed in ONNX Runtime (an output of another shape)
+            binding.bind_output(LOGITS.name, "cpu")
             binding.bind_ortvalue_input(INPUT_IDS.name, self.bound(np.ascontiguousarray(ids[:, start:end])))
             self.past_len[()] = start
             self.sess.run_with_iobinding(binding)

@@ -37,6 +37,7 @@ from .generation_keys import unapplied
 from .io import LM_PAST, NEXT_TOKEN
 from .kv_buffers import buffer_bytes
 from .sampling import Sampler, resolve
+from .speculative import SpeculativeRows, check_target, speculation
 from .stopping import Codec, eos_ids, row_texts, stop_strings
 from .tensors import from_numpy, is_tensor
 
@@ -153,6 +154,10 @@ class Generation:
         generation_config: dict | None = None,
         json_schema=None,
         response_format=None,
+        prompt_lookup_num_tokens: int | None = None,
+        max_matching_ngram_size: int | None = None,
+        assistant_model=None,
+        num_assistant_tokens: int | None = None,
         **knobs,
     ) -> None:
         self.sess = sess
@@ -194,6 +199,13 @@ class Generation:
             raise zoo.ArgumentError("stop strings in a batch pad the rows that stopped: give pad_token_id")
         self.codec = Codec(tokenizer) if tokenizer is not None else None
         self.rows = row_texts(self.codec, stops, self.ids, attention_mask, in_prompt=True) if self.codec else None
+        # runtime/speculative.py: candidates from the text so far or a draft, verified k at a time
+        self.speculation = speculation(
+            prompt_lookup_num_tokens, max_matching_ngram_size, assistant_model, num_assistant_tokens
+        )
+        if self.speculation is not None:
+            longrope = lambda s: recompute_at(s) is not None or one_call_prompt_len(s) is not None  # noqa: E731
+            check_target(sess, self.speculation, longrope)
         self.mask = attention_mask
         self.sampler = Sampler(
             self.params,
@@ -207,6 +219,11 @@ class Generation:
         self.seed = self.sampler.seed
         # structured output (runtime/constraints.py): each row's logits masked to its grammar before the choice
         self.constraint = row_constraint(json_schema, response_format, self.codec, vocab, self.eos, self.ids.shape)
+        if self.constraint is not None and self.speculation is not None:
+            raise zoo.ArgumentError(
+                "json_schema / response_format with speculative decoding (prompt lookup, a draft): not done here; "
+                "leave one out"
+            )
         if self.constraint is not None:
             self.eos = tuple(dict.fromkeys((*self.eos, *self.constraint.eos)))  # a row whose grammar is complete ends
             self.pad = self.eos[0] if self.pad is None else self.pad
@@ -215,6 +232,8 @@ class Generation:
         self.made = 0
         self.timings: dict = {}
         self.n = self._room()  # before anything of the call's size is allocated
+        if self.speculation is not None and self.speculation.draft is not None:
+            self._room(self.speculation.draft)
         self._out = np.empty((b, self.ids.shape[1] + max_new_tokens), np.int64)
         self._out[:, : self.ids.shape[1]] = self.ids
 
@@ -224,10 +243,10 @@ class Generation:
             return None
         return left_padded_mask(_numpy(am), self.ids.shape)  # zoo.generation_inputs: the one rule for every generate
 
-    def _room(self) -> int:
+    def _room(self, sess=None) -> int:
         """The cache positions n this call binds, checked against the export's max_len and the memory
-        free (the cache, the key mask and the tokens out) before any of them is allocated."""
-        sess, (b, t), max_new_tokens = self.sess, self.ids.shape, self.max_new_tokens
+        free (the cache, the key mask and the tokens out) before any of them is allocated (sess: a draft's)."""
+        sess, (b, t), max_new_tokens = sess or self.sess, self.ids.shape, self.max_new_tokens
         need = positions_needed(t, max_new_tokens)
         cap = lm_max_len(sess)
         if cap is not None and need > cap:
@@ -266,13 +285,20 @@ class Generation:
         argmax = NEXT_TOKEN.name in sess.output_names and not self.params.needs_logits and self.constraint is None
         choose = self.sampler.choose if self.constraint is None else self._constrained
         # runtime/device_decode.py: what the prompt and each step bind and run
-        if is_packed(sess):
+        spec = self.speculation
+        if spec is not None:
+            vocabs = (lm_vocab(spec.draft) if spec.draft is not None else lm_vocab(sess), lm_vocab(sess))
+            mask = self._prompt_mask()
+            driver = SpeculativeRows(sess, b, t, self.n, mask, argmax, self.sampler, spec, self.eos, vocabs)
+        elif is_packed(sess):
             driver = PackedRows(sess, b, self.n, self._prompt_mask(), argmax, choose)
         else:
             driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, choose)
 
         out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
         done = np.zeros(b, np.bool_)
+        if spec is not None:
+            driver.done = done  # updated in place below: an ended row makes no more calls
         started = time.perf_counter()
         # the prefill: the prompt at slots 0..t-1, in chunks for one row (prefill_chunk)
         token = driver.prefill(ids, prefill_chunk(sess, b, t))
@@ -301,9 +327,11 @@ class Generation:
             if t + i == again:  # the whole sequence as one call from slot 0, as DecoderLM.generate does
                 token = driver.recompute(np.ascontiguousarray(out[:, : t + i + 1]))
                 continue
-            token = driver.step(token, i)
+            token = driver.step(token, i) if spec is None else driver.step(token, i, max_new_tokens - i - 2)
         decode = time.perf_counter() - started - prefill
         self.timings.update(prefill_s=prefill, decode_s=decode, steps=self.made - 1, capacity=self.n)
+        if spec is not None:
+            self.timings["speculation"] = driver.summary()
         if self.seed is not None:
             self.timings["seed"] = self.seed
 

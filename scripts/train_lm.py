@@ -47,6 +47,8 @@ BATCH = 8
 STEPS = 120
 LR = 3e-3
 WARMUP = 20
+REPEATS = 0.0  # the fraction of windows that go back and repeat an earlier span of themselves (--repeats)
+COPY_SPAN = 96  # copy_rate: bytes of held-out text shown, then shown again
 EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test"}
 # Held out for evaluation: small, long-lived modules every CPython 3.x has.
 HELD_OUT = ("bisect.py", "colorsys.py", "fractions.py", "heapq.py", "shlex.py", "textwrap.py")
@@ -101,16 +103,52 @@ def corpus_sha256(files: list[Path], root: Path) -> str:
     return h.hexdigest()
 
 
-def build_model(seed: int = SEED):
+def build_model(seed: int = SEED, init: Path | None = None):
+    """A fresh model of SHAPE from seed, or (init) the checkpoint folder's weights in fp32 to train on from."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, **SHAPE)
     torch.manual_seed(seed)
+    if init is not None:
+        return LlamaForCausalLM.from_pretrained(init, dtype=torch.float32)
+    config = LlamaConfig(vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, **SHAPE)
     return LlamaForCausalLM(config)
 
 
-def loss_on(model, ids, context: int = CONTEXT) -> float:
+def window(data, start: int, repeat: bool, gen):
+    """CONTEXT + 1 ids from start; with repeat, the text goes back at a random point k to an earlier
+    point u and repeats from there (text, then a copy of its own earlier lines that runs on): the
+    windows that teach the model to continue what it was just shown."""
+    import torch
+
+    text = data[start : start + CONTEXT + 1]
+    if not repeat:
+        return text
+    k = int(torch.randint(CONTEXT // 4, 3 * CONTEXT // 4, (1,), generator=gen))
+    u = int(torch.randint(0, k - 16, (1,), generator=gen))
+    return torch.cat([text[:k], text[u : u + CONTEXT + 1 - k]])
+
+
+def copy_rate(model, ids, span: int = COPY_SPAN, count: int = 64) -> float:
+    """How often the model continues text it was just shown: over `count` held-out spans S of `span`
+    bytes (evenly spaced), the input S + S, the fraction of the second copy's bytes (after its first)
+    that the greedy next byte (argmax, teacher-forced) gets right."""
+    import torch
+
+    data = torch.tensor(ids, dtype=torch.long)
+    starts = torch.linspace(0, len(data) - span - 1, count).long().tolist()
+    rows = torch.stack([torch.cat([data[s : s + span], data[s : s + span]]) for s in starts])
+    model.eval()
+    hits = 0
+    with torch.no_grad():
+        for i in range(0, count, 8):
+            x = rows[i : i + 8]
+            guess = model(input_ids=x).logits.argmax(-1)
+            hits += (guess[:, span : 2 * span - 1] == x[:, span + 1 :]).sum().item()
+    return hits / (count * (span - 1))
+
+
+def loss_on(model, ids, context: int = 256) -> float:
     """Mean next-byte cross-entropy (nats) over ids cut into consecutive windows of context + 1."""
     import torch
 
@@ -128,18 +166,18 @@ def loss_on(model, ids, context: int = CONTEXT) -> float:
     return total / count
 
 
-def train(train_ids: list[int], steps: int, log, seed: int = SEED):
+def train(train_ids: list[int], steps: int, log, seed: int = SEED, init: Path | None = None):
     """(model, mean loss of the last 50 steps); autograd on whatever the caller's grad mode."""
     import torch
 
     with torch.enable_grad():
-        return _train(train_ids, steps, log, seed)
+        return _train(train_ids, steps, log, seed, init)
 
 
-def _train(train_ids: list[int], steps: int, log, seed: int):
+def _train(train_ids: list[int], steps: int, log, seed: int, init: Path | None):
     import torch
 
-    model = build_model(seed)
+    model = build_model(seed, init)
     data = torch.tensor(train_ids, dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
@@ -150,7 +188,8 @@ def _train(train_ids: list[int], steps: int, log, seed: int):
     t0, losses = time.time(), []
     for step in range(1, steps + 1):
         starts = torch.randint(0, len(data) - CONTEXT - 1, (BATCH,), generator=gen)
-        x = torch.stack([data[s : s + CONTEXT + 1] for s in starts.tolist()])
+        repeat = (torch.rand(BATCH, generator=gen) < REPEATS).tolist()
+        x = torch.stack([window(data, s, r, gen) for s, r in zip(starts.tolist(), repeat)])
         logits = model(input_ids=x[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -227,10 +266,12 @@ from and to state quantization error on. Made by `{command}`, {seconds:.0f} s on
   hence other weights.
 - Held out: {held} ({held_tokens:,} bytes).
 - Training: {steps} steps of {batch} x {context} bytes (about {seen:,} bytes, a small part of one pass),
-  AdamW lr 3e-3 with warm-up and cosine decay, seed {seed}, torch {torch},
-  `torch.use_deterministic_algorithms(True)`, {threads} thread(s): two runs gave the same sha256.
+  AdamW lr {lr:g} with warm-up and cosine decay, seed {seed}, torch {torch},
+  `torch.use_deterministic_algorithms(True)`, {threads} thread(s): bit-reproducible at a fixed thread
+  count.{init}{repeats}
 - Loss (nats per byte): training {train_loss:.3f} (mean of the last 50 steps); held out {held_fp32:.3f}
-  in fp32 and {held_fp16:.3f} with the stored float16 weights. A uniform guess is 5.55.
+  in fp32 and {held_fp16:.3f} with the stored float16 weights, in windows of 256 bytes. A uniform guess
+  is 5.55.{copy}
 
 It is small and barely trained (the budget was set for a 2-core machine that six jobs shared): it
 has learned the bytes' statistics (spaces, letter runs, `self.`, ` = `, `_`), not Python yet, and
@@ -267,6 +308,26 @@ def write_readme(folder: Path) -> None:
         train_loss=facts["train_loss_last50"],
         held_fp32=facts["held_out_loss_fp32"],
         held_fp16=facts["held_out_loss_stored_fp16"],
+        lr=facts.get("lr", 3e-3),
+        init=(
+            "\n  Trained on from the checkpoint whose model.safetensors has sha256 "
+            f"`{facts['init_safetensors_sha256']}`"
+            " (the one before it, made by `python scripts/train_lm.py --steps 800`)."
+            if facts.get("init_safetensors_sha256")
+            else ""
+        ),
+        repeats=(
+            f"\n  {facts['repeats']:.0%} of the windows go back at a random point and repeat their own earlier text"
+            " from there (what teaches the model to continue what it was just shown)."
+            if facts.get("repeats")
+            else ""
+        ),
+        copy=(
+            f"\n- Copy rate {facts['copy_rate']:.3f} (`copy_rate`: 64 held-out spans of 96 bytes shown twice, the share"
+            " of the second copy's bytes the greedy next byte gets right)."
+            if "copy_rate" in facts
+            else ""
+        ),
         samples=shown,
     )
     tmp = folder / ".README.md.tmp"
@@ -279,16 +340,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("-o", "--output", default=str(REPO / "models" / NAME))
+    p.add_argument("--context", type=int, default=CONTEXT, help="window length in bytes (positions trained)")
+    p.add_argument("--batch", type=int, default=BATCH, help="windows per step")
+    p.add_argument("--repeats", type=float, default=REPEATS, help="fraction of windows that repeat their own text")
+    p.add_argument("--lr", type=float, default=LR, help="peak learning rate")
+    p.add_argument("--init", help="a checkpoint folder of the same shape to train on from (instead of fresh weights)")
     p.add_argument("--readme-only", action="store_true", help="rewrite README.md of an existing output folder")
+    p.add_argument("--evaluate", metavar="FOLDER", help="print FOLDER's held-out loss and copy rate, train nothing")
     args = p.parse_args(argv)
     if args.readme_only:
         write_readme(Path(args.output))
         return 0
+    globals().update(CONTEXT=args.context, BATCH=args.batch, REPEATS=args.repeats, LR=args.lr)
 
     import torch
 
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
+    if args.evaluate:
+        return evaluate(Path(args.evaluate))
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -304,15 +374,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     log(f"torch {torch.__version__}, {THREADS} thread(s), seed {args.seed}, {args.steps} steps of {BATCH}x{CONTEXT}")
     t0 = time.time()
-    model, train_loss = train(train_ids, args.steps, log, args.seed)
+    init = Path(args.init) if args.init else None
+    model, train_loss = train(train_ids, args.steps, log, args.seed, init)
     seconds = time.time() - t0
     held_fp32 = loss_on(model, held_ids)
     model.to(torch.float16).to(torch.float32)  # the stored weights, evaluated in fp32
     held_loss = loss_on(model, held_ids)
+    held_long = loss_on(model, held_ids, CONTEXT)
+    copies = copy_rate(model, held_ids)
+    flags = {"--steps": (args.steps, STEPS), "--seed": (args.seed, SEED), "--context": (args.context, 256)}
+    flags |= {"--batch": (args.batch, 8), "--repeats": (args.repeats, 0.0), "--lr": (args.lr, 3e-3)}
     facts = {
         "command": "python scripts/train_lm.py"
-        + (f" --steps {args.steps}" if args.steps != STEPS else "")
-        + (f" --seed {args.seed}" if args.seed != SEED else ""),
+        + "".join(f" {k} {v}" for k, (v, default) in flags.items() if v != default)
+        + (f" --init {init.as_posix()}" if init else ""),
+        "init_safetensors_sha256": init and hashlib.sha256((init / "model.safetensors").read_bytes()).hexdigest(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "threads": THREADS,
@@ -328,14 +404,38 @@ def main(argv: list[str] | None = None) -> int:
         "train_loss_last50": round(train_loss, 4),
         "held_out_loss_fp32": round(held_fp32, 4),
         "held_out_loss_stored_fp16": round(held_loss, 4),
+        f"held_out_loss_stored_fp16_at_{CONTEXT}": round(held_long, 4),
+        "copy_rate": round(copies, 4),
+        "repeats": REPEATS,
+        "lr": LR,
         "train_seconds": round(seconds, 1),
     }
     digest = write_folder(model, Path(args.output), facts)
     write_readme(Path(args.output))
     log(
         f"train loss {train_loss:.4f}, held-out loss {held_fp32:.4f} (fp32) / {held_loss:.4f} (stored fp16) "
-        f"nats/byte; {seconds:.0f} s; wrote {args.output}; model.safetensors sha256 {digest}"
+        f"nats/byte, {held_long:.4f} in windows of {CONTEXT}; copy rate {copies:.3f}; {seconds:.0f} s; "
+        f"wrote {args.output}; model.safetensors sha256 {digest}"
     )
+    return 0
+
+
+def evaluate(folder: Path) -> int:
+    """Held-out loss (windows of 256 and of CONTEXT) and copy rate of a saved folder, in fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    root = stdlib_root()
+    _, held = split_files(corpus_files(root), root)
+    held_ids = encode_files(held)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    facts = {
+        "folder": str(folder),
+        "held_out_loss_at_256": round(loss_on(model, held_ids, 256), 4),
+        f"held_out_loss_at_{CONTEXT}": round(loss_on(model, held_ids, CONTEXT), 4),
+        "copy_rate": round(copy_rate(model, held_ids), 4),
+    }
+    print(json.dumps(facts), flush=True)
     return 0
 
 

@@ -118,3 +118,20 @@ def test_shipped_checkpoint_loads_with_transformers_and_generates_text():
     text = tok.decode(new)
     printable = sum(c.isprintable() or c in "\n\t" for c in text)
     assert printable >= 0.9 * len(text), text  # bytes of source text, not noise
+
+
+def test_a_repeating_window_goes_back_and_repeats_its_own_text(train_lm, monkeypatch):
+    """--repeats: the window's text up to k, then its own text again from an earlier point u, CONTEXT + 1 long."""
+    import torch
+
+    monkeypatch.setattr(train_lm, "CONTEXT", 64)
+    data = torch.arange(1000)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(train_lm.window(data, 10, False, gen), data[10:75])
+    for _ in range(20):
+        x = train_lm.window(data, 100, True, gen)
+        assert len(x) == 65
+        k = int((x[1:] <= x[:-1]).nonzero()[0]) + 1  # where it goes back
+        u = int(x[k]) - 100
+        assert 16 <= k < 48 and 0 <= u <= k - 16
+        assert torch.equal(x[:k], data[100 : 100 + k]) and torch.equal(x[k:], data[100 + u : 100 + u + 65 - k])

@@ -3,14 +3,15 @@
 events. No Ray here: the replica hands its requests to `OpenAIFront.handle`.
 
 Each choice of a request (n per prompt) becomes one row of the running batch, followed by a `TextRun`
-(serve/openai/run.py, GenItem.decoder): it chooses the row's tokens as `OnnxSession.generate` of that request
-alone does (every key of the checkpoint's generation_config under the request's knobs, runtime/sampling.py
-and its processors; choice i seeded as row i of n, SeedSequence([seed, i]), the request's seed or a fresh one
-reported in the answer), after the request's logits processors (frequency/presence penalties and logit_bias: runtime/penalties.py; the grammar of
-its response_format or forced tool calls: runtime/constraints.py), stops at the checkpoint's eos ids, at `stop`
-strings (text ends before them), where its grammar is complete, or at max_tokens, and hands each piece of text
-to the request's stream (serve/openai/streams.py; chat's tool calls parsed by serve/openai/tools.py). A stream
-whose client leaves marks its runs cancelled: their rows are given back before the next step.
+(serve/openai/run.py, GenItem.decoder): it chooses the row's tokens as `OnnxSession.generate` of that request alone
+does (every key of the checkpoint's generation_config under the request's knobs, runtime/sampling.py and its
+processors; choice i seeded as row i of n, SeedSequence([seed, i]), the request's seed or a fresh one reported in
+the answer), after the request's logits processors (frequency/presence penalties and logit_bias:
+runtime/penalties.py; the grammar of its response_format or forced tool calls: runtime/constraints.py), stops at the
+checkpoint's eos ids, at `stop` strings (text ends before them), where its grammar is complete, or at max_tokens,
+and hands each piece of text to the request's stream (serve/openai/streams.py; chat's tool calls parsed by
+serve/openai/tools.py). A stream whose client leaves marks its runs cancelled: their rows are given back before the
+next step.
 
 `logprobs` (completions: N; chat: true with top_logprobs N) lists each new token's log-probability and its N
 most likely alternatives: the log-softmax of the model's own logits at that step, before the request's

@@ -1,0 +1,172 @@
+"""Where speculative decoding's candidate tokens come from (runtime/speculative.py verifies them): the text so far
+(prompt lookup) or a smaller model of the same tokenizer (a draft). numpy + onnxruntime only.
+
+- PromptLookup: transformers' PromptLookupCandidateGenerator, row by row: the longest n-gram (at most
+  `max_ngram` tokens) ending the row's text that occurs earlier in it; its first occurrence, left to right,
+  proposes the tokens that followed it (at most k), cut before the first eos id. No match: no candidates (the
+  step is a plain one). No distribution: under sampling the target's own draw must equal the candidate.
+- Draft: a whole-model export of the same vocabulary, its own cache bound once (runtime/device_decode.LeftRows)
+  and a call per row: it is fed what it has not seen of the row's text, then proposes k tokens one call each,
+  greedy or drawn from its distribution (which the accept rule reads). After the target's verdict its cache is
+  rolled back by not advancing its length past the tokens that stay (nothing copied).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+import zoo
+
+from .device_decode import LeftRows
+from .io import ATTENTION_MASK, INPUT_IDS, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
+from .kv_buffers import as_float32, buffer_types, ort_value
+from .sampling import distribution
+
+if TYPE_CHECKING:
+    from .core import RuntimeSession
+
+PREFIX = "past_key_values."
+
+
+def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray) -> np.ndarray:
+    """Prompt lookup on one row's tokens (int64, its real tokens then the new ones): at most k candidates, as
+    transformers' PromptLookupCandidateGenerator.get_candidates chooses them (its first match decides)."""
+    n_tok = len(seq)
+    for n in range(min(max_ngram, n_tok - 1), 0, -1):
+        # windows starting at 0..n_tok-n-1 (the one at n_tok-n is the tail itself, which proposes nothing)
+        hits = np.ones(n_tok - n, np.bool_)
+        for j in range(n):
+            hits &= seq[j : n_tok - n + j] == seq[n_tok - n + j]
+        where = np.flatnonzero(hits)
+        if len(where):
+            start = int(where[0]) + n
+            found = seq[start : start + k]
+            stop = np.flatnonzero(np.isin(found, eos)) if len(eos) else ()
+            return found[: stop[0]] if len(stop) else found
+    return seq[:0]
+
+
+class RowCalls:
+    """One row's calls on a whole-model session whose batch cache LeftRows holds: the row's slice of each
+    buffer (a view, no copy), its key mask row and its own past_len; input_ids (1 t) after the row's past. A
+    one-token call runs a binding made once (its ids and logits arrays bound as plain decoding binds them)."""
+
+    def __init__(self, sess: RuntimeSession, rows: LeftRows, r: int) -> None:
+        self.sess, self.keep, self.length = sess, [], 0
+        self.past_len = np.zeros((), np.int64)
+        self.logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+        self.binding = self._bind(rows, r)
+        self.single = None
+        if self.logits_type == "tensor(float)":
+            self.one_ids = np.zeros((1, 1), np.int64)
+            self.one_logits = np.zeros((1, 1, rows.step_logits.shape[-1]), np.float32)
+            self.single = self._bind(rows, r)
+            self.single.bind_ortvalue_input(INPUT_IDS.name, self._held(self.one_ids))
+            self.single.bind_ortvalue_output(LOGITS.name, self._held(self.one_logits))
+
+    def _held(self, arr: np.ndarray, element_type: str = ""):
+        self.keep.append(arr)  # a CPU OrtValue wraps its array: it stays alive with this object
+        return ort_value(arr, element_type, "cpu")
+
+    def _bind(self, rows: LeftRows, r: int):
+        binding = self.sess.new_binding()
+        types = buffer_types(self.sess._sess.get_inputs(), PREFIX)
+        for name, arr in rows.cache_arrays.items():
+            value = self._held(arr[r : r + 1], types[name])  # the row is the leading axis: contiguous, in place
+            layer, kv = name.split(".")[1:3]
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(LM_PRESENT.format(i=layer, kv=kv), value)
+        binding.bind_ortvalue_input(ATTENTION_MASK.name, self._held(rows.key_mask[r : r + 1]))
+        binding.bind_ortvalue_input(PAST_LEN.name, self._held(self.past_len))
+        if NEXT_TOKEN.name in self.sess.output_names:
+            binding.bind_output(NEXT_TOKEN.name, "cpu")
+        return binding
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        """ids (t,) at slots length..length+t-1 -> the logits (t v) float32 (all_logits) or the last one's (1 v);
+        length advances by t (the caller rolls it back by setting it lower). The result is read before the next
+        call (a one-token call's is its bound array)."""
+        self.past_len[()] = self.length
+        self.length += len(ids)
+        if len(ids) == 1 and self.single is not None:
+            self.one_ids[0, 0] = ids[0]
+            self.sess.run_with_iobinding(self.single)
+            return self.one_logits[0]
+        chunk = np.ascontiguousarray(ids, np.int64)[None]
+        self.binding.bind_ortvalue_input(INPUT_IDS.name, ort_value(chunk, "", "cpu"))
+        self.binding.bind_output(LOGITS.name, "cpu")
+        self.sess.run_with_iobinding(self.binding)
+        logits = next(o for o in self.binding.get_outputs() if len(o.shape()) == 3)
+        return as_float32(logits)[0]
+
+
+class Draft:
+    """A draft model's proposals for every row of a call (the module docstring)."""
+
+    def __init__(self, sess: RuntimeSession, b: int, t: int, n: int, prompt_mask, vocabs: tuple[int, int]) -> None:
+        """vocabs: (the draft's, the target's)."""
+        if vocabs[0] != vocabs[1]:
+            raise zoo.ArgumentError(
+                f"the draft {sess.path.name} has a vocabulary of {vocabs[0]}, the target {vocabs[1]}: a draft must "
+                "share the target's tokenizer"
+            )
+        self.sess = sess
+        self.rows = LeftRows(sess, b, t, n, prompt_mask, False, lambda logits: logits.argmax(-1))
+        self.calls: list[RowCalls] = []
+        self.runs = 0
+
+    def prefill(self, ids: np.ndarray, chunk: int) -> None:
+        """The prompt into the draft's cache (its own first token is not used: the target's is)."""
+        self.rows.prefill(ids, chunk)
+        self.calls = [RowCalls(self.sess, self.rows, r) for r in range(ids.shape[0])]
+        for c in self.calls:
+            c.length = ids.shape[1]
+
+    def propose(self, r: int, seq: np.ndarray, t_row: int, k: int, choose) -> tuple[np.ndarray, list]:
+        """k tokens after row r's text seq (its real tokens; t_row of them are the prompt's): (tokens, the
+        draft's distribution at each, or None each when choose is greedy). `choose(logits (v)) -> (token, q)`."""
+        calls = self.calls[r]
+        done = calls.length - (self.rows.t - t_row)  # the row's tokens already in the draft cache
+        logits = calls.run(seq[done:])[-1]
+        self.runs += 1
+        tokens, dists = [], []
+        for j in range(k):
+            token, q = choose(logits)
+            tokens.append(token)
+            dists.append(q)
+            if j + 1 < k:
+                logits = calls.run(np.array([token], np.int64))[-1]
+                self.runs += 1
+        return np.array(tokens, np.int64), dists
+
+    def keep(self, r: int, t_row: int, tokens: int) -> None:
+        """Row r's draft cache keeps its first `tokens` real tokens (the rest are past the target's verdict)."""
+        calls = self.calls[r]
+        calls.length = min(calls.length, self.rows.t - t_row + tokens)
+
+
+def draft_choice(params, rng):
+    """The draft's choice for one row: greedy (token, None), or a draw from its distribution under the call's
+    warpers (token, q (v)); any q keeps the output the target's (the accept rule reads the q drawn from)."""
+
+    def choose(logits: np.ndarray):
+        if not params.do_sample:
+            return int(logits.argmax()), None
+        q = distribution(logits[None], params)[0]
+        return draw(q, rng), q
+
+    return choose
+
+
+def draw(probs: np.ndarray, rng) -> int:
+    """One draw from probs (v) with the row's stream, as runtime/sampling.Sampler draws."""
+    cum = np.cumsum(probs)
+    i = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(probs) - 1)
+    while probs[i] == 0:
+        i -= 1
+    return i
+
+
+__all__ = ["Draft", "RowCalls", "draft_choice", "draw", "lookup"]

@@ -1,0 +1,259 @@
+"""Speculative decoding of a whole model under ONNX Runtime: candidate tokens (runtime/candidates.py: prompt lookup,
+or a draft model of the same tokenizer) verified by the target in one call per row, exact. numpy + onnxruntime only.
+
+    tokens = sess.generate(ids, 128, prompt_lookup_num_tokens=10)                 # n-grams of the text so far
+    tokens = sess.generate(ids, 128, assistant_model=draft_sess, num_assistant_tokens=5)
+
+A round for one row: its last token (not yet in the cache) and k candidates run as one chunk after the row's past
+(input_ids (1, k + 1) at past_len: the static cache takes a chunk after a past), which writes k + 1 slots and
+returns the logits at each (the export must have all_logits=True). The candidates are kept while the target
+agrees; then one token of the target's own. The cache keeps the accepted ones by advancing the row's length past
+them only: the slots of the rejected ones are written over by the next call (the static cache is positional,
+nothing is copied or cleared).
+
+Exact: greedy keeps a candidate while it is the target's argmax (after any repetition penalty), so the tokens are
+plain greedy's; sampling keeps a prompt-lookup candidate while the target's own draw equals it (transformers'
+rule for candidates without a distribution), a draft's with probability min(1, p/q) and draws a rejected one's
+replacement from the residual max(p - q, 0) (Leviathan et al. 2023; transformers' _speculative_sampling), so
+each token is distributed as the target's. Each row draws from its own stream (runtime/sampling.py), so a seed
+reproduces a call.
+
+Each row runs its own calls (its slice of the bound buffers, its own past_len): rows accept different counts, and
+ONNX Runtime's CPU GroupQueryAttention takes a chunk after a past for one row only. The generation loop
+(runtime/generation.Generation) takes one token per row per step from each row's queue of accepted tokens, so eos
+ids, stop strings, streaming and max_time work as before. Back-off: k starts at 2 (at most K), doubles after a
+round that kept every candidate and is one more than the kept count after one that did not (within 1..K: a
+rejected candidate costs a chunk position), and a round that kept none pauses the row's speculation for 1, 2, 4 ...
+16 plain steps (no candidates: a one-token call, bound once, as plain decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+import zoo
+
+from .candidates import Draft, RowCalls, draft_choice, draw, lookup
+from .device_decode import LeftRows, is_packed
+from .io import LOGITS
+
+if TYPE_CHECKING:
+    from .core import RuntimeSession
+
+MAX_PAUSE = 16  # plain steps at most between two tries of a row whose candidates were all rejected
+NGRAM = 2  # transformers' max_matching_ngram_size default
+FIRST_K = 2  # a row's first round proposes at most this many: a rejected candidate costs a position of the chunk
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What proposes candidates: prompt lookup (draft None) or a draft session; k the most per round."""
+
+    k: int
+    max_ngram: int = NGRAM
+    draft: RuntimeSession | None = None
+
+    @property
+    def kind(self) -> str:
+        return "draft" if self.draft is not None else "prompt lookup"
+
+
+def speculation(
+    prompt_lookup_num_tokens=None, max_matching_ngram_size=None, assistant_model=None, num_assistant_tokens=None
+) -> Speculation | None:
+    """The call's speculation from transformers' names, checked; None when none is asked."""
+    from .core import RuntimeSession
+
+    def count(name, v, default=None):
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise zoo.ArgumentError(f"{name}={v!r} must be an int >= 1")
+        return int(v)
+
+    k = count("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
+    ngram = count("max_matching_ngram_size", max_matching_ngram_size, NGRAM)
+    n_draft = count("num_assistant_tokens", num_assistant_tokens, 5)
+    if assistant_model is None:
+        if num_assistant_tokens is not None:
+            raise zoo.ArgumentError("num_assistant_tokens needs assistant_model=... (a draft model's session)")
+        return None if k is None else Speculation(k, ngram)
+    if k is not None:
+        raise zoo.ArgumentError("give prompt_lookup_num_tokens or assistant_model, not both")
+    if not isinstance(assistant_model, RuntimeSession):
+        raise zoo.InputTypeError(
+            f"assistant_model must be an OnnxSession of a whole-model export (the draft), got "
+            f"{type(assistant_model).__name__}"
+        )
+    return Speculation(n_draft, ngram, assistant_model)
+
+
+def check_target(sess: RuntimeSession, spec: Speculation, longrope) -> None:
+    """Refuse, in one line, an export the rounds cannot run on; longrope(session) says whether its layers' rotary
+    frequencies depend on a call's positions (runtime/generation.py's one_call_prompt_len and recompute_at)."""
+    for s, role in ((sess, "target"), (spec.draft, "draft")):
+        if s is None:
+            continue
+        if is_packed(s) or s.cuda_graph:
+            raise zoo.ArgumentError(
+                f"speculative decoding runs each row's chunk after its past on a left-padded export; the {role} "
+                f"{s.path.name} takes packed rows (attnzoo.padding=packed): export it with padding='left'"
+            )
+        if longrope(s):
+            raise zoo.ArgumentError(
+                f"the {role} {s.path.name} has longrope layers, whose frequencies depend on a call's largest "
+                "position: a chunk of candidates could change them, so speculative decoding is refused for it"
+            )
+    axes = next(o.shape for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+    if len(axes) != 3 or axes[1] == 1:
+        raise zoo.ArgumentError(
+            f"{sess.path.name} returns the logits of a call's last position only: verifying k candidates in one "
+            "call reads the logits at each; export it with all_logits=True (attnzoo generate --prompt-lookup / "
+            "--draft exports a folder so itself)"
+        )
+
+
+class SpeculativeRows:
+    """The driver runtime/generation.Generation runs (prefill, step) when a call speculates (the module
+    docstring). `done` (b) bool, set by the loop, marks the rows that ended: they make no more calls."""
+
+    def __init__(
+        self, sess, b: int, t: int, n: int, prompt_mask, argmax: bool, sampler, spec: Speculation, eos, vocabs
+    ):
+        """vocabs: (the draft's, the target's) vocabulary sizes."""
+        self.sess, self.spec, self.sampler, self.eos = sess, spec, sampler, np.asarray(eos, np.int64)
+        self.rows = LeftRows(sess, b, t, n, prompt_mask, argmax, sampler.choose)
+        self.draft = Draft(spec.draft, b, t, n, prompt_mask, vocabs) if spec.draft is not None else None
+        self.t = t
+        self.real = np.full(b, t, np.int64) if prompt_mask is None else np.asarray(prompt_mask).sum(1).astype(np.int64)
+        self.done = np.zeros(b, np.bool_)
+        self.k = np.full(b, min(spec.k, FIRST_K), np.int64)  # grows by doubling while every candidate is kept
+        self.pause, self.backoff = np.zeros(b, np.int64), np.zeros(b, np.int64)
+        self.queue: list[list[int]] = [[] for _ in range(b)]
+        self.stats = dict(target_calls=0, proposed=0, accepted=0, emitted=0, draft_calls=0)
+
+    def prefill(self, ids: np.ndarray, chunk: int) -> np.ndarray:
+        token = self.rows.prefill(ids, chunk)
+        b, t = ids.shape
+        self.calls = [RowCalls(self.sess, self.rows, r) for r in range(b)]
+        for c in self.calls:
+            c.length = t
+        self.seqs = [list(ids[r, t - self.real[r] :]) for r in range(b)]
+        if self.draft is not None:
+            self.draft.prefill(ids, chunk)
+        return token
+
+    def recompute(self, seq: np.ndarray) -> np.ndarray:  # never reached: check_target refuses longrope exports
+        raise zoo.ArgumentError("speculative decoding does not recompute a longrope model's cache")
+
+    def step(self, token: np.ndarray, i: int, remaining: int) -> np.ndarray:
+        """The tokens after step i's `token` (b): each active row's next from its queue, after a round if empty.
+        `remaining`: the tokens the call may still make after the next one (a round proposes no more)."""
+        out = token.copy()
+        for r in np.flatnonzero(~self.done):
+            self.seqs[r].append(int(token[r]))
+            if not self.queue[r]:
+                self._round(r, remaining)
+            out[r] = self.queue[r].pop(0)
+            self.stats["emitted"] += 1
+        return out
+
+    def _round(self, r: int, remaining: int) -> None:
+        spec, calls, seq = self.spec, self.calls[r], self.seqs[r]
+        k = 0 if self.pause[r] else int(min(self.k[r], remaining))
+        self.pause[r] = max(0, self.pause[r] - 1)
+        params = self.sampler.params
+        rng = self.sampler.rngs[r] if params.do_sample else None
+        qs: list = []
+        if k and self.draft is None:
+            cand = lookup(np.asarray(seq, np.int64), k, spec.max_ngram, self.eos)
+        elif k:
+            cand, qs = self.draft.propose(r, np.asarray(seq, np.int64), int(self.real[r]), k, draft_choice(params, rng))
+        else:
+            cand = np.zeros(0, np.int64)
+        base = calls.length
+        logits = calls.run(np.concatenate([[seq[-1]], cand]))
+        self.stats["target_calls"] += 1
+        kept, token = verdict(logits, cand, qs, params, row_scores(self.sampler, r, cand, logits), rng)
+        calls.length = base + 1 + kept  # the rejected candidates' slots are written over next time
+        if self.draft is not None and len(cand):
+            self.draft.keep(r, int(self.real[r]), len(seq) + min(kept, len(cand) - 1))
+        self.queue[r] = [*cand[:kept].tolist(), token]
+        m = len(cand)
+        self.stats["proposed"] += m
+        self.stats["accepted"] += kept
+        if m:
+            self.k[r] = min(spec.k, 2 * self.k[r]) if kept == m else max(1, kept + 1)
+            if kept == 0:
+                self.backoff[r] = min(MAX_PAUSE, max(1, 2 * self.backoff[r]))
+                self.pause[r] = self.backoff[r]
+            else:
+                self.backoff[r] = 0
+
+    def summary(self) -> dict:
+        s = dict(self.stats, kind=self.spec.kind, k=self.spec.k)
+        if self.draft is not None:
+            s["draft_calls"] = self.draft.runs
+        s["acceptance_rate"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
+        s["tokens_per_target_call"] = s["emitted"] / s["target_calls"] if s["target_calls"] else 0.0
+        return s
+
+
+def row_scores(sampler, r: int, cand: np.ndarray, logits: np.ndarray):
+    """scores(j) -> (v,) float32: the target's logits at candidate position j (after the row's last token and
+    cand[:j]) through the sampler's processors (every generation_config key, runtime/processors.py), as plain
+    decoding's step would process them with those tokens made. The processors hold per-row state (a row's
+    padding, its prompt, its encoder input), so they run over the whole batch: every row's history gets cand[:j]
+    (the other rows' answers are dropped), and row r's is taken."""
+    history = sampler.input_ids
+    b = len(history)
+
+    def scores(j: int) -> np.ndarray:
+        ids = np.concatenate([history, np.broadcast_to(np.asarray(cand[:j], np.int64), (b, j))], 1)
+        batch = np.broadcast_to(np.asarray(logits[j], np.float32), (b, logits.shape[-1])).copy()
+        return sampler.processors(ids, batch)[r]
+
+    return scores
+
+
+def _probs(scores: np.ndarray) -> np.ndarray:
+    """softmax over the live tokens (the removed ones, -inf, get 0), float64."""
+    live = scores > -np.inf
+    p = np.zeros(scores.shape, np.float64)
+    x = scores[live].astype(np.float64)
+    e = np.exp(x - x.max())
+    p[live] = e / e.sum()
+    return p
+
+
+def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, scores, rng) -> tuple[int, int]:
+    """(candidates kept, the target's token after them) from the target's logits (m + 1, v) at the row's last
+    token and each of its m candidates. qs: the draft's distribution each candidate was drawn from ([] for prompt
+    lookup, or greedy); scores(j): position j's logits through the row's processors (row_scores); rng: the row's
+    stream (sampling)."""
+    m = len(cand)
+    for j in range(m + 1):
+        processed = scores(j)
+        if not params.do_sample:
+            token = int(processed.argmax())  # first of ties, as plain greedy
+            if j == m or token != cand[j]:
+                return j, token
+        else:
+            p = _probs(processed)
+            if j == m:
+                return j, draw(p, rng)
+            c = int(cand[j])
+            if not qs:  # prompt lookup: the target's own draw must be the candidate
+                token = draw(p, rng)
+                if token != c:
+                    return j, token
+            elif rng.random() * qs[j][c] >= p[c]:  # rejected with probability 1 - min(1, p / q)
+                residual = np.maximum(p - qs[j], 0.0)
+                return j, draw(residual if residual.sum() > 0 else p, rng)
+    raise AssertionError("unreachable: the loop returns at j == m")
+
+
+__all__ = ["FIRST_K", "MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation", "verdict"]
