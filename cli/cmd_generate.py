@@ -18,7 +18,7 @@ from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
-from .common import CliError, number_in, positive, refuse_broken_cuda, refuse_hub_id, shipped_folder, with_tf32
+from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
 from .export_cache import (
     _cache_root,
     _export_key,
@@ -39,6 +39,7 @@ from .generate_flags import (
     short,
     speculates,
 )
+from .generate_sources import draft_session, source_path, whole_model
 
 
 def tokenizer_file(source: Path) -> Path | None:
@@ -93,7 +94,7 @@ def _prompt_ids(args, tok, source: Path) -> list[int]:
     if tok is None:
         if source.is_dir():
             raise CliError(f"--prompt TEXT needs a tokenizer.json in {source}; or give --prompt-ids 1,2,3")
-        _whole_model(source)  # a block export has no tokenizer either, and that is not the point
+        whole_model(source)  # a block export has no tokenizer either, and that is not the point
         raise CliError(
             f"--prompt TEXT needs {tokenizer_beside(source)} (`attnzoo export --checkpoint DIR --whole` writes it "
             "from the checkpoint's tokenizer.json) or a tokenizer.json beside the .onnx; or give --prompt-ids 1,2,3"
@@ -135,18 +136,6 @@ def _refuse_export_flags(args: argparse.Namespace, source: Path) -> None:
         f"for others, export the checkpoint again: attnzoo export --checkpoint DIR --whole {' '.join(given)} "
         "-o NEW.onnx"
     )
-
-
-def _whole_model(source: Path) -> None:
-    """CliError unless `source` is a whole-model export (read from its metadata, without its weights)."""
-    from runtime.core import SessionError, onnx_metadata
-
-    try:
-        kind = onnx_metadata(source).get("attnzoo.kind")
-    except SessionError as e:
-        raise CliError(str(e)) from None
-    if kind != "lm":
-        raise CliError(f"{source} is not a whole-model export; make one: attnzoo export --checkpoint DIR --whole")
 
 
 def _check_vocab(args, ids: list[int], vocab: int) -> None:
@@ -200,7 +189,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # an encoder-decoder pair is named by its base PATH (PATH.encoder.onnx, PATH.decoder.onnx) or either file
     if cmd_seq2seq.is_seq2seq_export(Path(args.source)):
         return _seq2seq(args, Path(args.source))
-    source = _source(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
+    source = source_path(args.source)  # a folder, an .onnx, or the shipped model's bare name; else the closest names
     import numpy as np
 
     from runtime.generation import Generation, generation_defaults, lm_vocab, positions_needed
@@ -214,7 +203,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         data = checkpoint_config(args.source)[1]  # before anything else: is it a checkpoint at all
         target = "cuda" if choose(args.provider)[0] else "cpu"  # export for where the session will run
         model_path = cached_lm(
-            source, args.precision, args.max_len, target=target, dtype=args.dtype, kv_precision=args.kv_precision
+            source,
+            args.precision,
+            args.max_len,
+            target=target,
+            dtype=args.dtype,
+            kv_precision=args.kv_precision,
+            all_logits=speculates(args),
         )  # a cache hit reads no model (no torch); a miss learns the folder's family first
         if model_path is None and (
             cmd_seq2seq.is_seq2seq_export(_seq2seq_cached(args, source)) or cmd_seq2seq.is_seq2seq_folder(source)
@@ -273,7 +268,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return run_beams(args, sess, ids, tok, config, beams, model_path, args.source)
     extra = {}
     if args.draft is not None:
-        extra["assistant_model"] = _draft_session(args)
+        extra["assistant_model"] = draft_session(args)
     elif args.draft_tokens is not None:
         raise CliError("--draft-tokens K goes with --draft FOLDER (the model that proposes them)")
     with warnings.catch_warnings():  # a key the checkpoint sets that is not applied: the note line below
@@ -355,49 +350,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(doc, indent=2)))
         print(f"wrote {args.json}")
     return 0
-
-
-def _draft_session(args):
-    """--draft: a folder (exported as the target is, once) or a whole-model .onnx, opened as the target is."""
-    from runtime.session import OnnxSession
-
-    draft = _source(args.draft)
-    if draft.is_dir():
-        checkpoint_config(str(draft))  # is it a checkpoint at all
-        from runtime.providers import choose
-
-        target = "cuda" if choose(args.provider)[0] else "cpu"
-        path = exported(str(draft), args.precision, args.max_len, target=target, dtype=args.dtype)
-    else:
-        _whole_model(draft)
-        path = draft
-    return OnnxSession(path, provider=args.provider, threads=args.threads, verbose=False)
-
-
-SHIPPED = Path(__file__).resolve().parent.parent / "models"  # the checkpoints in the box (tiny-stdlib-llama)
-
-
-def _source(text: str) -> Path:
-    """generate's SOURCE as a path: as given when it exists; a shipped checkpoint's bare name (as `heads` takes
-    the tiny models' names) as its folder; else one line naming the closest folders and .onnx files."""
-    import difflib
-
-    given = Path(text)
-    if given.exists():
-        return given
-    shipped = shipped_folder(text)
-    if shipped is not None:
-        return shipped
-    refuse_hub_id(text)
-    near = {}
-    for folder in dict.fromkeys((given.parent, SHIPPED)):
-        if folder.is_dir():
-            for p in folder.iterdir():
-                if (p.is_dir() and (p / "config.json").is_file()) or p.suffix == ".onnx":
-                    near.setdefault(p.name, str(p) if folder == given.parent else p.name)  # a bare name: taken above
-    close = difflib.get_close_matches(given.name, list(near), n=3, cutoff=0.6)
-    hint = f" (closest: {', '.join(near[c] for c in close)})" if close else ""
-    raise CliError(f"{text}: no such folder or file{hint}; give a checkpoint folder or a whole-model .onnx")
 
 
 def add_commands(sub) -> None:

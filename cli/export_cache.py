@@ -163,8 +163,8 @@ def exported(
     return out
 
 
-def _cached_path(path: Path, precision, max_len, target, dtype, kv_precision) -> Path:
-    key = _export_key(path, precision, max_len, target, dtype, kv_precision)
+def _cached_path(path: Path, precision, max_len, target, dtype, kv_precision, all_logits: bool = False) -> Path:
+    key = _export_key(path, precision, max_len, target, dtype, kv_precision, all_logits=all_logits)
     return _cache_root() / "lm" / f"{path.resolve().name}-{key}.onnx"
 
 
@@ -176,12 +176,13 @@ def cached_lm(
     target: str = "cpu",
     dtype: str = "float32",
     kv_precision: str = "fp32",
+    all_logits: bool = False,
 ) -> Path | None:
     """`exported`'s answer when the cache holds it (read without the model, so without torch), else None. The
     folder's generation_config.json, where it differs from the one the export recorded, replaces it in the
     graph's metadata (the weights' file stays as it is)."""
     path = checkpoint_config(str(folder))[0]
-    out = _cached_path(path, precision, max_len, target, dtype, kv_precision)
+    out = _cached_path(path, precision, max_len, target, dtype, kv_precision, all_logits)
     if not (out.is_file() and weights_file(out).is_file()):  # a graph and its weights (an older export: made again)
         return None
     _record_generation_config(out, generation_config(path))

@@ -277,7 +277,8 @@ class Sampler:
             mask=mask,
             encoder_ids=encoder_ids,
         )
-        self._ids = np.empty((b, t + (max_new_tokens or 64)), np.int64)
+        # grown as tokens come (observe): sized by the call's budget, a huge one would allocate before the room check
+        self._ids = np.empty((b, t + min(max_new_tokens or 64, 1024)), np.int64)
         self._ids[:, :t] = prompt
         self.length = t
 

@@ -139,11 +139,13 @@ def test_sampled_first_tokens_of_num_return_sequences_follow_transformers(lm):
 
 def test_a_key_not_applied_is_refused_in_a_call_and_said_from_a_checkpoint(lm):
     _, sess, ids, mask, _ = lm
-    for keys in ({"num_beams": 4}, {"guidance_scale": 2.0}, {"penalty_alpha": 0.6}, {"watermarking_config": {}}):
+    for keys in ({"num_beam_groups": 2}, {"guidance_scale": 2.0}, {"penalty_alpha": 0.6}, {"watermarking_config": {}}):
         with pytest.raises(zoo.ArgumentError, match=next(iter(keys))):
             sess.generate(ids.numpy(), 2, mask.numpy(), **keys)
-    with pytest.warns(UserWarning, match="num_beams=4"):
-        run = generation.Generation(sess, ids.numpy(), 2, mask.numpy(), generation_config={**BASE, "num_beams": 4})
-    assert "num_beams=4" in run.note and "beam search" in run.note
+    with pytest.warns(UserWarning, match="num_beam_groups=2"):
+        run = generation.Generation(
+            sess, ids.numpy(), 2, mask.numpy(), generation_config={**BASE, "num_beam_groups": 2}
+        )
+    assert "num_beam_groups=2" in run.note and "group beam search" in run.note
     with pytest.raises(zoo.ArgumentError, match="num_return_sequences"):
         sess.generate(ids.numpy(), 2, mask.numpy(), num_return_sequences=2)  # greedy copies: refused as there

@@ -11,14 +11,19 @@ import pytest
 import torch
 
 from runtime.candidates import draw, lookup
-from runtime.sampling import Sampling, distribution
-from runtime.speculative import verdict
+from runtime.sampling import Sampler, Sampling, distribution
+from runtime.speculative import row_scores, verdict
 
 V = 6
 RNG = np.random.default_rng(7)
 FIRST = RNG.normal(size=V) * 1.5  # the target's logits for x1
 SECOND = RNG.normal(size=(V, V)) * 1.5  # the target's logits for x2, one row per x1
 PARAMS = Sampling(do_sample=True, temperature=0.9, top_k=5, seed=0)
+
+
+def processed(logits: np.ndarray, cand: np.ndarray, params: Sampling, history=(0,)):
+    """verdict's scores(j): the logits through the processors of a one-row sampler whose row holds `history`."""
+    return row_scores(Sampler(params, np.array([history], np.int64), None, V), 0, cand, logits)
 
 
 def chi2_below_quantile(counts: np.ndarray, p: np.ndarray) -> None:
@@ -38,7 +43,8 @@ def joint_of_two_tokens(candidate, rounds: int = 8000) -> np.ndarray:
     for _ in range(rounds):
         c, q = candidate(rng)
         logits = np.stack([FIRST, SECOND[c]])  # the target's logits at the last token and at the candidate
-        kept, token = verdict(logits, np.array([c]), [] if q is None else [q], PARAMS, None, rng)
+        cand = np.array([c])
+        kept, token = verdict(logits, cand, [] if q is None else [q], PARAMS, processed(logits, cand, PARAMS), rng)
         x1, x2 = (c, token) if kept else (token, draw(distribution(SECOND[token][None], PARAMS)[0], rng))
         counts[x1, x2] += 1
     return counts
@@ -67,11 +73,12 @@ def test_the_first_two_tokens_are_distributed_as_the_targets(candidate):
 def test_greedy_keeps_candidates_while_they_are_the_argmax():
     logits = np.array([[0, 3, 1.0], [5, 0, 0], [0, 0, 2]])
     greedy = Sampling()
-    assert verdict(logits, np.array([1, 0]), [], greedy, None, None) == (2, 2)
-    assert verdict(logits, np.array([1, 2]), [], greedy, None, None) == (1, 0)
-    assert verdict(logits, np.array([0, 0]), [], greedy, None, None) == (0, 1)
-    seen = np.array([False, True, False])  # a repetition penalty of 4 makes token 1 (seen) lose: 3/4 < 1
-    assert verdict(logits, np.array([1]), [], Sampling(repetition_penalty=4.0), seen, None) == (0, 2)
+    for cand, want in (([1, 0], (2, 2)), ([1, 2], (1, 0)), ([0, 0], (0, 1))):
+        cand = np.array(cand)
+        assert verdict(logits, cand, [], greedy, processed(logits, cand, greedy), None) == want
+    # a repetition penalty of 4 makes token 1 (in the row's history) lose: 3/4 < 1
+    penalty, cand = Sampling(repetition_penalty=4.0), np.array([1])
+    assert verdict(logits, cand, [], penalty, processed(logits, cand, penalty, history=(1,)), None) == (0, 2)
 
 
 @pytest.mark.parametrize("seed", range(6))
