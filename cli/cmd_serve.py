@@ -18,6 +18,7 @@ from zoo.files import ensure_writable_parent, write_atomic
 from . import interrupt
 from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, with_set, with_tf32
 from .serve_model import capacity_line, folder_target, model_path, served_facts
+from .serve_scale import add_scale_flags, failover_on, scale_options
 
 
 def _need(module: str, what: str) -> None:
@@ -49,6 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "batching": args.batching,
         "capacity": args.capacity,
+        **scale_options(args),
     }
     check_options(**options)  # before an export, which may take a while
     if args.cuda_graph:  # a CUDA graph replays packed rows on CUDA: said before Ray or an export starts
@@ -93,7 +95,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt)  # and again after Serve's start, on the same ground
         try:
             wait_ready(dep.url)
-            print(f"ready: serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
+            print(f"ready: serving {path} at {dep.url} ({dep.size}, {dep.provider}); Ctrl-C stops")
+            if args.address is not None and not failover_on(dep.url):
+                print(
+                    "  note: this cluster's HTTP proxy does not retry a lost replica's requests; start its head with "
+                    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.failover.proxy_middlewares (docs/serving.md)"
+                )
             auth = '-H "Authorization: Bearer $ATTNZOO_API_KEY" ' if api_key else ""
             if api_key:
                 print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
@@ -329,7 +336,10 @@ def add_commands(sub) -> None:
         "checkpoint folder (exported whole for --provider in --dtype; an encoder or sentence-transformers folder is "
         "served on /v1/embeddings), or a zoo name (exported with --mask first)",
     )
-    sp.add_argument("--replicas", type=positive, default=1)
+    sp.add_argument(
+        "--replicas", type=positive, default=1, help="replicas (default 1); with --autoscale, the number it starts with"
+    )
+    add_scale_flags(sp)
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
     with_tf32(sp)
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
