@@ -88,7 +88,7 @@ def prepare_models(work: Path, precisions: list[str], quantize: Path | None, ggu
             continue
         f32 = work / "llama-f32.gguf"
         if not f32.is_file():
-            code = "import sys; from bench.gguf_llama import write_llama_gguf; write_llama_gguf(sys.argv[1], sys.argv[2])"
+            code = "import sys; from bench.gguf_llama import write_llama_gguf as w; w(sys.argv[1], sys.argv[2])"
             _run([sys.executable, "-c", code, str(folder), str(f32)], "writing the F32 GGUF", env)
         quant = LLAMA_QUANT[p]
         if quant is None:

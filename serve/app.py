@@ -149,6 +149,8 @@ def scaling(
         "downscale_delay_s": downscale_delay_s,
         "look_back_period_s": autoscale_window_s,
     }
+    if autoscale_window_s <= 10:  # Ray asks the window to be longer than its (deprecated) 10 s metrics interval
+        out["autoscaling_config"]["metrics_interval_s"] = autoscale_window_s / 2
     return out
 
 
