@@ -202,12 +202,13 @@ def run(
             server = start_server(kind, models[(kind, p)], port, threads, slots, capacity, work, llama)
             try:
                 model = served_model(server.url)
+                idle = server.rss()  # before any request: the server's floor (attnzoo's: its Ray daemons too)
                 extra = {"ignore_eos": True} if kind == "llama-server" else {}
                 run_level(server.url, model, asks[:2], concurrency=1, extra=extra)  # warm-up, not reported
                 for mode, value in levels:
                     kw = {"concurrency": value} if mode == "concurrency" else {"rate": value, "seed": seed}
                     row = run_level(server.url, model, asks, extra=extra, sampler=server.rss, **kw)
-                    row.update({"server": kind, "precision": p})
+                    row.update({"server": kind, "precision": p, "idle_rss_mb": idle})
                     rows.append(row)
                     if progress:
                         progress(row)

@@ -257,7 +257,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """A markdown table, one row per (server, precision, level)."""
     head = (
         "| server | precision | load | req/s | out tok/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms | "
-        "ITL p50/p90/p99 ms | e2e p50/p99 ms | peak RSS MB | errors |"
+        "ITL p50/p90/p99 ms | e2e p50/p99 ms | RSS idle / peak MB | errors |"
     )
     lines = [head, "|" + "---|" * 11]
 
@@ -269,7 +269,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r.get('server', '')} | {r.get('precision', '')} | {load} | {r['requests_per_s']} | "
             f"{r['output_tokens_per_s']} | {trio(r['ttft_ms'])} | {trio(r['tpot_ms'])} | {trio(r['itl_ms'])} | "
-            f"{trio(r['e2e_ms'], ('p50', 'p99'))} | {r.get('peak_rss_mb') or '-'} | {r['errors']} |"
+            f"{trio(r['e2e_ms'], ('p50', 'p99'))} | {r.get('idle_rss_mb') or '-'} / {r.get('peak_rss_mb') or '-'} | "
+            f"{r['errors']} |"
         )
     return "\n".join(lines)
 

@@ -228,8 +228,10 @@ class Load:
     """Threads in the head's namespace sending requests until stopped: /generate (greedy token ids, answers carry
     their replica) and streamed /v1/completions (temperature 0), every answer kept with what was asked."""
 
-    def __init__(self, url: str, ns: str, prompts: list[list[int]], threads: int = 6, new: int = 48) -> None:
-        self.url, self.prompts, self.new = url, prompts, new
+    def __init__(
+        self, url: str, ns: str, prompts: list[list[int]], threads: int = 6, new: int = 48, stream_new: int = 48
+    ) -> None:
+        self.url, self.prompts, self.new, self.stream_new = url, prompts, new, stream_new
         self.results: list[tuple] = []
         self.failed: list[str] = []
         self.stop = threading.Event()
@@ -243,11 +245,18 @@ class Load:
             stream = (worker + n) % 2 == 1
             try:
                 if stream:
-                    doc = {"model": MODEL, "prompt": ids, "max_tokens": self.new, "temperature": 0, "stream": True}
+                    doc = {
+                        "model": MODEL,
+                        "prompt": ids,
+                        "max_tokens": self.stream_new,
+                        "temperature": 0,
+                        "stream": True,
+                    }
                     got = _post(self.url, "/v1/completions", doc, True)
                 else:
                     got = _post(self.url, "/generate", {"input_ids": ids, "max_new_tokens": self.new}, False)
-                self.results.append((stream, ids, time.monotonic(), *got))
+                new = self.stream_new if stream else self.new
+                self.results.append((stream, ids, new, time.monotonic(), *got))
             except Exception as e:  # noqa: BLE001 - a cut connection is what the test looks for
                 self.failed.append(f"{'stream' if stream else 'generate'}: {type(e).__name__}: {e}")
             n += 1
@@ -269,14 +278,14 @@ def _alone(lm, ids: list[int], new: int) -> tuple[list[int], str]:
     return tokens, run.texts[0]
 
 
-def _check_answers(lm, results, new: int) -> dict:
+def _check_answers(lm, results) -> dict:
     """Every answer equal to its request alone; a stream cut by a lost replica a prefix of it, ending with the clean
     error event. Returns counts (retried: answers that took more than one attempt; cut: streams cut)."""
     cache: dict[tuple, tuple] = {}
     counts = {"generate": 0, "stream": 0, "retried": 0, "cut": 0}
-    for stream, ids, _, status, headers, body in results:
+    for stream, ids, new, _, status, headers, body in results:
         assert status == 200, (status, body)
-        want_tokens, want_text = cache.setdefault(tuple(ids), _alone(lm, ids, new))
+        want_tokens, want_text = cache.setdefault((new, *ids), _alone(lm, ids, new))
         counts["retried"] += int(headers.get("x-attnzoo-failover", "1")) > 1
         if not stream:
             assert json.loads(body)["tokens"] == ids + want_tokens
@@ -312,18 +321,21 @@ def test_replicas_spread_over_both_nodes_grow_under_load_and_shrink_after(cluste
     finally:
         load.end()
     assert not load.failed, load.failed[:3]
-    counts = _check_answers(lm, load.results, load.new)
+    counts = _check_answers(lm, load.results)
     assert counts["generate"] and counts["stream"] and not counts["cut"], counts
     _wait("the second replica gone after the load", lambda: _replicas(head) + _replicas(work) == 1, 300)
 
 
-def _nodes_answering(results) -> set[str]:
-    out = set()
-    for stream, *_, status, headers, _body in results:
+def _nodes_answering(results) -> dict[str, int]:
+    """{namespace: /generate answers} (each answer names its replica's process, whose namespace says the node)."""
+    out: dict[str, int] = {}
+    for stream, *_, status, headers, _body in list(results):
         if not stream and status == 200 and "x-attnzoo-replica" in headers:
             pid = headers["x-attnzoo-replica"].rsplit(":", 1)[1]
-            out.add(_ip("netns", "identify", pid, check=False).stdout.strip())
-    return out - {""}
+            ns = _ip("netns", "identify", pid, check=False).stdout.strip()
+            if ns:
+                out[ns] = out.get(ns, 0) + 1
+    return out
 
 
 def test_a_node_stopped_mid_load_loses_no_request_that_can_be_retried(cluster, lm):
@@ -331,21 +343,23 @@ def test_a_node_stopped_mid_load_loses_no_request_that_can_be_retried(cluster, l
     not yet started is answered whole (the head's proxy sent it again), a stream under way ends with OpenAI's error
     event (code replica_lost) after a prefix of its answer; the surviving replica answers after."""
     url, head, work, _ = cluster
-    load = Load(url, head, _prompts(lm), threads=8)
+    load = Load(url, head, _prompts(lm), threads=8, stream_new=160)  # long streams: some under way at the stop
     try:
         _wait("a replica on each node", lambda: _replicas(head) == 1 and _replicas(work) == 1, 300, load)
-        _wait("answers from both replicas", lambda: len(_nodes_answering(load.results)) == 2, 300, load)
+        # the second node's replica in its stride (a few answers), so that it holds requests when it stops
+        _wait("answers from both replicas", lambda: min(_nodes_answering(load.results).values(), default=0) >= 4 and
+              len(_nodes_answering(load.results)) == 2, 300, load)  # fmt: skip
         for pid in _pids(work):  # the node stops at once: no goodbye to its peers
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         killed = time.monotonic()
-        _wait("ten answers after the node stopped", lambda: sum(r[2] > killed for r in load.results) >= 10, 300, load)
+        _wait("ten answers after the node stopped", lambda: sum(r[3] > killed for r in load.results) >= 10, 300, load)
     finally:
         load.end()
     assert not load.failed, load.failed[:3]
-    counts = _check_answers(lm, load.results, load.new)
+    counts = _check_answers(lm, load.results)
     assert counts["retried"] + counts["cut"] >= 1, counts  # some request was on the lost node when it stopped
     assert _replicas(work) == 0 and _replicas(head) == 1
     print(f"node lost mid-load: {counts}")
