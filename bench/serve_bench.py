@@ -168,20 +168,19 @@ def run(
     servers: list[str],
     concurrency: list[int],
     rates: list[float],
-    requests: int,
     threads: int,
     slots: int,
     capacity: int,
     seed: int,
     work: Path,
     llama: Path | None,
-    max_prompt: int,
-    max_output: int,
+    asks: list,
+    run_level,
     progress=None,
 ) -> dict[str, Any]:
-    """Every (precision, server, level): the servers one at a time, each started fresh per precision."""
-    from serve.loadtest.openai_bench import run_level, sharegpt_like
-
+    """Every (precision, server, level): the servers one at a time, each started fresh per precision. `asks` (the
+    workload) and `run_level` (one level against a URL) are serve.loadtest.openai_bench's, passed in by the CLI
+    (bench sits beside serve in the layers, not above it)."""
     from .machine import machine_info
 
     if "llama-server" in servers and (llama is None or not llama.is_file()):
@@ -193,7 +192,7 @@ def run(
     quantize = llama.with_name("llama-quantize") if llama is not None else None
     work.mkdir(parents=True, exist_ok=True)
     models = prepare_models(work, precisions, quantize, gguf_py if "llama-server" in servers else None)
-    asks = sharegpt_like(requests, seed, max_prompt=max_prompt, max_output=max_output)
+    load_before = round(os.getloadavg()[0], 2)  # the host is shared: its 1-minute load, before and after
     levels = [("concurrency", c) for c in concurrency] + [("rate", r) for r in rates]
     rows = []
     port = 8700 + os.getpid() % 200
@@ -215,16 +214,40 @@ def run(
             finally:
                 server.stop()
     lengths = {"prompt": [len(a.prompt) for a in asks], "output": [a.max_tokens for a in asks]}
+    machine = machine_info()
+    flags = (
+        Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0]
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
+    machine["avx512f"] = " avx512f" in flags
+    machine["load_before_after"] = [load_before, round(os.getloadavg()[0], 2)]
     return {
-        "machine": machine_info(),
+        "machine": machine,
         "threads": threads,
         "slots": slots,
         "capacity": capacity,
-        "requests": requests,
+        "requests": len(asks),
         "seed": seed,
         "lengths": lengths,
         "rows": rows,
     }
+
+
+def markdown(report: dict, table: str) -> str:
+    """The page beside the JSON: what ran, on what, the table and the command."""
+    m = report["machine"]
+    lengths = report["lengths"]
+    mean = {k: round(sum(v) / len(v), 1) for k, v in lengths.items()}
+    return (
+        f"# attnzoo serve against llama.cpp's llama-server\n\n"
+        f"CPU: {m.get('cpu')} ({m.get('usable_cpus')} usable cores, avx512f: {'yes' if m.get('avx512f') else 'no'}); "
+        f"1-minute load before / after: {m['load_before_after'][0]} / {m['load_before_after'][1]} (a shared host).\n"
+        f"{report['threads']} threads each, {report['slots']} concurrent rows (attnzoo --max-batch, llama-server -np), "
+        f"{report['capacity']} positions per row; {report['requests']} requests per level, prompt / output tokens "
+        f"mean {mean['prompt']} / {mean['output']} (seeded, ShareGPT-shaped).\n\n{table}\n\nCommand: "
+        f"`{report['command']}`\n"
+    )
 
 
 def plot(report: dict, path: Path) -> None:

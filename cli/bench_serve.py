@@ -57,7 +57,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from bench.jobs import BenchError
     from bench.machine import default_threads
     from bench.serve_bench import plot, run
-    from serve.loadtest.openai_bench import format_table
+    from serve.loadtest.openai_bench import format_table, run_level, sharegpt_like
     from zoo.files import write_atomic
 
     servers = args.servers or list(SERVERS)
@@ -75,15 +75,14 @@ def run_serve(args: argparse.Namespace) -> int:
         servers=servers,
         concurrency=concurrency,
         rates=rates,
-        requests=args.requests,
         threads=threads,
         slots=args.slots,
         capacity=args.capacity,
         seed=args.seed,
         work=args.serve_dir,
         llama=args.llama_server,
-        max_prompt=args.max_prompt,
-        max_output=args.max_output,
+        asks=sharegpt_like(args.requests, args.seed, max_prompt=args.max_prompt, max_output=args.max_output),
+        run_level=run_level,
         progress=lambda r: print(
             f"{r['server']} {r['precision']} {r['mode']} {r['value']}: {r['output_tokens_per_s']} tok/s, "
             f"TTFT p99 {r['ttft_ms']['p99']} ms, {r['errors']} errors",
@@ -104,8 +103,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.json:
         import json
 
+        from bench.serve_bench import markdown
+
         write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
-        print(f"wrote {args.json}")
+        page = markdown(report, table)
+        write_atomic(Path(args.json).with_suffix(".md"), lambda tmp: tmp.write_text(page))
+        print(f"wrote {args.json} and {Path(args.json).with_suffix('.md')}")
     if args.plot:
         plot(report, Path(args.plot))
         print(f"wrote {args.plot}")
