@@ -201,9 +201,9 @@ def run(
             server = start_server(kind, models[(kind, p)], port, threads, slots, capacity, work, llama)
             try:
                 model = served_model(server.url)
-                idle = server.rss()  # before any request: the server's floor (attnzoo's: its Ray daemons too)
                 extra = {"ignore_eos": True} if kind == "llama-server" else {}
                 run_level(server.url, model, asks[:2], concurrency=1, extra=extra)  # warm-up, not reported
+                idle = server.rss()  # warm, no request under way (attnzoo's: its Ray daemons too)
                 for mode, value in levels:
                     kw = {"concurrency": value} if mode == "concurrency" else {"rate": value, "seed": seed}
                     row = run_level(server.url, model, asks, extra=extra, sampler=server.rss, **kw)
