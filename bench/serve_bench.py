@@ -198,6 +198,7 @@ def run(
     port = 8700 + os.getpid() % 200
     for p in precisions:
         for kind in servers:
+            port += 1  # a port of its own per server: the last one's may still be held a moment after it stops
             server = start_server(kind, models[(kind, p)], port, threads, slots, capacity, work, llama)
             try:
                 model = served_model(server.url)
