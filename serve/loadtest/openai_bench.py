@@ -39,8 +39,8 @@ PROMPT_MEDIAN, PROMPT_SIGMA = 128, 1.0
 OUTPUT_MEDIAN, OUTPUT_SIGMA = 96, 0.7
 
 
-class BenchClientError(AttnzooError, RuntimeError):
-    """The server could not be benchmarked (not reachable, no model listed)."""
+class BenchClientError(AttnzooError, ValueError):
+    """A level asked for wrongly (both or neither of concurrency and rate)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def run_level(
     `sampler`, when given, is called about every 0.2 s while the level runs (a server's memory) and its largest
     value reported as `peak`. Returns the level's summary (summarize)."""
     if (concurrency is None) == (rate is None):
-        raise ValueError("give concurrency or rate, not both")
+        raise BenchClientError("give concurrency or rate, not both")
     results: list[Result] = []
     lock = threading.Lock()
     stop = threading.Event()
