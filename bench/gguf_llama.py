@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 try:  # attnzoo's error root where attnzoo is importable (the bench's own process, the tests)
     from zoo.errors import AttnzooError
@@ -183,9 +184,13 @@ def write_llama_gguf(folder: str, out: str) -> dict:
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return version(package)
+    try:
+        return version(package)
+    except PackageNotFoundError:  # imported from a source tree on the path (llama.cpp's gguf-py): no metadata
+        module = __import__(package)
+        return f"source at {Path(module.__file__).parent}"
 
 
 def _gguf_tensor_types(path: str) -> dict[str, int]:

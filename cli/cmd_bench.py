@@ -22,6 +22,7 @@ from bench.jobs import (  # the vocabulary only: what measures (torch, onnxrunti
 from bench.report import PLOT_FORMATS, format_table, plot, write_json
 from export.names import DEVICES, PRECISIONS, SESSION_DTYPES
 
+from .bench_serve import add_serve_arguments, run_serve
 from .common import choice_list, int_list, with_set, with_tf32
 
 
@@ -129,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="with --decode: past lengths, e.g. 128,1024,4096,16384 (the default)",
     )
+    add_serve_arguments(parser)
     gen = parser.add_argument_group("whole-model generation (--generate; bench/generate.py)")
     gen.add_argument(
         "--generate",
@@ -235,6 +237,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     _check_flags(args)
     from zoo.files import ensure_writable_parent
 
+    if args.serve:  # the serving benchmark against llama-server (cli/bench_serve.py)
+        return run_serve(args)
     for out in (args.json, args.plot):  # fail now, not after minutes of measuring
         if out:
             ensure_writable_parent(Path(out))

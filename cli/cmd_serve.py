@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import signal
 import sys
 import tempfile
@@ -13,12 +12,12 @@ from pathlib import Path
 
 import zoo
 from export.names import DTYPES, PROVIDERS, SESSION_DTYPES
-from zoo.files import ensure_writable_parent, write_atomic
 
 from . import interrupt
-from .common import CliError, int_list, number_in, positive, refuse_broken_cuda, shipped_folder, with_set, with_tf32
+from .common import CliError, number_in, positive, refuse_broken_cuda, shipped_folder, with_set, with_tf32
 from .serve_model import auth_header, capacity_line, folder_target, model_path, served_facts
 from .serve_ops import ops_from, with_ops
+from .serve_scale import add_scale_flags, failover_on, scale_options
 
 
 def _need(module: str, what: str) -> None:
@@ -52,6 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "batching": args.batching,
         "capacity": args.capacity,
+        **scale_options(args),
     }
     check_options(**options)  # before an export, which may take a while
     if args.cuda_graph:  # a CUDA graph replays packed rows on CUDA: said before Ray or an export starts
@@ -98,7 +98,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt)  # and again after Serve's start, on the same ground
         try:
             wait_ready(dep.url)
-            print(f"ready: serving {path} at {dep.url} ({dep.replicas} replica(s), {dep.provider}); Ctrl-C stops")
+            print(f"ready: serving {path} at {dep.url} ({dep.size}, {dep.provider}); Ctrl-C stops")
+            if args.address is not None and not failover_on(dep.url):
+                print(
+                    "  note: this cluster's HTTP proxy does not retry a lost replica's requests; start its head with "
+                    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.failover.proxy_middlewares (docs/serving.md)"
+                )
             auth = auth_header(api_key, args.api_key)
             if api_key:
                 print("  every route but /healthz asks for the API key: Authorization: Bearer KEY")
@@ -208,76 +213,6 @@ def cmd_triton(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def cmd_loadtest(args: argparse.Namespace) -> int:
-    from serve.loadtest import format_report, loadtest
-
-    if args.chat:
-        return _chat_loadtest(args)
-    if args.kill_after is not None:
-        _need("ray", "--kill-after")
-    if args.json:
-        ensure_writable_parent(Path(args.json))
-    if args.model and not Path(args.model).is_file():
-        raise CliError(f"--model {args.model}: no such file (give the .onnx file the server runs)")
-    report = loadtest(
-        args.url,
-        concurrency=args.concurrency,
-        requests=args.requests,
-        seqs=args.seq,
-        batch=args.batch,
-        binary=not args.json_bodies,
-        bad_fraction=args.bad_fraction,
-        model=args.model,
-        kill_after=args.kill_after,
-        ray_address=args.ray_address,
-        app=args.app,
-        retries=args.retries,
-        warmup=args.warmup,
-        seed=args.seed,
-        new_tokens=args.new_tokens,
-        progress=lambda lv: print(
-            f"concurrency {lv['concurrency']}: {lv['throughput_rps']} req/s"
-            + (f", {lv['tokens_per_s']} tokens/s" if lv.get("tokens_per_s") is not None else ""),
-            file=sys.stderr,
-            flush=True,
-        ),
-    )
-    print(format_report(report))
-    if args.json:
-        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
-        print(f"wrote {args.json}")
-    broken = sum(lv["good_wrong"] + (lv["bad"] - lv["bad_4xx"]) for lv in report["levels"])
-    return 1 if broken else 0
-
-
-def _chat_loadtest(args: argparse.Namespace) -> int:
-    """--chat: streamed POST /v1/chat/completions (serve/loadtest/chat.py): tokens/s and time to first token."""
-    from serve.auth import key_from
-    from serve.loadtest.chat import chat_loadtest, format_chat_report
-
-    if args.json:
-        ensure_writable_parent(Path(args.json))
-    report = chat_loadtest(
-        args.url,
-        concurrency=args.concurrency,
-        requests=args.requests,
-        max_tokens=args.new_tokens,
-        api_key=key_from(args.api_key),
-        warmup=args.warmup,
-        seed=args.seed,
-        progress=lambda lv: print(
-            f"concurrency {lv['concurrency']}: {lv['tokens_per_s']} tokens/s, TTFT p50 {lv['ttft_p50_ms']} ms",
-            file=sys.stderr,
-            flush=True,
-        ),
-    )
-    print(format_chat_report(report))
-    if args.json:
-        write_atomic(Path(args.json), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
-        print(f"wrote {args.json}")
-    return 1 if any(lv["errors"] for lv in report["levels"]) else 0
-
-
 _fraction = number_in(float, 0, below=1)
 _count = number_in(int, 0)
 _nonneg = number_in(float, 0)
@@ -335,7 +270,10 @@ def add_commands(sub) -> None:
         "checkpoint folder (exported whole for --provider in --dtype; an encoder or sentence-transformers folder is "
         "served on /v1/embeddings), or a zoo name (exported with --mask first)",
     )
-    sp.add_argument("--replicas", type=positive, default=1)
+    sp.add_argument(
+        "--replicas", type=positive, default=1, help="replicas (default 1); with --autoscale, the number it starts with"
+    )
+    add_scale_flags(sp)
     sp.add_argument("--provider", default="cpu", choices=PROVIDERS, help="cuda: one GPU per replica")
     with_tf32(sp)
     sp.add_argument("--max-batch", type=positive, default=16, help="rows (sequences) per model run (default 16)")
@@ -414,34 +352,6 @@ def add_commands(sub) -> None:
     with_set(sp)
     sp.set_defaults(func=cmd_triton)
 
-    sp = sub.add_parser(
-        "loadtest", help="load an `attnzoo serve` URL: throughput (tokens/s for a whole model), p50/p95/p99, errors"
-    )
-    sp.add_argument("url", type=_http_url, help="e.g. http://127.0.0.1:8000/")
-    sp.add_argument("--concurrency", type=int_list, default=[1, 16], help="levels, e.g. 1,16 (default 1,16)")
-    sp.add_argument("--requests", type=positive, default=200, help="requests per level (default 200)")
-    sp.add_argument(
-        "--seq", type=int_list, default=[16, 32, 64, 128], help="T of the requests (a whole model: prompt lengths)"
-    )
-    sp.add_argument(
-        "--new-tokens", type=positive, default=32, help="a whole model (POST /generate): new tokens per request"
-    )
-    sp.add_argument("--batch", type=positive, default=1, help="sequences per request (default 1)")
-    sp.add_argument("--json-bodies", action="store_true", help="send JSON instead of .npy bodies")
-    sp.add_argument("--bad-fraction", type=_fraction, default=0.0, help="share of malformed requests, e.g. 0.05")
-    sp.add_argument("--model", help="the served .onnx file: every answer is checked against it")
-    sp.add_argument("--kill-after", type=_nonneg, default=None, help="kill one replica this many seconds in")
-    sp.add_argument("--ray-address", default="auto", help="the Ray cluster of the server (for --kill-after)")
-    sp.add_argument("--app", default="attnzoo", help="the Ray Serve application name (for --kill-after)")
-    sp.add_argument("--retries", type=_count, default=1, help="client retries of a failed request (default 1)")
-    sp.add_argument("--warmup", type=_count, default=8, help="uncounted requests first (default 8)")
-    sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--json", help="also write the report as JSON")
-    sp.add_argument(
-        "--chat",
-        action="store_true",
-        help="a whole model's POST /v1/chat/completions, streamed: tokens/s and time to first token "
-        "(--new-tokens: max_tokens)",
-    )
-    sp.add_argument("--api-key", default=None, help="--chat: the server's API key (default: $ATTNZOO_API_KEY)")
-    sp.set_defaults(func=cmd_loadtest)
+    from . import cmd_loadtest
+
+    cmd_loadtest.add_commands(sub)

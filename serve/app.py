@@ -10,6 +10,7 @@ from typing import Any
 
 from zoo import MissingFileError
 
+from . import failover
 from .auth import key_digest
 from .blocks.app import OnnxServer
 from .blocks.protocol import (
@@ -43,6 +44,14 @@ class Deployment:
     model: Path
     started_ray: bool  # this process connected to Ray in `start`
     own_cluster: bool = False  # ...and the cluster is its own (embedded), not one it joined
+    autoscale: tuple[int, int] | None = None  # (min, max) replicas when Ray Serve's autoscaler sizes it
+
+    @property
+    def size(self) -> str:
+        """ "2 replica(s)", or "1..4 replicas (autoscaled)"."""
+        if self.autoscale:
+            return f"{self.autoscale[0]}..{self.autoscale[1]} replicas (autoscaled)"
+        return f"{self.replicas} replica(s)"
 
     def shutdown(self) -> None:
         """Delete the application; stop Serve and Ray when they are this process's own (a joined
@@ -70,6 +79,12 @@ def check_options(
     batch_wait_ms: float,
     cpus_per_replica: float,
     route_prefix: str,
+    autoscale: tuple[int, int] | None = None,
+    target_ongoing_requests: float = 2.0,
+    max_ongoing_requests: int | None = None,
+    upscale_delay_s: float = 30.0,
+    downscale_delay_s: float = 600.0,
+    autoscale_window_s: float = 30.0,
 ) -> None:
     """ServeError for the first of `start`'s settings that cannot serve (a caller that makes the model first,
     such as the CLI exporting a checkpoint folder, checks them before that work)."""
@@ -91,6 +106,53 @@ def check_options(
         raise ServeError(f"cpus_per_replica={cpus_per_replica!r} must be >= 0")
     if not route_prefix.startswith("/"):
         raise ServeError(f"route_prefix={route_prefix!r} must start with '/'")
+    if max_ongoing_requests is not None and (isinstance(max_ongoing_requests, bool) or max_ongoing_requests < 1):
+        raise ServeError(f"max_ongoing_requests={max_ongoing_requests!r} must be a positive integer")
+    if autoscale is None:
+        return
+    low, high = autoscale
+    if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high and high >= 1):
+        raise ServeError(f"autoscale={autoscale!r} must be MIN:MAX replicas with 0 <= MIN <= MAX and MAX >= 1")
+    if not target_ongoing_requests > 0:
+        raise ServeError(f"target_ongoing_requests={target_ongoing_requests!r} must be > 0")
+    for name, v in (("upscale_delay_s", upscale_delay_s), ("downscale_delay_s", downscale_delay_s)):
+        if not 0 <= v <= 86_400:
+            raise ServeError(f"{name}={v!r} must be between 0 and 86400 seconds")
+    if not 0 < autoscale_window_s <= 3600:
+        raise ServeError(f"autoscale_window_s={autoscale_window_s!r} must be > 0 and at most 3600 seconds")
+
+
+def scaling(
+    *,
+    replicas: int,
+    max_batch: int,
+    autoscale: tuple[int, int] | None,
+    target_ongoing_requests: float,
+    max_ongoing_requests: int | None,
+    upscale_delay_s: float,
+    downscale_delay_s: float,
+    autoscale_window_s: float,
+) -> dict[str, Any]:
+    """serve.deployment's sizing options: a fixed num_replicas, or Ray Serve's own autoscaler (autoscaling_config:
+    min/max replicas, starting from `replicas` clipped into them, target_ongoing_requests per replica, its delays and
+    look-back window); max_ongoing_requests, by default room for a full batch waiting while another runs."""
+    out: dict[str, Any] = {"max_ongoing_requests": max_ongoing_requests or max(2 * max_batch, 8)}
+    if autoscale is None:
+        out["num_replicas"] = replicas
+        return out
+    low, high = autoscale
+    out["autoscaling_config"] = {
+        "min_replicas": low,
+        "max_replicas": high,
+        "initial_replicas": min(max(replicas, low), high),
+        "target_ongoing_requests": target_ongoing_requests,
+        "upscale_delay_s": upscale_delay_s,
+        "downscale_delay_s": downscale_delay_s,
+        "look_back_period_s": autoscale_window_s,
+    }
+    if autoscale_window_s <= 10:  # Ray asks the window to be longer than its (deprecated) 10 s metrics interval
+        out["autoscaling_config"]["metrics_interval_s"] = autoscale_window_s / 2
+    return out
 
 
 def start(
@@ -118,6 +180,12 @@ def start(
     cuda_graph: bool = False,
     tool_call_parser: str | None = None,
     ops: ServeOps | None = None,
+    autoscale: tuple[int, int] | None = None,
+    target_ongoing_requests: float = 2.0,
+    max_ongoing_requests: int | None = None,
+    upscale_delay_s: float = 30.0,
+    downscale_delay_s: float = 600.0,
+    autoscale_window_s: float = 30.0,
 ) -> Deployment:
     """Serve the .onnx file `model` with Ray Serve at http://host:port{route_prefix} and return at once.
 
@@ -137,6 +205,12 @@ def start(
     tokenizer the MODEL.tokenizer.json beside it, requests batched across clients up to `max_batch` rows, at most
     `max_tokens` tokens a request). ops: a whole model's admission control, request timeout, prefix cache and access
     log (serve/ops.py ServeOps; default ServeOps()).
+
+    autoscale (MIN, MAX): Ray Serve's own autoscaler sizes the deployment between MIN and MAX replicas (`replicas`
+    the start), aiming at `target_ongoing_requests` per replica, after `upscale_delay_s` / `downscale_delay_s` of
+    load above / below that, averaged over `autoscale_window_s`; max_ongoing_requests: the most requests a replica
+    takes at once (others wait in Serve's router). Replicas spread over the cluster's nodes as Ray places them
+    (each asks `cpus_per_replica` CPUs). A replica lost mid-request: serve/failover.py, in the HTTP proxy.
     """
     from runtime.session import OnnxSession, cuda_status
 
@@ -154,6 +228,22 @@ def start(
         batch_wait_ms=batch_wait_ms,
         cpus_per_replica=cpus_per_replica,
         route_prefix=route_prefix,
+        autoscale=autoscale,
+        target_ongoing_requests=target_ongoing_requests,
+        max_ongoing_requests=max_ongoing_requests,
+        upscale_delay_s=upscale_delay_s,
+        downscale_delay_s=downscale_delay_s,
+        autoscale_window_s=autoscale_window_s,
+    )
+    sizing = scaling(
+        replicas=replicas,
+        max_batch=max_batch,
+        autoscale=autoscale,
+        target_ongoing_requests=target_ongoing_requests,
+        max_ongoing_requests=max_ongoing_requests,
+        upscale_delay_s=upscale_delay_s,
+        downscale_delay_s=downscale_delay_s,
+        autoscale_window_s=autoscale_window_s,
     )
     path = Path(model)
     if not path.is_file():
@@ -206,7 +296,10 @@ def start(
         if provider == "cuda" and ray.cluster_resources().get("GPU", 0) < 1:
             raise ServeError("provider='cuda' asks one GPU per replica, but this Ray cluster has no GPU")
         try:
-            serve.start(http_options={"host": host, "port": port})
+            # A proxy on every node binds `host` there: only a wildcard exists on every node; an address of one
+            # machine (the head's, loopback) gets one proxy, on the head node.
+            location = "EveryNode" if host in ("0.0.0.0", "::") else "HeadOnly"
+            serve.start(proxy_location=location, http_options={"host": host, "port": port})
         except ray.exceptions.RayError as e:  # the HTTP proxy did not come up (killed when its ready check ran out)
             lines = [ln for ln in str(e).splitlines() if ln.strip()]
             raise ServeError(
@@ -219,11 +312,9 @@ def start(
         deployment = serve.deployment(
             server,
             name="onnx",
-            num_replicas=replicas,
             ray_actor_options=options,
-            # Room for a full batch waiting while another runs, per replica.
-            max_ongoing_requests=max(2 * max_batch, 8),
             health_check_period_s=2,
+            **sizing,
         )
         handle = deployment.bind(
             model_files(path),
@@ -251,7 +342,7 @@ def start(
             ray.shutdown()
         raise
     url = f"http://{host}:{port}{route_prefix.rstrip('/')}/"
-    return Deployment(url, app, replicas, provider, path, started_ray, own_cluster)
+    return Deployment(url, app, replicas, provider, path, started_ray, own_cluster, autoscale)
 
 
 _RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -281,6 +372,7 @@ def init_local_ray(**options: Any) -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
     for name, value in SLOW_HOST_TIMEOUTS.items():
         os.environ.setdefault(name, value)
+    os.environ.setdefault(failover.CALLBACK_ENV, failover.CALLBACK)  # the proxy retries a lost replica's requests
     try:
         ray.init(
             address="local",
