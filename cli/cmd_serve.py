@@ -351,7 +351,3 @@ def add_commands(sub) -> None:
     sp.add_argument("--force", action="store_true", help="replace existing model folders")
     with_set(sp)
     sp.set_defaults(func=cmd_triton)
-
-    from . import cmd_loadtest
-
-    cmd_loadtest.add_commands(sub)

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd_zoo.add_commands(sub)
     try:
-        from . import cmd_bench, cmd_embed, cmd_generate, cmd_heads, cmd_onnx, cmd_patch, cmd_serve
+        from . import cmd_bench, cmd_embed, cmd_generate, cmd_heads, cmd_loadtest, cmd_onnx, cmd_patch, cmd_serve
     except ImportError as e:  # ONNX tooling missing: the zoo commands still work
         missing = str(e)
 
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_heads.add_commands(sub)  # analysis, with ONNX latency in ablate
         cmd_patch.add_commands(sub)  # activation patching (analysis)
         cmd_serve.add_commands(sub)  # Ray/Triton are imported only when run
+        cmd_loadtest.add_commands(sub)
         cmd_generate.add_commands(sub)  # whole models: greedy tokens under ONNX Runtime
         cmd_embed.add_commands(sub)  # whole encoders: sentence embeddings
     return p

@@ -83,7 +83,10 @@ class BeamGeneration:
             eos_token_id,
             pad_token_id,
             max_time=max_time,
-            generation_config=generation_config,
+            generation_config={
+                **(generation_config or generation_defaults(sess)),
+                "num_beams": 1,
+            },  # the beams are ours
             **knobs,
         )
         if gen.params.do_sample:
@@ -197,7 +200,7 @@ def generate(
     for name, given in (("processors", processors is not None), ("return_dict_in_generate", as_dict)):
         if given:
             raise zoo.ArgumentError(f"{name}= is taken with beam search here (num_beams > 1); leave it out for greedy")
-    options = without_beams(call, options)
+    options = without_beams(call, options, config)
     return greedy_generate(
         sess, input_ids, max_new_tokens, attention_mask, eos_token_id, pad_token_id, timings=timings, **options
     )

@@ -87,11 +87,15 @@ def split_beam_options(options: dict) -> tuple[dict, dict]:
     return {k: options[k] for k in KEYS if k in options}, {k: v for k, v in options.items() if k not in KEYS}
 
 
-def without_beams(call: dict, options: dict) -> dict:
+def without_beams(call: dict, options: dict, config: dict | None) -> dict:
     """The options of a greedy or sampled run (no beams): a call's num_return_sequences goes back to them, where
-    the sampler takes it (several sampled sequences a row; greedy refuses it, as transformers does)."""
+    the sampler takes it (several sampled sequences a row; greedy refuses it, as transformers does); a call's
+    num_beams (1) overrides the checkpoint's in the run's generation_config, so the run does not say it unapplied."""
     n = call.get("num_return_sequences")
-    return options if n is None else {**options, "num_return_sequences": n}
+    out = options if n is None else {**options, "num_return_sequences": n}
+    if call.get("num_beams") is not None and isinstance(config, dict):
+        out = {**out, "generation_config": {**config, "num_beams": call["num_beams"]}}
+    return out
 
 
 def log_softmax32(logits: np.ndarray) -> np.ndarray:

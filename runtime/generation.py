@@ -392,13 +392,23 @@ def stream(sess: RuntimeSession, input_ids, max_new_tokens: int, attention_mask=
     config = options.get("generation_config")
     config = generation_defaults(sess) if config is None else config
     beams = beam_settings(call, config if isinstance(config, dict) else None)
+    refuse_beams_in_stream(beams)
+    options = without_beams(call, options, config)
+    run = Generation(sess, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
+    yield from stream_pieces(run, tokenizer, one_text)
+
+
+def refuse_beams_in_stream(beams) -> None:
     if beams.on:
         raise zoo.ArgumentError(
             f"num_beams={beams.num_beams} (the call's or the checkpoint's generation_config): beam search does not "
             "stream (its best hypothesis is known at the end); give num_beams=1 to stream, or call generate"
         )
-    options = without_beams(call, options)
-    run = Generation(sess, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
+
+
+def stream_pieces(run, tokenizer, one_text: bool):
+    """A run's steps as a stream yields them: each step's (b,) ids without a tokenizer; with one, each row's text
+    piece (a list a step), or for a one-text prompt its str pieces (empty ones skipped)."""
     for token in run:
         if tokenizer is None:
             yield token

@@ -134,15 +134,21 @@ def refuse_call(call: dict) -> None:
             raise zoo.ArgumentError(f"{key}={value!r}: {REFUSED[key][1]}; leave it out")
 
 
-def unapplied(config: dict | None, call: dict | None = None) -> list[str]:
+def unapplied(config: dict | None, call: dict | None = None, *, beams: bool = False) -> list[str]:
     """What a checkpoint's generation_config.json sets that is not applied here (its REFUSED keys away from their
-    neutral value, unless the call sets them), one phrase each: said where generation runs, never dropped."""
+    neutral value, unless the call sets them), one phrase each: said where generation runs, never dropped. A path
+    that makes greedy or sampled tokens only (beams False: a stream, the server's /v1 routes) says a num_beams > 1
+    too; generate() runs the beams."""
     call = call or {}
-    return [
+    out = [
         f"{key}={value!r} ({REFUSED[key][1]})"
         for key, value in (config or {}).items()
         if key in REFUSED and key not in call and _asks(key, value)
     ]
+    k = (config or {}).get("num_beams")
+    if not beams and "num_beams" not in call and isinstance(k, int) and not isinstance(k, bool) and k > 1:
+        out.append(f"num_beams={k} (beam search runs in generate(); this path makes greedy or sampled tokens)")
+    return out
 
 
 def table_markdown() -> str:

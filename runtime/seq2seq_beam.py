@@ -75,7 +75,10 @@ def beam_generate(sess, input_ids, max_new_tokens: int, attention_mask, beams: B
     ids = np.ascontiguousarray(as_ids(input_ids, "input_ids", sess.vocab), np.int64)
     mask = as_mask(attention_mask, ids.shape)
     k = beams.num_beams
-    run = Seq2SeqGeneration(sess, np.repeat(ids, k, 0), max_new_tokens, np.repeat(mask, k, 0), **options)
+    config = {**sess.generation, **(options.pop("generation_config", None) or {}), "num_beams": 1}  # the beams are ours
+    run = Seq2SeqGeneration(
+        sess, np.repeat(ids, k, 0), max_new_tokens, np.repeat(mask, k, 0), generation_config=config, **options
+    )
     if run.params.do_sample:
         raise zoo.ArgumentError(
             f"num_beams={k} with sampling (beam sampling) is not done here: give do_sample=False (beam search) "

@@ -25,6 +25,7 @@ import zoo
 from .beam_generation import BeamOutput
 from .beam_search import beam_settings, split_beam_options, without_beams
 from .core import RuntimeSession
+from .generation import refuse_beams_in_stream, stream_pieces
 from .generation_keys import unapplied
 from .names import seq2seq_paths
 from .providers import SessionError
@@ -56,7 +57,7 @@ class Seq2SeqSession:
         self.layers = int(meta["attnzoo.layers"])
         self.generation = _settings(json.loads(meta.get("attnzoo.generation") or "{}"))  # a generation_config
         self.provider = self.decoder.provider
-        notes = unapplied(self.generation)
+        notes = unapplied(self.generation, beams=True)  # generate runs the checkpoint's beams
         self.note = f"the checkpoint's generation_config.json sets {'; '.join(notes)}: not applied" if notes else None
 
     def encode(self, input_ids, attention_mask=None) -> list[np.ndarray]:
@@ -108,7 +109,13 @@ class Seq2SeqSession:
                 raise zoo.ArgumentError(
                     f"{name}= is taken with num_beams > 1 here; leave it out for greedy or sampling"
                 )
-        run = Seq2SeqGeneration(self, input_ids, max_new_tokens, attention_mask, **without_beams(call, options))
+        run = Seq2SeqGeneration(
+            self,
+            input_ids,
+            max_new_tokens,
+            attention_mask,
+            **without_beams(call, options, options.get("generation_config") or self.generation),
+        )
         tokens = run.run()
         if timings is not None:
             timings.update(run.timings)
@@ -122,15 +129,11 @@ class Seq2SeqSession:
             if tokenizer is None:
                 raise zoo.ArgumentError("a text prompt needs tokenizer=... (a tokenizers.Tokenizer or tokenizer.json)")
             input_ids = [Codec(tokenizer).encode(input_ids)]
+        call, options = split_beam_options(options)
+        refuse_beams_in_stream(beam_settings(call, self.generation))
+        options = without_beams(call, options, options.get("generation_config") or self.generation)
         run = Seq2SeqGeneration(self, input_ids, max_new_tokens, attention_mask, tokenizer=tokenizer, **options)
-        for token in run:
-            if tokenizer is None:
-                yield token
-            elif one_text:
-                if run.pieces[0]:
-                    yield run.pieces[0]
-            else:
-                yield list(run.pieces)
+        yield from stream_pieces(run, tokenizer, one_text)
 
 
 def _settings(recorded: dict) -> dict:

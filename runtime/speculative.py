@@ -234,26 +234,23 @@ def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, scores, rng)
     token and each of its m candidates. qs: the draft's distribution each candidate was drawn from ([] for prompt
     lookup, or greedy); scores(j): position j's logits through the row's processors (row_scores); rng: the row's
     stream (sampling)."""
-    m = len(cand)
-    for j in range(m + 1):
+    for j, c in enumerate(int(x) for x in cand):
         processed = scores(j)
         if not params.do_sample:
             token = int(processed.argmax())  # first of ties, as plain greedy
-            if j == m or token != cand[j]:
+            if token != c:
                 return j, token
-        else:
-            p = _probs(processed)
-            if j == m:
-                return j, draw(p, rng)
-            c = int(cand[j])
-            if not qs:  # prompt lookup: the target's own draw must be the candidate
-                token = draw(p, rng)
-                if token != c:
-                    return j, token
-            elif rng.random() * qs[j][c] >= p[c]:  # rejected with probability 1 - min(1, p / q)
-                residual = np.maximum(p - qs[j], 0.0)
-                return j, draw(residual if residual.sum() > 0 else p, rng)
-    raise AssertionError("unreachable: the loop returns at j == m")
+            continue
+        p = _probs(processed)
+        if not qs:  # prompt lookup: the target's own draw must be the candidate
+            token = draw(p, rng)
+            if token != c:
+                return j, token
+        elif rng.random() * qs[j][c] >= p[c]:  # rejected with probability 1 - min(1, p / q)
+            residual = np.maximum(p - qs[j], 0.0)
+            return j, draw(residual if residual.sum() > 0 else p, rng)
+    processed = scores(len(cand))  # every candidate kept: the target's own token after them
+    return len(cand), int(processed.argmax()) if not params.do_sample else draw(_probs(processed), rng)
 
 
 __all__ = ["FIRST_K", "MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation", "verdict"]

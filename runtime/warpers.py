@@ -9,6 +9,8 @@ result is the same, at the cost of the kept few instead of the vocabulary.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 
 F32 = np.float32
@@ -52,7 +54,7 @@ def live_columns(live: np.ndarray, k: int) -> np.ndarray:
     return idx if b else idx.reshape(0, k)
 
 
-class Warper:
+class Warper(ABC):
     """A unit whose `remove(scores) -> mask` names the tokens to drop; it runs over the live tokens when few are."""
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -67,8 +69,9 @@ class Warper:
             return out
         return np.where(self.remove(scores), NEG_INF, scores)
 
+    @abstractmethod
     def remove(self, scores: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """(n v) bool: the tokens this warper removes from its rows."""
 
 
 class Temperature:

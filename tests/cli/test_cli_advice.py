@@ -172,12 +172,12 @@ def test_generate_cuda_graph_is_refused_before_any_export_where_it_cannot_replay
 
 
 def test_generate_takes_the_shipped_checkpoints_bare_name(tmp_path, monkeypatch):
-    from cli.cmd_generate import SHIPPED, _source
+    from cli.generate_sources import SHIPPED, source_path
 
     monkeypatch.chdir(tmp_path)  # wherever the command runs
-    assert _source("tiny-stdlib-llama") == SHIPPED / "tiny-stdlib-llama"
+    assert source_path("tiny-stdlib-llama") == SHIPPED / "tiny-stdlib-llama"
     (tmp_path / "tiny-stdlib-llama").mkdir()  # a folder of that name here is what it names
-    assert _source("tiny-stdlib-llama") == Path("tiny-stdlib-llama")
+    assert source_path("tiny-stdlib-llama") == Path("tiny-stdlib-llama")
 
 
 def test_generate_warns_past_the_models_positions_and_echoes_a_long_prompt_short(capsys, tmp_path, monkeypatch):

@@ -147,5 +147,9 @@ def test_a_key_not_applied_is_refused_in_a_call_and_said_from_a_checkpoint(lm):
             sess, ids.numpy(), 2, mask.numpy(), generation_config={**BASE, "num_beam_groups": 2}
         )
     assert "num_beam_groups=2" in run.note and "group beam search" in run.note
+    # a checkpoint's beams run in generate(); a path of greedy or sampled tokens says it does not run them
+    with pytest.warns(UserWarning, match="num_beams=4"):
+        run = generation.Generation(sess, ids.numpy(), 2, mask.numpy(), generation_config={**BASE, "num_beams": 4})
+    assert "beam search runs in generate()" in run.note
     with pytest.raises(zoo.ArgumentError, match="num_return_sequences"):
         sess.generate(ids.numpy(), 2, mask.numpy(), num_return_sequences=2)  # greedy copies: refused as there

@@ -128,6 +128,18 @@ def test_the_checkpoints_beam_settings_are_the_default(seq2seq_pairs):
     assert not torch.equal(want, greedy)
 
 
+def test_a_stream_refuses_the_checkpoints_beams_by_name(seq2seq_pairs):
+    """A stream makes greedy or sampled tokens: a checkpoint asking beams is refused there, not streamed greedily."""
+    _, _, path = seq2seq_pairs("bart")
+    sess = Seq2SeqSession(path)
+    ids, mask = seq2seq_cases.batch()
+    sess.generation.update(num_beams=3)
+    with pytest.raises(zoo.ArgumentError, match="num_beams=3 .*does not stream"):
+        list(sess.stream(ids, 4, mask))
+    assert len(list(sess.stream(ids, 4, mask, num_beams=1))) >= 1
+    assert sess.note is None or "num_beams" not in sess.note  # generate runs them: nothing to say
+
+
 def test_generation_settings_read_the_beam_keys(tmp_path):
     import json
 
