@@ -125,10 +125,9 @@ def _probe() -> tuple[bool, str]:
     rt = ort()
     if CUDA not in rt.get_available_providers():
         return False, f"onnxruntime {rt.__version__} ({rt.get_device()} build) has no CUDA provider"
-    try:  # only where the GPU build is installed: torch's CUDA wheels and the GPU's name, when it is there
-        import torch
-    except ImportError:  # a deployment without torch: onnxruntime finds the nvidia-* wheels itself
-        torch = None
+    # torch only where the process has it already (its CUDA build says where the nvidia-* wheels are, and the GPU's
+    # name): importing it here cost an exported model's CLI run 1.4 s; without it onnxruntime finds the wheels itself
+    torch = sys.modules.get("torch")
     if hasattr(rt, "preload_dlls") and (torch is None or torch.version.cuda is not None):
         try:
             rt.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels beside torch

@@ -69,7 +69,7 @@ def cases(cached_tiny, encoder_onnx) -> dict:
         "generate a cached folder, a refusal": ["generate", str(folder), "--prompt-ids", "1,999", *run],
         "generate an .onnx": ["generate", str(onnx_path), "--prompt-ids", "100,101", *run],
         "generate an .onnx, a refusal": ["generate", str(onnx_path), "--prompt-ids", "1", "--precision", "int8"],
-        "embed an .onnx": ["embed", str(encoder_onnx), "--text", "hello world", "--provider", "cpu"],
+        "embed an .onnx": ["embed", str(encoder_onnx), "--text", "hello world"],  # provider auto: the CUDA probe too
         "embed an .onnx, a refusal": ["embed", str(encoder_onnx)],
         "generate a Hub id": ["generate", "meta-llama/Llama-3.2-1B", "--prompt", "hi"],
     }
@@ -106,3 +106,20 @@ def test_refusals_on_an_exported_model_are_one_line_without_torch(runs, case, wo
     run = runs[case]
     lines = run["err"].strip().splitlines()
     assert run["rc"] == 2 and len(lines) == 1 and words in lines[0], run
+
+
+def test_an_exported_encoder_at_provider_auto_leaves_an_installed_torch_unimported(encoder_onnx):
+    """Where torch is installed, the CUDA probe of --provider auto does not import it either (it took an
+    exported model's run 1.4 s): onnxruntime finds the nvidia-* wheels itself."""
+    code = textwrap.dedent(
+        f"""
+        import contextlib, io, sys
+        from cli.entry import main
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+            main(["embed", {str(encoder_onnx)!r}, "--text", "hello world"])
+        print("torch" in sys.modules)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == "False", (p.stdout[-2000:], p.stderr[-2000:])
