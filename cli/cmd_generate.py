@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from pathlib import Path
 
 from export.names import DTYPES, KV_PRECISIONS, PRECISIONS, PROVIDERS
 from zoo.files import ensure_writable_parent, write_atomic
 
-from . import interrupt
 from .common import CliError, number_in, positive, refuse_broken_cuda, with_tf32
 from .export_cache import (
     _cache_root,
@@ -36,6 +34,7 @@ from .generate_flags import (
     chat_prompt,
     options,
     read_prompt,
+    run_live,
     short,
     speculates,
 )
@@ -293,21 +292,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     live = sys.stdout.isatty() if args.stream is None else args.stream
-    if live:
-        echo = short(tok.decode(ids)) if tok is not None else f"{len(ids)} prompt tokens"
-        print(f"{echo!r} ->" if tok is not None else f"{echo} ->", end=" ", flush=True)
-    started = time.perf_counter()
-    try:
-        for token in run:
-            if live:
-                print(run.pieces[0] if tok is not None else f"{int(token[0])} ", end="", flush=True)
-    except KeyboardInterrupt:
-        interrupt.handled()
-        print(f"\nattnzoo generate: interrupted after {run.made} new tokens", file=sys.stderr)
+    total = run_live(run, tok, ids, live)
+    if total is None:
         return 130
-    total = time.perf_counter() - started
-    if live:
-        print()
     timings = dict(run.timings)
     tokens = run.tokens
     new = tokens.shape[1] - len(ids)

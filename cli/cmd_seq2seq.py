@@ -122,8 +122,7 @@ def cmd_generate(args: argparse.Namespace, source: Path, cached: Path, prompt_id
     from runtime.seq2seq_generation import Seq2SeqGeneration
     from runtime.seq2seq_session import Seq2SeqSession
 
-    from . import interrupt
-    from .generate_flags import chat_prompt, options, short
+    from .generate_flags import chat_prompt, options, run_live, short
 
     if args.json:
         ensure_writable_parent(Path(args.json))
@@ -161,21 +160,9 @@ def cmd_generate(args: argparse.Namespace, source: Path, cached: Path, prompt_id
     if sess.note:
         print(f"note   {sess.note}")
     live = sys.stdout.isatty() if args.stream is None else args.stream
-    if live:
-        echo = short(tok.decode(ids)) if tok is not None else f"{len(ids)} prompt tokens"
-        print(f"{echo!r} ->" if tok is not None else f"{echo} ->", end=" ", flush=True)
-    started = time.perf_counter()
-    try:
-        for token in run:
-            if live:
-                print(run.pieces[0] if tok is not None else f"{int(token[0])} ", end="", flush=True)
-    except KeyboardInterrupt:
-        interrupt.handled()
-        print(f"\nattnzoo generate: interrupted after {run.made} new tokens", file=sys.stderr)
+    total = run_live(run, tok, ids, live)
+    if total is None:
         return 130
-    total = time.perf_counter() - started
-    if live:
-        print()
     tokens, timings = run.tokens, dict(run.timings)
     row = tokens[0].tolist()
     new = len(row) - 1

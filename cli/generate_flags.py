@@ -174,6 +174,32 @@ def add_speculation_flags(sp) -> None:
     )
 
 
+def run_live(run, tok, ids: list[int], live: bool) -> float | None:
+    """Every step of a generation run (a decoder's or an encoder-decoder's), each piece printed as it comes when
+    `live`; the seconds it took, or None after Ctrl-C (said in one line: exit 130)."""
+    import sys
+    import time
+
+    from . import interrupt
+
+    if live:
+        echo = short(tok.decode(ids)) if tok is not None else f"{len(ids)} prompt tokens"
+        print(f"{echo!r} ->" if tok is not None else f"{echo} ->", end=" ", flush=True)
+    started = time.perf_counter()
+    try:
+        for token in run:
+            if live:
+                print(run.pieces[0] if tok is not None else f"{int(token[0])} ", end="", flush=True)
+    except KeyboardInterrupt:
+        interrupt.handled()
+        print(f"\nattnzoo generate: interrupted after {run.made} new tokens", file=sys.stderr)
+        return None
+    total = time.perf_counter() - started
+    if live:
+        print()
+    return total
+
+
 def short(text: str, keep: int = 60) -> str:
     """A long prompt's echo: its start and end."""
     return text if len(text) <= 2 * keep + 5 else f"{text[:keep]} ... {text[-keep:]}"
