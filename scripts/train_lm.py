@@ -40,7 +40,7 @@ from bench.checkpoints import BOS, EOS, PAD, save_tokenizer  # noqa: E402  (the 
 
 NAME = "tiny-stdlib-llama"
 SEED = 1234
-THREADS = 1  # bit-reproducible at any fixed count; 1 because 2 threads are slower than 1 on a shared 2-core box
+THREADS = 1  # bit-reproducible at any fixed count (--threads); 1 because 2 threads are slower than 1 on a shared box
 VOCAB = 259  # the 256 bytes, then BOS, EOS, PAD
 CONTEXT = 256
 BATCH = 8
@@ -63,6 +63,15 @@ SHAPE = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
+# --hidden/--layers/--heads/--kv-heads/--intermediate: another shape of the same tokenizer (a draft for speculative
+# decoding: runtime/speculative.py), the flag and the SHAPE key it sets
+SHAPE_FLAGS = {
+    "hidden": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "intermediate": "intermediate_size",
+}
 
 
 def stdlib_root() -> Path:
@@ -224,7 +233,13 @@ def write_folder(model, out: Path, facts: dict) -> str:
     return digest
 
 
-SAMPLE_PROMPTS = ("def ", "import os\n\n\nclass ")
+# the last one repeats its own lines: a model that copies continues `sub(a, b):` (issue 54's prompt)
+COPY_PROMPT = (
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+    "def add(a, b):\n    return a + b\n\n\ndef sub("
+)
+SAMPLE_PROMPTS = ("def ", "import os\n\n\nclass ", COPY_PROMPT)
+COPIES = 0.9  # a copy rate from which the README says the model continues what it was shown
 
 
 def samples(folder: Path, new: int = 160) -> list[tuple[str, str]]:
@@ -249,12 +264,12 @@ def samples(folder: Path, new: int = 160) -> list[tuple[str, str]]:
 README = """# {name}
 
 A tiny byte-level LLaMA trained on the Python standard library's own source, in transformers' own
-format (config.json, model.safetensors, tokenizer.json): the checkpoint attnzoo ships to generate
-from and to state quantization error on. Made by `{command}`, {seconds:.0f} s on
-{threads} thread(s) of a 2-core AMD EPYC shared with five other jobs (load about 15; a few minutes quiet).
+format (config.json, model.safetensors, tokenizer.json): {role}. Made by `{command}`, {seconds:.0f} s on
+{threads} thread(s) of {machine}.
 
-- Architecture: LlamaForCausalLM, hidden 256, 4 layers, 4 heads of 64, **2 kv heads (GQA)**, SwiGLU
-  intermediate 688, RoPE theta 10000, untied head, vocab 259 (the 256 bytes with id = byte value,
+- Architecture: LlamaForCausalLM, hidden {hidden}, {layers} layers, {heads} heads of {head_dim},
+  **{kv_heads} kv heads**, SwiGLU intermediate {intermediate}, RoPE theta 10000, untied head, {params:,}
+  parameters, vocab 259 (the 256 bytes with id = byte value,
   then `<s>` 256, `</s>` 257, `<pad>` 258). Trained on windows of {context} bytes; max_position_embeddings
   says 2048, but positions past {context} are RoPE extrapolation, never seen in training.
 - Weights stored in **float16** (half of float32's size, 3 more mantissa bits than bfloat16); load with
@@ -273,12 +288,12 @@ from and to state quantization error on. Made by `{command}`, {seconds:.0f} s on
   in fp32 and {held_fp16:.3f} with the stored float16 weights, in windows of 256 bytes. A uniform guess
   is 5.55.{copy}
 
-It is small and barely trained (the budget was set for a 2-core machine that six jobs shared): it
-has learned the bytes' statistics (spaces, letter runs, `self.`, ` = `, `_`), not Python yet, and
-greedy decoding soon falls into a loop. That is enough for what attnzoo uses it for (real, not
-random, weights: next-token logits with a margin, so int8/int4 error means something; tokens to
-compare across runtimes); `--steps N` trains longer (other weights, another sha256). Greedy
-continuations with transformers' `generate` from this folder, as written by the script:
+It is small and briefly trained (a 2-core machine's budget): it has learned the bytes' statistics
+(spaces, letter runs, `self.`, ` = `, `_`), not Python, and free greedy decoding soon falls into a
+loop.{copying} That is enough for what attnzoo uses it for (real, not random, weights: next-token
+logits with a margin, so int8/int4 error means something; tokens to compare across runtimes; text
+to speculate on); `--steps N` trains longer (other weights, another sha256). Greedy continuations
+with transformers' `generate` from this folder, as written by the script:
 
 {samples}
 """
@@ -286,9 +301,35 @@ continuations with transformers' `generate` from this folder, as written by the 
 
 def write_readme(folder: Path) -> None:
     facts = json.loads((folder / "training.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    copying = ""
+    if "copy_rate" in facts:
+        copying = (
+            " Shown text again, it continues it from its earlier lines (the copy rate above; the last sample"
+            " below): what prompt lookup's candidates need (docs/generation.md)."
+            if facts["copy_rate"] >= COPIES
+            else f" Its copy rate is under {COPIES}: shown text again, it mostly does not continue it."
+        )
     shown = "\n\n".join(f"```\n{p}{c}\n```\n(prompt: {p!r})" for p, c in samples(folder))
     text = README.format(
         name=folder.name,
+        role=(
+            "the checkpoint attnzoo ships to generate\nfrom and to state quantization error on"
+            if folder.name == NAME or not folder.name.endswith("-draft")
+            else f"a draft for speculative decoding of\n{NAME} (the same tokenizer, a fraction of its size: "
+            "runtime/speculative.py)"
+        ),
+        machine=facts.get(
+            "machine", "a 2-core AMD EPYC shared with five other jobs (load about 15; a few minutes quiet)"
+        ),
+        hidden=config["hidden_size"],
+        layers=config["num_hidden_layers"],
+        heads=config["num_attention_heads"],
+        head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+        kv_heads=config["num_key_value_heads"],
+        intermediate=config["intermediate_size"],
+        params=facts.get("parameters", 0),
+        copying=copying,
         sha=facts["safetensors_sha256"],
         seconds=facts["train_seconds"],
         command=facts["command"],
@@ -345,13 +386,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=float, default=REPEATS, help="fraction of windows that repeat their own text")
     p.add_argument("--lr", type=float, default=LR, help="peak learning rate")
     p.add_argument("--init", help="a checkpoint folder of the same shape to train on from (instead of fresh weights)")
+    p.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads (the weights depend on it)")
+    for flag, key in SHAPE_FLAGS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=SHAPE[key], help=f"{key} (default %(default)s)")
     p.add_argument("--readme-only", action="store_true", help="rewrite README.md of an existing output folder")
     p.add_argument("--evaluate", metavar="FOLDER", help="print FOLDER's held-out loss and copy rate, train nothing")
     args = p.parse_args(argv)
     if args.readme_only:
         write_readme(Path(args.output))
         return 0
+    shape = {**SHAPE, **{key: getattr(args, flag) for flag, key in SHAPE_FLAGS.items()}}
+    if (
+        shape["hidden_size"] % shape["num_attention_heads"]
+        or shape["num_attention_heads"] % shape["num_key_value_heads"]
+    ):
+        p.error("--hidden must divide by --heads, and --heads by --kv-heads")
+    if args.init and shape != SHAPE:
+        p.error("--init trains on from a folder of its own shape: give no shape flag with it")
     globals().update(CONTEXT=args.context, BATCH=args.batch, REPEATS=args.repeats, LR=args.lr)
+    globals().update(SHAPE=shape, THREADS=args.threads)
 
     import torch
 
@@ -373,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         f"sha256 {corpus[:16]}), held out {[p.name for p in held]} ({len(held_ids)} tokens)"
     )
     log(f"torch {torch.__version__}, {THREADS} thread(s), seed {args.seed}, {args.steps} steps of {BATCH}x{CONTEXT}")
+    load_before = os.getloadavg()[0]
     t0 = time.time()
     init = Path(args.init) if args.init else None
     model, train_loss = train(train_ids, args.steps, log, args.seed, init)
@@ -384,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     copies = copy_rate(model, held_ids)
     flags = {"--steps": (args.steps, STEPS), "--seed": (args.seed, SEED), "--context": (args.context, 256)}
     flags |= {"--batch": (args.batch, 8), "--repeats": (args.repeats, 0.0), "--lr": (args.lr, 3e-3)}
+    flags |= {"--threads": (args.threads, 1)}
+    flags |= {f"--{f.replace('_', '-')}": (getattr(args, f), p.get_default(f)) for f in SHAPE_FLAGS}
     facts = {
         "command": "python scripts/train_lm.py"
         + "".join(f" {k} {v}" for k, (v, default) in flags.items() if v != default)
@@ -391,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         "init_safetensors_sha256": init and hashlib.sha256((init / "model.safetensors").read_bytes()).hexdigest(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
+        "machine": machine(load_before),
+        "parameters": sum(t.numel() for t in model.parameters()),
         "threads": THREADS,
         "seed": args.seed,
         "steps": args.steps,
@@ -418,6 +476,15 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.output}; model.safetensors sha256 {digest}"
     )
     return 0
+
+
+def machine(load_before: float) -> str:
+    """The CPU and the load it trained under, for the README: 'a 2-core AMD EPYC (AVX-512), load 1.0 -> 2.1'."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "CPU")
+    avx = "AVX-512" if " avx512f" in info else "no AVX-512"
+    load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    return f"a {os.cpu_count()}-core {name} ({avx}), {load}"
 
 
 def evaluate(folder: Path) -> int:

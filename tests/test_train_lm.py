@@ -135,3 +135,34 @@ def test_a_repeating_window_goes_back_and_repeats_its_own_text(train_lm, monkeyp
         u = int(x[k]) - 100
         assert 16 <= k < 48 and 0 <= u <= k - 16
         assert torch.equal(x[:k], data[100 : 100 + k]) and torch.equal(x[k:], data[100 + u : 100 + u + 65 - k])
+
+
+def test_shape_flags_train_another_shape_of_the_same_tokenizer(train_lm, tmp_path, monkeypatch):
+    """--hidden/--layers/--heads/--kv-heads/--intermediate (a draft's shape): the folder's config says it, its
+    tokenizer is the shipped one's, its README says what it is and names the flags; a shape that cannot split into
+    heads is refused."""
+    import torch
+
+    for name in ("CONTEXT", "BATCH", "REPEATS", "LR", "SHAPE", "THREADS"):  # main() sets them: restored after
+        monkeypatch.setattr(train_lm, name, getattr(train_lm, name))
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        _train_a_draft_shape(train_lm, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train_a_draft_shape(train_lm, tmp_path):
+    out = tmp_path / "tiny-draft"
+    flags = ["--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "48"]
+    assert train_lm.main(["--steps", "2", "--context", "16", "--batch", "2", *flags, "-o", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (32, 1, 2)
+    assert (config["num_key_value_heads"], config["intermediate_size"]) == (1, 48)
+    assert (out / "tokenizer.json").read_text() == (FOLDER / "tokenizer.json").read_text()
+    readme = (out / "README.md").read_text()
+    assert "a draft for speculative decoding" in readme and " ".join(flags) in readme
+    assert "hidden 32, 1 layers, 2 heads of 16" in readme
+    with pytest.raises(SystemExit):
+        train_lm.main(["--hidden", "30", "--heads", "4", "-o", str(tmp_path / "bad")])
