@@ -117,7 +117,9 @@ def benchmark_generate(
                     continue
                 if path in ONLY_FP32:
                     continue
-                name = "model.gguf" if path.startswith("llama.cpp") else "model.onnx" if path.startswith("attnzoo") else ""
+                name = (
+                    "model.gguf" if path.startswith("llama.cpp") else "model.onnx" if path.startswith("attnzoo") else ""
+                )
                 own = Path(tmp) / f"{path}-{precision}"
                 shared, draft_only = shared_model(path, precision, models, speculative)  # generate_spec.py says whose
                 if shared and not draft_only:

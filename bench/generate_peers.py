@@ -9,7 +9,9 @@ llama.cpp build imports numpy, gguf, safetensors and llama_cpp inside its own (i
 A job (JSON): {"stage": "build"|"time", "path": PATH, "checkpoint": DIR, "precision": "fp32"|"int4"|...,
 "model": the built model (ONNX file, genai folder, GGUF file), "prompt": [ids], "new": N,
 "threads": T, "warmup": W, "repeats": R, "max_len": L, "provider": "cpu"|"cuda", "dtype": "float32"|"float16"|
-"bfloat16", "cuda_graph": bool, "tf32": bool} (the last four absent: the CPU in float32).
+"bfloat16", "cuda_graph": bool, "tf32": bool} (the last four absent: the CPU in float32); a speculating path's
+"spec": {"k", "ngram", "draft": DIR}, a peer's draft path's "draft_model" (its draft's GGUF or genai folder) and
+"draft_only" (the target is its plain path's, built already). The peers' speculation: bench/peer_spec.py.
 
 Timing (stage "time"), the same for every path: `generate(n)` runs the path's own greedy loop from
 the prompt (a fresh cache each call) and returns the n new tokens. W warm-up rounds of generate(1)

@@ -6,8 +6,10 @@
 
 The paths: attnzoo plain, attnzoo with prompt lookup (runtime/speculative.py) and with a draft (--draft DIR),
 transformers' generate plain, with `prompt_lookup_num_tokens` and with `assistant_model` (its "heuristic" schedule
-from k), each in its own process (bench/generate_peers.py), greedy. The same k and n-gram for both; transformers'
-prompt lookup proposes k every round, attnzoo's backs off (runtime/speculative.py).
+from k), each in its own process (bench/generate_peers.py), greedy. The same k and n-gram for all; transformers'
+prompt lookup proposes k every round, attnzoo's backs off (runtime/speculative.py). With --llama-python and
+--genai-python the peers' own (bench/peer_spec.py): llama.cpp and onnxruntime-genai plain, `-prompt-lookup` and
+(--draft) `-draft`, each speculating path on its plain path's model and compared with its plain path's tokens.
 
 In a speculative run every attnzoo row runs the same all_logits export (plain decoding's step is the same
 graph at t = 1; its prefill also computes the head at every prompt position).
@@ -89,7 +91,9 @@ def build_order(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: (p != "attnzoo-prompt-lookup", p in PEERS))
 
 
-def shared_model(path: str, precision: str, models: dict, speculative: dict[str, Any] | None) -> tuple[str | None, bool]:
+def shared_model(
+    path: str, precision: str, models: dict, speculative: dict[str, Any] | None
+) -> tuple[str | None, bool]:
     """(the model `path` runs that another path built, whether it still builds its draft beside it), or
     (None, False): build its own. Every attnzoo row of a speculative run takes the one all_logits target (plain
     decoding's step is the same graph at t = 1; the draft path exports its draft only); a peer's speculating path

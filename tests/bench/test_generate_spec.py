@@ -116,8 +116,9 @@ def test_the_peers_speculation_runs_on_their_plain_models(tiny_checkpoint, monke
     import bench.generate as generate
 
     builds, times = [], []
-    # llama.cpp's prompt lookup differs from its plain tokens; every other row equals its plain path's
-    tokens_of = lambda job: [9, 9, 9] if job["path"] == "llama.cpp-prompt-lookup" else [1, 2, 3]  # noqa: E731
+    # llama.cpp's own tokens (its draft path's too) differ from the others'; its prompt lookup's from its plain's
+    tokens = {"llama.cpp": [4, 5, 6], "llama.cpp-draft": [4, 5, 6], "llama.cpp-prompt-lookup": [4, 5, 7]}
+    tokens_of = lambda job: tokens.get(job["path"], [1, 2, 3])  # noqa: E731
     monkeypatch.setattr(generate, "_spawn", _scripted(builds, times, tokens_of))
     speculative = {"k": 6, "ngram": 3, "draft": str(tiny_checkpoint), "workloads": ["grounded"]}
     report = benchmark_generate(
@@ -147,7 +148,9 @@ def test_the_peers_speculation_runs_on_their_plain_models(tiny_checkpoint, monke
             draft = by[f"{peer}-draft", precision]
             assert draft["model"] == by[peer, precision]["model"]  # the plain path's model, not built again
             assert draft["spec"] == {"k": 6, "ngram": 3, "draft": str(tiny_checkpoint)}
-            assert draft["draft_model"].endswith(f"{peer}-draft-{precision}/" + ("draft.gguf" if peer[0] == "l" else "draft"))
+            assert draft["draft_model"].endswith(
+                f"{peer}-draft-{precision}/" + ("draft.gguf" if peer[0] == "l" else "draft")
+            )
     timed = {(j["path"], j["precision"]): j for j in times}
     for path in ("llama.cpp-prompt-lookup", "llama.cpp-draft", "onnxruntime-genai-prompt-lookup"):
         plain = path.rsplit("-", 2)[0] if path.endswith("lookup") else path.rsplit("-", 1)[0]
