@@ -8,7 +8,8 @@ functions. The paths (bench/generate_spec.py names them; each runs its plain pat
   num_pred_tokens=K, max_ngram_size=N))` and its own `Llama.generate` loop at temp 0 (its greedy sampler). That
   loop evaluates the last token and the draft's K candidates in one batch, samples each position in turn and
   drops the cache after the first position whose token differs from the candidate; the lookup proposes K every
-  round (no back-off), from the longest n-gram of at most N that matched, its first occurrence.
+  round (no back-off), from the longest n-gram of at most N that matched, its first occurrence; this file cuts
+  each round's candidates at the call's last new token (as attnzoo's and genai's are cut).
 - `llama.cpp-draft`: the same loop with `draft_model=GreedyDraft`, a `LlamaDraftModel` of this file running a
   second `Llama` (the draft checkpoint's GGUF at the same precision) greedily for K tokens each round, keeping its
   own cache up to where the target's sequence still agrees with it.
@@ -68,6 +69,7 @@ def load_llama_speculative(job: dict):
 
     prompt, spec, new = job["prompt"], job["spec"], job["new"]
     proposals: list[tuple[int, list[int]]] = []
+    limit = [len(prompt) + new]  # the sequence's length at the end of the call
 
     class GreedyDraft(LlamaDraftModel):
         """K greedy tokens of a second Llama (the draft's GGUF) from the target's sequence so far."""
@@ -76,7 +78,7 @@ def load_llama_speculative(job: dict):
             self.k, self.calls = k, 0
             self.llm = llama_cpp.Llama(
                 model_path=path,
-                n_ctx=len(prompt) + new + k,
+                n_ctx=len(prompt) + new,
                 n_batch=len(prompt),
                 n_threads=job["threads"],
                 n_threads_batch=job["threads"],
@@ -84,18 +86,18 @@ def load_llama_speculative(job: dict):
             )
             self.n_vocab = self.llm.n_vocab()
 
-        def __call__(self, input_ids, /, **kwargs):
-            d, ids = self.llm, [int(t) for t in input_ids]
+        def __call__(self, input_ids, /, room: int | None = None, **kwargs):
+            d, ids, k = self.llm, [int(t) for t in input_ids], min(self.k, room or self.k)
             have = d.input_ids[: d.n_tokens].tolist()
             keep = next((i for i, (a, b) in enumerate(zip(have, ids)) if a != b), min(len(have), len(ids)))
             d.n_tokens = min(keep, len(ids) - 1)  # its eval drops the cache from here; one token at least is new
             d.eval(ids[d.n_tokens :])
             out = []
-            for i in range(self.k):
+            for i in range(k):
                 pointer = llama_cpp.llama_get_logits_ith(d.ctx, -1)
                 logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (self.n_vocab,))
                 out.append(int(np.argmax(logits)))
-                if i < self.k - 1:
+                if i < k - 1:
                     d.eval([out[-1]])
             self.calls += 1
             return np.asarray(out, dtype=np.intc)
@@ -106,10 +108,14 @@ def load_llama_speculative(job: dict):
         inner = LlamaPromptLookupDecoding(max_ngram_size=spec["ngram"], num_pred_tokens=spec["k"])
 
     class Recorded(LlamaDraftModel):
-        """The draft as Llama.generate calls it, each round's candidates recorded."""
+        """The draft as Llama.generate calls it, each round's candidates recorded and cut at the call's last new
+        token (its loop does not know where the call ends: it would verify candidates past it, and write them
+        past the arrays it sized by n_ctx)."""
 
         def __call__(self, input_ids, /, **kwargs):
-            out = inner(input_ids, **kwargs)
+            room = limit[0] - len(input_ids)
+            extra = {"room": room} if spec.get("draft") else {}
+            out = inner(input_ids, **extra, **kwargs)[:room] if room > 0 else np.zeros(0, np.intc)
             proposals.append((len(input_ids), [int(t) for t in out]))
             return out
 
@@ -120,6 +126,7 @@ def load_llama_speculative(job: dict):
         n_threads=job["threads"],
         n_threads_batch=job["threads"],
         draft_model=Recorded(),
+        logits_all=True,  # as a draft model sets it; said here, or its scores array has n_batch rows only
         verbose=False,
     )
     calls, evaluate = [0], llm.eval
@@ -133,7 +140,9 @@ def load_llama_speculative(job: dict):
 
     def generate(n: int) -> list[int]:
         proposals.clear()
-        calls[0] = 0
+        calls[0], limit[0] = 0, len(prompt) + n
+        if spec.get("draft"):
+            inner.calls = 0
         llm.reset()  # n_tokens 0: no prefix of the last call's cache is reused, the prompt is evaluated again
         out: list[int] = []
         for token in llm.generate(prompt, temp=0.0, repeat_penalty=1.0):
