@@ -201,3 +201,32 @@ def test_the_peers_speculating_rows_say_why_they_were_skipped(tiny_checkpoint, m
             str(tiny_checkpoint), prompts=[40], new=2, precisions=["fp32"], paths=["llama.cpp-draft"],
             speculative=speculative,
         )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "peer, variable", [("llama.cpp", "ATTNZOO_LLAMA_PYTHON"), ("onnxruntime-genai", "ATTNZOO_GENAI_PYTHON")]
+)
+def test_a_peers_own_speculation_gives_its_plain_greedy_tokens(peer, variable, tmp_path):
+    """The real peer from its environment (the variable names its python): its prompt lookup and its draft path,
+    the checkpoint as its own draft (which keeps every candidate), each give the peer's plain greedy tokens."""
+    import os
+
+    from bench.checkpoints import random_llama
+
+    python = os.environ.get(variable)
+    if not python:
+        pytest.skip(f"set {variable} to the python of {peer}'s environment (docs/benchmarks.md)")
+    shape = dict(vocab_size=300, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    tiny_checkpoint = random_llama(tmp_path / "tiny", seed=0, intermediate_size=64, **shape)  # head_dim 16: genai's
+    speculative = {"k": 4, "ngram": 2, "draft": str(tiny_checkpoint), "workloads": ["grounded"]}
+    report = benchmark_generate(
+        str(tiny_checkpoint), prompts=[80], new=8, precisions=["fp32"], threads=1, warmup=0, repeats=1,
+        paths=[peer, f"{peer}-prompt-lookup", f"{peer}-draft"], progress=False, speculative=speculative,
+        **({"llama_python": python} if peer == "llama.cpp" else {"genai_python": python}),
+    )  # fmt: skip
+    rows = {r["path"]: r for r in report["rows"]}
+    assert all(r["ok"] for r in rows.values()) and not report["skipped"], (rows, report["skipped"])
+    assert rows[f"{peer}-prompt-lookup"]["equal_to_plain"] and rows[f"{peer}-draft"]["equal_to_plain"]
+    draft = rows[f"{peer}-draft"]["speculation"]
+    assert draft["proposed"] > 0 and draft["acceptance_rate"] == 1.0, draft
