@@ -39,10 +39,12 @@ from .worker import import_root
 PATHS = ("attnzoo", "transformers-dynamic", "transformers-static", "onnxruntime-genai", "llama.cpp")
 # --speculative (bench/generate_spec.py): candidates from the text so far, or from a draft (--draft DIR)
 SPEC_PATHS = ("attnzoo-prompt-lookup", "attnzoo-draft", "transformers-prompt-lookup", "transformers-assistant")
+PEER_SPEC = tuple(f"{p}-{k}" for p in ("llama.cpp", "onnxruntime-genai") for k in ("prompt-lookup", "draft"))
+SPEC_PATHS += PEER_SPEC  # the peers' own (bench/peer_spec.py)
 PRECISIONS = ("fp32", "int8", "int4")
 ONLY_FP32 = ("transformers-dynamic", "transformers-static", "transformers-prompt-lookup", "transformers-assistant")
 REFERENCE = "transformers-dynamic"
-CPU_ONLY = ("onnxruntime-genai", "llama.cpp")
+CPU_ONLY = ("onnxruntime-genai", "llama.cpp", *PEER_SPEC)
 DTYPES = ("float32", "float16", "bfloat16")
 WORKER = Path(__file__).resolve().parent / "generate_peers.py"
 RANDOM = "random"
@@ -76,7 +78,7 @@ def benchmark_generate(
     transformers runs on the GPU in it; onnxruntime-genai and llama.cpp stay CPU paths, skipped there.
     speculative: {"k", "ngram", "draft" (a folder or None), "workload" ("grounded" | "free")}
     (bench/generate_spec.py): the speculating paths join, and the prompts are the workload's."""
-    from .generate_spec import check, default_paths, spec_job, workload_ids
+    from .generate_spec import build_order, check, default_paths, refusal, shared_model, spec_job, workload_ids
 
     check(speculative, paths)
     device = device_settings(**(device or {}))
@@ -90,8 +92,8 @@ def benchmark_generate(
         raise BenchError(f"--rounds {rounds} must be 1 or more")
     threads = threads or default_threads()
     pythons = {p: sys.executable for p in PATHS + SPEC_PATHS}
-    pythons["onnxruntime-genai"] = genai_python or ""
-    pythons["llama.cpp"] = llama_python or ""
+    pythons.update({p: genai_python or "" for p in PATHS + SPEC_PATHS if p.startswith("onnxruntime-genai")})
+    pythons.update({p: llama_python or "" for p in PATHS + SPEC_PATHS if p.startswith("llama.cpp")})
     with tempfile.TemporaryDirectory(prefix="attnzoo-bench-generate-") as tmp:
         folder = str(random_llama(Path(tmp) / "random-llama")) if checkpoint == RANDOM else checkpoint
         if not (Path(folder) / "config.json").is_file():
@@ -100,30 +102,32 @@ def benchmark_generate(
         models: dict[tuple[str, str], str] = {}
         skipped: dict[tuple[str, str], str] = {}
         builds: dict[str, Any] = {}
-        for path in sorted(paths, key=lambda p: p != "attnzoo-prompt-lookup"):  # the one the others share first
+        extras: dict[tuple[str, str], dict[str, str]] = {}  # a peer's draft model, where its path builds one
+        for path in build_order(paths):  # those whose model others share first
             for precision in precisions:
-                why = _why_not(path, precision, pythons[path], device["provider"])
+                why = _why_not(path, precision, pythons[path], device["provider"]) or refusal(path, speculative)
                 if num_beams > 1 and path in CPU_ONLY:
                     why = f"beam search ({num_beams} beams) is timed on attnzoo and transformers here"
                 if why:
                     skipped[(path, precision)] = why
                     continue
-                if path == "llama.cpp" and precision in (gguf or {}):
+                if path in ("llama.cpp", "llama.cpp-prompt-lookup") and precision in (gguf or {}):
                     given = models[(path, precision)] = (gguf or {})[precision]  # the user's own file
                     builds[f"{path} {precision}"] = {"ok": True, "note": f"given: --gguf {precision}={given}"}
                     continue
                 if path in ONLY_FP32:
                     continue
-                name = "model.gguf" if path == "llama.cpp" else "model.onnx" if path.startswith("attnzoo") else ""
-                target = str(Path(tmp) / f"{path}-{precision}" / name)
-                # one all_logits target for every attnzoo row of a speculative run (plain decoding's step is the
-                # same graph at t = 1): the draft path exports its draft only, plain nothing
-                shared = models.get(("attnzoo-prompt-lookup", precision)) if speculative else None
-                if shared and path == "attnzoo":
+                name = (
+                    "model.gguf" if path.startswith("llama.cpp") else "model.onnx" if path.startswith("attnzoo") else ""
+                )
+                own = Path(tmp) / f"{path}-{precision}"
+                shared, draft_only = shared_model(path, precision, models, speculative)  # generate_spec.py says whose
+                if shared and not draft_only:
                     models[(path, precision)] = shared
                     continue
-                shared = shared if path == "attnzoo-draft" else None
-                target = shared or target
+                target = shared or str(own / name)
+                if path in PEER_SPEC and path.endswith("-draft"):
+                    extras[(path, precision)] = {"draft_model": str(own / ("draft.gguf" if name else "draft"))}
                 job = {
                     "stage": "build",
                     "path": path,
@@ -134,7 +138,8 @@ def benchmark_generate(
                     "threads": threads,
                     **device,
                     **spec_job(path, speculative),
-                    **({"draft_only": True} if shared else {}),
+                    **extras.get((path, precision), {}),
+                    **({"draft_only": True} if draft_only else {}),
                 }
                 started = time.perf_counter()
                 result = _spawn(pythons[path], job, timeout)
@@ -174,6 +179,7 @@ def benchmark_generate(
                     "num_beams": num_beams,
                     **device,
                     **spec_job(path, speculative),
+                    **extras.get((path, precision), {}),
                 }
                 result = _spawn(pythons[path], job, timeout)
                 key = (prompt, precision, path)
@@ -248,12 +254,12 @@ def _why_not(path: str, precision: str, python: str, provider: str = "cpu") -> s
 
         if getattr(zoo, "lm_from_checkpoint", None) is None:
             return "this attnzoo has no whole-model loader (zoo.lm_from_checkpoint)"
-    if path == "onnxruntime-genai":
+    if path.startswith("onnxruntime-genai"):
         if not python:
             return "no --genai-python given (onnxruntime-genai brings its own onnxruntime: give its environment)"
         if precision == "int8":
             return "onnxruntime-genai's builder has no int8 weight precision"
-    if path == "llama.cpp" and not python:
+    if path.startswith("llama.cpp") and not python:
         return "no --llama-python given (llama-cpp-python's environment, with numpy, gguf and safetensors)"
     if python and not Path(python).exists():
         return f"{python} does not exist"

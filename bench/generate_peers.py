@@ -9,7 +9,9 @@ llama.cpp build imports numpy, gguf, safetensors and llama_cpp inside its own (i
 A job (JSON): {"stage": "build"|"time", "path": PATH, "checkpoint": DIR, "precision": "fp32"|"int4"|...,
 "model": the built model (ONNX file, genai folder, GGUF file), "prompt": [ids], "new": N,
 "threads": T, "warmup": W, "repeats": R, "max_len": L, "provider": "cpu"|"cuda", "dtype": "float32"|"float16"|
-"bfloat16", "cuda_graph": bool, "tf32": bool} (the last four absent: the CPU in float32).
+"bfloat16", "cuda_graph": bool, "tf32": bool} (the last four absent: the CPU in float32); a speculating path's
+"spec": {"k", "ngram", "draft": DIR}, a peer's draft path's "draft_model" (its draft's GGUF or genai folder) and
+"draft_only" (the target is its plain path's, built already). The peers' speculation: bench/peer_spec.py.
 
 Timing (stage "time"), the same for every path: `generate(n)` runs the path's own greedy loop from
 the prompt (a fresh cache each call) and returns the n new tokens. W warm-up rounds of generate(1)
@@ -161,6 +163,10 @@ SPECULATIVE = {
     "attnzoo-draft": "attnzoo",
     "transformers-prompt-lookup": "transformers-dynamic",
     "transformers-assistant": "transformers-dynamic",
+    "llama.cpp-prompt-lookup": "llama.cpp",  # the peers' own speculation (bench/peer_spec.py)
+    "llama.cpp-draft": "llama.cpp",
+    "onnxruntime-genai-prompt-lookup": "onnxruntime-genai",
+    "onnxruntime-genai-draft": "onnxruntime-genai",
 }
 
 
@@ -189,22 +195,29 @@ def build_genai(job: dict) -> dict:
 
 
 def load_genai(job: dict):
+    """og.Generator's greedy loop; with the job's "spec" its speculative options (bench/peer_spec.py) on."""
     import onnxruntime_genai as og
 
-    model = og.Model(job["model"])
-    prompt = job["prompt"]
+    peer = _peer_spec() if job.get("spec") else None
+    model = og.Model(peer.genai_folder(job) if peer else job["model"])
+    prompt, stats = job["prompt"], {}
 
     def generate(n: int) -> list[int]:
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=len(prompt) + n, min_length=len(prompt) + n, do_sample=False)
+        if peer:
+            params.set_speculative_options(**peer.genai_options(job))
         generator = og.Generator(model, params)
         generator.append_tokens(prompt)
         out = []
         while not generator.is_done():
             generator.generate_next_token()
             out.append(int(generator.get_next_tokens()[0]))
+        if peer:
+            stats.update(peer.genai_summary(generator.get_speculative_stats(), n))
         return out
 
+    generate.stats = stats if peer else None
     return generate
 
 
@@ -212,13 +225,24 @@ def load_genai(job: dict):
 def build_llama(job: dict) -> dict:
     """The GGUF of job["precision"] (bench/gguf_llama.py, loaded from beside this file: this file runs
     as a script under llama-cpp-python's python, where bench is no package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf_llama.py")
+    return _beside("attnzoo_bench_gguf_llama", path).build_llama(job)
+
+
+def _peer_spec():
+    """bench/peer_spec.py (the peers' own speculative decoding), loaded from beside this file."""
+    return _beside("attnzoo_bench_peer_spec", os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_spec.py"))
+
+
+def _beside(name: str, path: str):
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf_llama.py")
-    spec = importlib.util.spec_from_file_location("attnzoo_bench_gguf_llama", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_llama(job)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
 
 
 def load_llama(job: dict):
@@ -265,6 +289,9 @@ LOADERS = {
 }
 BUILDERS.update({path: BUILDERS[base] for path, base in SPECULATIVE.items() if base in BUILDERS})
 LOADERS.update({path: LOADERS[base] for path, base in SPECULATIVE.items()})
+BUILDERS["llama.cpp-draft"] = lambda job: _peer_spec().build_llama_draft(job, build_llama)
+BUILDERS["onnxruntime-genai-draft"] = lambda job: _peer_spec().build_genai_draft(job, build_genai)
+LOADERS["llama.cpp-prompt-lookup"] = LOADERS["llama.cpp-draft"] = lambda job: _peer_spec().load_llama_speculative(job)
 
 
 # What each path imports before it loads a model: the runtime's share of the worker's memory, measured

@@ -6,8 +6,10 @@
 
 The paths: attnzoo plain, attnzoo with prompt lookup (runtime/speculative.py) and with a draft (--draft DIR),
 transformers' generate plain, with `prompt_lookup_num_tokens` and with `assistant_model` (its "heuristic" schedule
-from k), each in its own process (bench/generate_peers.py), greedy. The same k and n-gram for both; transformers'
-prompt lookup proposes k every round, attnzoo's backs off (runtime/speculative.py).
+from k), each in its own process (bench/generate_peers.py), greedy. The same k and n-gram for all; transformers'
+prompt lookup proposes k every round, attnzoo's backs off (runtime/speculative.py). With --llama-python and
+--genai-python the peers' own (bench/peer_spec.py): llama.cpp and onnxruntime-genai plain, `-prompt-lookup` and
+(--draft) `-draft`, each speculating path on its plain path's model and compared with its plain path's tokens.
 
 In a speculative run every attnzoo row runs the same all_logits export (plain decoding's step is the same
 graph at t = 1; its prefill also computes the head at every prompt position).
@@ -29,6 +31,10 @@ WORKLOADS = ("grounded", "free")
 GROUNDED_REPEAT = 32  # the tokens of the file's start given again at the prompt's end
 PLAIN = {"attnzoo-prompt-lookup": "attnzoo", "attnzoo-draft": "attnzoo"}
 PLAIN.update({"transformers-prompt-lookup": "transformers-dynamic", "transformers-assistant": "transformers-dynamic"})
+# the peers' own speculation, each run on its plain path's model (the same GGUF, the same genai folder)
+PEERS = {f"{peer}-{kind}": peer for peer in ("llama.cpp", "onnxruntime-genai") for kind in ("prompt-lookup", "draft")}
+PLAIN.update(PEERS)
+GENAI_MAX_K = 16  # onnxruntime-genai's speculative.max_draft_tokens and ngram_size: at most 16
 
 
 def check(speculative: dict[str, Any] | None, paths) -> None:
@@ -53,7 +59,20 @@ def default_paths(paths: tuple[str, ...], speculative: dict[str, Any] | None) ->
     if speculative.get("draft"):
         out[2:2] = ["attnzoo-draft"]
         out.append("transformers-assistant")
-    return out + [p for p in paths if p in ("onnxruntime-genai", "llama.cpp")]
+    for peer in (p for p in paths if p in ("onnxruntime-genai", "llama.cpp")):  # each with its own speculation
+        out += [peer, f"{peer}-prompt-lookup"] + ([f"{peer}-draft"] if speculative.get("draft") else [])
+    return out
+
+
+def refusal(path: str, speculative: dict[str, Any] | None) -> str | None:
+    """Why a peer's speculating path cannot run with these settings (its row is skipped saying so), or None."""
+    if not speculative or not path.startswith("onnxruntime-genai-"):
+        return None
+    if speculative["k"] > GENAI_MAX_K:
+        return f"onnxruntime-genai's max_draft_tokens is 1 to {GENAI_MAX_K}; --spec-k {speculative['k']}"
+    if path.endswith("-prompt-lookup") and speculative["ngram"] + 1 > GENAI_MAX_K:
+        return f"onnxruntime-genai's ngram_size (--ngram + 1) is 2 to {GENAI_MAX_K}; --ngram {speculative['ngram']}"
+    return None
 
 
 def spec_job(path: str, speculative: dict[str, Any] | None) -> dict[str, Any]:
@@ -64,6 +83,30 @@ def spec_job(path: str, speculative: dict[str, Any] | None) -> dict[str, Any]:
     if path.endswith(("-draft", "-assistant")):
         spec["draft"] = speculative["draft"]
     return {"spec": spec}
+
+
+def build_order(paths: list[str]) -> list[str]:
+    """The order the models are built in: the one all_logits export every attnzoo row shares first, the peers'
+    speculating paths after their plain path (whose model they run)."""
+    return sorted(paths, key=lambda p: (p != "attnzoo-prompt-lookup", p in PEERS))
+
+
+def shared_model(
+    path: str, precision: str, models: dict, speculative: dict[str, Any] | None
+) -> tuple[str | None, bool]:
+    """(the model `path` runs that another path built, whether it still builds its draft beside it), or
+    (None, False): build its own. Every attnzoo row of a speculative run takes the one all_logits target (plain
+    decoding's step is the same graph at t = 1; the draft path exports its draft only); a peer's speculating path
+    takes its plain path's GGUF or genai folder (a draft path writes its draft's beside it)."""
+    if not speculative:
+        return None, False
+    if path in ("attnzoo", "attnzoo-draft"):
+        shared = models.get(("attnzoo-prompt-lookup", precision))
+    elif path in PEERS:
+        shared = models.get((PEERS[path], precision))
+    else:
+        return None, False
+    return shared, bool(shared) and path.endswith("-draft")
 
 
 def workload_ids(folder: str, lengths: list[int], speculative: dict[str, Any] | None, prompt_ids) -> dict:
@@ -144,10 +187,13 @@ def format_speculative_table(report: dict[str, Any]) -> str:
 __all__ = [
     "GROUNDED_REPEAT",
     "WORKLOADS",
+    "build_order",
     "check",
     "default_paths",
     "equal_to_plain",
     "format_speculative_table",
+    "refusal",
+    "shared_model",
     "spec_job",
     "workload_ids",
 ]

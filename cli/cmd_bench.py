@@ -179,7 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative",
         action="store_true",
         help="with --generate: speculative decoding side by side (bench/generate_spec.py): attnzoo and transformers "
-        "plain, with prompt lookup and with --draft DIR",
+        "plain, with prompt lookup and with --draft DIR; with --llama-python / --genai-python llama.cpp's and "
+        "onnxruntime-genai's own too",
     )
     gen.add_argument(
         "--workload",
@@ -380,6 +381,7 @@ def _run_generate_from_args(args: argparse.Namespace) -> int:
             f" --repeats {report['repeats']}" + (f" --rounds {report['rounds']}" if report["rounds"] > 1 else "")
         )
         command += f" --num-beams {args.num_beams}" * (args.num_beams > 1)
+        command += f" --paths {','.join(args.paths)}" * (args.paths != list(PATHS))
         if args.provider != "cpu":
             command += f" --provider {args.provider} --dtype {args.dtype}"
             command += " --cuda-graph" * args.cuda_graph + " --tf32" * args.tf32

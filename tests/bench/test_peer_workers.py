@@ -107,6 +107,28 @@ WORKERS = {
         {"stage": "build", "path": "llama.cpp", "checkpoint": "{llama}", "precision": "int4", "model": "{tmp}/m"},
         "ModuleNotFoundError: No module named 'llama_cpp'",
     ),
+    "llama.cpp's prompt lookup without llama-cpp-python": (
+        "generate_peers.py",
+        {"stage": "time", "path": "llama.cpp-prompt-lookup", "model": "{tmp}/m", "prompt": [1], "new": 2, "spec": {}},
+        "ModuleNotFoundError: No module named 'llama_cpp'",
+    ),
+    "llama.cpp's draft refuses a draft config": (
+        "generate_peers.py",
+        {
+            "stage": "build",
+            "path": "llama.cpp-draft",
+            "model": "{tmp}/m",
+            "draft_only": True,
+            "draft_model": "{tmp}/d.gguf",
+            "spec": {"draft": "{gpt2}"},
+        },
+        "the draft {gpt2}: model_type 'gpt2': only 'llama' is written as a GGUF here",
+    ),
+    "genai's speculation without onnxruntime-genai": (
+        "generate_peers.py",
+        {"stage": "time", "path": "onnxruntime-genai-draft", "model": "{tmp}/m", "prompt": [1], "new": 2},
+        "ModuleNotFoundError: No module named 'onnxruntime_genai'",
+    ),
     "genai without onnxruntime-genai": (
         "generate_peers.py",
         {"stage": "time", "path": "onnxruntime-genai", "model": "{tmp}/m", "prompt": [1], "new": 2},
@@ -136,9 +158,44 @@ def test_a_worker_run_by_path_elsewhere_answers_its_result_line(case, tmp_path):
     name, job, words = WORKERS[case]
     folders = {"tmp": str(tmp_path), "gpt2": _checkpoint(tmp_path / "g", "gpt2")}
     folders["llama"] = _checkpoint(tmp_path / "l", "llama")
-    job = {k: v.format(**folders) if isinstance(v, str) else v for k, v in job.items()}
+    job = json.loads(json.dumps(job).replace("{tmp}", folders["tmp"]).replace("{gpt2}", folders["gpt2"]))
+    job = json.loads(json.dumps(job).replace("{llama}", folders["llama"]))
     result = _run_worker(name, job, tmp_path)
-    assert result["ok"] is False and words in result["error"], result
+    assert result["ok"] is False and words.format(**folders) in result["error"], result
+
+
+def test_peer_spec_loads_by_path_and_counts_what_the_peers_kept(tmp_path):
+    """bench/peer_spec.py as generate_peers loads it elsewhere: llama-cpp-python's rounds counted against the
+    tokens its loop returned (none past the last one), onnxruntime-genai's options and its stats read."""
+    path = str(BENCH / "peer_spec.py")
+    code = f"""
+import importlib.util, json
+spec = importlib.util.spec_from_file_location("attnzoo_bench_peer_spec", {path!r})
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+# prompt 4; tokens 7 8 9 7 8: a round at length 5 proposing 8 9 5 (keeps 2), one at 8 proposing 7 8 9 (1 checked)
+print(json.dumps(m.accepted_counts(4, [7, 8, 9, 7, 8], [(5, [8, 9, 5]), (8, [8, 1]), (9, [9]), (9, [])])))
+print(json.dumps(m.genai_options({{"spec": {{"k": 5, "ngram": 3}}}})))
+print(json.dumps(m.genai_options({{"spec": {{"k": 5, "ngram": 3, "draft": "d"}}}})))
+raw = {{"target_forward_passes": 12, "standard_fallback_steps": 3, "draft_tokens_proposed": 25,
+       "draft_tokens_accepted": 6, "acceptance_rate": 0.75, "draft_forward_passes": 0, "note": "x"}}
+print(json.dumps(m.genai_summary(raw, 16)))
+print(m.genai_folder({{"model": "/a/t", "spec": {{"draft": "d"}}, "draft_model": "/b/p/draft"}}))
+"""
+    out = _elsewhere(code, tmp_path).stdout.splitlines()
+    assert json.loads(out[0]) == [4, 3]  # 8 9 | 5 vs 7: 2 kept of 3; 8 vs 8: 1 of 1 (1 is past the end); 9: 0 of 0
+    assert json.loads(out[1]) == {"max_draft_tokens": 5, "min_adaptive_k": 0, "cooldown": False, "ngram_size": 4}
+    assert json.loads(out[2]) == {"max_draft_tokens": 5, "min_adaptive_k": 0, "cooldown": False}
+    summary = json.loads(out[3])
+    assert {k: summary[k] for k in ("target_calls", "proposed", "accepted")} == {
+        "target_calls": 14,
+        "proposed": 25,
+        "accepted": 6,
+    }
+    assert summary["acceptance_rate"] == 6 / 25 and summary["tokens_per_target_call"] == 15 / 14
+    assert summary["genai"]["acceptance_rate"] == 0.75 and "note" not in summary["genai"]
+    assert "draft_calls" not in summary
+    assert out[4] == "/b/p/speculative"
 
 
 def test_every_file_another_python_runs_is_tested_here():
@@ -148,5 +205,5 @@ def test_every_file_another_python_runs_is_tested_here():
         text = f.read_text()
         spawned |= set(re.findall(r'WORKER = Path\(__file__\)\.resolve\(\)\.parent / "(\w+\.py)"', text))
         spawned |= set(re.findall(r'os\.path\.dirname\(os\.path\.abspath\(__file__\)\), "(\w+\.py)"', text))
-    tested = {name for name, _, _ in WORKERS.values()} | {"gguf_llama.py"}
+    tested = {name for name, _, _ in WORKERS.values()} | {"gguf_llama.py", "peer_spec.py"}
     assert spawned == tested, f"run by another python but not tested here: {sorted(spawned - tested)}"
