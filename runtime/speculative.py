@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 MAX_PAUSE = 16  # plain steps at most between two tries of a row whose candidates were all rejected
 NGRAM = 2  # transformers' max_matching_ngram_size default
+DRAFT_TOKENS = 5  # transformers' num_assistant_tokens default
 FIRST_K = 2  # a row's first round proposes at most this many: a rejected candidate costs a position of the chunk
 
 
@@ -61,22 +62,24 @@ class Speculation:
         return "draft" if self.draft is not None else "prompt lookup"
 
 
+def count(name: str, v, default=None) -> int | None:
+    """A speculation count (k, an n-gram size) checked: an int >= 1, or `default` for None."""
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise zoo.ArgumentError(f"{name}={v!r} must be an int >= 1")
+    return int(v)
+
+
 def speculation(
     prompt_lookup_num_tokens=None, max_matching_ngram_size=None, assistant_model=None, num_assistant_tokens=None
 ) -> Speculation | None:
     """The call's speculation from transformers' names, checked; None when none is asked."""
     from .core import RuntimeSession
 
-    def count(name, v, default=None):
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise zoo.ArgumentError(f"{name}={v!r} must be an int >= 1")
-        return int(v)
-
     k = count("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
     ngram = count("max_matching_ngram_size", max_matching_ngram_size, NGRAM)
-    n_draft = count("num_assistant_tokens", num_assistant_tokens, 5)
+    n_draft = count("num_assistant_tokens", num_assistant_tokens, DRAFT_TOKENS)
     if assistant_model is None:
         if num_assistant_tokens is not None:
             raise zoo.ArgumentError("num_assistant_tokens needs assistant_model=... (a draft model's session)")
@@ -292,6 +295,7 @@ def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, scores, rng)
 
 
 __all__ = [
+    "DRAFT_TOKENS",
     "FIRST_K",
     "MAX_PAUSE",
     "NGRAM",
@@ -300,6 +304,7 @@ __all__ = [
     "Speculation",
     "SpeculativeRows",
     "check_target",
+    "count",
     "row_scores",
     "speculation",
     "summary",

@@ -60,9 +60,13 @@ def end_at_eos(tokens: np.ndarray, t: int, eos: int | None) -> np.ndarray:
     return out
 
 
-def run_generate_batch(sess, items: list[GenItem], timings: dict | None = None) -> list[np.ndarray | Exception]:
+def run_generate_batch(
+    sess, items: list[GenItem], timings: dict | None = None, options: dict | None = None
+) -> list[np.ndarray | Exception]:
     """Each item's tokens (r_i, t_i + k_i) from one `sess.generate` over all of them; or, when that run
-    raises, the exception for every item (the server answers it with failure_answer)."""
+    raises, the exception for every item (the server answers it with failure_answer). options: generate's
+    (a speculating server's: generate.speculating.generate_options); timings receives the run's sizes and
+    generate's own timings (its "speculation" counts)."""
     ids, mask = left_pad(items)
     tmax = ids.shape[1]
     eos_ids = {it.eos_token_id for it in items}
@@ -70,7 +74,14 @@ def run_generate_batch(sess, items: list[GenItem], timings: dict | None = None) 
     eos = eos_ids.pop() if len(eos_ids) == 1 else None
     new = max(it.max_new_tokens for it in items)
     try:
-        out = sess.generate(ids, new, attention_mask=mask if not mask.all() else None, eos_token_id=eos)
+        out = sess.generate(
+            ids,
+            new,
+            attention_mask=mask if not mask.all() else None,
+            eos_token_id=eos,
+            timings=timings,
+            **(options or {}),
+        )
     except Exception as e:  # noqa: BLE001 - every request of the run gets it, answered as 503 / 500
         return [e] * len(items)
     if timings is not None:
