@@ -147,7 +147,8 @@ class SpeculativeBatcher(RowBatcher):
     def __init__(
         self, sess, max_rows: int, capacity: int, wait_s: float = 0.0, *, speculation: Speculation, **options
     ) -> None:
-        self.tally: dict = options.pop("tally", None) or {}
+        tally = options.pop("tally", None)
+        self.tally: dict = {} if tally is None else tally  # a server's own, shared with /metrics (even empty)
         super().__init__(sess, max_rows, capacity, wait_s, **options)
         self.spec = speculation
         self.target = RowBuffers(sess, max_rows, capacity)

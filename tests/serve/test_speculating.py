@@ -200,3 +200,54 @@ def test_a_server_refuses_what_cannot_speculate_by_name(sess, tiny_lm, spec_sess
         check_speculating(sess, LOOKUP)
     with pytest.raises(ServeError, match="vocabulary of .* a draft must share"):
         check_speculating(spec_sess, Speculation(2, draft=tiny_lm("left-ort-gqa")))
+
+
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_a_speculating_server_answers_generate_and_counts_in_metrics(spec_path, sess, batching):
+    """GenerateServer with prompt lookup, through its routes: /generate's tokens are the plain generate's, its
+    /metadata names the speculation, and /metrics counts the candidates proposed and kept."""
+    import httpx2
+    from starlette.requests import Request
+
+    from serve.generate.app import GenerateServer
+    from serve.openai.serving import text_files
+    from serve.replica import model_files
+
+    server = GenerateServer(
+        model_files(spec_path),
+        MODEL,
+        batching=batching,
+        capacity=96,
+        text=text_files(spec_path),
+        speculation=ServeSpeculation(prompt_lookup=4),
+    )
+
+    async def app(scope, receive, send):
+        response = await server(Request(scope, receive))
+        await response(scope, receive, send)
+
+    items = _items(seed=2)
+
+    async def main():
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://attnzoo.test") as http:
+            posts = [
+                http.post("/generate", json={"input_ids": it.ids.tolist(), "max_new_tokens": it.max_new_tokens})
+                for it in items[:3]
+            ]
+            answers = await asyncio.gather(*posts)
+            return answers, (await http.get("/metadata")).json(), (await http.get("/metrics")).text
+
+    answers, meta, metrics = asyncio.run(main())
+    for answer, it in zip(answers, items):
+        assert answer.status_code == 200, answer.text
+        want = sess.generate(it.ids, it.max_new_tokens, eos_token_id=[])
+        assert answer.json()["tokens"] == want.tolist()
+        if batching == "continuous":  # each request's own counts
+            assert int(answer.headers["x-attnzoo-spec-emitted"]) == it.max_new_tokens - 1
+    assert meta["speculation"] == {"kind": "prompt lookup", "k": 4, "ngram": 2}
+    lines = [line for line in metrics.splitlines() if line.startswith("attnzoo:spec_decode")]
+    counts = {line.split("{")[0].removeprefix("attnzoo:spec_decode_"): float(line.split()[-1]) for line in lines}
+    assert 0 < counts["num_accepted_tokens_total"] < counts["num_draft_tokens_total"], counts
+    assert 0 < counts["num_target_calls_total"] < counts["num_emitted_tokens_total"], counts
+    assert 0 < counts["acceptance_rate"] < 1 and counts["tokens_per_target_call"] > 1, counts
