@@ -251,3 +251,27 @@ def test_a_speculating_server_answers_generate_and_counts_in_metrics(spec_path, 
     assert 0 < counts["num_accepted_tokens_total"] < counts["num_draft_tokens_total"], counts
     assert 0 < counts["num_target_calls_total"] < counts["num_emitted_tokens_total"], counts
     assert 0 < counts["acceptance_rate"] < 1 and counts["tokens_per_target_call"] > 1, counts
+
+
+def test_cli_serve_takes_the_speculation_flags_and_refuses_what_cannot_run(lm_path):
+    from cli.common import CliError
+    from cli.main import build_parser
+    from cli.serve_model import serve_speculation
+
+    def parsed(*flags):
+        return build_parser().parse_args(["serve", "model.onnx", *flags])
+
+    help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    for flag in ("--prompt-lookup K", "--ngram N", "--draft FOLDER|MODEL.onnx", "--draft-tokens K"):
+        assert flag in help_text
+    assert serve_speculation(parsed()) is None
+    lookup = serve_speculation(parsed("--prompt-lookup", "4", "--ngram", "3"))
+    assert lookup.describe() == {"kind": "prompt lookup", "k": 4, "ngram": 3}
+    draft = serve_speculation(parsed("--draft", str(lm_path), "--draft-tokens", "2"))
+    assert list(draft.draft) == [lm_path.name, lm_path.name + ".data"] and draft.k == 2
+    with pytest.raises(CliError, match="--ngram sizes speculative decoding"):
+        serve_speculation(parsed("--ngram", "3"))
+    with pytest.raises(CliError, match="--provider cuda"):
+        serve_speculation(parsed("--prompt-lookup", "4", "--provider", "cuda"))
+    with pytest.raises(ServeError, match="one"):
+        serve_speculation(parsed("--prompt-lookup", "4", "--draft", str(lm_path)))
