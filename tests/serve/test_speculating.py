@@ -275,3 +275,22 @@ def test_cli_serve_takes_the_speculation_flags_and_refuses_what_cannot_run(lm_pa
         serve_speculation(parsed("--prompt-lookup", "4", "--provider", "cuda"))
     with pytest.raises(ServeError, match="one"):
         serve_speculation(parsed("--prompt-lookup", "4", "--draft", str(lm_path)))
+
+
+@pytest.mark.slow
+def test_a_traced_export_speculates_as_the_spliced_one(tmp_path, hf_lm, sess):
+    """A left-padded traced export (positions counted over a row's real keys) under the speculating batcher: the
+    plain batcher's tokens too, with prompt lookup and with a draft."""
+    from export.lm_export import export_lm
+    from peers.lm import lm_from_hf
+    from runtime.session import OnnxSession
+
+    out = export_lm(lm_from_hf(hf_lm).eval(), tmp_path / "traced.onnx", lowering="decomposed", all_logits=True).path
+    traced = OnnxSession(out, provider="cpu", verbose=False)
+    items = _items(seed=4)
+    plain = _together(ContinuousBatcher(sess, max_rows=6, capacity=64), items)
+    for spec in (LOOKUP, Speculation(2, draft=sess)):
+        batcher = SpeculativeBatcher(traced, max_rows=6, capacity=64, speculation=spec)
+        for (tokens, _), (want, _) in zip(_together(batcher, items), plain):
+            np.testing.assert_array_equal(tokens, want)
+        assert batcher.tally["proposed"] > 0
