@@ -15,7 +15,8 @@ from export.names import DTYPES, PROVIDERS, SESSION_DTYPES
 
 from . import interrupt
 from .common import CliError, number_in, positive, refuse_broken_cuda, shipped_folder, with_set, with_tf32
-from .serve_model import auth_header, capacity_line, folder_target, model_path, served_facts
+from .generate_flags import add_speculation_flags, speculates
+from .serve_model import auth_header, capacity_line, folder_target, model_path, serve_speculation, served_facts
 from .serve_ops import ops_from, with_ops
 from .serve_scale import add_scale_flags, failover_on, scale_options
 
@@ -67,8 +68,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = key_from(args.api_key)
     with tempfile.TemporaryDirectory(prefix="attnzoo-serve-") as tmp:
         overrides = zoo.parse_overrides(args.set)
+        speculation = serve_speculation(args)  # a draft folder exported first (once), refusals before the target's
         path = model_path(
-            args.model, overrides, args.lowering, args.dtype, Path(tmp), args.decode, args.batching, args.provider
+            args.model,
+            overrides,
+            args.lowering,
+            args.dtype,
+            Path(tmp),
+            args.decode,
+            args.batching,
+            args.provider,
+            all_logits=speculates(args),
         )
         print(f"starting Ray Serve for {path} (a readiness line follows when it answers)", flush=True)
         # `kill PID` (a service manager's stop) shuts the deployment down like Ctrl-C does. Set again once Ray
@@ -90,6 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 tool_call_parser=args.tool_call_parser,
                 cuda_graph=args.cuda_graph,
                 ops=ops_from(args),
+                speculation=speculation,
                 **options,
             )
         except BaseException:
@@ -317,6 +328,11 @@ def add_commands(sub) -> None:
         "(not yet run on a GPU: docs/gpu.md)",
     )
     with_ops(sp)
+    add_speculation_flags(
+        sp,
+        "a whole model: every generation, /generate and /v1, verifies candidates k at a time, exactly; a folder is "
+        "exported with the logits of every position; docs/serving.md",
+    )
     sp.add_argument("--threads", type=positive, default=None, help="ONNX Runtime threads per replica")
     sp.add_argument("--cpus-per-replica", type=_nonneg, default=1.0, help="CPUs each replica asks Ray for")
     sp.add_argument("--app", default="attnzoo", help="Ray Serve application name")

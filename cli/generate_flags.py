@@ -146,8 +146,8 @@ def speculates(args) -> bool:
     return args.prompt_lookup is not None or args.draft is not None
 
 
-def add_speculation_flags(sp) -> None:
-    g = sp.add_argument_group("speculative decoding (exact: greedy gives greedy's tokens; docs/generation.md)")
+def add_speculation_flags(sp, title: str = "exact: greedy gives greedy's tokens; docs/generation.md") -> None:
+    g = sp.add_argument_group(f"speculative decoding ({title})")
     g.add_argument(
         "--prompt-lookup",
         type=number_in(int, 1),

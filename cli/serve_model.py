@@ -30,11 +30,13 @@ def model_path(
     decode: bool,
     batching: str,
     provider: str = "cpu",
+    all_logits: bool = False,
 ) -> Path:
     """An .onnx path as given; a checkpoint folder exported whole (fp32 weights, once: export_cache.exported),
     for `provider` in `dtype` (for CUDA in float16 or bfloat16 a packed-rows export, which continuous batching
     runs on the device: serve/generate/packed.py), a model continuous batching cannot serve refused before its
-    export; or a zoo name exported with the mask input (so batches can pad; for a decode model, the key_mask)."""
+    export; or a zoo name exported with the mask input (so batches can pad; for a decode model, the key_mask).
+    all_logits: a folder's export returns the logits of every position (a speculating server's target)."""
     path = Path(target)
     if path.is_dir():
         if overrides or decode:
@@ -58,7 +60,7 @@ def model_path(
             if batching == "continuous":
                 check_continuous_layers(model.spec.attention, target)
 
-        return exported(target, "fp32", None, check, target=folder_target(provider), dtype=dtype)
+        return exported(target, "fp32", None, check, target=folder_target(provider), dtype=dtype, all_logits=all_logits)
     if path.suffix == ".onnx" and not path.is_file():
         raise CliError(f"{path}: no such file; give an .onnx export (attnzoo export ... -o {path.name})")
     if path.suffix == ".onnx" or path.exists():
@@ -117,4 +119,39 @@ def capacity_line(metadata: dict[str, str], capacity: int, batching: str) -> str
     return f"{where}: prompt + max_tokens - 1 <= {cap} tokens (--capacity{lowered})"
 
 
-__all__ = ["auth_header", "capacity_line", "folder_target", "model_path", "served_facts"]
+def serve_speculation(args):
+    """--prompt-lookup K [--ngram N] or --draft FOLDER|MODEL.onnx [--draft-tokens K]: serve.generate.speculating's
+    ServeSpeculation (a draft folder exported once, as the target is; its files travel to the replicas), or None.
+    Refused before any export where it cannot run: a CUDA export takes packed rows, which speculation does not."""
+    from .generate_flags import speculates
+
+    if not speculates(args):
+        for flag, value in (("--ngram", args.ngram), ("--draft-tokens", args.draft_tokens)):
+            if value is not None:
+                raise CliError(f"{flag} sizes speculative decoding: give --prompt-lookup K or --draft FOLDER with it")
+        return None
+    if folder_target(args.provider) == "cuda":
+        raise CliError(
+            "--prompt-lookup / --draft verify each row's candidates on a left-padded export, which --provider cuda "
+            "does not serve (its exports take packed rows); serve with --provider cpu"
+        )
+    from serve.generate.speculating import ServeSpeculation
+    from serve.replica import model_files
+
+    files = None
+    if args.draft is not None:
+        from .generate_sources import source_path, whole_model
+
+        draft = source_path(args.draft)
+        if draft.is_dir():
+            from .export_cache import checkpoint_config, exported
+
+            checkpoint_config(str(draft))  # is it a checkpoint at all
+            draft = exported(str(draft), "fp32", None, target="cpu", dtype=args.dtype)
+        else:
+            whole_model(draft)
+        files = model_files(draft)
+    return ServeSpeculation(args.prompt_lookup, args.ngram, files, args.draft_tokens)
+
+
+__all__ = ["auth_header", "capacity_line", "folder_target", "model_path", "serve_speculation", "served_facts"]

@@ -5,10 +5,12 @@
   `max_ngram` tokens) ending the row's text that occurs earlier in it; its first occurrence, left to right,
   proposes the tokens that followed it (at most k), cut before the first eos id. No match: no candidates (the
   step is a plain one). No distribution: under sampling the target's own draw must equal the candidate.
-- Draft: a whole-model export of the same vocabulary, its own cache bound once (runtime/device_decode.LeftRows)
-  and a call per row: it is fed what it has not seen of the row's text, then proposes k tokens one call each,
-  greedy or drawn from its distribution (which the accept rule reads). After the target's verdict its cache is
-  rolled back by not advancing its length past the tokens that stay (nothing copied).
+- DraftRow: one row of a draft model (a whole-model export of the same vocabulary) on its slice of a batch
+  cache: it is fed what it has not seen of the row's text, then proposes k tokens one call each, greedy or drawn
+  from its distribution (which the accept rule reads). After the target's verdict its cache is rolled back by not
+  advancing its length past the tokens that stay (nothing copied). Draft: a call's rows, the draft's cache bound
+  once (runtime/device_decode.LeftRows); a server's batcher makes its rows over its own buffers
+  (serve/generate/speculating.py).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray) -> np.ndarr
 
 
 class RowCalls:
-    """One row's calls on a whole-model session whose batch cache LeftRows holds: the row's slice of each
-    buffer (a view, no copy), its key mask row and its own past_len; input_ids (1 t) after the row's past. A
-    one-token call runs a binding made once (its ids and logits arrays bound as plain decoding binds them)."""
+    """One row's calls on a whole-model session over a batch cache: the row's slice of each buffer (a view, no
+    copy), its key mask row and its own past_len; input_ids (1 t) after the row's past. A one-token call runs a
+    binding made once (its ids and logits arrays bound as plain decoding binds them). `rows`: what holds the
+    batch's host arrays, `cache_arrays` {name: (b ...)} and `key_mask` (b n) bool (LeftRows, or a server's
+    buffers)."""
 
     def __init__(self, sess: RuntimeSession, rows: LeftRows, r: int) -> None:
         self.sess, self.keep, self.length = sess, [], 0
@@ -61,7 +65,7 @@ class RowCalls:
         self.single = None
         if self.logits_type == "tensor(float)":
             self.one_ids = np.zeros((1, 1), np.int64)
-            self.one_logits = np.zeros((1, 1, rows.step_logits.shape[-1]), np.float32)
+            self.one_logits = np.zeros((1, 1, int(sess.metadata["attnzoo.vocab"])), np.float32)
             self.single = self._bind(rows, r)
             self.single.bind_ortvalue_input(INPUT_IDS.name, self._held(self.one_ids))
             self.single.bind_ortvalue_output(LOGITS.name, self._held(self.one_logits))
@@ -102,33 +106,18 @@ class RowCalls:
         return as_float32(logits)[0]
 
 
-class Draft:
-    """A draft model's proposals for every row of a call (the module docstring)."""
+class DraftRow:
+    """One row's draft calls (RowCalls on the draft's cache); `offset`: the slots before the row's real tokens
+    (its left padding); `runs`: the draft calls made."""
 
-    def __init__(self, sess: RuntimeSession, b: int, t: int, n: int, prompt_mask, vocabs: tuple[int, int]) -> None:
-        """vocabs: (the draft's, the target's)."""
-        if vocabs[0] != vocabs[1]:
-            raise zoo.ArgumentError(
-                f"the draft {sess.path.name} has a vocabulary of {vocabs[0]}, the target {vocabs[1]}: a draft must "
-                "share the target's tokenizer"
-            )
-        self.sess = sess
-        self.rows = LeftRows(sess, b, t, n, prompt_mask, False, lambda logits: logits.argmax(-1))
-        self.calls: list[RowCalls] = []
-        self.runs = 0
+    def __init__(self, calls: RowCalls, offset: int = 0) -> None:
+        self.calls, self.offset, self.runs = calls, offset, 0
 
-    def prefill(self, ids: np.ndarray, chunk: int) -> None:
-        """The prompt into the draft's cache (its own first token is not used: the target's is)."""
-        self.rows.prefill(ids, chunk)
-        self.calls = [RowCalls(self.sess, self.rows, r) for r in range(ids.shape[0])]
-        for c in self.calls:
-            c.length = ids.shape[1]
-
-    def propose(self, r: int, seq: np.ndarray, t_row: int, k: int, choose) -> tuple[np.ndarray, list]:
-        """k tokens after row r's text seq (its real tokens; t_row of them are the prompt's): (tokens, the
-        draft's distribution at each, or None each when choose is greedy). `choose(logits (v)) -> (token, q)`."""
-        calls = self.calls[r]
-        done = calls.length - (self.rows.t - t_row)  # the row's tokens already in the draft cache
+    def propose(self, seq: np.ndarray, k: int, choose) -> tuple[np.ndarray, list]:
+        """k tokens after the row's text seq (its real tokens): (tokens, the draft's distribution at each, or
+        None each when choose is greedy). `choose(logits (v)) -> (token, q)`."""
+        calls = self.calls
+        done = calls.length - self.offset  # the row's tokens already in the draft cache
         logits = calls.run(seq[done:])[-1]
         self.runs += 1
         tokens, dists = [], []
@@ -141,10 +130,38 @@ class Draft:
                 self.runs += 1
         return np.array(tokens, np.int64), dists
 
-    def keep(self, r: int, t_row: int, tokens: int) -> None:
-        """Row r's draft cache keeps its first `tokens` real tokens (the rest are past the target's verdict)."""
-        calls = self.calls[r]
-        calls.length = min(calls.length, self.rows.t - t_row + tokens)
+    def keep(self, tokens: int) -> None:
+        """The row's draft cache keeps its first `tokens` real tokens (the rest are past the target's verdict)."""
+        self.calls.length = min(self.calls.length, self.offset + tokens)
+
+
+def check_draft(sess: RuntimeSession, vocabs: tuple[int, int]) -> None:
+    """vocabs: (the draft's, the target's); a draft must share the target's tokenizer."""
+    if vocabs[0] != vocabs[1]:
+        raise zoo.ArgumentError(
+            f"the draft {sess.path.name} has a vocabulary of {vocabs[0]}, the target {vocabs[1]}: a draft must "
+            "share the target's tokenizer"
+        )
+
+
+class Draft:
+    """A draft model's rows for a call (the module docstring): its cache bound once, each row a DraftRow."""
+
+    def __init__(self, sess: RuntimeSession, b: int, t: int, n: int, prompt_mask, vocabs: tuple[int, int]) -> None:
+        """vocabs: (the draft's, the target's)."""
+        check_draft(sess, vocabs)
+        self.sess = sess
+        self.rows = LeftRows(sess, b, t, n, prompt_mask, False, lambda logits: logits.argmax(-1))
+        self.real = np.full(b, t, np.int64) if prompt_mask is None else np.asarray(prompt_mask).sum(1)
+        self.row: list[DraftRow] = []
+
+    def prefill(self, ids: np.ndarray, chunk: int) -> None:
+        """The prompt into the draft's cache (its own first token is not used: the target's is)."""
+        self.rows.prefill(ids, chunk)
+        b, t = ids.shape
+        self.row = [DraftRow(RowCalls(self.sess, self.rows, r), t - int(self.real[r])) for r in range(b)]
+        for d in self.row:
+            d.calls.length = t
 
 
 def draft_choice(params, rng):
@@ -169,4 +186,4 @@ def draw(probs: np.ndarray, rng) -> int:
     return i
 
 
-__all__ = ["Draft", "RowCalls", "draft_choice", "draw", "lookup"]
+__all__ = ["Draft", "DraftRow", "RowCalls", "check_draft", "draft_choice", "draw", "lookup"]

@@ -146,6 +146,16 @@ class GrammarConstraint:
                 m.consume_token(int(token))
             self.followed[r] = made.shape[1]
 
+    def fork(self) -> GrammarConstraint:
+        """A copy whose matchers go on apart from these (speculative decoding scores candidates on one: the
+        row's own matchers take only the tokens kept)."""
+        twin = object.__new__(GrammarConstraint)
+        twin.tokenizer, twin.prompt_len, twin.eos = self.tokenizer, self.prompt_len, self.eos
+        twin.matchers = [m.deep_copy() for m in self.matchers]
+        twin.followed = list(self.followed)
+        twin.mask = self.mask.copy()
+        return twin
+
     def stopped(self, row: int = 0) -> bool:
         """The row's grammar is complete: only an eos id may follow."""
         return self.matchers[row].is_stopped() and not self.matchers[row].is_error()

@@ -105,6 +105,12 @@ def recompute_at(sess: RuntimeSession) -> int | None:
     return int(raw) if raw.isascii() and raw.isdigit() else None
 
 
+def position_dependent(sess: RuntimeSession) -> bool:
+    """Whether a call's rotary frequencies depend on its positions (longrope layers: one_call_prompt_len,
+    recompute_at): speculative decoding refuses such an export (runtime/speculative.check_target)."""
+    return recompute_at(sess) is not None or one_call_prompt_len(sess) is not None
+
+
 def longrope_switch(layers) -> int | None:
     """The first prompt length at which a layer's longrope switches frequency sets, over (rope_scaling,
     rope_original_max) pairs, one per layer; None when no layer switches."""
@@ -204,8 +210,7 @@ class Generation:
             prompt_lookup_num_tokens, max_matching_ngram_size, assistant_model, num_assistant_tokens
         )
         if self.speculation is not None:
-            longrope = lambda s: recompute_at(s) is not None or one_call_prompt_len(s) is not None  # noqa: E731
-            check_target(sess, self.speculation, longrope)
+            check_target(sess, self.speculation, position_dependent)
         self.mask = attention_mask
         self.sampler = Sampler(
             self.params,

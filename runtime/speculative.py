@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 MAX_PAUSE = 16  # plain steps at most between two tries of a row whose candidates were all rejected
 NGRAM = 2  # transformers' max_matching_ngram_size default
+DRAFT_TOKENS = 5  # transformers' num_assistant_tokens default
 FIRST_K = 2  # a row's first round proposes at most this many: a rejected candidate costs a position of the chunk
 
 
@@ -61,22 +62,24 @@ class Speculation:
         return "draft" if self.draft is not None else "prompt lookup"
 
 
+def count(name: str, v, default=None) -> int | None:
+    """A speculation count (k, an n-gram size) checked: an int >= 1, or `default` for None."""
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise zoo.ArgumentError(f"{name}={v!r} must be an int >= 1")
+    return int(v)
+
+
 def speculation(
     prompt_lookup_num_tokens=None, max_matching_ngram_size=None, assistant_model=None, num_assistant_tokens=None
 ) -> Speculation | None:
     """The call's speculation from transformers' names, checked; None when none is asked."""
     from .core import RuntimeSession
 
-    def count(name, v, default=None):
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise zoo.ArgumentError(f"{name}={v!r} must be an int >= 1")
-        return int(v)
-
     k = count("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
     ngram = count("max_matching_ngram_size", max_matching_ngram_size, NGRAM)
-    n_draft = count("num_assistant_tokens", num_assistant_tokens, 5)
+    n_draft = count("num_assistant_tokens", num_assistant_tokens, DRAFT_TOKENS)
     if assistant_model is None:
         if num_assistant_tokens is not None:
             raise zoo.ArgumentError("num_assistant_tokens needs assistant_model=... (a draft model's session)")
@@ -116,34 +119,106 @@ def check_target(sess: RuntimeSession, spec: Speculation, longrope) -> None:
         )
 
 
+TALLY = ("target_calls", "proposed", "accepted", "emitted", "draft_calls")  # what a round counts
+
+
+class RowRound:
+    """One row's speculation (the module docstring): its target calls (RowCalls), its draft's (a DraftRow; None:
+    prompt lookup), k with back-off, and the tokens its last round kept and not yet taken, each with the target's
+    logits (v) it was chosen from (read before the row's next round: a one-token call's are its bound array).
+    `tallies`: dicts of TALLY counts each round adds to (a call's, a server's, a request's)."""
+
+    def __init__(self, spec: Speculation, calls: RowCalls, draft=None, eos=(), tallies: tuple = ()) -> None:
+        self.spec, self.calls, self.draft, self.tallies = spec, calls, draft, tallies
+        self.eos = np.asarray(eos, np.int64)
+        self.k = min(spec.k, FIRST_K)  # grows by doubling while every candidate is kept
+        self.pause = self.backoff = 0
+        self.queue: list[tuple[int, np.ndarray]] = []
+
+    def _count(self, **counts) -> None:
+        for tally in self.tallies:
+            for name, n in counts.items():
+                tally[name] = tally.get(name, 0) + n
+
+    def next(self, seq: np.ndarray, params, rng, scores_for, remaining: int) -> tuple[int, np.ndarray]:
+        """(the row's next token, the target's logits at it) after seq (int64: its real tokens, the last not yet
+        in the cache): from the queue, after a round when it is empty. scores_for(cand, logits) -> scores(j) (the
+        verdict's: row_scores, or a server request's processors); rng: the row's stream (sampling);
+        `remaining`: the tokens the row may still make after this one (a round proposes no more)."""
+        if not self.queue:
+            self._round(seq, params, rng, scores_for, remaining)
+        self._count(emitted=1)
+        return self.queue.pop(0)
+
+    def _round(self, seq: np.ndarray, params, rng, scores_for, remaining: int) -> None:
+        spec, calls = self.spec, self.calls
+        k = 0 if self.pause else int(min(self.k, remaining))
+        self.pause = max(0, self.pause - 1)
+        qs: list = []
+        runs = 0
+        if k and self.draft is None:
+            cand = lookup(seq, k, spec.max_ngram, self.eos)
+        elif k:
+            before = self.draft.runs
+            cand, qs = self.draft.propose(seq, k, draft_choice(params, rng))
+            runs = self.draft.runs - before
+        else:
+            cand = np.zeros(0, np.int64)
+        base = calls.length
+        logits = calls.run(np.concatenate([seq[-1:], cand]))
+        kept, token = verdict(logits, cand, qs, params, scores_for(cand, logits), rng)
+        calls.length = base + 1 + kept  # the rejected candidates' slots are written over next time
+        if self.draft is not None and len(cand):
+            self.draft.keep(len(seq) + min(kept, len(cand) - 1))
+        self.queue = [(int(c), logits[j]) for j, c in enumerate(cand[:kept])] + [(token, logits[kept])]
+        m = len(cand)
+        self._count(target_calls=1, proposed=m, accepted=kept, draft_calls=runs)
+        if m:
+            self.k = min(spec.k, 2 * self.k) if kept == m else max(1, kept + 1)
+            if kept == 0:
+                self.backoff = min(MAX_PAUSE, max(1, 2 * self.backoff))
+                self.pause = self.backoff
+            else:
+                self.backoff = 0
+
+
+def summary(stats: dict, spec: Speculation) -> dict:
+    """A tally (TALLY's counts) with its kind, k, acceptance rate and tokens per target call."""
+    s = {name: stats.get(name, 0) for name in TALLY}
+    s.update(kind=spec.kind, k=spec.k)
+    s["acceptance_rate"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
+    s["tokens_per_target_call"] = s["emitted"] / s["target_calls"] if s["target_calls"] else 0.0
+    return s
+
+
 class SpeculativeRows:
     """The driver runtime/generation.Generation runs (prefill, step) when a call speculates (the module
-    docstring). `done` (b) bool, set by the loop, marks the rows that ended: they make no more calls."""
+    docstring): a RowRound per row. `done` (b) bool, set by the loop, marks the rows that ended: they make no
+    more calls."""
 
     def __init__(
         self, sess, b: int, t: int, n: int, prompt_mask, argmax: bool, sampler, spec: Speculation, eos, vocabs
     ):
         """vocabs: (the draft's, the target's) vocabulary sizes."""
-        self.sess, self.spec, self.sampler, self.eos = sess, spec, sampler, np.asarray(eos, np.int64)
+        self.sess, self.spec, self.sampler, self.eos = sess, spec, sampler, eos
         self.rows = LeftRows(sess, b, t, n, prompt_mask, argmax, sampler.choose)
         self.draft = Draft(spec.draft, b, t, n, prompt_mask, vocabs) if spec.draft is not None else None
-        self.t = t
         self.real = np.full(b, t, np.int64) if prompt_mask is None else np.asarray(prompt_mask).sum(1).astype(np.int64)
         self.done = np.zeros(b, np.bool_)
-        self.k = np.full(b, min(spec.k, FIRST_K), np.int64)  # grows by doubling while every candidate is kept
-        self.pause, self.backoff = np.zeros(b, np.int64), np.zeros(b, np.int64)
-        self.queue: list[list[int]] = [[] for _ in range(b)]
-        self.stats = dict(target_calls=0, proposed=0, accepted=0, emitted=0, draft_calls=0)
+        self.stats: dict = {}
 
     def prefill(self, ids: np.ndarray, chunk: int) -> np.ndarray:
         token = self.rows.prefill(ids, chunk)
         b, t = ids.shape
-        self.calls = [RowCalls(self.sess, self.rows, r) for r in range(b)]
-        for c in self.calls:
-            c.length = t
-        self.seqs = [list(ids[r, t - self.real[r] :]) for r in range(b)]
         if self.draft is not None:
             self.draft.prefill(ids, chunk)
+        self.rounds = []
+        for r in range(b):
+            calls = RowCalls(self.sess, self.rows, r)
+            calls.length = t
+            draft = self.draft.row[r] if self.draft is not None else None
+            self.rounds.append(RowRound(self.spec, calls, draft, self.eos, (self.stats,)))
+        self.seqs = [list(ids[r, t - self.real[r] :]) for r in range(b)]
         return token
 
     def recompute(self, seq: np.ndarray) -> np.ndarray:  # never reached: check_target refuses longrope exports
@@ -153,53 +228,19 @@ class SpeculativeRows:
         """The tokens after step i's `token` (b): each active row's next from its queue, after a round if empty.
         `remaining`: the tokens the call may still make after the next one (a round proposes no more)."""
         out = token.copy()
+        params, sampler = self.sampler.params, self.sampler
         for r in np.flatnonzero(~self.done):
             self.seqs[r].append(int(token[r]))
-            if not self.queue[r]:
-                self._round(r, remaining)
-            out[r] = self.queue[r].pop(0)
-            self.stats["emitted"] += 1
+            rng = sampler.rngs[r] if params.do_sample else None
+
+            def scores_for(cand, logits, r=r):
+                return row_scores(sampler, r, cand, logits)
+
+            out[r] = self.rounds[r].next(np.asarray(self.seqs[r], np.int64), params, rng, scores_for, remaining)[0]
         return out
 
-    def _round(self, r: int, remaining: int) -> None:
-        spec, calls, seq = self.spec, self.calls[r], self.seqs[r]
-        k = 0 if self.pause[r] else int(min(self.k[r], remaining))
-        self.pause[r] = max(0, self.pause[r] - 1)
-        params = self.sampler.params
-        rng = self.sampler.rngs[r] if params.do_sample else None
-        qs: list = []
-        if k and self.draft is None:
-            cand = lookup(np.asarray(seq, np.int64), k, spec.max_ngram, self.eos)
-        elif k:
-            cand, qs = self.draft.propose(r, np.asarray(seq, np.int64), int(self.real[r]), k, draft_choice(params, rng))
-        else:
-            cand = np.zeros(0, np.int64)
-        base = calls.length
-        logits = calls.run(np.concatenate([[seq[-1]], cand]))
-        self.stats["target_calls"] += 1
-        kept, token = verdict(logits, cand, qs, params, row_scores(self.sampler, r, cand, logits), rng)
-        calls.length = base + 1 + kept  # the rejected candidates' slots are written over next time
-        if self.draft is not None and len(cand):
-            self.draft.keep(r, int(self.real[r]), len(seq) + min(kept, len(cand) - 1))
-        self.queue[r] = [*cand[:kept].tolist(), token]
-        m = len(cand)
-        self.stats["proposed"] += m
-        self.stats["accepted"] += kept
-        if m:
-            self.k[r] = min(spec.k, 2 * self.k[r]) if kept == m else max(1, kept + 1)
-            if kept == 0:
-                self.backoff[r] = min(MAX_PAUSE, max(1, 2 * self.backoff[r]))
-                self.pause[r] = self.backoff[r]
-            else:
-                self.backoff[r] = 0
-
     def summary(self) -> dict:
-        s = dict(self.stats, kind=self.spec.kind, k=self.spec.k)
-        if self.draft is not None:
-            s["draft_calls"] = self.draft.runs
-        s["acceptance_rate"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
-        s["tokens_per_target_call"] = s["emitted"] / s["target_calls"] if s["target_calls"] else 0.0
-        return s
+        return summary(self.stats, self.spec)
 
 
 def row_scores(sampler, r: int, cand: np.ndarray, logits: np.ndarray):
@@ -253,4 +294,19 @@ def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, scores, rng)
     return len(cand), int(processed.argmax()) if not params.do_sample else draw(_probs(processed), rng)
 
 
-__all__ = ["FIRST_K", "MAX_PAUSE", "NGRAM", "Speculation", "SpeculativeRows", "check_target", "speculation", "verdict"]
+__all__ = [
+    "DRAFT_TOKENS",
+    "FIRST_K",
+    "MAX_PAUSE",
+    "NGRAM",
+    "TALLY",
+    "RowRound",
+    "Speculation",
+    "SpeculativeRows",
+    "check_target",
+    "count",
+    "row_scores",
+    "speculation",
+    "summary",
+    "verdict",
+]

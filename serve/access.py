@@ -11,8 +11,10 @@ Serve's own replica log lines carry the same id.
 One access-log line per request, when its answer ends (a stream at its last event): a JSON object with ts,
 request_id, method, route, status, prompt_tokens, completion_tokens, cached_tokens (from the prefix cache),
 finish_reason, queue_ms, ttft_ms, total_ms and the replica; the prompt's text (`prompt`) only with
---log-prompts. Written to the `attnzoo.serve.access` logger (the replica's stderr: Ray's log folder), or
-appended to a file (--access-log PATH: one write per line, so replicas on one machine may share it).
+--log-prompts; a speculating server's continuous batch adds spec_proposed, spec_accepted and spec_target_calls
+(the request's candidates proposed and kept, and its verifying calls). Written to the `attnzoo.serve.access`
+logger (the replica's stderr: Ray's log folder), or appended to a file (--access-log PATH: one write per line,
+so replicas on one machine may share it).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class Access:
     ttft_ms: float | None = None
     total_ms: float | None = None
     prompt: str | None = None
+    spec_proposed: int | None = None  # speculative decoding (serve --prompt-lookup / --draft): left out when None
+    spec_accepted: int | None = None
+    spec_target_calls: int | None = None
     started: float = field(default_factory=time.perf_counter)
 
     def ran(self, run, timing: dict) -> None:
@@ -69,6 +74,14 @@ class Access:
         self.queue_ms = timing.get("x-attnzoo-queue-ms")
         self.ttft_ms = timing.get("x-attnzoo-ttft-ms")
         self.cached_tokens = timing.get("x-attnzoo-cached-tokens")
+        self.speculated(timing)
+
+    def speculated(self, timing: dict) -> None:
+        """A speculating batcher's counts of the request (generate/speculating.py's x-attnzoo-spec-* timings)."""
+        for name in ("proposed", "accepted", "target_calls"):
+            value = timing.get(f"x-attnzoo-spec-{name.replace('_', '-')}")
+            if value is not None:
+                setattr(self, f"spec_{name}", value)
 
 
 _CURRENT: contextvars.ContextVar[Access | None] = contextvars.ContextVar("attnzoo_access", default=None)
@@ -108,6 +121,9 @@ class AccessLog:
         doc.pop("started")
         if not self.prompts:
             doc.pop("prompt")
+        for key in ("spec_proposed", "spec_accepted", "spec_target_calls"):
+            if doc[key] is None:
+                doc.pop(key)
         for key in ("queue_ms", "ttft_ms", "total_ms"):
             if doc[key] is not None:
                 doc[key] = round(doc[key], 3)

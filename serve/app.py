@@ -23,6 +23,7 @@ from .embeddings.app import EmbeddingServer, embed_files, is_sentence_encoder
 from .generate.app import GenerateServer
 from .generate.continuous import BATCHINGS, DEFAULT_CAPACITY, check_continuous
 from .generate.protocol import DEFAULT_MAX_NEW_TOKENS, GenInfo, is_lm
+from .generate.speculating import ServeSpeculation
 from .openai.serving import text_files
 from .ops import ServeOps
 from .replica import (
@@ -180,6 +181,7 @@ def start(
     cuda_graph: bool = False,
     tool_call_parser: str | None = None,
     ops: ServeOps | None = None,
+    speculation: ServeSpeculation | None = None,
     autoscale: tuple[int, int] | None = None,
     target_ongoing_requests: float = 2.0,
     max_ongoing_requests: int | None = None,
@@ -204,7 +206,8 @@ def start(
     encoder's export (export_encoder) is served on OpenAI's POST /v1/embeddings (serve/embeddings/app.py: its
     tokenizer the MODEL.tokenizer.json beside it, requests batched across clients up to `max_batch` rows, at most
     `max_tokens` tokens a request). ops: a whole model's admission control, request timeout, prefix cache and access
-    log (serve/ops.py ServeOps; default ServeOps()).
+    log (serve/ops.py ServeOps; default ServeOps()). speculation: a whole model's generations verify candidates
+    (serve/generate/speculating.ServeSpeculation: prompt lookup or a draft; the export must have all_logits).
 
     autoscale (MIN, MAX): Ray Serve's own autoscaler sizes the deployment between MIN and MAX replicas (`replicas`
     the start), aiming at `target_ongoing_requests` per replica, after `upscale_delay_s` / `downscale_delay_s` of
@@ -261,10 +264,15 @@ def start(
         extra["ops"] = ops or ServeOps()
         extra["text"] = text_files(text_from if text_from is not None else path)
         extra["tool_call_parser"] = tool_call_parser
+        if speculation is not None:
+            speculation.open(probe)  # the target's and the draft's refusals, here once
+            extra["speculation"] = speculation
     elif is_sentence_encoder(probe):  # POST /v1/embeddings (serve/embeddings/app.py), with the export's tokenizer
         server, extra = EmbeddingServer, {"text": embed_files(path)}
     else:
         ModelInfo.of(probe, max_tokens=max_tokens, max_rows=max_batch)
+    if speculation is not None and "speculation" not in extra:
+        raise ServeError(f"speculative decoding runs a whole model's generations; {path} is not a whole model")
     if cuda_graph and probe.metadata.get("attnzoo.padding") != "packed":
         raise ServeError(f"cuda_graph replays a packed-rows whole model's decode step; {path} is not one")
     del probe

@@ -11,7 +11,12 @@ e2e_request_latency_seconds, request_queue_time_seconds. Counters: prompt_tokens
 request_success_total{finished_reason}, prefix_cache_queries_total / prefix_cache_hits_total (prompt tokens
 looked up / found, vLLM v1's), and our own num_requests_refused_total (429s) and num_requests_timed_out_total.
 Gauges read at each scrape: num_requests_running, num_requests_waiting, kv_cache_usage_perc (the batch's rows
-held, 0..1: every row holds the capacity's slots), prefix_cache_usage_bytes (our own).
+held, 0..1: every row holds the capacity's slots), prefix_cache_usage_bytes (our own). A speculating server
+(serve --prompt-lookup / --draft) adds vLLM's spec_decode_num_draft_tokens_total (candidates proposed) and
+spec_decode_num_accepted_tokens_total, and our own spec_decode_num_target_calls_total (verifying calls),
+spec_decode_num_emitted_tokens_total (tokens made by rounds), spec_decode_num_draft_calls_total, with the gauges
+spec_decode_acceptance_rate (accepted / proposed) and spec_decode_tokens_per_target_call (emitted / target calls)
+since the replica started.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ class ReplicaMetrics:
     """One replica's registry. batchers() -> the continuous batchers made so far (their state is read at each
     scrape); `finished` is the batchers' observer."""
 
-    def __init__(self, model: str, batchers) -> None:
+    def __init__(self, model: str, batchers, speculation: dict | None = None) -> None:
+        """speculation: the tally a speculating server's rounds count into (runtime/speculative.TALLY), or None."""
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
-        self.model, self.batchers = model, batchers
+        self.model, self.batchers, self.speculation = model, batchers, speculation
         self.registry = CollectorRegistry(auto_describe=False)
         lab, reg = ["model_name"], self.registry
 
@@ -78,6 +84,16 @@ class ReplicaMetrics:
         return generate_latest(self.registry)
 
 
+# (metric, runtime/speculative.TALLY's count, help): vLLM's names where the meaning is the same
+SPEC_COUNTERS = (
+    ("spec_decode_num_draft_tokens", "proposed", "Number of candidate tokens proposed."),
+    ("spec_decode_num_accepted_tokens", "accepted", "Number of candidate tokens accepted."),
+    ("spec_decode_num_target_calls", "target_calls", "Target model calls that verified candidates."),
+    ("spec_decode_num_emitted_tokens", "emitted", "Tokens made under speculation (accepted and the target's own)."),
+    ("spec_decode_num_draft_calls", "draft_calls", "Draft model calls."),
+)
+
+
 class _State:
     """The gauges and counters read from the batchers at each scrape."""
 
@@ -112,6 +128,17 @@ class _State:
                      sum(b.refused for b in batchers))  # fmt: skip
         yield family(CounterMetricFamily, "num_requests_timed_out", "Requests ended by --request-timeout.",
                      sum(b.timed_out for b in batchers))  # fmt: skip
+        tally = self.m.speculation
+        if tally is None:
+            return
+        n = dict(tally)  # one reading of the batchers' counts
+        for name, key, doc in SPEC_COUNTERS:
+            yield family(CounterMetricFamily, name, doc, n.get(key, 0))
+        rate = n.get("accepted", 0) / n["proposed"] if n.get("proposed") else 0.0
+        per_call = n.get("emitted", 0) / n["target_calls"] if n.get("target_calls") else 0.0
+        yield family(GaugeMetricFamily, "spec_decode_acceptance_rate", "Candidates accepted / proposed.", rate)
+        yield family(GaugeMetricFamily, "spec_decode_tokens_per_target_call",
+                     "Tokens made under speculation per verifying target call.", per_call)  # fmt: skip
 
 
-__all__ = ["PREFIX", "TEXT_FORMAT", "ReplicaMetrics"]
+__all__ = ["PREFIX", "SPEC_COUNTERS", "TEXT_FORMAT", "ReplicaMetrics"]

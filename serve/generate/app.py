@@ -36,6 +36,7 @@ from .protocol import (
     encode_tokens,
 )
 from .rows import Busy, RowBatcher, TimedOut
+from .speculating import ServeSpeculation, generate_options
 
 
 class GenerateServer:
@@ -52,6 +53,9 @@ class GenerateServer:
     x-attnzoo-new-tokens (this answer's new tokens, all rows). ops (serve/ops.py): the continuous batch's
     admission control, request timeout and prefix cache, and the access log; GET /health, /ready and /metrics
     (serve/metrics.py) ask for no key, POST /tokenize and /detokenize (serve/openai/tokenize.py) do.
+    speculation (generate/speculating.ServeSpeculation: prompt lookup or a draft's files): every generation, static
+    or continuous, /generate or /v1, verifies candidates k at a time (exact); its counts in /metrics and in each
+    continuously batched request's x-attnzoo-spec-* timings.
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class GenerateServer:
         cuda_graph: bool = False,
         tool_call_parser: str | None = None,
         ops: ServeOps | None = None,
+        speculation: ServeSpeculation | None = None,
     ) -> None:
         if loopback:  # before Serve starts this replica's own gRPC server, right after this __init__
             replica_grpc_on_loopback()
@@ -85,6 +90,13 @@ class GenerateServer:
             self.sess, max_rows=max_batch, max_tokens=max_tokens, max_new_tokens=max_new_tokens, max_body=max_body
         )
         per_run = None if shares_runs(self.sess) else 1  # longrope: one request a run
+        # runtime/speculative's Speculation (its draft's session opened here), checked; its rounds' counts
+        self.spec = speculation.open(self.sess, provider, threads) if speculation is not None else None
+        self.tally: dict = {}
+        if self.spec is not None and self.spec.draft is not None:  # the draft's rows hold the capacity too
+            from runtime.generation import lm_max_len
+
+            capacity = min(capacity, lm_max_len(self.spec.draft) or capacity)
         self.ops = ops or ServeOps()
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         self.access = AccessLog(self.ops.access_log, self.ops.log_prompts, self.replica)
@@ -97,7 +109,7 @@ class GenerateServer:
         else:
             # Not serve.batch: it forms a batch before waiting for the running one (generate.batching.StaticBatcher).
             self._batcher = StaticBatcher(
-                lambda items: run_generate_batch(self.sess, items),
+                self._static_run,
                 max_rows=max_batch,
                 wait_s=batch_wait_ms / 1000,
                 max_requests=per_run,
@@ -124,6 +136,7 @@ class GenerateServer:
             "max_tokens": max_tokens,
             "max_new_tokens": max_new_tokens,
             "sha256": files_digest(files),
+            "speculation": speculation.describe() if speculation is not None else None,
         }
         self.meta["max_positions"] = max_tokens  # the same limit, by the name that never meets OpenAI's max_tokens
         # OpenAI's model id: the checkpoint folder's name its export recorded, else the file's stem
@@ -132,14 +145,29 @@ class GenerateServer:
         self.tool_call_parser = tool_call_parser
         self.openai = self._openai(model_id, text or {}, batching, capacity, max_batch, batch_wait_ms, max_body)
         self.meta["openai"] = {"model": self.openai.name, "chat": self.openai.template is not None}
-        self.metrics = ReplicaMetrics(self.openai.name, self.openai.batchers)
+        self.metrics = ReplicaMetrics(self.openai.name, self.openai.batchers, self.tally if self.spec else None)
         self.meta["prefix_cache_mb"] = self.ops.prefix_cache_mb
         self.meta["max_waiting"], self.meta["request_timeout"] = self.ops.max_waiting, self.ops.request_timeout
 
     def _batcher_options(self) -> dict:
         """A continuous batcher's admission, timeout, prefix cache and metrics (serve/ops.py); the observer is
-        looked up when a request leaves, so the metrics may be made after the batcher."""
-        return self.ops.batcher_options(observer=self)
+        looked up when a request leaves, so the metrics may be made after the batcher; speculating, the
+        speculation and the tally its rounds count into."""
+        options = self.ops.batcher_options(observer=self)
+        if self.spec is not None:
+            options.update(speculation=self.spec, tally=self.tally)
+        return options
+
+    def _static_run(self, items: list) -> list:
+        """A static batch's run (generate.batching.run_generate_batch), speculating as the server does."""
+        if self.spec is None:
+            return run_generate_batch(self.sess, items)
+        timings: dict = {}
+        out = run_generate_batch(self.sess, items, timings, generate_options(self.spec))
+        for name, n in timings.get("speculation", {}).items():
+            if isinstance(n, int) and not isinstance(n, bool) and name != "k":
+                self.tally[name] = self.tally.get(name, 0) + n
+        return out
 
     def finished(self, run, now: float, reason: str) -> None:  # the batchers' observer: to the metrics
         self.metrics.finished(run, now, reason)
@@ -253,6 +281,7 @@ class GenerateServer:
             item.cancelled = True
             raise
         rec.queue_ms, rec.ttft_ms = timing.get("x-attnzoo-queue-ms"), timing.get("x-attnzoo-ttft-ms")
+        rec.speculated(timing)
         if isinstance(tokens, TimedOut):
             return PlainTextResponse(str(tokens), 503, {"retry-after": "1"})
         if isinstance(tokens, Exception):

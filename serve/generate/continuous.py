@@ -39,9 +39,18 @@ BATCHINGS = ("static", "continuous")
 DEFAULT_CAPACITY = 512  # slots of the continuous batch's buffers (a request needs prompt + new tokens - 1)
 
 
-def continuous_batcher(sess, max_rows: int, capacity: int, wait_s: float = 0.0, **options) -> RowBatcher:
+def continuous_batcher(
+    sess, max_rows: int, capacity: int, wait_s: float = 0.0, speculation=None, **options
+) -> RowBatcher:
     """The continuous batcher of this export: over packed rows (generate.packed) or left-padded (this module);
-    options: RowBatcher's (max_waiting, timeout_s, prefix, observer)."""
+    with a speculation (runtime/speculative.Speculation: serve --prompt-lookup / --draft) generate.speculating's,
+    which runs each row's rounds on its own (options: its tally too). options: RowBatcher's (max_waiting,
+    timeout_s, prefix, observer)."""
+    if speculation is not None:
+        from .speculating import SpeculativeBatcher
+
+        return SpeculativeBatcher(sess, max_rows, capacity, wait_s=wait_s, speculation=speculation, **options)
+    options.pop("tally", None)
     kind = PackedBatcher if is_packed(sess) else ContinuousBatcher
     return kind(sess, max_rows, capacity, wait_s=wait_s, **options)
 

@@ -61,10 +61,15 @@ class TextRun:
         reads no logits back: serve/generate/packed.py)."""
         return self.logprobs is not None or self.scored or self.sampler.params.needs_logits or bool(self.processors)
 
-    def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:
+    def took(self, logits: np.ndarray) -> None:
+        """The model's logits (1 v) at the token about to be added: its logprobs, when asked (a speculating
+        batcher chose the token itself: serve/generate/speculating.py)."""
         if self.logprobs is not None or self.scored:  # the model's distribution at this step, before any knob
             # JSON has no -inf or NaN: a token the model rules out (a -inf logit) is -9999.0, as vLLM writes it
             self._step_logprobs = np.nan_to_num(log_softmax(logits[0]), nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
+
+    def choose(self, logits: np.ndarray | None, argmax: np.ndarray) -> np.ndarray:
+        self.took(logits)
         if self.processors:  # on the model's logits, then the sampler's own (repetition penalty, warpers)
             ids, scores = np.asarray([self.ids], np.int64), np.asarray(logits, np.float32)
             for proc in self.processors:
@@ -73,6 +78,28 @@ class TextRun:
             if not self.sampler.params.needs_logits:
                 return logits.argmax(-1)
         return self.sampler.choose(logits) if self.sampler.params.needs_logits else argmax
+
+    def scores_for(self, cand: np.ndarray, logits: np.ndarray):
+        """scores(j) -> (v,): the model's logits at candidate position j (logits (m+1 v): after the row's last
+        token and cand[:j]) through what choose applies (this request's processors, then its sampler's), as if
+        cand[:j] were made: runtime/speculative.verdict reads them. The grammar scores on a fork of its matcher
+        (the row's own follows only the tokens kept)."""
+        grammar = self.constraint.fork() if self.constraint is not None else None
+        procs = [grammar if p is self.constraint else p for p in self.processors]
+        sampler = self.sampler
+
+        def scores(j: int) -> np.ndarray:
+            made = np.asarray(cand[:j], np.int64)[None]
+            out = np.asarray(logits[j : j + 1], np.float32)
+            if procs:
+                ids = np.concatenate([np.asarray([self.ids], np.int64), made], 1)
+                for proc in procs:
+                    out = proc(ids, out)
+            if sampler.params.needs_logits:
+                out = sampler.processors(np.concatenate([sampler.input_ids, made], 1), out)
+            return out[0]
+
+        return scores
 
     def _entry(self, token: int) -> TokenLogprob:
         """The token's entry, it and its alternatives named by the text each would add here, in context, and

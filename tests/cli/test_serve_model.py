@@ -27,7 +27,7 @@ def test_a_folder_is_exported_for_the_provider_it_is_served_on_in_its_dtype(tmp_
     monkeypatch.setattr(export_cache, "exported", exported)
     folder = lm_cases.saved("llama", tmp_path)
     assert model_path(str(folder), {}, "auto", dtype, tmp_path, False, "continuous", provider) == tmp_path / "lm.onnx"
-    assert asked == {"target": provider, "dtype": dtype, "precision": "fp32"}
+    assert asked == {"target": provider, "dtype": dtype, "precision": "fp32", "all_logits": False}
     assert folder_target(provider) == provider
 
 

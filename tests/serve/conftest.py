@@ -37,4 +37,4 @@ def tiny_lm(tmp_path_factory):
     return get
 
 
-from openai_lm import codec, hf_lm, lm_path, sess  # noqa: E402, F401 - the /v1 tests' model (tests/serve/openai_lm.py)
+from openai_lm import codec, hf_lm, lm_path, other_draft, sess, spec_path, spec_sess  # noqa: E402, F401 - the /v1 tests' model (tests/serve/openai_lm.py)

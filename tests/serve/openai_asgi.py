@@ -7,14 +7,15 @@ from serve.generate.continuous import ContinuousBatcher
 from serve.openai.serving import OpenAIFront, text_files
 
 
-def front(sess, lm_path, max_rows: int = 4, capacity: int = 512, **kw) -> OpenAIFront:
+def front(sess, lm_path, max_rows: int = 4, capacity: int = 512, make=ContinuousBatcher, **kw) -> OpenAIFront:
+    """make(sess, max_rows=, capacity=) -> the continuous batcher (made on the first request)."""
     own: list = []
 
     def batcher(made: bool = False):
         if made:
             return list(own)
         if not own:
-            own.append(ContinuousBatcher(sess, max_rows=max_rows, capacity=capacity))
+            own.append(make(sess, max_rows=max_rows, capacity=capacity))
         return own[0]
 
     limits = {"max_new": 400, "max_positions": capacity, "capacity": capacity, "server_max_body": 1 << 20}

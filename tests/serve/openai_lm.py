@@ -57,6 +57,45 @@ def lm_path(tmp_path_factory, hf_lm) -> Path:
 
 
 @pytest.fixture(scope="session")
+def spec_path(tmp_path_factory, hf_lm, lm_path) -> Path:
+    """The same random LLaMA exported with the logits of every position (a speculating server's target:
+    serve/generate/speculating.py), its tokenizer and chat template beside it as lm_path's."""
+    from export.lm_export import export_lm
+    from peers.lm import lm_from_hf
+
+    folder = tmp_path_factory.mktemp("speculating")
+    out = folder / f"{MODEL}.onnx"
+    export_lm(lm_from_hf(hf_lm).eval(), out, generation_config={"pad_token_id": 258}, all_logits=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(lm_path.with_name(f"{MODEL}.{name}"), folder / f"{MODEL}.{name}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def spec_sess(spec_path):
+    from runtime.session import OnnxSession
+
+    return OnnxSession(spec_path, provider="cpu", verbose=False)
+
+
+@pytest.fixture(scope="session")
+def other_draft(tmp_path_factory, hf_lm):
+    """A draft of the same vocabulary and other random weights (one layer): its candidates are often rejected."""
+    import lm_cases
+    import transformers
+
+    from export.lm_export import export_lm
+    from peers.lm import lm_from_hf
+    from runtime.session import OnnxSession
+
+    config = transformers.LlamaConfig(**{**hf_lm.config.to_dict(), "num_hidden_layers": 1})
+    config._attn_implementation = "eager"
+    draft = lm_cases.randomize(transformers.LlamaForCausalLM(config), seed=1).eval()
+    out = export_lm(lm_from_hf(draft).eval(), tmp_path_factory.mktemp("draft") / "draft.onnx").path
+    return OnnxSession(out, provider="cpu", verbose=False)
+
+
+@pytest.fixture(scope="session")
 def sess(lm_path):
     from runtime.session import OnnxSession
 
