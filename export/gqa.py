@@ -356,12 +356,12 @@ def build(
 
 
 def pad_rows_come_out_zero(spec: zoo.AttentionSpec, dtype: str) -> bool:
-    """Whether the op itself gives a left-padded layer's pad query rows (every key -inf) 0, so the layer
+    """Whether the op itself gives a left-padded layer's pad query rows (every key masked) 0, so the layer
     needs no Where of its own: float32 (which runs on the CPU alone: ONNX Runtime has no float32 CUDA kernel
-    of the op) without a logit cap (with one the CPU kernel gives NaN; tests/export/test_lm_export.py runs
-    every spliced modifier both ways). A decode step skips 8 Where nodes on an 8-layer LLaMA (docs/benchmarks.md,
-    "One decode step")."""
-    return dtype == "float32" and spec.softcap is None
+    of the op) where no active modifier says otherwise (Modifier.gqa_masked_row_zero: a logit cap makes the
+    CPU kernel's row NaN; tests/export/test_lm_export.py runs every spliced modifier with and without one).
+    A decode step skips 8 Where nodes on an 8-layer LLaMA (docs/benchmarks.md, "One decode step")."""
+    return dtype == "float32" and all(mod.gqa_masked_row_zero for mod in zoo.modifiers.active(spec))
 
 
 def _packed_rows(g: _Graph, b: str, t: str) -> tuple:
