@@ -321,7 +321,7 @@ def build(
         # row's below, so they stay finite; the op reads no key past a row's length.
         real = g.op("Less", q_pos, g.op("Unsqueeze", g.op("Add", g.cast(seqlens, "int64"), g.ints(1)), g.ints([1])))
         z = g.op("Where", g.op("Unsqueeze", real, g.ints([2])), z, g.const(0.0, "zero"))
-    if in_model and key_mask:
+    if in_model and key_mask and not pad_rows_come_out_zero(spec, dtype):
         # A pad query row (left padding) has no real key. Without a logit cap (the op's tanh) the op gives
         # such a row 0, but with one it gives NaN (onnxruntime 1.31.1 CPU), which becomes the next layer's keys
         # and values at the pad slots, where 0 weight * NaN makes every real row NaN. A real query always sees
@@ -353,6 +353,15 @@ def build(
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)], ir_version=10
     )
+
+
+def pad_rows_come_out_zero(spec: zoo.AttentionSpec, dtype: str) -> bool:
+    """Whether the op itself gives a left-padded layer's pad query rows (every key masked) 0, so the layer
+    needs no Where of its own: float32 (which runs on the CPU alone: ONNX Runtime has no float32 CUDA kernel
+    of the op) where no active modifier says otherwise (Modifier.gqa_masked_row_zero: a logit cap makes the
+    CPU kernel's row NaN; tests/export/test_lm_export.py runs every spliced modifier with and without one).
+    A decode step skips 8 Where nodes on an 8-layer LLaMA (docs/benchmarks.md, "One decode step")."""
+    return dtype == "float32" and all(mod.gqa_masked_row_zero for mod in zoo.modifiers.active(spec))
 
 
 def _packed_rows(g: _Graph, b: str, t: str) -> tuple:

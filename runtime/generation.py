@@ -301,7 +301,12 @@ class Generation:
             driver = LeftRows(sess, b, t, self.n, self._prompt_mask(), argmax, choose)
 
         out, eos, pad, rows = self._out, np.array(self.eos, np.int64), self.pad, self.rows
-        done = np.zeros(b, np.bool_)
+        # A step's own work is a few small numpy calls: run after the graph has streamed ~100 MB of weights
+        # through the caches, each call's code and data come back from memory (tens of us a step, measured:
+        # docs/benchmarks.md "One decode step"), so the rare paths (a row ended) run only when one did.
+        one_eos = int(eos[0]) if len(eos) == 1 else None
+        nothing = np.zeros(b, np.bool_)  # never written: every update below makes a new array
+        done, any_done = np.zeros(b, np.bool_), False
         if spec is not None:
             driver.done = done  # updated in place below: an ended row makes no more calls
         started = time.perf_counter()
@@ -310,20 +315,24 @@ class Generation:
         prefill = time.perf_counter() - started
         again = recompute_at(sess)
         for i in range(max_new_tokens):
-            if pad is not None:
+            if any_done and pad is not None:
                 token = np.where(done, pad, token)
-            ended = ~done & np.isin(token, eos) if len(eos) else np.zeros(b, np.bool_)
+            ended = (token == one_eos) if one_eos is not None else np.isin(token, eos) if len(eos) else nothing
+            if any_done:
+                ended = ended & ~done
             if rows:
                 self.pieces = ["" if done[r] or ended[r] else rows[r].add(token[r]) for r in range(b)]
-                ended |= ~done & np.array([r.stopped for r in rows])
+                ended = ended | (~done & np.array([r.stopped for r in rows]))
             self.sampler.observe(token)
             out[:, t + i] = token
             self.made = i + 1
-            for r in np.flatnonzero(ended):
-                self.finish_reason[r] = "stop"
-            done |= ended
+            if ended.any():
+                for r in np.flatnonzero(ended):
+                    self.finish_reason[r] = "stop"
+                done |= ended  # in place: a speculating driver holds this array
+                any_done = True
             over_time = self.max_time is not None and time.perf_counter() - started > self.max_time
-            last = done.all() or i + 1 == max_new_tokens or over_time
+            last = (any_done and done.all()) or i + 1 == max_new_tokens or over_time
             if last:
                 self._finish(done)
             yield token

@@ -646,3 +646,18 @@ def test_a_sinks_model_keeps_groupqueryattention_on_cuda_only_with_packed_rows(t
     names = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
     assert packed.lowering == "ort-gqa" and [n for n, _, _ in packed.inputs[:4]] == names
     assert export_onnx(lm, tmp_path / "left.onnx", padding="left", **kw).lowering == "decomposed"
+
+
+def test_a_layer_of_the_llama_graph_is_five_matmuls_and_its_attention_no_where(lm_exports):
+    """What a decode step runs per layer beyond reading weights (docs/benchmarks.md, "One decode step"): one
+    MatMul makes Q | K | V (onnxruntime-genai's builder: qkv_proj), gate, up, o and down one each, as genai's
+    graph has them; and in fp32 without a logit cap no Where zeroes the op's pad rows (it gives them 0 itself:
+    export/gqa.py pad_rows_come_out_zero; 8 nodes a step on the bench's 8-layer LLaMA)."""
+    _, lm, path = lm_exports(DEFAULT)
+    model = onnx.load(path, load_external_data=False)
+    layers = lm.spec.layers
+    assert op_counts(model)["MatMul"] == 5 * layers + 1  # and the head
+    gqa = {n.output[0] for n in model.graph.node if n.op_type == "GroupQueryAttention"}
+    assert len(gqa) == layers
+    zeroing = [n.name for n in model.graph.node if n.op_type == "Where" and gqa & set(n.input)]
+    assert zeroing == []

@@ -189,3 +189,33 @@ def test_the_refusals_of_packed_rows_and_cuda_graphs_are_one_line(exports):
         export_onnx(lm, "x.onnx", lowering="decomposed", padding="packed")
     with pytest.raises(ExportError, match="padding='sideways' is not one of auto, left, packed"):
         export_onnx(lm, "x.onnx", padding="sideways")
+
+
+@pytest.mark.parametrize("padding", ["left", "packed"])
+def test_a_greedy_step_of_rows_that_go_on_calls_none_of_the_loops_rare_numpy(padding, exports, monkeypatch):
+    """A step's host work runs after ~100 MB of weights went through the caches, so each numpy call is slow
+    there (docs/benchmarks.md, "One decode step"): with one eos id and no row ending, the loop calls neither
+    np.isin, np.where nor np.flatnonzero (each ran once a step before); the tokens stay transformers'."""
+    hf, paths = exports
+    ids, mask = padded_prompt()
+    sess = OnnxSession(paths[padding], provider="cpu")
+    free = sess.generate(ids, NEW, attention_mask=mask, eos_token_id=[])
+    eos = next(i for i in range(lm_cases.VOCAB) if i not in set(free[:, ids.shape[1] :].flatten().tolist()))
+    calls = []
+
+    def counted(name, real):
+        def call(*a, **k):
+            caller = sys._getframe(1).f_code
+            if caller.co_name == "__iter__" and caller.co_filename.endswith("generation.py"):
+                calls.append(name)  # made by the loop itself (the call's setup may use them)
+            return real(*a, **k)
+
+        return call
+
+    for name in ("isin", "where", "flatnonzero"):
+        monkeypatch.setattr(np, name, counted(name, getattr(np, name)))
+    got = sess.generate(ids, NEW, attention_mask=mask, eos_token_id=eos, pad_token_id=0)
+    monkeypatch.undo()
+    assert calls == []
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=eos)
+    assert torch.equal(got, hf.generate(ids, attention_mask=mask, **kw))

@@ -116,6 +116,9 @@ class Modifier(nn.Module):
 
     # What the graph cannot carry of this modifier, in a few words; None: it carries every value.
     gqa_limit: ClassVar[GraphLimit | None] = None
+    # Whether ONNX Runtime's CPU kernel still gives a query row whose keys are all masked 0 with this modifier's
+    # attributes on the op (a whole model's pad rows: export/gqa.py zeroes them itself where one says False).
+    gqa_masked_row_zero: ClassVar[bool] = True
 
     @classmethod
     def gqa_refusal(cls, spec: SpecFields) -> str | None:
