@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         + "".join(f" {k} {v}" for k, (v, default) in flags.items() if v != default)
         + (f" --init {init.as_posix()}" if init else ""),
         "init_safetensors_sha256": init and hashlib.sha256((init / "model.safetensors").read_bytes()).hexdigest(),
+        "init_command": init and init_command(init),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "machine": machine(load_before),
@@ -334,6 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.output}; model.safetensors sha256 {digest}"
     )
     return 0
+
+
+def init_command(init: Path) -> str:
+    """The command that made the folder trained on from (its training.json; the chain, when it had an init too)."""
+    record = json.loads((init / "training.json").read_text()) if (init / "training.json").exists() else {}
+    command = record.get("command", "unknown")
+    return f"{command}, itself from `{record['init_command']}`" if record.get("init_command") else command
 
 
 def machine(load_before: float) -> str:

@@ -132,7 +132,7 @@ def write_readme(folder: Path) -> None:
         init=(
             "\n  Trained on from the checkpoint whose model.safetensors has sha256 "
             f"`{facts['init_safetensors_sha256']}`"
-            " (the one before it, made by `python scripts/train_lm.py --steps 800`)."
+            f" (made by `{facts.get('init_command') or 'python scripts/train_lm.py --steps 800'}`)."
             if facts.get("init_safetensors_sha256")
             else ""
         ),
