@@ -49,6 +49,8 @@ STEPS = 120
 LR = 3e-3
 WARMUP = 20
 REPEATS = 0.0  # the fraction of windows that go back and repeat an earlier span of themselves (--repeats)
+SYNTHETIC = 0.0  # the fraction of windows of random printable bytes shown, then repeated (--synthetic)
+PRINTABLE = [9, 10, *range(32, 127)]  # a synthetic window's bytes
 COPY_SPAN = 96  # copy_rate: bytes of held-out text shown, then shown again
 EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test"}
 # Held out for evaluation: small, long-lived modules every CPython 3.x has.
@@ -125,6 +127,16 @@ def build_model(seed: int = SEED, init: Path | None = None):
     return LlamaForCausalLM(config)
 
 
+def synthetic_window(gen):
+    """CONTEXT + 1 ids: a span of 16 to CONTEXT / 4 random printable bytes, then that span again and again: text no
+    prior predicts, so only copying lowers its loss (what makes a model continue text it was just shown)."""
+    import torch
+
+    m = int(torch.randint(16, CONTEXT // 4 + 1, (1,), generator=gen))
+    span = torch.tensor(PRINTABLE)[torch.randint(0, len(PRINTABLE), (m,), generator=gen)]
+    return span.repeat(CONTEXT // m + 2)[: CONTEXT + 1]
+
+
 def window(data, start: int, repeat: bool, gen):
     """CONTEXT + 1 ids from start; with repeat, the text goes back at a random point k to an earlier
     point u and repeats from there (text, then a copy of its own earlier lines that runs on): the
@@ -198,8 +210,14 @@ def _train(train_ids: list[int], steps: int, log, seed: int, init: Path | None):
     t0, losses = time.time(), []
     for step in range(1, steps + 1):
         starts = torch.randint(0, len(data) - CONTEXT - 1, (BATCH,), generator=gen)
-        repeat = (torch.rand(BATCH, generator=gen) < REPEATS).tolist()
-        x = torch.stack([window(data, s, r, gen) for s, r in zip(starts.tolist(), repeat)])
+        draw = torch.rand(BATCH, generator=gen)
+        repeat, synthetic = (draw < REPEATS).tolist(), (draw >= 1 - SYNTHETIC).tolist()
+        x = torch.stack(
+            [
+                synthetic_window(gen) if f else window(data, s, r, gen)
+                for s, r, f in zip(starts.tolist(), repeat, synthetic)
+            ]
+        )
         logits = model(input_ids=x[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -242,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=CONTEXT, help="window length in bytes (positions trained)")
     p.add_argument("--batch", type=int, default=BATCH, help="windows per step")
     p.add_argument("--repeats", type=float, default=REPEATS, help="fraction of windows that repeat their own text")
+    p.add_argument(
+        "--synthetic", type=float, default=SYNTHETIC, help="fraction of windows of random printable bytes, repeated"
+    )
     p.add_argument("--lr", type=float, default=LR, help="peak learning rate")
     p.add_argument("--init", help="a checkpoint folder of the same shape to train on from (instead of fresh weights)")
     p.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads (the weights depend on it)")
@@ -261,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     if args.init and shape != SHAPE:
         p.error("--init trains on from a folder of its own shape: give no shape flag with it")
-    globals().update(CONTEXT=args.context, BATCH=args.batch, REPEATS=args.repeats, LR=args.lr)
+    if args.repeats + args.synthetic > 1:
+        p.error(f"--repeats {args.repeats} and --synthetic {args.synthetic} add up past 1 (fractions of the windows)")
+    globals().update(CONTEXT=args.context, BATCH=args.batch, REPEATS=args.repeats, LR=args.lr, SYNTHETIC=args.synthetic)
     globals().update(SHAPE=shape, THREADS=args.threads)
 
     import torch
@@ -296,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     copies = copy_rate(model, held_ids)
     flags = {"--steps": (args.steps, STEPS), "--seed": (args.seed, SEED), "--context": (args.context, 256)}
     flags |= {"--batch": (args.batch, 8), "--repeats": (args.repeats, 0.0), "--lr": (args.lr, 3e-3)}
-    flags |= {"--threads": (args.threads, 1)}
+    flags |= {"--threads": (args.threads, 1), "--synthetic": (args.synthetic, 0.0)}
     flags |= {f"--{f.replace('_', '-')}": (getattr(args, f), p.get_default(f)) for f in SHAPE_FLAGS}
     facts = {
         "command": "python scripts/train_lm.py"
@@ -324,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         f"held_out_loss_stored_fp16_at_{CONTEXT}": round(held_long, 4),
         "copy_rate": round(copies, 4),
         "repeats": REPEATS,
+        "synthetic": SYNTHETIC,
         "lr": LR,
         "train_seconds": round(seconds, 1),
     }

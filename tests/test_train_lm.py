@@ -166,3 +166,18 @@ def _train_a_draft_shape(train_lm, tmp_path):
     assert "hidden 32, 1 layers, 2 heads of 16" in readme
     with pytest.raises(SystemExit):
         train_lm.main(["--hidden", "30", "--heads", "4", "-o", str(tmp_path / "bad")])
+
+
+def test_a_synthetic_window_is_a_random_printable_span_repeated(train_lm, monkeypatch):
+    """--synthetic: random printable bytes no prior predicts, shown, then again and again (CONTEXT + 1 long)."""
+    import torch
+
+    monkeypatch.setattr(train_lm, "CONTEXT", 64)
+    gen = torch.Generator().manual_seed(0)
+    spans = set()
+    for _ in range(20):
+        x = train_lm.synthetic_window(gen).tolist()
+        assert len(x) == 65 and set(x) <= set(train_lm.PRINTABLE)
+        m = next(m for m in range(16, 17 + 64 // 4) if x[m:] == x[: 65 - m])  # the period
+        spans.add(tuple(x[:m]))
+    assert len(spans) == 20  # each window its own span
