@@ -2,8 +2,9 @@
 (prompt lookup) or a smaller model of the same tokenizer (a draft). numpy + onnxruntime only.
 
 - PromptLookup: transformers' PromptLookupCandidateGenerator, row by row: the longest n-gram (at most
-  `max_ngram` tokens) ending the row's text that occurs earlier in it; its first occurrence, left to right,
-  proposes the tokens that followed it (at most k), cut before the first eos id. No match: no candidates (the
+  `max_ngram` tokens) ending the row's text that occurs earlier in it; its most recent occurrence with k tokens
+  after it (transformers takes the first: `lookup(latest=False)`) proposes the tokens that followed it (at most
+  k), cut before the first eos id. No match: no candidates (the
   step is a plain one). No distribution: under sampling the target's own draw must equal the candidate.
 - DraftRow: one row of a draft model (a whole-model export of the same vocabulary) on its slice of a batch
   cache: it is fed what it has not seen of the row's text, then proposes k tokens one call each, greedy or drawn
@@ -32,9 +33,13 @@ if TYPE_CHECKING:
 PREFIX = "past_key_values."
 
 
-def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray) -> np.ndarray:
-    """Prompt lookup on one row's tokens (int64, its real tokens then the new ones): at most k candidates, as
-    transformers' PromptLookupCandidateGenerator.get_candidates chooses them (its first match decides)."""
+def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray, latest: bool = True) -> np.ndarray:
+    """Prompt lookup on one row's tokens (int64, its real tokens then the new ones): at most k candidates after
+    the longest n-gram (at most max_ngram) ending the row that occurs earlier in it, cut before the first eos id.
+    latest=False: its first occurrence decides, as transformers' PromptLookupCandidateGenerator.get_candidates
+    chooses; latest (the default): its most recent occurrence with k tokens after it (else its first), as
+    llama.cpp's and onnxruntime-genai's lookups prefer the recent text: a model's loop or the copy it is making
+    continues as it did last time. The tokens are the target's either way (only the speed differs)."""
     n_tok = len(seq)
     for n in range(min(max_ngram, n_tok - 1), 0, -1):
         # windows starting at 0..n_tok-n-1 (the one at n_tok-n is the tail itself, which proposes nothing)
@@ -43,7 +48,8 @@ def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray) -> np.ndarr
             hits &= seq[j : n_tok - n + j] == seq[n_tok - n + j]
         where = np.flatnonzero(hits)
         if len(where):
-            start = int(where[0]) + n
+            full = where[where + n + k <= n_tok] if latest else where[:0]
+            start = int(full[-1] if len(full) else where[0]) + n
             found = seq[start : start + k]
             stop = np.flatnonzero(np.isin(found, eos)) if len(eos) else ()
             return found[: stop[0]] if len(stop) else found

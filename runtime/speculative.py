@@ -218,7 +218,11 @@ class SpeculativeRows:
             calls.length = t
             draft = self.draft.row[r] if self.draft is not None else None
             self.rounds.append(RowRound(self.spec, calls, draft, self.eos, (self.stats,)))
-        self.seqs = [list(ids[r, t - self.real[r] :]) for r in range(b)]
+        # each row's real tokens so far, in a buffer of its own (a round reads a view: no list made an array a step)
+        self.seqs = np.zeros((b, t + self.rows.key_mask.shape[1]), np.int64)
+        self.lengths = self.real.copy()
+        for r in range(b):
+            self.seqs[r, : self.real[r]] = ids[r, t - self.real[r] :]
         return token
 
     def recompute(self, seq: np.ndarray) -> np.ndarray:  # never reached: check_target refuses longrope exports
@@ -230,13 +234,15 @@ class SpeculativeRows:
         out = token.copy()
         params, sampler = self.sampler.params, self.sampler
         for r in np.flatnonzero(~self.done):
-            self.seqs[r].append(int(token[r]))
+            self.seqs[r, self.lengths[r]] = token[r]
+            self.lengths[r] += 1
             rng = sampler.rngs[r] if params.do_sample else None
 
             def scores_for(cand, logits, r=r):
                 return row_scores(sampler, r, cand, logits)
 
-            out[r] = self.rounds[r].next(np.asarray(self.seqs[r], np.int64), params, rng, scores_for, remaining)[0]
+            seq = self.seqs[r, : self.lengths[r]]
+            out[r] = self.rounds[r].next(seq, params, rng, scores_for, remaining)[0]
         return out
 
     def summary(self) -> dict:
@@ -251,6 +257,12 @@ def row_scores(sampler, r: int, cand: np.ndarray, logits: np.ndarray):
     (the other rows' answers are dropped), and row r's is taken."""
     history = sampler.input_ids
     b = len(history)
+    if not sampler.processors:  # none configured (plain greedy or sampling): the logits as they are
+
+        def raw(j: int) -> np.ndarray:
+            return np.asarray(logits[j], np.float32)
+
+        return raw
 
     def scores(j: int) -> np.ndarray:
         ids = np.concatenate([history, np.broadcast_to(np.asarray(cand[:j], np.int64), (b, j))], 1)

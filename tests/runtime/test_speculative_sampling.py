@@ -96,5 +96,17 @@ def test_prompt_lookup_proposes_transformers_candidates(seed):
         )
         ids = torch.tensor(seq)[None]
         theirs = gen.get_candidates(ids)[0][0, len(seq) :].numpy()
-        ours = lookup(seq, k, ngram, np.array([] if eos is None else [eos], np.int64))
+        ours = lookup(seq, k, ngram, np.array([] if eos is None else [eos], np.int64), latest=False)
         assert ours.tolist() == theirs.tolist(), (seq.tolist(), k, ngram, eos)
+
+
+def test_prompt_lookup_prefers_the_latest_occurrence_with_k_tokens_after_it():
+    """A loop continues as it went last time: the most recent match with k tokens after it proposes (transformers'
+    first match would propose the prompt's continuation); with none that long, the first match (the longest)."""
+    none = np.array([], np.int64)
+    seq = np.array([1, 2, 9, 9, 9, 1, 2, 3, 4, 5, 6, 1, 2])  # "1 2" once before "9 9 9", then before "3 4 5 6"
+    assert lookup(seq, 3, 2, none).tolist() == [3, 4, 5]
+    assert lookup(seq, 3, 2, none, latest=False).tolist() == [9, 9, 9]
+    assert lookup(seq, 7, 2, none).tolist() == [9, 9, 9, 1, 2, 3, 4]  # the latest has 6 after it: not k
+    assert lookup(np.array([1, 2, 3, 1, 2]), 5, 2, none).tolist() == [3, 1, 2]  # none has k after it: the first
+    assert lookup(np.array([7, 7, 7, 7]), 3, 1, none).tolist() == [7, 7, 7]  # not the 1 token after the last 7
