@@ -28,6 +28,18 @@ import statistics
 import sys
 import time
 
+try:  # attnzoo's error root where attnzoo is importable (the bench's own process, the tests)
+    from zoo.errors import AttnzooError
+
+    _ROOTS: tuple[type, ...] = (AttnzooError, ValueError)
+except ImportError:  # onnxruntime-genai's environment: there the worker turns any exception into the row's error
+    _ROOTS = (ValueError,)
+
+
+class ProfileError(*_ROOTS):
+    """A profile this worker cannot read (no trace written, no decode runs in it); the message says which."""
+
+
 RESULT_MARK = "ATTNZOO-STEP-PROFILE-RESULT "
 
 
@@ -133,7 +145,7 @@ def genai(job: dict) -> dict:
     del generate, model  # the session ends: ONNX Runtime writes its trace
     written = [n for n in set(os.listdir(job["trace_dir"])) - before if n.startswith("genai-trace")]
     if len(written) != 1:
-        raise RuntimeError(f"expected one profile from onnxruntime-genai in {job['trace_dir']}, found {written}")
+        raise ProfileError(f"expected one profile from onnxruntime-genai in {job['trace_dir']}, found {written}")
     out["trace"] = _keep(os.path.join(job["trace_dir"], written[0]), job, "onnxruntime-genai")
     shutil.rmtree(folder, ignore_errors=True)
     return out
@@ -176,7 +188,7 @@ def summarize(events: list[dict], vocab: int, layers: int, last: int) -> dict:
             per_run[r].append(e)
     decode = [i for i, ns in enumerate(per_run) if _is_decode(ns, vocab)]
     if len(decode) < 2:
-        raise ValueError(f"the trace holds {len(decode)} decode runs (one token a row): nothing to summarize")
+        raise ProfileError(f"the trace holds {len(decode)} decode runs (one token a row): nothing to summarize")
     chosen = decode[-last:] if last else decode
     followed = [i for i in chosen if i + 1 < len(runs)]  # a step's wall: to the next run's start
     walls = [_ts(runs[i + 1]) - _ts(runs[i]) for i in followed]

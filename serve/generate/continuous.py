@@ -71,7 +71,19 @@ class _Buffers:
         self.ids = np.zeros((b, t), np.int64)
         self.next_token = np.zeros((b,), np.int64)
         self.logits = np.zeros((b, 1, int(sess.metadata["attnzoo.vocab"])), dtype)
+        # an all_logits export (serve --prompt-lookup's, or generate's cached one) returns a chunk's every position:
+        # a prefill chunk binds logits of its own length (chunk_logits), a step's (b, 1, v) is these
+        axes = next(o.shape for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+        self.all_logits = len(axes) == 3 and axes[1] != 1
         self._bindings: dict[int, object] = {}
+
+    def chunk_logits(self, k: int, t: int):
+        """Before a prefill chunk of t positions over the first k rows of an all_logits export: its logits
+        output bound to a (k, t, v) array, which `logits` is until the next chunk (the last position is read)."""
+        import onnxruntime as ort
+
+        self.logits = np.zeros((k, t, self.logits.shape[-1]), self.logits.dtype)
+        self.binding(k).bind_ortvalue_output(LOGITS.name, ort.OrtValue.ortvalue_from_numpy(self.logits, "cpu", 0))
 
     def binding(self, k: int):
         if k not in self._bindings:
@@ -160,6 +172,8 @@ class ContinuousBatcher(RowBatcher):
                 ids = np.ascontiguousarray(it.ids[part, start:end])
                 binding.bind_ortvalue_input(INPUT_IDS.name, ort.OrtValue.ortvalue_from_numpy(ids, "cpu", 0))
                 alone.past_len[()] = p - t + start
+                if alone.all_logits:
+                    alone.chunk_logits(len(part), end - start)
                 self.sess.run_with_iobinding(binding)
             for name, buf in self.batch.cache.items():
                 buf[[rows[r] for r in part], :, p - t : p] = alone.cache[name][:, :, p - t : p]

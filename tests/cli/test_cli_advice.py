@@ -146,8 +146,14 @@ def test_a_picture_without_matplotlib_is_refused_before_any_work(capsys, monkeyp
     [
         (["genrate", "x"], "no command 'genrate'; did you mean generate?"),
         (["exprot", "x"], "no command 'exprot'; did you mean export?"),
-        (["generate", "models/tiny-stdlib-lama", "--prompt-ids", "1"], "(closest: models/tiny-stdlib-llama)"),
-        (["generate", "tiny-stdlib-lama", "--prompt-ids", "1"], "(closest: tiny-stdlib-llama)"),
+        (
+            ["generate", "models/tiny-stdlib-lama", "--prompt-ids", "1"],
+            "(closest: models/tiny-stdlib-llama, models/tiny-stdlib-llama-draft)",
+        ),
+        (
+            ["generate", "tiny-stdlib-lama", "--prompt-ids", "1"],
+            "(closest: tiny-stdlib-llama, tiny-stdlib-llama-draft)",
+        ),
     ],
 )
 def test_a_mistyped_command_or_model_gets_the_closest_names(capsys, argv, words):

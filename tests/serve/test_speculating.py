@@ -83,6 +83,18 @@ def test_greedy_requests_get_the_plain_batchers_tokens_with_candidates_kept_and_
     np.testing.assert_array_equal(answers[2][0][0], ids)
 
 
+def test_a_plain_continuous_batch_serves_an_all_logits_export(sess, spec_sess):
+    """The export a speculating server runs (all_logits: a chunk's every position) served without speculation:
+    its prefill chunks bind logits of their own length (they failed on the (b, 1, v) buffer), the tokens are the
+    ordinary export's."""
+    items = _items()
+    want = _together(ContinuousBatcher(sess, max_rows=6, capacity=64), items)
+    got = _together(ContinuousBatcher(spec_sess, max_rows=6, capacity=64), items)
+    for (tokens, _), (expected, _) in zip(got, want):
+        assert not isinstance(tokens, Exception), tokens
+        np.testing.assert_array_equal(tokens, expected)
+
+
 @pytest.mark.parametrize("draft", ["same", "other"])
 def test_a_draft_proposes_and_greedy_keeps_the_plain_tokens(sess, spec_sess, lm_path, other_draft, draft):
     """The target exported again as its own draft: every greedy candidate is kept; another random model's are
