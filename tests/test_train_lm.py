@@ -137,6 +137,24 @@ def test_a_repeating_window_goes_back_and_repeats_its_own_text(train_lm, monkeyp
         assert torch.equal(x[:k], data[100 : 100 + k]) and torch.equal(x[k:], data[100 + u : 100 + u + 65 - k])
 
 
+@pytest.mark.xfail(strict=True, reason="issue 54 item 3: the shipped checkpoint does not copy yet (copy rate 0.598)")
+def test_shipped_checkpoint_continues_text_it_was_just_shown(train_lm):
+    """Issue 54's prompt: two functions, then the first again and `def sub(`: a model that copies answers the `sub`
+    it was shown (what prompt lookup's candidates need); the first checkpoint answered `self, code=None)` (its prior),
+    the one retrained on repeating windows `self, other):` still. Strict: the day a checkpoint copies, this passes
+    and fails the run until the mark goes."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.float32).eval()
+    ids = torch.tensor([[train_lm.BOS, *train_lm.COPY_PROMPT.encode()]])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=26, do_sample=False)
+    assert bytes(out[0, ids.shape[1] :].tolist()).startswith(b"a, b):\n    return a - b\n"), out
+    record = json.loads((FOLDER / "training.json").read_text())
+    assert record["copy_rate"] >= train_lm.COPIES and record["context"] > 256
+
+
 def test_shape_flags_train_another_shape_of_the_same_tokenizer(train_lm, tmp_path, monkeypatch):
     """--hidden/--layers/--heads/--kv-heads/--intermediate (a draft's shape): the folder's config says it, its
     tokenizer is the shipped one's, its README says what it is and names the flags; a shape that cannot split into
