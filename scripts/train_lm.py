@@ -362,10 +362,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def init_command(init: Path) -> str:
-    """The command that made the folder trained on from (its training.json; the chain, when it had an init too)."""
+    """The command that made the folder trained on from (its training.json), then ` <- ` the one before it, when it
+    was trained on from another too (the chain, newest first)."""
     record = json.loads((init / "training.json").read_text()) if (init / "training.json").exists() else {}
     command = record.get("command", "unknown")
-    return f"{command}, itself from `{record['init_command']}`" if record.get("init_command") else command
+    return f"{command} <- {record['init_command']}" if record.get("init_command") else command
 
 
 def machine(load_before: float) -> str:

@@ -18,7 +18,7 @@ COPY_PROMPT = (
     "def add(a, b):\n    return a + b\n\n\ndef sub("
 )
 SAMPLE_PROMPTS = ("def ", "import os\n\n\nclass ", COPY_PROMPT)
-COPIES = 0.9  # a copy rate from which the README says the model continues what it was shown
+COPIES = 0.85  # a copy rate from which the README says the model continues what it was shown
 
 
 def samples(folder: Path, new: int = 160) -> list[tuple[str, str]]:
@@ -140,6 +140,12 @@ def write_readme(folder: Path) -> None:
             f"\n  {facts['repeats']:.0%} of the windows go back at a random point and repeat their own earlier text"
             " from there (what teaches the model to continue what it was just shown)."
             if facts.get("repeats")
+            else ""
+        )
+        + (
+            f"\n  {facts['synthetic']:.0%} of the windows are random printable bytes shown, then repeated (text only"
+            " copying predicts)."
+            if facts.get("synthetic")
             else ""
         ),
         copy=(

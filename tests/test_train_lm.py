@@ -137,7 +137,7 @@ def test_a_repeating_window_goes_back_and_repeats_its_own_text(train_lm, monkeyp
         assert torch.equal(x[:k], data[100 : 100 + k]) and torch.equal(x[k:], data[100 + u : 100 + u + 65 - k])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 54 item 3: the shipped checkpoint does not copy yet (copy rate 0.598)")
+@pytest.mark.xfail(strict=True, reason="issue 54 item 3: the checkpoint copies the shape, not the bytes (a = b)")
 def test_shipped_checkpoint_continues_text_it_was_just_shown(train_lm):
     """Issue 54's prompt: two functions, then the first again and `def sub(`: a model that copies answers the `sub`
     it was shown (what prompt lookup's candidates need); the first checkpoint answered `self, code=None)` (its prior),
