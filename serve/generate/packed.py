@@ -33,10 +33,9 @@ from runtime.generation import prefill_chunk
 from runtime.io import INPUT_IDS, LM_PRESENT, LOGITS, NEXT_TOKEN, POSITION_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH
 from runtime.kv_buffers import as_float32
 
-from ..schema import ServeError
 from .prefix import chunks
 from .protocol import GenItem
-from .rows import RowBatcher
+from .rows import OwnSlotsBatcher
 
 
 def _needs_logits(it: GenItem) -> bool:
@@ -45,7 +44,7 @@ def _needs_logits(it: GenItem) -> bool:
     return it.decoder is not None and getattr(it.decoder, "needs_logits", True)
 
 
-class PackedBatcher(RowBatcher):
+class PackedBatcher(OwnSlotsBatcher):
     """The continuous batcher of a packed-rows export (the module docstring).
 
     capacity: the slots n of every row: a request needs its prompt + max_new_tokens - 1 <= n."""
@@ -138,25 +137,6 @@ class PackedBatcher(RowBatcher):
         if not logits:
             return token, None
         return token, as_float32(next(o for o in outputs if len(o.shape()) == 3))[0, -1]
-
-    def _admit(self) -> None:
-        keep = []
-        for it, done in self.waiting:
-            _, lengths = pack(it.ids, it.mask)
-            if int(lengths.max()) + it.max_new_tokens - 1 > self.n:  # never fits: answered now, not kept
-                done(
-                    ServeError(
-                        f"a prompt of {int(lengths.max())} tokens and {it.max_new_tokens} new ones need "
-                        f"more than the {self.n} slots of this batch's rows (--capacity)"
-                    ),
-                    {},
-                )
-                continue
-            if it.rows > self.max_rows - self.used:
-                keep.append((it, done))
-                continue
-            self._join_or_answer(it, done)
-        self.waiting = keep
 
     def _join(self, it: GenItem, done) -> None:
         started = time.perf_counter()

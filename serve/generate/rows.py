@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.device_decode import is_packed
+from runtime.device_decode import is_packed, pack
 from runtime.generation import longrope_switch, one_call_prompt_len
 from runtime.io import NEXT_TOKEN
 from runtime.kv_buffers import BF16
@@ -329,4 +329,40 @@ class RowBatcher(ABC):
         }
 
 
-__all__ = ["Busy", "RowBatcher", "Running", "TimedOut", "check_continuous", "check_continuous_layers", "shares_runs"]
+class OwnSlotsBatcher(RowBatcher):
+    """A RowBatcher whose rows each own their `n` slots from 0 (a request's real tokens, its left padding dropped:
+    generate.packed, generate.speculating): a request joins when enough rows are free; one that could never fit
+    its rows' slots is answered at once."""
+
+    n: int  # each row's slots
+
+    def _admit(self) -> None:
+        keep = []
+        for it, done in self.waiting:
+            _, lengths = pack(it.ids, it.mask)
+            if int(lengths.max()) + it.max_new_tokens - 1 > self.n:  # never fits: answered now, not kept
+                done(
+                    ServeError(
+                        f"a prompt of {int(lengths.max())} tokens and {it.max_new_tokens} new ones need "
+                        f"more than the {self.n} slots of this batch's rows (--capacity)"
+                    ),
+                    {},
+                )
+                continue
+            if it.rows > self.max_rows - self.used:
+                keep.append((it, done))
+                continue
+            self._join_or_answer(it, done)
+        self.waiting = keep
+
+
+__all__ = [
+    "Busy",
+    "OwnSlotsBatcher",
+    "RowBatcher",
+    "Running",
+    "TimedOut",
+    "check_continuous",
+    "check_continuous_layers",
+    "shares_runs",
+]

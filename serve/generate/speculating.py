@@ -38,7 +38,7 @@ from zoo import AttnzooError
 from ..schema import ServeError
 from .prefix import chunks
 from .protocol import GenItem
-from .rows import RowBatcher
+from .rows import OwnSlotsBatcher
 
 GREEDY = Sampling()  # a /generate request: the argmax of the model's own logits (the graph's next_token)
 SPEC_HEADERS = {name: f"x-attnzoo-spec-{name.replace('_', '-')}" for name in TALLY}  # a request's counts
@@ -138,7 +138,7 @@ class RowBuffers:
         return logits[-1].copy(), cached
 
 
-class SpeculativeBatcher(RowBatcher):
+class SpeculativeBatcher(OwnSlotsBatcher):
     """The continuous batcher of a speculating server (the module docstring). speculation: runtime/speculative's
     Speculation (its draft an OnnxSession); tally: a dict the rounds add their counts to (GET /metrics reads it).
 
@@ -157,25 +157,6 @@ class SpeculativeBatcher(RowBatcher):
         self.rounds: dict[int, RowRound] = {}  # row -> its round
         self.seqs: dict[int, list[int]] = {}  # row -> its real tokens so far
         self._counts: dict[int, dict] = {}  # id(GenItem) -> the request's own counts (its timings)
-
-    def _admit(self) -> None:
-        keep = []
-        for it, done in self.waiting:
-            _, lengths = pack(it.ids, it.mask)
-            if int(lengths.max()) + it.max_new_tokens - 1 > self.n:  # never fits: answered now, not kept
-                done(
-                    ServeError(
-                        f"a prompt of {int(lengths.max())} tokens and {it.max_new_tokens} new ones need more than "
-                        f"the {self.n} slots of this batch's rows (--capacity)"
-                    ),
-                    {},
-                )
-                continue
-            if it.rows > self.max_rows - self.used:
-                keep.append((it, done))
-                continue
-            self._join_or_answer(it, done)
-        self.waiting = keep
 
     def _join(self, it: GenItem, done) -> None:
         started = time.perf_counter()
