@@ -73,6 +73,13 @@ def _logits_type(sess: RuntimeSession) -> str:
     return next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
 
 
+def returns_all_logits(sess: RuntimeSession) -> bool:
+    """Whether a call's logits output holds every position of the call (an all_logits export: (b t v)), not the
+    last one's only ((b 1 v))."""
+    axes = next(o.shape for o in sess._sess.get_outputs() if o.name == LOGITS.name)
+    return len(axes) == 3 and axes[1] != 1
+
+
 def _logits_host(sess: RuntimeSession, b: int) -> np.ndarray:
     """A (b 1 v) host array for the step's logits in their type (bfloat16 as its uint16 bits)."""
     dtype = {"tensor(float16)": np.float16, BF16: np.uint16}.get(_logits_type(sess), np.float32)
@@ -284,4 +291,13 @@ class PackedRows:
         return self.choose(as_float32(buf.logits)[:, -1])
 
 
-__all__ = ["GRAPH_ID", "NOT_CAPTURED", "LeftRows", "PackedRows", "device_buffers", "is_packed", "pack"]
+__all__ = [
+    "GRAPH_ID",
+    "NOT_CAPTURED",
+    "LeftRows",
+    "PackedRows",
+    "device_buffers",
+    "is_packed",
+    "pack",
+    "returns_all_logits",
+]

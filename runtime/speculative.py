@@ -37,8 +37,7 @@ import numpy as np
 import zoo
 
 from .candidates import Draft, RowCalls, draft_choice, draw, lookup
-from .device_decode import LeftRows, is_packed
-from .io import LOGITS
+from .device_decode import LeftRows, is_packed, returns_all_logits
 
 if TYPE_CHECKING:
     from .core import RuntimeSession
@@ -110,8 +109,7 @@ def check_target(sess: RuntimeSession, spec: Speculation, longrope) -> None:
                 f"the {role} {s.path.name} has longrope layers, whose frequencies depend on a call's largest "
                 "position: a chunk of candidates could change them, so speculative decoding is refused for it"
             )
-    axes = next(o.shape for o in sess._sess.get_outputs() if o.name == LOGITS.name)
-    if len(axes) != 3 or axes[1] == 1:
+    if not returns_all_logits(sess):
         raise zoo.ArgumentError(
             f"{sess.path.name} returns the logits of a call's last position only: verifying k candidates in one "
             "call reads the logits at each; export it with all_logits=True (attnzoo generate --prompt-lookup / "
@@ -219,7 +217,7 @@ class SpeculativeRows:
             draft = self.draft.row[r] if self.draft is not None else None
             self.rounds.append(RowRound(self.spec, calls, draft, self.eos, (self.stats,)))
         # each row's real tokens so far, in a buffer of its own (a round reads a view: no list made an array a step)
-        self.seqs = np.zeros((b, t + self.rows.key_mask.shape[1]), np.int64)
+        self.seqs = np.zeros((b, self.rows.key_mask.shape[1]), np.int64)  # t + new slots
         self.lengths = self.real.copy()
         for r in range(b):
             self.seqs[r, : self.real[r]] = ids[r, t - self.real[r] :]

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from runtime.device_decode import is_packed
+from runtime.device_decode import is_packed, returns_all_logits
 from runtime.generation import prefill_chunk
 from runtime.io import ATTENTION_MASK, INPUT_IDS, LM_PAST, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 from runtime.kv_buffers import buffer_arrays
@@ -73,8 +73,7 @@ class _Buffers:
         self.logits = np.zeros((b, 1, int(sess.metadata["attnzoo.vocab"])), dtype)
         # an all_logits export (serve --prompt-lookup's, or generate's cached one) returns a chunk's every position:
         # a prefill chunk binds logits of its own length (chunk_logits), a step's (b, 1, v) is these
-        axes = next(o.shape for o in sess._sess.get_outputs() if o.name == LOGITS.name)
-        self.all_logits = len(axes) == 3 and axes[1] != 1
+        self.all_logits = returns_all_logits(sess)
         self._bindings: dict[int, object] = {}
 
     def chunk_logits(self, k: int, t: int):
