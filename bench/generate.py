@@ -192,6 +192,10 @@ def benchmark_generate(
                     print(f"prompt {prompt} {path} {precision}{where}: {_brief(result)}", file=sys.stderr)
     rows = [{**row, "rounds_end_to_end_s": took[key]} for key, row in best.items()]
     _agreement(rows)
+    if speculative:
+        from .generate_spec import rewritten
+
+        rewritten(rows, ids_of)
     return {
         "kind": "generate",
         "checkpoint": checkpoint,

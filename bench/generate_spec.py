@@ -18,7 +18,9 @@ Workloads: "grounded" is continuing text given in the prompt: the prompt is a he
 tokens, then its first C again (C = GROUNDED_REPEAT), as when a model re-writes a file it was shown (an edit), so
 the continuation is in the prompt; "free" is the bench's own prompt (bench.checkpoints.prompt_ids): the same text,
 once, continued freely. Each row reports tokens/s, the acceptance rate (attnzoo), the new tokens per target call
-after the prefill, and whether its tokens equal its plain path's greedy tokens at the same precision.
+after the prefill, whether its tokens equal its plain path's greedy tokens at the same precision, and (grounded)
+how many of them re-write the prompt's text before the first that does not (`rewritten`): a model that loops
+makes prompt lookup pay from its own text, not from the prompt's.
 """
 
 from __future__ import annotations
@@ -146,6 +148,18 @@ def equal_to_plain(rows: list[dict[str, Any]]) -> None:
             row["equal_to_plain"] = row["tokens"] == plain["tokens"]
 
 
+def rewritten(rows: list[dict[str, Any]], ids_of: dict) -> None:
+    """Each grounded row's "rewritten": how many of its new tokens re-write the text the prompt repeated the start
+    of (its tokens after that start) before the first that does not: a speed-up that comes from the prompt's text
+    shows here; one from the model's own loop (prompt lookup matching the text it just wrote) does not."""
+    for row in rows:
+        if not row.get("ok") or not str(row["prompt"]).endswith(" grounded"):
+            continue
+        ids = ids_of[row["prompt"]]
+        source = ids[GROUNDED_REPEAT : len(ids) - GROUNDED_REPEAT]
+        row["rewritten"] = next((i for i, (a, b) in enumerate(zip(row["tokens"], source)) if a != b), len(source))
+
+
 def format_speculative_table(report: dict[str, Any]) -> str:
     """The speculative run's markdown table: one row per (prompt, precision, path), speed against plain."""
     m, spec = report["machine"], report["speculative"]
@@ -157,14 +171,14 @@ def format_speculative_table(report: dict[str, Any]) -> str:
         f"({'AVX-512' if m.get('avx512') else 'no AVX-512'}), load {', '.join(f'{x:.1f}' for x in m['load_avg'])}",
         "",
         "| prompt | precision | path | end to end s | tokens/s | vs its plain | acceptance | tokens per target call "
-        "| equal to plain greedy |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| equal to plain greedy | re-written from the prompt |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     rows = report["rows"]
     for r in rows:
         head = f"| {r['prompt']} | {r['precision']} | {r['path']} |"
         if not r.get("ok"):
-            lines.append(f"{head} error: {r.get('error', '?')} | | | | | |")
+            lines.append(f"{head} error: {r.get('error', '?')} | | | | | | |")
             continue
         base = PLAIN.get(r["path"], r["path"])
         plain = next(
@@ -176,11 +190,13 @@ def format_speculative_table(report: dict[str, Any]) -> str:
         accept = f"{s['acceptance_rate']:.2f}" if "acceptance_rate" in s else ""
         per_call = f"{s['tokens_per_target_call']:.2f}" if "tokens_per_target_call" in s else ""
         equal = {True: "yes", False: "no"}.get(r.get("equal_to_plain"), "")
+        copied = f"{r['rewritten']} of {len(r['tokens'])}" if "rewritten" in r else ""
         lines.append(
-            f"{head} {r['end_to_end_s']:.3f} | {r['tokens_per_s']:.0f} | {ratio} | {accept} | {per_call} | {equal} |"
+            f"{head} {r['end_to_end_s']:.3f} | {r['tokens_per_s']:.0f} | {ratio} | {accept} | {per_call} | {equal} "
+            f"| {copied} |"
         )
     for s in report["skipped"]:
-        lines.append(f"| | {s['precision']} | {s['path']} | skipped: {s['why']} | | | | | |")
+        lines.append(f"| | {s['precision']} | {s['path']} | skipped: {s['why']} | | | | | | |")
     return "\n".join(lines)
 
 
@@ -193,6 +209,7 @@ __all__ = [
     "equal_to_plain",
     "format_speculative_table",
     "refusal",
+    "rewritten",
     "shared_model",
     "spec_job",
     "workload_ids",

@@ -51,7 +51,10 @@ WARMUP = 20
 REPEATS = 0.0  # the fraction of windows that go back and repeat an earlier span of themselves (--repeats)
 SYNTHETIC = 0.0  # the fraction of windows of random printable bytes shown, then repeated (--synthetic)
 PRINTABLE = [9, 10, *range(32, 127)]  # a synthetic window's bytes
+ALPHABET = 0  # a synthetic window's bytes from this many of PRINTABLE, drawn per window (0: all) (--alphabet)
+SPAN = 0  # the longest synthetic span (0: CONTEXT // 4) (--span)
 COPY_SPAN = 96  # copy_rate: bytes of held-out text shown, then shown again
+RUN_SPAN = 320  # copy_run: bytes of held-out text shown, then re-written from its start
 EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test"}
 # Held out for evaluation: small, long-lived modules every CPython 3.x has.
 HELD_OUT = ("bisect.py", "colorsys.py", "fractions.py", "heapq.py", "shlex.py", "textwrap.py")
@@ -128,12 +131,17 @@ def build_model(seed: int = SEED, init: Path | None = None):
 
 
 def synthetic_window(gen):
-    """CONTEXT + 1 ids: a span of 16 to CONTEXT / 4 random printable bytes, then that span again and again: text no
-    prior predicts, so only copying lowers its loss (what makes a model continue text it was just shown)."""
+    """CONTEXT + 1 ids: a span of 16 to SPAN (CONTEXT / 4) random printable bytes, then that span again and again:
+    text no prior predicts, so only copying lowers its loss (what makes a model continue text it was just shown).
+    With ALPHABET, the span's bytes come from that many printable ones: a byte, or two, recur in the span, so
+    finding where to copy from takes the several bytes before it (as in text)."""
     import torch
 
-    m = int(torch.randint(16, CONTEXT // 4 + 1, (1,), generator=gen))
-    span = torch.tensor(PRINTABLE)[torch.randint(0, len(PRINTABLE), (m,), generator=gen)]
+    m = int(torch.randint(16, (SPAN or CONTEXT // 4) + 1, (1,), generator=gen))
+    pool = torch.tensor(PRINTABLE)
+    if ALPHABET:
+        pool = pool[torch.randperm(len(PRINTABLE), generator=gen)[:ALPHABET]]
+    span = pool[torch.randint(0, len(pool), (m,), generator=gen)]
     return span.repeat(CONTEXT // m + 2)[: CONTEXT + 1]
 
 
@@ -168,6 +176,27 @@ def copy_rate(model, ids, span: int = COPY_SPAN, count: int = 64) -> float:
             guess = model(input_ids=x).logits.argmax(-1)
             hits += (guess[:, span : 2 * span - 1] == x[:, span + 1 :]).sum().item()
     return hits / (count * (span - 1))
+
+
+def copy_run(model, ids, span: int = RUN_SPAN, cue: int = 32, new: int = 64, count: int = 16) -> float:
+    """How far the model re-writes text it was shown, running free (what prompt lookup's candidates need): over
+    `count` held-out spans S of `span` bytes (evenly spaced), the input S then S's first `cue` bytes again, the
+    mean fraction of `new` greedy bytes (each after the model's own) equal to S's next bytes before the first
+    wrong one."""
+    import torch
+
+    data = torch.tensor(ids, dtype=torch.long)
+    starts = torch.linspace(0, len(data) - span - 1, count).long().tolist()
+    model.eval()
+    kept = 0
+    with torch.no_grad():
+        for s in starts:
+            text = data[s : s + span]
+            x = torch.cat([text, text[:cue]])[None]
+            out = model.generate(x, max_new_tokens=new, do_sample=False, pad_token_id=PAD)[0, x.shape[1] :]
+            wrong = (out != text[cue : cue + len(out)]).nonzero()  # an eos ends it early: the rest is not kept
+            kept += int(wrong[0, 0]) if len(wrong) else len(out)
+    return kept / (count * new)
 
 
 def loss_on(model, ids, context: int = 256) -> float:
@@ -263,13 +292,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--synthetic", type=float, default=SYNTHETIC, help="fraction of windows of random printable bytes, repeated"
     )
+    p.add_argument("--alphabet", type=int, default=ALPHABET, help="synthetic bytes from this many printable (0: all)")
+    p.add_argument("--span", type=int, default=SPAN, help="longest synthetic span in bytes (0: a quarter of --context)")
     p.add_argument("--lr", type=float, default=LR, help="peak learning rate")
     p.add_argument("--init", help="a checkpoint folder of the same shape to train on from (instead of fresh weights)")
     p.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads (the weights depend on it)")
     for flag, key in SHAPE_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=SHAPE[key], help=f"{key} (default %(default)s)")
     p.add_argument("--readme-only", action="store_true", help="rewrite README.md of an existing output folder")
-    p.add_argument("--evaluate", metavar="FOLDER", help="print FOLDER's held-out loss and copy rate, train nothing")
+    p.add_argument(
+        "--evaluate", metavar="FOLDER", help="print FOLDER's held-out loss, copy rate and copy run, train nothing"
+    )
     args = p.parse_args(argv)
     if args.readme_only:
         write_readme(Path(args.output))
@@ -285,7 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats + args.synthetic > 1:
         p.error(f"--repeats {args.repeats} and --synthetic {args.synthetic} add up past 1 (fractions of the windows)")
     globals().update(CONTEXT=args.context, BATCH=args.batch, REPEATS=args.repeats, LR=args.lr, SYNTHETIC=args.synthetic)
-    globals().update(SHAPE=shape, THREADS=args.threads)
+    if (
+        not 0 <= args.alphabet <= len(PRINTABLE)
+        or args.alphabet == 1
+        or not (args.span == 0 or 16 <= args.span <= args.context)
+    ):
+        p.error(
+            f"--alphabet is 0 or 2 to {len(PRINTABLE)}, --span 0 or 16 to --context: got {args.alphabet}, {args.span}"
+        )
+    globals().update(SHAPE=shape, THREADS=args.threads, ALPHABET=args.alphabet, SPAN=args.span)
 
     import torch
 
@@ -316,10 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     model.to(torch.float16).to(torch.float32)  # the stored weights, evaluated in fp32
     held_loss = loss_on(model, held_ids)
     held_long = loss_on(model, held_ids, CONTEXT)
-    copies = copy_rate(model, held_ids)
+    copies, run = copy_rate(model, held_ids), copy_run(model, held_ids)
     flags = {"--steps": (args.steps, STEPS), "--seed": (args.seed, SEED), "--context": (args.context, 256)}
     flags |= {"--batch": (args.batch, 8), "--repeats": (args.repeats, 0.0), "--lr": (args.lr, 3e-3)}
     flags |= {"--threads": (args.threads, 1), "--synthetic": (args.synthetic, 0.0)}
+    flags |= {"--alphabet": (args.alphabet, 0), "--span": (args.span, 0)}
     flags |= {f"--{f.replace('_', '-')}": (getattr(args, f), p.get_default(f)) for f in SHAPE_FLAGS}
     facts = {
         "command": "python scripts/train_lm.py"
@@ -346,8 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_loss_stored_fp16": round(held_loss, 4),
         f"held_out_loss_stored_fp16_at_{CONTEXT}": round(held_long, 4),
         "copy_rate": round(copies, 4),
+        "copy_run": round(run, 4),
         "repeats": REPEATS,
         "synthetic": SYNTHETIC,
+        "alphabet": ALPHABET,
+        "span": SPAN,
         "lr": LR,
         "train_seconds": round(seconds, 1),
     }
@@ -355,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     write_readme(Path(args.output))
     log(
         f"train loss {train_loss:.4f}, held-out loss {held_fp32:.4f} (fp32) / {held_loss:.4f} (stored fp16) "
-        f"nats/byte, {held_long:.4f} in windows of {CONTEXT}; copy rate {copies:.3f}; {seconds:.0f} s; "
-        f"wrote {args.output}; model.safetensors sha256 {digest}"
+        f"nats/byte, {held_long:.4f} in windows of {CONTEXT}; copy rate {copies:.3f}, copy run {run:.3f}; "
+        f"{seconds:.0f} s; wrote {args.output}; model.safetensors sha256 {digest}"
     )
     return 0
 
@@ -379,7 +424,7 @@ def machine(load_before: float) -> str:
 
 
 def evaluate(folder: Path) -> int:
-    """Held-out loss (windows of 256 and of CONTEXT) and copy rate of a saved folder, in fp32."""
+    """Held-out loss (windows of 256 and of CONTEXT), copy rate and copy run of a saved folder, in fp32."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -392,6 +437,7 @@ def evaluate(folder: Path) -> int:
         "held_out_loss_at_256": round(loss_on(model, held_ids, 256), 4),
         f"held_out_loss_at_{CONTEXT}": round(loss_on(model, held_ids, CONTEXT), 4),
         "copy_rate": round(copy_rate(model, held_ids), 4),
+        "copy_run": round(copy_run(model, held_ids), 4),
     }
     print(json.dumps(facts), flush=True)
     return 0

@@ -144,7 +144,10 @@ def write_readme(folder: Path) -> None:
         )
         + (
             f"\n  {facts['synthetic']:.0%} of the windows are random printable bytes shown, then repeated (text only"
-            " copying predicts)."
+            " copying predicts)"
+            + (f", spans of up to {facts['span']} bytes" if facts.get("span") else "")
+            + (f", each of {facts['alphabet']} of the printable bytes" if facts.get("alphabet") else "")
+            + "."
             if facts.get("synthetic")
             else ""
         ),
@@ -152,6 +155,13 @@ def write_readme(folder: Path) -> None:
             f"\n- Copy rate {facts['copy_rate']:.3f} (`copy_rate`: 64 held-out spans of 96 bytes shown twice, the share"
             " of the second copy's bytes the greedy next byte gets right)."
             if "copy_rate" in facts
+            else ""
+        )
+        + (
+            f"\n- Copy run {facts['copy_run']:.3f} (`copy_run`: 16 held-out spans of 320 bytes, then their first 32"
+            " again; the share of 64 greedy bytes, each after the model's own, that re-write the span before the first"
+            " wrong one: how far prompt lookup's candidates run)."
+            if "copy_run" in facts
             else ""
         ),
         samples=shown,

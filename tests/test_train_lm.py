@@ -137,12 +137,11 @@ def test_a_repeating_window_goes_back_and_repeats_its_own_text(train_lm, monkeyp
         assert torch.equal(x[:k], data[100 : 100 + k]) and torch.equal(x[k:], data[100 + u : 100 + u + 65 - k])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 54 item 3: the checkpoint copies the shape, not the bytes (a = b)")
 def test_shipped_checkpoint_continues_text_it_was_just_shown(train_lm):
     """Issue 54's prompt: two functions, then the first again and `def sub(`: a model that copies answers the `sub`
     it was shown (what prompt lookup's candidates need); the first checkpoint answered `self, code=None)` (its prior),
-    the one retrained on repeating windows `self, other):` still. Strict: the day a checkpoint copies, this passes
-    and fails the run until the mark goes."""
+    the one retrained on repeating windows `self, other):`, the one with an induction head `a, b):\n    return a =
+    b` (the shape, not the bytes); the one shipped since writes `a - b`."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
@@ -199,3 +198,49 @@ def test_a_synthetic_window_is_a_random_printable_span_repeated(train_lm, monkey
         m = next(m for m in range(16, 17 + 64 // 4) if x[m:] == x[: 65 - m])  # the period
         spans.add(tuple(x[:m]))
     assert len(spans) == 20  # each window its own span
+
+
+def test_alphabet_and_span_make_synthetic_windows_whose_bytes_recur(train_lm, monkeypatch, tmp_path):
+    """--alphabet N --span S: a window's span of 16 to S bytes drawn from N printable ones (a byte recurs, so where
+    to copy from takes the bytes before it); out-of-range values are refused before anything trains."""
+    import torch
+
+    monkeypatch.setattr(train_lm, "CONTEXT", 64)
+    monkeypatch.setattr(train_lm, "ALPHABET", 4)
+    monkeypatch.setattr(train_lm, "SPAN", 40)
+    gen = torch.Generator().manual_seed(0)
+    periods = set()
+    for _ in range(30):
+        x = train_lm.synthetic_window(gen).tolist()
+        assert len(x) == 65 and set(x) <= set(train_lm.PRINTABLE) and len(set(x)) <= 4
+        periods.add(next(m for m in range(16, 41) if x[m:] == x[: 65 - m]))
+    assert max(periods) > 64 // 4  # longer than the default span's quarter of the context
+    for bad in (["--alphabet", "1"], ["--alphabet", "98"], ["--span", "8"], ["--span", "300", "--context", "256"]):
+        with pytest.raises(SystemExit):
+            train_lm.main([*bad, "-o", str(tmp_path / "bad")])
+
+
+def test_copy_run_counts_the_rewritten_bytes_before_the_first_wrong_one(train_lm):
+    """copy_run: the input is a span then its first `cue` bytes again; what the model writes after it counts up to
+    its first byte that is not the span's next (an early end counts as wrong from there)."""
+    torch = pytest.importorskip("torch")
+
+    class Rewrites:
+        """Writes `right` of the span's next bytes, then a wrong one (or, `right` None, stops after 3)."""
+
+        def __init__(self, right):
+            self.right = right
+
+        def eval(self):
+            return self
+
+        def generate(self, x, max_new_tokens, **_):
+            span = x[0, :-4]
+            nxt = span[4 : 4 + max_new_tokens]
+            out = nxt[:3] if self.right is None else torch.cat([nxt[: self.right], (nxt[self.right :] + 1) % 256])
+            return torch.cat([x[0], out])[None]
+
+    ids = list(range(200))
+    assert train_lm.copy_run(Rewrites(5), ids, span=40, cue=4, new=10, count=3) == 0.5
+    assert train_lm.copy_run(Rewrites(10), ids, span=40, cue=4, new=10, count=3) == 1.0
+    assert train_lm.copy_run(Rewrites(None), ids, span=40, cue=4, new=10, count=3) == 0.3

@@ -33,7 +33,9 @@ def test_a_speculative_run_takes_its_paths_jobs_and_prompts(tiny_checkpoint, mon
             return {"ok": True}
         times.append(job)
         spec = "spec" in job
-        tokens = [1, 2, 3] if job["path"] != "transformers-prompt-lookup" else [1, 2, 4]
+        c, ids = GROUNDED_REPEAT, job["prompt"]
+        tokens = ids[c : c + 2] if ids[-c:] == ids[:c] else [1, 2]  # a grounded prompt: re-write its text
+        tokens = tokens + ([3] if job["path"] != "transformers-prompt-lookup" else [-4])  # grounded: 2 re-written
         row = {"ok": True, "end_to_end_s": 0.5 if spec else 1.0, "tokens": tokens, "tokens_per_s": 6.0}
         row |= {"prefill_s": 0.1, "decode_ms_per_token": 1.0, "peak_rss_mb": 100.0}
         if spec:
@@ -70,7 +72,12 @@ def test_a_speculative_run_takes_its_paths_jobs_and_prompts(tiny_checkpoint, mon
     assert equal["80 free", "attnzoo-prompt-lookup"] is True and equal["80 free", "attnzoo"] is None
     assert equal["80 free", "transformers-prompt-lookup"] is False  # its tokens differ from its plain path's
     table = format_speculative_table(report)
-    assert "| 80 grounded | fp32 | attnzoo-prompt-lookup | 0.500 | 6 | 2.00x | 0.50 | 2.00 | yes |" in table
+    assert "| 80 grounded | fp32 | attnzoo-prompt-lookup | 0.500 | 6 | 2.00x | 0.50 | 2.00 | yes | 2 of 3 |" in table
+    # how far each grounded row re-writes the prompt's text (its tokens after the repeated start); free rows: not asked
+    assert {r["prompt"]: r.get("rewritten") for r in report["rows"] if r["path"] == "attnzoo"} == {
+        "80 grounded": 2,
+        "80 free": None,
+    }
 
 
 def test_speculative_flags_are_refused_in_one_line(capsys, tiny_checkpoint):
