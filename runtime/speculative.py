@@ -145,7 +145,8 @@ class RowRound:
         `remaining`: the tokens the row may still make after this one (a round proposes no more)."""
         if not self.queue:
             self._round(seq, params, rng, scores_for, remaining)
-        self._count(emitted=1)
+        for tally in self.tallies:
+            tally["emitted"] = tally.get("emitted", 0) + 1
         return self.queue.pop(0)
 
     def _round(self, seq: np.ndarray, params, rng, scores_for, remaining: int) -> None:
@@ -218,9 +219,13 @@ class SpeculativeRows:
             self.rounds.append(RowRound(self.spec, calls, draft, self.eos, (self.stats,)))
         # each row's real tokens so far, in a buffer of its own (a round reads a view: no list made an array a step)
         self.seqs = np.zeros((b, self.rows.key_mask.shape[1]), np.int64)  # t + new slots
-        self.lengths = self.real.copy()
+        self.lengths = [int(n) for n in self.real]
         for r in range(b):
             self.seqs[r, : self.real[r]] = ids[r, t - self.real[r] :]
+        # what a step hands each row's round, made once (a step's own work is per token: docs/benchmarks.md)
+        sampler = self.sampler
+        self.scorers = [lambda cand, logits, r=r: row_scores(sampler, r, cand, logits) for r in range(b)]
+        self.streams = list(sampler.rngs) if sampler.params.do_sample else [None] * b
         return token
 
     def recompute(self, seq: np.ndarray) -> np.ndarray:  # never reached: check_target refuses longrope exports
@@ -229,18 +234,12 @@ class SpeculativeRows:
     def step(self, token: np.ndarray, i: int, remaining: int) -> np.ndarray:
         """The tokens after step i's `token` (b): each active row's next from its queue, after a round if empty.
         `remaining`: the tokens the call may still make after the next one (a round proposes no more)."""
-        out = token.copy()
-        params, sampler = self.sampler.params, self.sampler
-        for r in np.flatnonzero(~self.done):
-            self.seqs[r, self.lengths[r]] = token[r]
-            self.lengths[r] += 1
-            rng = sampler.rngs[r] if params.do_sample else None
-
-            def scores_for(cand, logits, r=r):
-                return row_scores(sampler, r, cand, logits)
-
-            seq = self.seqs[r, : self.lengths[r]]
-            out[r] = self.rounds[r].next(seq, params, rng, scores_for, remaining)[0]
+        out, params, seqs, lengths = token.copy(), self.sampler.params, self.seqs, self.lengths
+        for r in np.flatnonzero(~self.done) if self.done.any() else range(len(out)):
+            n = lengths[r]
+            seqs[r, n] = token[r]
+            lengths[r] = n + 1
+            out[r] = self.rounds[r].next(seqs[r, : n + 1], params, self.streams[r], self.scorers[r], remaining)[0]
         return out
 
     def summary(self) -> dict:
@@ -260,6 +259,7 @@ def row_scores(sampler, r: int, cand: np.ndarray, logits: np.ndarray):
         def raw(j: int) -> np.ndarray:
             return np.asarray(logits[j], np.float32)
 
+        raw.logits = logits  # verdict's greedy reads every position's argmax at once
         return raw
 
     def scores(j: int) -> np.ndarray:
@@ -285,6 +285,12 @@ def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, scores, rng)
     token and each of its m candidates. qs: the draft's distribution each candidate was drawn from ([] for prompt
     lookup, or greedy); scores(j): position j's logits through the row's processors (row_scores); rng: the row's
     stream (sampling)."""
+    raw = getattr(scores, "logits", None)
+    if raw is not None and not params.do_sample:  # unprocessed greedy: the first position the target disagrees
+        picks = raw[: len(cand) + 1].argmax(-1)  # first of ties, as plain greedy
+        j = int(np.argmin(picks[: len(cand)] == cand)) if len(cand) else 0
+        j = j if len(cand) and picks[j] != cand[j] else len(cand)
+        return j, int(picks[j])
     for j, c in enumerate(int(x) for x in cand):
         processed = scores(j)
         if not params.do_sample:
