@@ -180,8 +180,10 @@ class OpenAIFront:
         if ask.chat:
             if self.template is None:
                 raise OpenAIError(f"{self.name} has no chat template; POST {COMPLETIONS}", param="messages")
-            offered = ask.tools.offered() if ask.tools is not None and ask.tools.choice != "none" else None
-            if offered and self.tool_parser is None:
+            # tool_choice none still shows the tools to the model (vLLM's default; OpenAI's model sees them too) and
+            # parses no call from its answer
+            offered = ask.tools.offered() if ask.tools is not None else None
+            if offered and ask.tools.choice != "none" and self.tool_parser is None:
                 raise OpenAIError(
                     f"{self.name}'s chat template names no tool-call format: serve it with --tool-call-parser "
                     f"({', '.join(PARSERS)})",

@@ -273,7 +273,7 @@ def test_json_schema_answers_parse_and_validate_alone_and_among_concurrent_clien
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_calls_parse_and_validate_streamed_or_not(routes, stream):
     """required (parallel and not) and a named function: every answer is tool calls of the offered functions,
-    arguments valid under their schemas; auto leaves a random model's text as content; none sends no tools."""
+    arguments valid under their schemas; auto leaves a random model's text as content."""
 
     async def main():
         client = openai_asgi.client(routes)
@@ -323,6 +323,23 @@ def test_forced_tool_calls_parse_and_validate_streamed_or_not(routes, stream):
     assert len(forced) == 2 and all(c[1][0][0] == "get_weather" and c[2] == "stop" for c in forced)
     ((content, calls, finish),) = auto
     assert not calls and content and finish == "length"
+
+
+def test_tool_choice_none_shows_the_tools_and_parses_no_call(routes):
+    """tool_choice none: the prompt holds the tools as auto's does (vLLM's default: its
+    exclude_tools_when_tool_choice_none is off), so it is as long as auto's and longer than the same messages
+    without tools; the answer is content, never a call."""
+
+    async def main():
+        client = openai_asgi.client(routes)
+        asks = [{"tools": [WEATHER, TIME], "tool_choice": c} for c in ("none", "auto")] + [{}]
+        return await asyncio.gather(
+            *(client.chat.completions.create(model=MODEL, messages=HISTORY, max_tokens=4, **kw) for kw in asks)
+        )
+
+    none, auto, bare = _run(main())
+    assert none.usage.prompt_tokens == auto.usage.prompt_tokens > bare.usage.prompt_tokens
+    assert none.choices[0].message.tool_calls is None and none.choices[0].message.content
 
 
 def test_the_tool_call_parser_can_be_named(sess, lm_path):
