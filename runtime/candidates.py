@@ -22,7 +22,7 @@ import numpy as np
 
 import zoo
 
-from .device_decode import LeftRows
+from .device_decode import LeftRows, returns_all_logits
 from .io import ATTENTION_MASK, INPUT_IDS, LM_PRESENT, LOGITS, NEXT_TOKEN, PAST_LEN
 from .kv_buffers import as_float32, buffer_types, ort_value
 from .sampling import distribution
@@ -69,6 +69,8 @@ class RowCalls:
         self.logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
         self.binding = self._bind(rows, r)
         self.single = None
+        self.chunks: dict[int, tuple] = {}  # t -> (ids (1 t), logits (1 t v), their OrtValues): bound, not allocated
+        self.all_logits = returns_all_logits(sess)  # else a call's logits are its last position's (1 1 v)
         if self.logits_type == "tensor(float)":
             self.one_ids = np.zeros((1, 1), np.int64)
             self.one_logits = np.zeros((1, 1, int(sess.metadata["attnzoo.vocab"])), np.float32)
@@ -97,13 +99,28 @@ class RowCalls:
     def run(self, ids: np.ndarray) -> np.ndarray:
         """ids (t,) at slots length..length+t-1 -> the logits (t v) float32 (all_logits) or the last one's (1 v);
         length advances by t (the caller rolls it back by setting it lower). The result is read before the next
-        call (a one-token call's is its bound array)."""
+        call of its length (float32 logits: each length's ids and logits are arrays made once and bound, so a call
+        allocates nothing)."""
         self.past_len[()] = self.length
         self.length += len(ids)
         if len(ids) == 1 and self.single is not None:
             self.one_ids[0, 0] = ids[0]
             self.sess.run_with_iobinding(self.single)
             return self.one_logits[0]
+        if self.single is not None:  # float32 logits: arrays of this length, made once, bound each call
+            held = self.chunks.get(len(ids))
+            if held is None:
+                arrays = (
+                    np.zeros((1, len(ids)), np.int64),
+                    np.zeros((1, len(ids) if self.all_logits else 1, self.one_logits.shape[-1]), np.float32),
+                )
+                held = self.chunks[len(ids)] = (*arrays, *(self._held(a) for a in arrays))
+            chunk, logits, chunk_value, logits_value = held
+            chunk[0] = ids
+            self.binding.bind_ortvalue_input(INPUT_IDS.name, chunk_value)
+            self.binding.bind_ortvalue_output(LOGITS.name, logits_value)
+            self.sess.run_with_iobinding(self.binding)
+            return logits[0]
         chunk = np.ascontiguousarray(ids, np.int64)[None]
         self.binding.bind_ortvalue_input(INPUT_IDS.name, ort_value(chunk, "", "cpu"))
         self.binding.bind_output(LOGITS.name, "cpu")
