@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .core import RuntimeSession
 
 PREFIX = "past_key_values."
+# the longest chunk whose ids and logits stay bound (a verify call is k + 1 positions; onnxruntime-genai's K is at
+# most 16): views of one (1 HELD) and one (1 HELD v) buffer per row; a longer one (a server's prefill) allocates
+HELD = 17
 
 
 def lookup(seq: np.ndarray, k: int, max_ngram: int, eos: np.ndarray, latest: bool = True) -> np.ndarray:
@@ -69,7 +72,7 @@ class RowCalls:
         self.logits_type = next(o.type for o in sess._sess.get_outputs() if o.name == LOGITS.name)
         self.binding = self._bind(rows, r)
         self.single = None
-        self.chunks: dict[int, tuple] = {}  # t -> (ids (1 t), logits (1 t v), their OrtValues): bound, not allocated
+        self.chunks: dict[int, tuple] = {}  # t <= HELD -> OrtValues of views (1 t) and (1 t|1 v) of the buffers
         self.all_logits = returns_all_logits(sess)  # else a call's logits are its last position's (1 1 v)
         if self.logits_type == "tensor(float)":
             self.one_ids = np.zeros((1, 1), np.int64)
@@ -77,6 +80,8 @@ class RowCalls:
             self.single = self._bind(rows, r)
             self.single.bind_ortvalue_input(INPUT_IDS.name, self._held(self.one_ids))
             self.single.bind_ortvalue_output(LOGITS.name, self._held(self.one_logits))
+            self.chunk_ids = np.zeros((1, HELD), np.int64)
+            self.chunk_logits = np.zeros((1, HELD if self.all_logits else 1, self.one_logits.shape[-1]), np.float32)
 
     def _held(self, arr: np.ndarray, element_type: str = ""):
         self.keep.append(arr)  # a CPU OrtValue wraps its array: it stays alive with this object
@@ -99,28 +104,24 @@ class RowCalls:
     def run(self, ids: np.ndarray) -> np.ndarray:
         """ids (t,) at slots length..length+t-1 -> the logits (t v) float32 (all_logits) or the last one's (1 v);
         length advances by t (the caller rolls it back by setting it lower). The result is read before the next
-        call of its length (float32 logits: each length's ids and logits are arrays made once and bound, so a call
-        allocates nothing)."""
+        call (float32 logits, at most HELD tokens: a view of buffers made once and bound, so the call allocates
+        nothing)."""
+        t = len(ids)
         self.past_len[()] = self.length
-        self.length += len(ids)
-        if len(ids) == 1 and self.single is not None:
+        self.length += t
+        if t == 1 and self.single is not None:
             self.one_ids[0, 0] = ids[0]
             self.sess.run_with_iobinding(self.single)
             return self.one_logits[0]
-        if self.single is not None:  # float32 logits: arrays of this length, made once, bound each call
-            held = self.chunks.get(len(ids))
-            if held is None:
-                arrays = (
-                    np.zeros((1, len(ids)), np.int64),
-                    np.zeros((1, len(ids) if self.all_logits else 1, self.one_logits.shape[-1]), np.float32),
-                )
-                held = self.chunks[len(ids)] = (*arrays, *(self._held(a) for a in arrays))
-            chunk, logits, chunk_value, logits_value = held
-            chunk[0] = ids
-            self.binding.bind_ortvalue_input(INPUT_IDS.name, chunk_value)
-            self.binding.bind_ortvalue_output(LOGITS.name, logits_value)
+        if self.single is not None and t <= HELD:  # float32 logits, a verify call: the buffers' views, bound
+            rows = t if self.all_logits else 1
+            if t not in self.chunks:
+                self.chunks[t] = (self._held(self.chunk_ids[:, :t]), self._held(self.chunk_logits[:, :rows]))
+            self.chunk_ids[0, :t] = ids
+            self.binding.bind_ortvalue_input(INPUT_IDS.name, self.chunks[t][0])
+            self.binding.bind_ortvalue_output(LOGITS.name, self.chunks[t][1])
             self.sess.run_with_iobinding(self.binding)
-            return logits[0]
+            return self.chunk_logits[0, :rows]
         chunk = np.ascontiguousarray(ids, np.int64)[None]
         self.binding.bind_ortvalue_input(INPUT_IDS.name, ort_value(chunk, "", "cpu"))
         self.binding.bind_output(LOGITS.name, "cpu")

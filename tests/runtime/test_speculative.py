@@ -218,3 +218,26 @@ def test_a_prompt_in_chunks_of_several_widths_prefills_an_all_logits_export(expo
     monkeypatch.setattr(runtime.generation, "PREFILL_CHUNK", 5)  # chunks of 5, 5 and 2
     assert torch.equal(sess.generate(ids, 6, eos_token_id=[]), whole)
     assert torch.equal(sess.generate(ids, 6, eos_token_id=[], prompt_lookup_num_tokens=3), whole)
+
+
+def test_a_row_call_binds_held_buffers_up_to_held_tokens_and_allocates_past_them(exports):
+    """RowCalls.run: a chunk of at most HELD tokens (a verify call) binds views of one ids and one logits buffer
+    made once; a longer one (a server's prefill) allocates its own, so what a row holds stays (1, HELD, v) whatever
+    the lengths it ran. Causal: each call's logits are the leading rows of a longer call's after the same past."""
+    from runtime.candidates import HELD, RowCalls
+    from runtime.device_decode import LeftRows
+
+    _, sess = exports("llama")
+    ids = lm_cases.prompt(batch=1, t=12 + HELD + 3, seed=4).numpy()
+    rows = LeftRows(sess, 1, 12, 64, None, False, lambda x: x.argmax(-1))
+    rows.prefill(np.ascontiguousarray(ids[:, :12]), 64)
+    calls = RowCalls(sess, rows, 0)
+    runs = {}
+    for t in (HELD + 3, 2, HELD, 5):  # allocated, held, held, held again after a longer held call
+        calls.length = 12
+        runs[t] = calls.run(ids[0, 12 : 12 + t]).copy()
+        assert calls.length == 12 + t
+    for t in (2, 5, HELD):
+        np.testing.assert_allclose(runs[t], runs[HELD + 3][:t], rtol=1e-5, atol=1e-5)
+    assert sorted(calls.chunks) == [2, 5, HELD]  # only the held lengths, views of the buffers below
+    assert calls.chunk_ids.shape == (1, HELD) and calls.chunk_logits.shape[:2] == (1, HELD)
