@@ -145,7 +145,7 @@ class RowRound:
         `remaining`: the tokens the row may still make after this one (a round proposes no more)."""
         if not self.queue:
             self._round(seq, params, rng, scores_for, remaining)
-        for tally in self.tallies:
+        for tally in self.tallies:  # _count's work without its keywords: this runs once a token
             tally["emitted"] = tally.get("emitted", 0) + 1
         return self.queue.pop(0)
 
@@ -259,7 +259,7 @@ def row_scores(sampler, r: int, cand: np.ndarray, logits: np.ndarray):
         def raw(j: int) -> np.ndarray:
             return np.asarray(logits[j], np.float32)
 
-        raw.logits = logits  # verdict's greedy reads every position's argmax at once
+        raw.unprocessed = True  # verdict's greedy then takes every position's argmax of its logits at once
         return raw
 
     def scores(j: int) -> np.ndarray:
@@ -285,11 +285,10 @@ def verdict(logits: np.ndarray, cand: np.ndarray, qs: list, params, scores, rng)
     token and each of its m candidates. qs: the draft's distribution each candidate was drawn from ([] for prompt
     lookup, or greedy); scores(j): position j's logits through the row's processors (row_scores); rng: the row's
     stream (sampling)."""
-    raw = getattr(scores, "logits", None)
-    if raw is not None and not params.do_sample:  # unprocessed greedy: the first position the target disagrees
-        picks = raw[: len(cand) + 1].argmax(-1)  # first of ties, as plain greedy
-        j = int(np.argmin(picks[: len(cand)] == cand)) if len(cand) else 0
-        j = j if len(cand) and picks[j] != cand[j] else len(cand)
+    if getattr(scores, "unprocessed", False) and not params.do_sample:  # greedy: where the target first disagrees
+        picks = logits[: len(cand) + 1].argmax(-1)  # first of ties, as plain greedy
+        agree = picks[: len(cand)] == cand
+        j = len(cand) if agree.all() else int(np.argmin(agree))  # the first False (all() of none: every kept)
         return j, int(picks[j])
     for j, c in enumerate(int(x) for x in cand):
         processed = scores(j)
